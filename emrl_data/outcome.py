@@ -33,7 +33,9 @@ class RejectReason(StrEnum):
 class CaseDataError(ValueError):
     """One case's data cannot be used; carries the reason code and a message naming the file."""
 
-    def __init__(self, reason: RejectReason, detail: str, *, path: str | None = None, organ: str | None = None) -> None:
+    def __init__(
+        self, reason: RejectReason, detail: str, *, path: str | None = None, organ: str | None = None
+    ) -> None:
         super().__init__(f"{reason}: {detail}" + (f" [{path}]" if path else ""))
         self.reason = reason
         self.detail = detail

@@ -44,11 +44,10 @@ def format_location(organ: Organ, location: Sequence[str]) -> str:
         organ: the organ of the row.
         location: sorted location names (liver "1".."8", pancreas "head"/"body"/"tail", kidney "left"/"right").
 
-    Raises:
-        ValueError: on an empty location or an unknown name.
+    An empty location (no sub-structure mask covers the lesion) renders as the organ: "the liver".
     """
     if not location:
-        raise ValueError(f"location is empty for {organ=}; a lesion always has a location.")
+        return f"the {ORGAN_ADJECTIVE[organ] if organ is Organ.KIDNEY else organ.value}"
     joined = "/".join(location)
     if organ is Organ.LIVER:
         return f"hepatic segment {joined}"
@@ -110,7 +109,9 @@ def render_impression(
 def render_evidence(key_slice_frame: int, bbox_qwen: Sequence[int]) -> str:
     """Return the third part: the key frame (1-based) and the box on Qwen's 0-1000 grid."""
     x1, y1, x2, y2 = (int(v) for v in bbox_qwen)
-    return f"The key lesion is in image <key_slice>{key_slice_frame}</key_slice>, <bbox>[{x1}, {y1}, {x2}, {y2}]</bbox>"
+    return (
+        f"The key lesion is in image <key_slice>{key_slice_frame}</key_slice>, <bbox>[{x1}, {y1}, {x2}, {y2}]</bbox>"
+    )
 
 
 def render_report(findings: str, impression: str, evidence: str | None) -> str:
