@@ -1,0 +1,44 @@
+# Two commands for a new user: `make demo` and `make test`. Everything else is a helper.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Keep Prefect's state inside the project, never in ~/.prefect.
+export PREFECT_HOME ?= $(CURDIR)/.prefect-home
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
+export PREFECT_LOGGING_LEVEL ?= WARNING
+
+.PHONY: venv demo test lint schemas bench clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first, pinned: the CPU build is on local disk; an unpinned torch pulls a multi-GB CUDA build.
+	$(BIN)/python -m pip install --quiet "torch==2.13.0"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+demo: venv
+	$(BIN)/emrl demo --out demo-output
+
+test: venv
+	$(BIN)/ruff check emrl_data flows train tests bench
+	$(BIN)/lint-imports
+	$(BIN)/pytest -q
+
+lint: venv
+	$(BIN)/ruff check emrl_data flows train tests bench
+	$(BIN)/ruff format --check emrl_data flows train tests bench
+	$(BIN)/lint-imports
+
+schemas: venv
+	$(BIN)/python -m emrl_data.records --write-schemas schemas/
+
+bench: venv
+	$(BIN)/python bench/curate.py
+	$(BIN)/python bench/scoring.py
+
+clean:
+	rm -rf demo-output .prefect-home .pytest_cache

@@ -1,0 +1,314 @@
+"""The dataset card (`README.md`) of a published table: Hub YAML front matter plus a readable body.
+
+`render_dataset_card` is called by the table writers and read back by `flows/publish.py`. It is pure text: no Hub
+client. The YAML `dataset_info.features` list mirrors `datasets.Features._to_yaml_list` (datasets 5.2), so the Hub and
+`datasets.load_dataset` decode image columns (`dtype: image`, or `list: image` for a list of images) even without the
+Parquet schema metadata.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+
+LICENSE_NAME = "abdomenatlas-3.0"
+LICENSE_LINK = "https://huggingface.co/datasets/AbdomenAtlas/AbdomenAtlas3.0Mini"
+VERSION_PATTERN = re.compile(r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$")
+
+TABLE_DESCRIPTIONS: dict[str, str] = {
+    "sft": (
+        "Supervised fine-tuning set: one row per (case, organ) for liver, pancreas and kidney. Each row holds the "
+        "organ's axial CT frames (8-bit grayscale PNG, numbered 1..N from inferior to superior), the user prompt, "
+        "the target report in the E-MRL format and the label columns, named exactly as the GRPO reward arguments."
+    ),
+    "findings": (
+        "Every organ row the curation produced, with all labels and their provenance (no frames). The `sft` and "
+        "`rl_hardset` tables are drawn from it."
+    ),
+    "rl_hardset": (
+        "Hard cases for E-MRL GRPO: train rows an SFT checkpoint gets wrong (an attribute or the key slice), with "
+        "the reason each row was chosen."
+    ),
+    "rejections": (
+        "Every (case, organ) the curation could not use, with the step, a reason code and a detail: nothing is "
+        "dropped silently."
+    ),
+    "predictions": "Model reports on the test split, their parsed fields and their scores.",
+}
+TABLE_TASKS: dict[str, list[str]] = {
+    "sft": ["image-text-to-text", "visual-question-answering"],
+    "rl_hardset": ["image-text-to-text", "visual-question-answering"],
+}
+DEFAULT_TASKS = ["image-text-to-text"]
+TAGS = ["medical", "ct", "radiology", "tumor", "abdomenatlas", "radgpt", "e-mrl"]
+
+# SPEC §4: what every label column means.
+LABEL_DEFINITIONS: tuple[tuple[str, str], ...] = (
+    ("`has_lesion`", "the organ's lesion mask has at least one component that survives the noise filter"),
+    (
+        "components",
+        "26-connected components of the lesion mask; those below `min_lesion_volume_mm3` (default 10 mm³, "
+        "RadGPT's `--th 10`) are dropped",
+    ),
+    ("`lesion_count`", "surviving components"),
+    ("largest lesion", "the component with the largest volume; every attribute below is about it"),
+    (
+        "`long_axis_mm`, `short_axis_mm`",
+        "longest in-plane (axial) diameter over all its slices (Feret), and the perpendicular extent on that "
+        "slice; reports give them in cm with one decimal",
+    ),
+    ("`volume_mm3`", "voxel count × voxel volume"),
+    (
+        "`key_slice_z_vox`",
+        "axial slice of maximum cross-sectional area of the largest lesion (ties: lowest z); RadGPT's "
+        "longest-diameter slice is `max_diameter_z_vox`",
+    ),
+    (
+        "`bbox_xyxy_vox`",
+        "2-D box `[x0, y0, x1, y1)` (half-open) of the largest lesion on the key slice, in canonical RAS voxels",
+    ),
+    (
+        "`location`",
+        "sub-structures holding more than 10 % of the lesion's labelled voxels: liver segments `1`..`8`, pancreas "
+        "`head`/`body`/`tail`, kidney `left`/`right`; a sorted list",
+    ),
+    (
+        "`attenuation`",
+        "RadGPT's rule: lesion mean HU vs parenchyma (organ minus all lesions) mean ± SD/10 → `iso`; below → "
+        "`hypo`; above → `hyper`",
+    ),
+    (
+        "frames",
+        "the organ's z-extent ± 2 slices, at most 32 frames sampled uniformly and always including the key slice, "
+        "numbered 1..N from inferior to superior; window W400/L40",
+    ),
+    (
+        "`key_slice_frame`, `bbox_xyxy_px`, `bbox_qwen`",
+        "the key slice as a 1-based frame number, its box in frame pixels, and the same box on Qwen3-VL's 0-1000 "
+        "grid (the report's `<bbox>`)",
+    ),
+)
+DEFAULT_LABEL_DEFINITIONS = (
+    "| label | definition |\n| --- | --- |\n"
+    + "\n".join(f"| {label} | {text} |" for label, text in LABEL_DEFINITIONS)
+    + "\n\nVolumes are in canonical RAS voxel order `(x, y, z)`, z from inferior to superior. Values from the "
+    "atlas metadata CSV are kept beside ours as `atlas_*` columns, never silently preferred."
+)
+
+CITATIONS = """\
+```bibtex
+@article{bassi2025radgpt,
+  title   = {{RadGPT}: Constructing {3D} Image-Text Tumor Datasets},
+  author  = {Bassi, Pedro R. A. S. and others},
+  journal = {arXiv preprint arXiv:2501.04678},
+  year    = {2025}
+}
+
+@misc{emrl2026,
+  note          = {E-MRL, MICCAI 2026},
+  eprint        = {2606.23888},
+  archivePrefix = {arXiv},
+  year          = {2026}
+}
+```"""
+
+
+def _camel_to_snake(name: str) -> str:
+    """Return `ClassLabel` -> `class_label`, `Image` -> `image` (as `datasets.utils.py_utils.camelcase_to_snakecase`)."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _simplify(feature: dict[str, Any]) -> dict[str, Any]:
+    """Collapse `list: {dtype: X}` to `list: X` and `list: {struct: [...]}` to `list: [...]`; number class labels."""
+    for list_type in ("large_list", "list", "sequence"):
+        inner = feature.get(list_type)
+        if isinstance(inner, dict) and list(inner) == ["dtype"]:
+            feature[list_type] = inner["dtype"]
+        elif isinstance(inner, dict) and list(inner) == ["struct"]:
+            feature[list_type] = inner["struct"]
+    class_label = feature.get("class_label")
+    if isinstance(class_label, dict) and isinstance(class_label.get("names"), list):
+        # The Hub requires string keys.
+        class_label["names"] = {str(i): name for i, name in enumerate(class_label["names"])}
+    return feature
+
+
+def _yaml_feature(obj: Any) -> dict[str, Any]:
+    """Return the YAML form of one feature given as its JSON dict (the rules of `Features._to_yaml_list`)."""
+    if isinstance(obj, (list, tuple)):
+        return _simplify({"list": _simplify(_yaml_feature(obj[0]))})
+    if not isinstance(obj, dict):
+        raise TypeError(f"A feature must be a dict or a list, got {type(obj).__name__}: {obj!r}.")
+    obj = dict(obj)
+    kind = obj.pop("_type", None)
+    if kind in ("List", "LargeList", "Sequence"):
+        inner = obj.pop("feature")
+        key = "large_list" if kind == "LargeList" else "list"
+        return _simplify({key: _yaml_feature(inner), **obj})
+    if kind == "Value":
+        return obj
+    if kind and not obj:
+        return {"dtype": _camel_to_snake(kind)}
+    if kind:
+        return {"dtype": _simplify({_camel_to_snake(kind): obj})}
+    return {"struct": [{"name": name, **_yaml_feature(sub)} for name, sub in obj.items()]}
+
+
+def features_to_yaml_list(features: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Return the card's `dataset_info.features` list for a Hub features dict.
+
+    Args:
+        features: the Hub features JSON (`{"col": {"dtype": "string", "_type": "Value"}, "frames": {"feature":
+            {"_type": "Image"}, "_type": "List"}, ...}`), as carried by the Parquet schema metadata under
+            `huggingface` -> `info` -> `features`.
+
+    Returns:
+        One `{"name": col, ...}` entry per column, in column order, e.g. `{"name": "frames", "list": "image"}`.
+    """
+    return _yaml_feature(copy.deepcopy(dict(features)))["struct"]
+
+
+def _type_string(feature: Any) -> str:
+    """Return a short readable type for the column table: `string`, `list<int32>`, `list<image>`, `struct`."""
+    if isinstance(feature, (list, tuple)):
+        return f"list<{_type_string(feature[0])}>"
+    kind = feature.get("_type")
+    if kind in ("List", "LargeList", "Sequence"):
+        return f"list<{_type_string(feature['feature'])}>"
+    if kind == "Value":
+        return str(feature["dtype"])
+    if kind:
+        return _camel_to_snake(kind)
+    return "struct<" + ", ".join(f"{name}: {_type_string(sub)}" for name, sub in feature.items()) + ">"
+
+
+def _size_category(n_rows: int) -> str:
+    """Return the Hub `size_categories` bucket of a row count."""
+    for limit, label in ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M")):
+        if n_rows < limit:
+            return label
+    return "n>1M"
+
+
+def _counts_table(row_counts: Mapping[str, Mapping[str, int]], splits: Sequence[str]) -> str:
+    """Return a markdown table: one row per group (e.g. `liver/positive`, `total` last), one column per split."""
+    columns = [s for s in splits if s in row_counts] + sorted(s for s in row_counts if s not in splits)
+    groups = sorted({g for counts in row_counts.values() for g in counts}, key=lambda g: (g == "total", g))
+    lines = ["| rows | " + " | ".join(f"`{c}`" for c in columns) + " |", "| --- |" + " ---: |" * len(columns)]
+    for group in groups:
+        cells = [str(row_counts[c].get(group, 0)) for c in columns]
+        lines.append(f"| {group} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _total_rows(row_counts: Mapping[str, Mapping[str, int]]) -> int:
+    """Return the number of rows over all splits (`total` per split when present, else the sum of its groups)."""
+    return sum(counts["total"] if "total" in counts else sum(counts.values()) for counts in row_counts.values())
+
+
+def render_dataset_card(
+    *,
+    table: str,
+    features: dict[str, Any],
+    row_counts: dict[str, dict[str, int]],
+    pipeline_version: str,
+    git_sha: str | None,
+    config_fingerprint: str,
+    label_definitions: str | None = None,
+    metrics_markdown: str | None = None,
+    splits: Sequence[str] = ("train", "test"),
+    version: str | None = None,
+) -> str:
+    """Return the `README.md` text of a table folder: Hub YAML front matter, then the card body.
+
+    The front matter declares the license, one `default` config whose splits read `data/{split}-*.parquet`, and
+    `dataset_info.features` (image columns as `dtype: image` / `list: image`). The body says what the table is, the
+    label definitions, the provenance (pipeline version, git sha, config fingerprint), the row counts, Table 1/2 when
+    given, how to load a pinned version, the license and the citations.
+
+    Args:
+        table: the table name (`sft`, `findings`, `rl_hardset`, `rejections`, `predictions`, or another name).
+        features: the Hub features dict of the table (see `features_to_yaml_list`).
+        row_counts: counts per split, then per group, e.g. `{"train": {"liver/positive": 3, "total": 5}, ...}`
+            (the layout of `emrl_data.dataset.count_rows`). Shown as a table, one column per split.
+        pipeline_version: version of the pipeline that built the table.
+        git_sha: commit of the pipeline code, or None when unknown (shown as "unknown").
+        config_fingerprint: `CurateConfig.fingerprint()` of the run.
+        label_definitions: markdown for the label section; None uses SPEC §4's table.
+        metrics_markdown: Table 1/2 (or other results) as markdown; None leaves the section out.
+        splits: the splits of the `default` config; every one must have at least one shard in `data/`.
+        version: the release version `X.Y.Z` (the repo tag is `vX.Y.Z`), or None when not yet known.
+
+    Returns:
+        The card text, starting with `---` and ending with a newline.
+
+    Raises:
+        ValueError: on an empty `splits` or a `version` that is not `X.Y.Z`.
+    """
+    if not splits:
+        raise ValueError("splits is empty; the card's default config needs at least one split.")
+    if version is not None and not VERSION_PATTERN.fullmatch(version):
+        raise ValueError(f"version={version!r} is not X.Y.Z (e.g. '1.2.0'); the tag is then 'v1.2.0'.")
+    front_matter = {
+        "license": "other",
+        "license_name": LICENSE_NAME,
+        "license_link": LICENSE_LINK,
+        "pretty_name": f"E-MRL {table}",
+        "language": ["en"],
+        "task_categories": TABLE_TASKS.get(table, DEFAULT_TASKS),
+        "tags": TAGS,
+        "size_categories": [_size_category(_total_rows(row_counts))],
+        "configs": [
+            {
+                "config_name": "default",
+                "data_files": [{"split": split, "path": f"data/{split}-*.parquet"} for split in splits],
+            }
+        ],
+        "dataset_info": {"features": features_to_yaml_list(features)},
+    }
+    yaml_text = yaml.safe_dump(front_matter, sort_keys=False, allow_unicode=True, width=1000)
+    tag = f"v{version}" if version else "vX.Y.Z"
+    columns = "\n".join(f"| `{name}` | {_type_string(feature)} |" for name, feature in features.items())
+    body = [
+        f"# E-MRL `{table}`" + (f" (v{version})" if version else ""),
+        TABLE_DESCRIPTIONS.get(table, f"The `{table}` table of the E-MRL data pipeline."),
+        "Built from AbdomenAtlas 3.0 CT volumes and per-structure masks by the E-MRL data pipeline, a reference "
+        "implementation of the data side of E-MRL (MICCAI 2026, arXiv 2606.23888).",
+        "## Loading",
+        "```python\nfrom datasets import load_dataset\n\n"
+        f'ds = load_dataset("<repo_id>", revision="{tag}")  # pin a release tag; image columns decode to PIL\n```',
+        "## Provenance",
+        "\n".join(
+            [
+                "| field | value |",
+                "| --- | --- |",
+                f"| release | {tag if version else 'unreleased'} |",
+                f"| pipeline version | `{pipeline_version}` |",
+                f"| git sha | `{git_sha or 'unknown'}` |",
+                f"| config fingerprint | `{config_fingerprint}` |",
+            ]
+        ),
+        "## Row counts",
+        _counts_table(row_counts, splits),
+        "## Columns",
+        "| column | type |\n| --- | --- |\n" + columns,
+        "## Label definitions",
+        (label_definitions if label_definitions is not None else DEFAULT_LABEL_DEFINITIONS).strip(),
+    ]
+    if metrics_markdown is not None:
+        body += ["## Results", metrics_markdown.strip()]
+    body += [
+        "## License",
+        "Derived from AbdomenAtlas 3.0: the images and labels are under the AbdomenAtlas 3.0 terms "
+        f"([dataset card]({LICENSE_LINK})). Check them before any use or redistribution.",
+        "## Citation",
+        "If you use this data, cite AbdomenAtlas 3.0 / RadGPT (Bassi et al. 2025, arXiv 2501.04678) and E-MRL "
+        "(MICCAI 2026, arXiv 2606.23888).",
+        CITATIONS,
+    ]
+    return f"---\n{yaml_text}---\n\n" + "\n\n".join(body) + "\n"

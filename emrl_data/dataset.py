@@ -1,0 +1,101 @@
+"""From curated organ rows to tables: the SFT selection, the table folders and the run summary.
+
+The SFT set (SPEC §1.2) is every lesion-positive organ row of the train split plus negatives sampled per organ
+(`SftConfig.negatives_per_positive`, default 1:1, chosen by a seeded hash so the choice is stable as the atlas grows);
+the test split is kept whole for evaluation. Every organ row stays in `findings` whether selected or not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from emrl_data import __version__
+from emrl_data.config import SftConfig
+from emrl_data.outcome import Rejection
+from emrl_data.records import SCHEMAS, check_required, hub_features
+from emrl_data.shards import table_manifest, write_json_atomic, write_split_shards, write_text_atomic
+from emrl_data.types import Organ, Split
+
+
+def row_order(row: Mapping[str, Any]) -> tuple[str, str, str]:
+    """The order rows are written in: split, organ, case id (deterministic shards)."""
+    return (row["split"], row["organ"], row["case_id"])
+
+
+def _sample_key(seed: int, row: Mapping[str, Any]) -> str:
+    return hashlib.sha256(f"{seed}|{row['case_id']}|{row['organ']}".encode()).hexdigest()
+
+
+def select_sft_rows(rows: Sequence[Mapping[str, Any]], cfg: SftConfig) -> list[Mapping[str, Any]]:
+    """Return the SFT rows: train positives + per-organ sampled train negatives + every test row, in `row_order`.
+
+    Negatives per organ = round(ratio x that organ's train positives), capped by the negatives available; the
+    negatives with the smallest sha256(seed|case_id|organ) are taken.
+    """
+    chosen: list[Mapping[str, Any]] = [r for r in rows if r["split"] == Split.TEST]
+    train = [r for r in rows if r["split"] == Split.TRAIN]
+    for organ in Organ:
+        positives = [r for r in train if r["organ"] == organ and r["has_lesion"]]
+        negatives = sorted(
+            (r for r in train if r["organ"] == organ and not r["has_lesion"]), key=lambda r: _sample_key(cfg.seed, r)
+        )
+        n_neg = min(len(negatives), round(cfg.negatives_per_positive * len(positives)))
+        chosen += positives + negatives[:n_neg]
+    return sorted(chosen, key=row_order)
+
+
+def count_rows(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """Counts per split -> "organ/positive|negative" (and "total")."""
+    counts: dict[str, Counter[str]] = {}
+    for r in rows:
+        c = counts.setdefault(r["split"], Counter())
+        c[f"{r['organ']}/{'positive' if r['has_lesion'] else 'negative'}"] += 1
+        c["total"] += 1
+    return {split: dict(sorted(c.items())) for split, c in sorted(counts.items())}
+
+
+def count_rejections(rejections: Iterable[Rejection]) -> dict[str, int]:
+    """Counts per "step/reason"."""
+    return dict(sorted(Counter(f"{r.step}/{r.reason}" for r in rejections).items()))
+
+
+def write_table(
+    name: str,
+    rows_by_split: Mapping[str, Sequence[Mapping[str, Any]]],
+    out_dir: Path,
+    *,
+    manifest_extra: Mapping[str, Any],
+    card: str,
+) -> Path:
+    """Write one table folder in the Hub layout: `data/` shards per split, `README.md`, `manifest.json`."""
+    schema = table_schema(name)
+    columns = [f.name for f in schema]
+    table_dir = out_dir / name
+    for split, rows in rows_by_split.items():
+        for row in rows:
+            check_required(name, row)
+        write_split_shards([{c: r.get(c) for c in columns} for r in rows], schema, table_dir / "data", split)
+    write_text_atomic(card, table_dir / "README.md")
+    write_json_atomic(table_manifest(table_dir, manifest_extra), table_dir / "manifest.json")
+    return table_dir
+
+
+def table_schema(name: str) -> pa.Schema:
+    """Return the schema of a table by name."""
+    return SCHEMAS[name]
+
+
+def table_features(name: str) -> dict[str, Any]:
+    """Return the Hub features of a table by name."""
+    return hub_features(table_schema(name))
+
+
+def pipeline_version() -> str:
+    """Return the version written into manifests and rows."""
+    return __version__

@@ -1,0 +1,572 @@
+"""The labels of one organ row (SPEC §4): lesion count, size, volume, location, attenuation, key slice and boxes.
+
+Called by the per-case driver once per (case, organ) with a `MaskSource` that holds the CT and serves the
+structure masks on the CT grid in canonical RAS voxel order `(x, y, z)`. Everything is measured on that native
+grid with the CT's spacing (no resampling). Defective data raises `CaseDataError`; a missing lesion file is a
+negative row, not an error.
+
+Speed and memory (notes/performance.md): full volumes are only ever reduced (bounding boxes by `any()`
+projections), never copied; everything else runs on crops to the organ box, the lesion box or the largest
+lesion's box. HU gathers use crops copied into one shared memory layout and `ravel('K')`, so they never take the
+slow boolean-gather path on Fortran-ordered or flipped views.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+import cc3d
+import cv2
+import numpy as np
+from numpy.typing import NDArray
+
+from emrl_data.atlas import LOCATION_NAMES, ORGAN_STRUCTURES
+from emrl_data.config import LabelConfig
+from emrl_data.outcome import CaseDataError, RejectReason
+from emrl_data.types import Attenuation, Organ
+
+
+logger = logging.getLogger(__name__)
+
+
+class _MaskGetter(Protocol):
+    """Returns a full `(X, Y, Z)` mask by structure name, or None when the file is absent."""
+
+    def __call__(self, structure: str) -> np.ndarray | None: ...
+
+
+# A 3-D box as index slices `(x, y, z)`, half-open, step None; in the frame named where it is used.
+Box3 = tuple[slice, slice, slice]
+
+
+class MaskSource(Protocol):
+    """The CT and structure masks of one case, in canonical RAS voxel order `(x, y, z)` on the CT grid.
+
+    Attributes:
+        ct_hu: CT in Hounsfield units, shape `(X, Y, Z)`, int16, canonical RAS (z grows inferior -> superior);
+            may be a non-contiguous view (Fortran order, flipped axes).
+        spacing_mm: voxel size along `(x, y, z)` in mm.
+    """
+
+    ct_hu: np.ndarray
+    spacing_mm: tuple[float, float, float]
+
+    def mask(self, structure: str) -> np.ndarray | None:
+        """Return the mask of `structure`.
+
+        Args:
+            structure: file stem as released, e.g. `"liver"`, `"liver_lesion"`, `"liver_segment_5"`.
+
+        Returns:
+            Bool array of shape `(X, Y, Z)` on the CT grid (canonical RAS; may be a non-contiguous view), or None
+            when the file is absent.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class OrganLabels:
+    """The labels of one organ row (SPEC §4). Positions are canonical voxel indices; boxes are half-open.
+
+    The lesion fields are about the largest lesion (by volume) and are None on a negative row.
+
+    Attributes:
+        organ: the organ of the row.
+        has_lesion: at least one lesion component survives the noise filter.
+        lesion_count: surviving 26-connected components.
+        long_axis_mm: largest lesion's longest in-plane (axial) outer Feret diameter over its slices, mm.
+        short_axis_mm: extent of the largest lesion perpendicular to the long-axis chord on that slice, mm.
+        volume_mm3: largest lesion volume (voxel count x voxel volume), mm^3.
+        total_lesion_volume_mm3: volume of all surviving components, mm^3 (0.0 for negatives).
+        organ_volume_mm3: organ mask volume (union of the organ's masks), mm^3.
+        location: sub-structure names holding > `location_min_fraction` of the largest lesion's labelled voxels,
+            in the order of `LOCATION_NAMES[organ]`; () for negatives or when no part file labels the lesion.
+        attenuation: `Attenuation` value ("hypo" | "iso" | "hyper") of the largest lesion vs the parenchyma.
+        lesion_mean_hu: mean HU of the largest lesion.
+        parenchyma_mean_hu: mean HU of the organ minus all lesion voxels.
+        parenchyma_sd_hu: population SD (ddof=0) of HU of the organ minus all lesion voxels.
+        key_slice_z_vox: axial slice of maximum cross-sectional area of the largest lesion; ties -> lowest z.
+        max_diameter_z_vox: axial slice of the longest in-plane diameter (RadGPT's "image"); ties -> lowest z.
+        bbox_xyxy_vox: largest lesion's 2-D box on the key slice, `(x0, y0, x1, y1)`, half-open.
+        lesion_box_xyzxyz_vox: largest lesion's 3-D box `(x0, y0, z0, x1, y1, z1)`, half-open.
+        organ_box_xyzxyz_vox: organ 3-D box `(x0, y0, z0, x1, y1, z1)`, half-open.
+    """
+
+    organ: Organ
+    has_lesion: bool
+    lesion_count: int
+    long_axis_mm: float | None
+    short_axis_mm: float | None
+    volume_mm3: float | None
+    total_lesion_volume_mm3: float
+    organ_volume_mm3: float
+    location: tuple[str, ...]
+    attenuation: str | None
+    lesion_mean_hu: float | None
+    parenchyma_mean_hu: float
+    parenchyma_sd_hu: float
+    key_slice_z_vox: int | None
+    max_diameter_z_vox: int | None
+    bbox_xyxy_vox: tuple[int, int, int, int] | None
+    lesion_box_xyzxyz_vox: tuple[int, int, int, int, int, int] | None
+    organ_box_xyzxyz_vox: tuple[int, int, int, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Largest:
+    """Measurements of the largest lesion component (internal)."""
+
+    box_vox: Box3  # its 3-D box in the volume frame
+    comp: NDArray[np.bool_]  # (x, y, z) mask of the component inside `box_vox`
+    voxel_count: int
+
+
+def label_organ(
+    source: MaskSource,
+    organ: Organ,
+    *,
+    cfg: LabelConfig = LabelConfig(),  # noqa: B008 - frozen dataclass, safe as a shared default
+) -> OrganLabels:
+    """Compute the labels of one organ row from the masks on the CT's native grid (SPEC §4).
+
+    Steps: organ = union of the organ's masks (both kidneys for `kidney`); lesion components are 26-connected
+    and those below `cfg.min_lesion_volume_mm3` are dropped; every lesion attribute is about the largest
+    surviving component. Ties for the largest go to the component whose first voxel in C order of `(x, y, z)`
+    (lowest x, then y, then z) comes first.
+
+    The long axis is the outer (corner) Feret diameter: per axial slice, the convex hull of the corner points of
+    the component's voxels (voxel `(x, y)` covers `[x, x+1) x [y, y+1)`), max pairwise distance in mm. RadGPT
+    measures between contour points through pixel centres on a 1 mm grid, so the two differ by at most one voxel
+    diagonal (the corner version is never smaller). The short axis is the extent of the same corner points
+    perpendicular to the long-axis chord on the long-axis slice.
+
+    Args:
+        source: CT and masks of the case, canonical RAS `(X, Y, Z)`, masks on the CT grid.
+        organ: which organ row to label.
+        cfg: thresholds (noise filter, location share, iso band, inside-organ fraction).
+
+    Returns:
+        The row's labels; a negative row when the lesion file is absent, empty, or all its components are noise.
+
+    Raises:
+        CaseDataError: `MISSING_ORGAN_MASK` when no organ mask file exists, `EMPTY_ORGAN_MASK` when the organ
+            mask has no voxel (or no voxel outside the lesions), `LESION_OUTSIDE_ORGAN` when less than
+            `cfg.min_lesion_inside_fraction` of the lesion voxels lie inside the organ dilated by one voxel.
+        ValueError: the CT is not 3-D, a spacing is not positive, or a mask is not on the CT grid.
+    """
+    ct = source.ct_hu
+    if ct.ndim != 3:
+        raise ValueError(f"ct_hu must be 3-D (X, Y, Z); got {ct.shape=}.")
+    spacing = tuple(float(s) for s in source.spacing_mm)
+    if len(spacing) != 3 or not all(s > 0 for s in spacing):
+        raise ValueError(f"spacing_mm must be three positive numbers; got {source.spacing_mm=}.")
+    voxel_mm3 = spacing[0] * spacing[1] * spacing[2]
+    structures = ORGAN_STRUCTURES[organ]
+    cache: dict[str, np.ndarray | None] = {}
+
+    def get(structure: str) -> np.ndarray | None:
+        if structure not in cache:
+            arr = source.mask(structure)
+            if arr is not None and arr.shape != ct.shape:
+                raise ValueError(f"mask {structure!r} is not on the CT grid: {arr.shape=} != {ct.shape=}.")
+            cache[structure] = arr
+        return cache[structure]
+
+    # --- organ: union of its masks, box from the union of the per-file boxes (no full-volume union copy).
+    organ_masks = [m for m in (get(s) for s in structures.organ_masks) if m is not None]
+    if not organ_masks:
+        raise CaseDataError(
+            RejectReason.MISSING_ORGAN_MASK,
+            f"no organ mask file among {list(structures.organ_masks)}",
+            organ=str(organ),
+        )
+    organ_box = _union_box([_mask_box(m) for m in organ_masks])
+    if organ_box is None:
+        raise CaseDataError(
+            RejectReason.EMPTY_ORGAN_MASK,
+            f"organ mask(s) {list(structures.organ_masks)} have no voxel",
+            organ=str(organ),
+        )
+    # Crops of the organ box share the CT crop's memory layout, so `ravel('K')` gathers line up.
+    ct_organ = _copy_like(ct[organ_box], ct[organ_box])
+    organ_crop = _union_crop(organ_masks, organ_box, like=ct_organ)
+    organ_volume_mm3 = int(np.count_nonzero(organ_crop)) * voxel_mm3
+
+    # --- lesion mask: its own box on the full mask first, so voxels outside the organ box are seen.
+    lesion_mask = get(structures.lesion_mask)
+    lesion_box = _mask_box(lesion_mask) if lesion_mask is not None else None
+    lesion_crop = None
+    if lesion_mask is not None and lesion_box is not None:
+        lesion_crop = _as_bool(lesion_mask[lesion_box], like=lesion_mask[lesion_box])
+        _check_inside_organ(lesion_crop, lesion_box, organ_masks, organ, cfg)
+        parenchyma = organ_crop & ~_as_bool(lesion_mask[organ_box], like=ct_organ)
+    else:
+        parenchyma = organ_crop
+    n_parenchyma = int(np.count_nonzero(parenchyma))
+    if n_parenchyma == 0:
+        raise CaseDataError(
+            RejectReason.EMPTY_ORGAN_MASK,
+            "no organ voxel outside the lesion mask: the parenchyma is empty",
+            organ=str(organ),
+        )
+    # float64 statistics; population SD as numpy's default (RadGPT uses np.std).
+    parenchyma_hu = ct_organ.ravel("K")[parenchyma.ravel("K")].astype(np.float64)
+    parenchyma_mean_hu = float(parenchyma_hu.mean())
+    parenchyma_sd_hu = float(parenchyma_hu.std())
+    del parenchyma_hu, parenchyma, organ_crop, ct_organ
+
+    largest, counts = (None, []) if lesion_crop is None else _components(lesion_crop, lesion_box, voxel_mm3, cfg)
+    organ_box_t = _box_xyzxyz(organ_box)
+    if largest is None:
+        logger.debug("%s: negative row (lesion file present: %s)", organ, lesion_mask is not None)
+        return OrganLabels(
+            organ=organ,
+            has_lesion=False,
+            lesion_count=0,
+            long_axis_mm=None,
+            short_axis_mm=None,
+            volume_mm3=None,
+            total_lesion_volume_mm3=0.0,
+            organ_volume_mm3=organ_volume_mm3,
+            location=(),
+            attenuation=None,
+            lesion_mean_hu=None,
+            parenchyma_mean_hu=parenchyma_mean_hu,
+            parenchyma_sd_hu=parenchyma_sd_hu,
+            key_slice_z_vox=None,
+            max_diameter_z_vox=None,
+            bbox_xyxy_vox=None,
+            lesion_box_xyzxyz_vox=None,
+            organ_box_xyzxyz_vox=organ_box_t,
+        )
+
+    x0, y0, z0 = (s.start for s in largest.box_vox)
+    key_z, (bx0, by0, bx1, by1) = _key_slice(largest.comp)
+    long_axis_mm, short_axis_mm, diameter_z = _axial_diameters(largest.comp, spacing[0], spacing[1])
+
+    ct_lesion = _copy_like(ct[largest.box_vox], ct[largest.box_vox])
+    comp_k = _as_bool(largest.comp, like=ct_lesion)
+    lesion_mean_hu = float(ct_lesion.ravel("K")[comp_k.ravel("K")].sum(dtype=np.float64) / largest.voxel_count)
+    attenuation = _attenuation(lesion_mean_hu, parenchyma_mean_hu, parenchyma_sd_hu, cfg.iso_sd_fraction)
+
+    location = _location(organ, largest, get, cfg.location_min_fraction)
+    labels = OrganLabels(
+        organ=organ,
+        has_lesion=True,
+        lesion_count=len(counts),
+        long_axis_mm=long_axis_mm,
+        short_axis_mm=short_axis_mm,
+        volume_mm3=largest.voxel_count * voxel_mm3,
+        total_lesion_volume_mm3=sum(counts) * voxel_mm3,
+        organ_volume_mm3=organ_volume_mm3,
+        location=location,
+        attenuation=attenuation,
+        lesion_mean_hu=lesion_mean_hu,
+        parenchyma_mean_hu=parenchyma_mean_hu,
+        parenchyma_sd_hu=parenchyma_sd_hu,
+        key_slice_z_vox=z0 + key_z,
+        max_diameter_z_vox=z0 + diameter_z,
+        bbox_xyxy_vox=(x0 + bx0, y0 + by0, x0 + bx1, y0 + by1),
+        lesion_box_xyzxyz_vox=_box_xyzxyz(largest.box_vox),
+        organ_box_xyzxyz_vox=organ_box_t,
+    )
+    logger.debug("%s: %d lesion(s), largest %d voxels", organ, labels.lesion_count, largest.voxel_count)
+    return labels
+
+
+def _mask_box(mask: np.ndarray) -> Box3 | None:
+    """Return the tight half-open box of the nonzero voxels of a full volume, or None when it is empty.
+
+    Works on any strides without copying: axes stored reversed (negative strides, e.g. a flipped nibabel view)
+    are read forwards and the bounds mapped back, because reductions over negative strides are ~10x slower. One
+    full pass projects along the axis that is slowest in memory; a second pass covers only the box found in the
+    other two axes.
+
+    Args:
+        mask: shape `(X, Y, Z)`, bool (or integer, nonzero = inside), any memory layout.
+
+    Returns:
+        `(x, y, z)` slices in the volume frame, half-open, or None.
+    """
+    flipped = [axis for axis in range(3) if mask.strides[axis] < 0]
+    view = mask[tuple(slice(None, None, -1) if axis in flipped else slice(None) for axis in range(3))]
+    outer = int(np.argmax(np.abs(view.strides)))
+    inner = [axis for axis in range(3) if axis != outer]
+    proj = view.any(axis=outer)  # (inner[0], inner[1])
+    first = np.flatnonzero(proj.any(axis=1))
+    if first.size == 0:
+        return None
+    second = np.flatnonzero(proj.any(axis=0))
+    bounds: list[tuple[int, int]] = [(0, 0)] * 3
+    bounds[inner[0]] = (int(first[0]), int(first[-1]) + 1)
+    bounds[inner[1]] = (int(second[0]), int(second[-1]) + 1)
+    sub = view[tuple(slice(*bounds[axis]) if axis != outer else slice(None) for axis in range(3))]
+    along = np.flatnonzero(sub.any(axis=tuple(inner)))
+    bounds[outer] = (int(along[0]), int(along[-1]) + 1)
+    for axis in flipped:  # [a, b) on the reversed axis is [n - b, n - a) on the original one
+        n, (a, b) = mask.shape[axis], bounds[axis]
+        bounds[axis] = (n - b, n - a)
+    return slice(*bounds[0]), slice(*bounds[1]), slice(*bounds[2])
+
+
+def _union_box(boxes: list[Box3 | None]) -> Box3 | None:
+    """Return the smallest box holding every given box (None entries are empty), or None when all are empty."""
+    present = [b for b in boxes if b is not None]
+    if not present:
+        return None
+    return tuple(  # type: ignore[return-value]
+        slice(min(b[i].start for b in present), max(b[i].stop for b in present)) for i in range(3)
+    )
+
+
+def _box_xyzxyz(box: Box3) -> tuple[int, int, int, int, int, int]:
+    """Return a box of slices as `(x0, y0, z0, x1, y1, z1)`, half-open."""
+    return box[0].start, box[1].start, box[2].start, box[0].stop, box[1].stop, box[2].stop
+
+
+def _copy_like(view: np.ndarray, like: np.ndarray, dtype: type | None = None) -> np.ndarray:
+    """Copy `view` into a new array whose axis order in memory follows `like` (positive strides).
+
+    Two arrays made this way from the same `like` ravel in the same order with `ravel('K')`, which makes boolean
+    gathers on them fast whatever the source layout (Fortran order, flipped views).
+
+    Args:
+        view: source, shape `(x, y, z)`.
+        like: layout prototype of the same shape.
+        dtype: dtype of the copy (default `like.dtype`).
+
+    Returns:
+        A writable copy of `view` with the memory layout of `like`.
+    """
+    out = np.empty_like(like, dtype=dtype)
+    out[...] = view
+    return out
+
+
+def _as_bool(view: np.ndarray, like: np.ndarray) -> NDArray[np.bool_]:
+    """Copy a mask crop as bool (nonzero = inside) in the memory layout of `like`."""
+    return _copy_like(view if view.dtype == np.bool_ else view != 0, like, dtype=np.bool_)
+
+
+def _union_crop(masks: list[np.ndarray], box: Box3, like: np.ndarray) -> NDArray[np.bool_]:
+    """Return the union of the masks inside `box` as bool, in the memory layout of `like` (shape of the box)."""
+    out = _as_bool(masks[0][box], like)
+    for m in masks[1:]:
+        out |= m[box] if m.dtype == np.bool_ else m[box] != 0
+    return out
+
+
+def _dilate_cube(mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
+    """Dilate by one voxel with the 3x3x3 cube (26-neighbourhood), as three separable 1-D passes.
+
+    Args:
+        mask: bool, shape `(x, y, z)`; voxels beyond the edges count as outside.
+
+    Returns:
+        The dilated mask, same shape.
+    """
+    out = mask.copy()
+    for axis in range(3):
+        src = out.copy()
+        lo = [slice(None)] * 3
+        hi = [slice(None)] * 3
+        lo[axis], hi[axis] = slice(None, -1), slice(1, None)
+        out[tuple(hi)] |= src[tuple(lo)]
+        out[tuple(lo)] |= src[tuple(hi)]
+    return out
+
+
+def _check_inside_organ(
+    lesion: NDArray[np.bool_], lesion_box: Box3, organ_masks: list[np.ndarray], organ: Organ, cfg: LabelConfig
+) -> None:
+    """Raise `LESION_OUTSIDE_ORGAN` when too few lesion voxels lie inside the organ dilated by one voxel.
+
+    All lesion voxels count (before the noise filter). The organ is cropped to the lesion box grown by one voxel
+    (clipped to the volume), so the dilation sees organ voxels just outside the lesion box.
+
+    Args:
+        lesion: bool lesion mask inside `lesion_box`, shape of the box.
+        lesion_box: the lesion mask's tight box (non-empty), volume frame.
+        organ_masks: the organ's masks, shape `(X, Y, Z)` each.
+        organ: for the error.
+        cfg: holds `min_lesion_inside_fraction`.
+
+    Raises:
+        CaseDataError: `LESION_OUTSIDE_ORGAN`, the detail gives the inside fraction.
+    """
+    shape = organ_masks[0].shape
+    grown = tuple(slice(max(s.start - 1, 0), min(s.stop + 1, n)) for s, n in zip(lesion_box, shape, strict=True))
+    organ_grown = np.zeros(tuple(s.stop - s.start for s in grown), dtype=np.bool_)
+    for m in organ_masks:
+        organ_grown |= m[grown] != 0
+    inner = tuple(slice(b.start - g.start, b.stop - g.start) for b, g in zip(lesion_box, grown, strict=True))
+    near_organ = _dilate_cube(organ_grown)[inner]
+    n_lesion = int(np.count_nonzero(lesion))
+    fraction = int(np.count_nonzero(lesion & near_organ)) / n_lesion
+    if fraction < cfg.min_lesion_inside_fraction:
+        raise CaseDataError(
+            RejectReason.LESION_OUTSIDE_ORGAN,
+            f"only {fraction:.3f} of {n_lesion} lesion voxels lie inside the {organ} mask dilated by one voxel "
+            f"(min_lesion_inside_fraction={cfg.min_lesion_inside_fraction})",
+            organ=str(organ),
+        )
+
+
+def _components(
+    lesion: NDArray[np.bool_], lesion_box: Box3, voxel_mm3: float, cfg: LabelConfig
+) -> tuple[_Largest | None, list[int]]:
+    """Label 26-connected components inside the lesion box, drop noise, and pick the largest.
+
+    Args:
+        lesion: bool lesion mask inside `lesion_box` (writable), shape of the box.
+        lesion_box: the lesion mask's tight box (non-empty), volume frame.
+        voxel_mm3: voxel volume in mm^3.
+        cfg: holds `min_lesion_volume_mm3` (components strictly below it are dropped).
+
+    Returns:
+        The largest surviving component (None when none survives) and the voxel counts of all survivors.
+        Ties in size go to the component whose first voxel in C order of `(x, y, z)` comes first.
+    """
+    labels, n = cc3d.connected_components(lesion, connectivity=26, return_N=True)
+    if n == 0:
+        return None, []
+    stats = cc3d.statistics(labels)
+    voxel_counts = np.asarray(stats["voxel_counts"][1:], dtype=np.int64)
+    keep = np.flatnonzero(voxel_counts * voxel_mm3 >= cfg.min_lesion_volume_mm3) + 1
+    if keep.size == 0:
+        return None, []
+    counts = [int(voxel_counts[k - 1]) for k in keep]
+    best = max(counts)
+    tied = [int(k) for k, c in zip(keep, counts, strict=True) if c == best]
+
+    def first_voxel(label: int) -> tuple[int, ...]:
+        box = stats["bounding_boxes"][label]
+        first = np.argwhere(labels[box] == label)[0]  # argwhere lists indices in C order of (x, y, z)
+        return tuple(int(s.start) + int(i) for s, i in zip(box, first, strict=True))
+
+    label = min(tied, key=first_voxel) if len(tied) > 1 else tied[0]
+    box = stats["bounding_boxes"][label]
+    comp = np.ascontiguousarray(labels[box] == label)
+    box_vox = tuple(slice(b.start + s.start, b.start + s.stop) for b, s in zip(lesion_box, box, strict=True))
+    return _Largest(box_vox=box_vox, comp=comp, voxel_count=best), counts  # type: ignore[arg-type]
+
+
+def _key_slice(comp: NDArray[np.bool_]) -> tuple[int, tuple[int, int, int, int]]:
+    """Return the slice of maximum cross-sectional area (ties -> lowest z) and the 2-D box on it.
+
+    Args:
+        comp: bool, shape `(x, y, z)`, a component inside its tight box.
+
+    Returns:
+        `(z, (x0, y0, x1, y1))` in the frame of `comp`; the box is half-open.
+    """
+    areas = np.count_nonzero(comp, axis=(0, 1))
+    z = int(np.argmax(areas))  # first maximum -> lowest z
+    sl = comp[:, :, z]
+    xs = np.flatnonzero(sl.any(axis=1))
+    ys = np.flatnonzero(sl.any(axis=0))
+    return z, (int(xs[0]), int(ys[0]), int(xs[-1]) + 1, int(ys[-1]) + 1)
+
+
+def _axial_diameters(comp: NDArray[np.bool_], sx: float, sy: float) -> tuple[float, float, int]:
+    """Return the longest in-plane outer Feret diameter over the axial slices, the perpendicular extent, its slice.
+
+    Per slice, the hull of the voxel corner points equals the hull of the four corners of each row's leftmost
+    and rightmost voxel, so only those points go to `cv2.convexHull`. Distances are computed from integer corner
+    differences scaled by the spacing, so equal shapes on different slices give bit-identical lengths and the
+    tie rule (lowest z) is exact.
+
+    Args:
+        comp: bool, shape `(x, y, z)`, a component inside its tight box.
+        sx: spacing along x in mm.
+        sy: spacing along y in mm.
+
+    Returns:
+        `(long_axis_mm, short_axis_mm, z)` with z in the frame of `comp` (ties -> lowest z). For a tie between
+        chords of one slice, the first pair in hull order is used.
+    """
+    n_x = comp.shape[0]
+    rows = comp.any(axis=0)  # (y, z)
+    x_first = comp.argmax(axis=0)
+    x_stop = n_x - comp[::-1].argmax(axis=0)  # one past the last voxel of each row
+    scale = np.array([sx, sy])
+    best_d2 = -1.0
+    best: tuple[np.ndarray, np.ndarray, int] | None = None
+    for z in range(comp.shape[2]):
+        ys = np.flatnonzero(rows[:, z])
+        if ys.size == 0:
+            continue
+        xa, xb = x_first[ys, z], x_stop[ys, z]
+        pts = np.concatenate(
+            [np.stack([xa, ys], 1), np.stack([xa, ys + 1], 1), np.stack([xb, ys], 1), np.stack([xb, ys + 1], 1)]
+        ).astype(np.int32)
+        hull = cv2.convexHull(pts).reshape(-1, 2).astype(np.int64)
+        diff = (hull[:, None, :] - hull[None, :, :]) * scale  # (h, h, 2) mm
+        d2 = np.einsum("ijk,ijk->ij", diff, diff)
+        i = int(np.argmax(d2))
+        if d2.flat[i] > best_d2:  # strict: a later (higher) slice must be longer to win
+            best_d2 = float(d2.flat[i])
+            best = (hull, diff.reshape(-1, 2)[i], z)
+    assert best is not None, "comp has no voxel"
+    hull, chord, z = best
+    long_axis = float(np.sqrt(best_d2))
+    normal = np.array([-chord[1], chord[0]]) / long_axis
+    proj = (hull * scale) @ normal
+    return long_axis, float(proj.max() - proj.min()), z
+
+
+def _attenuation(lesion_mean_hu: float, parenchyma_mean_hu: float, parenchyma_sd_hu: float, sd_fraction: float) -> str:
+    """Classify a lesion by RadGPT's rule: iso inside the open band mean +- SD x fraction, else hypo or hyper.
+
+    Args:
+        lesion_mean_hu: mean HU of the lesion.
+        parenchyma_mean_hu: mean HU of the organ minus all lesions.
+        parenchyma_sd_hu: SD of HU of the organ minus all lesions.
+        sd_fraction: half-width of the iso band in SDs (RadGPT: 0.1).
+
+    Returns:
+        An `Attenuation` value: "iso" when |difference| < band (strict), "hypo" when below, else "hyper" (so a
+        zero-width band and equal means give "hyper", as in RadGPT).
+    """
+    diff = lesion_mean_hu - parenchyma_mean_hu
+    if abs(diff) < sd_fraction * parenchyma_sd_hu:
+        return Attenuation.ISO.value
+    return Attenuation.HYPO.value if diff < 0 else Attenuation.HYPER.value
+
+
+def _location(organ: Organ, largest: _Largest, get: _MaskGetter, min_fraction: float) -> tuple[str, ...]:
+    """Return the sub-structures holding more than `min_fraction` of the largest lesion's labelled voxels.
+
+    Each part file present is cropped to the lesion's box right away. The denominator is the lesion voxels inside
+    ANY part (RadGPT: voxels outside all parts do not count); a voxel in two overlapping parts counts for both.
+    Kidney keeps only the majority side (ties -> "left", the first name in `LOCATION_NAMES`).
+
+    Args:
+        organ: the organ row.
+        largest: the largest lesion (its mask and box).
+        get: returns a full `(X, Y, Z)` mask by structure name, or None when the file is absent.
+        min_fraction: a part is kept when its share is strictly above this.
+
+    Returns:
+        Names in the order of `LOCATION_NAMES[organ]`; () when no part file exists or no lesion voxel is in a part.
+    """
+    comp = largest.comp
+    labelled = np.zeros_like(comp)
+    counts: dict[str, int] = {}
+    for structure, name in ORGAN_STRUCTURES[organ].parts:
+        part = get(structure)
+        if part is None:
+            continue
+        crop = part[largest.box_vox]
+        inside = comp & (crop if crop.dtype == np.bool_ else crop != 0)
+        counts[name] = int(np.count_nonzero(inside))
+        labelled |= inside
+    total = int(np.count_nonzero(labelled))
+    if total == 0:
+        return ()
+    kept = [n for n in LOCATION_NAMES[organ] if n in counts and counts[n] / total > min_fraction]
+    if organ == Organ.KIDNEY and kept:
+        kept = [max(kept, key=lambda n: counts[n])]  # max keeps the first of equals: "left" on a tie
+    return tuple(kept)

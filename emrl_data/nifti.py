@@ -1,0 +1,642 @@
+"""Validated NIfTI reading, canonical RAS orientation and mask placement on the CT grid (SPEC §2, §3).
+
+The only module that opens image files. `read_nifti` turns one `.nii.gz`/`.nii` file into a validated 3-D array
+over its inflated bytes; `open_case` reads a case's CT, reorients it to canonical RAS `(X, Y, Z)` as views, and
+places every mask on the CT grid on demand (`CaseImages.mask`). Deep code raises `CaseDataError`; the per-case
+driver turns it into a rejection row.
+
+Why the gzip stream is validated here and not by a library: SimpleITK 2.5.7 reads a truncated `.nii.gz` without
+error and zero-fills the missing part (SPEC §2). The header is parsed from the first inflated bytes and checked
+against the gzip trailer's ISIZE *before* the image buffer is allocated, then the whole member is inflated once
+with ISA-L into a buffer of the exact size (notes/performance.md §2: fastest and lowest peak memory).
+
+Arrays returned by this module are read-only: the zero-copy ones are views over `bytes`, and the converted ones are
+marked read-only for consistency. Copy the (small) crop you need to modify.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import nibabel as nib
+import numpy as np
+from isal import isal_zlib
+from nibabel.orientations import inv_ornt_aff, io_orientation
+from nibabel.spatialimages import HeaderDataError
+
+from emrl_data.atlas import CaseRef
+from emrl_data.config import LoadConfig
+from emrl_data.outcome import CaseDataError, RejectReason
+
+
+logger = logging.getLogger(__name__)
+
+Role = Literal["ct", "mask"]
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_GZIP_MIN_BYTES = 18  # 10-byte member header + 8-byte trailer (CRC32, ISIZE)
+_NIFTI1_SIZEOF_HDR = 348
+_NIFTI2_SIZEOF_HDR = 540
+_HEADER_PREFIX_BYTES = 544  # NIfTI-2 header (540) + the 4-byte extension flag
+_NIFTI1_MAGIC = b"n+1\x00"  # single-file NIfTI-1 (`ni1` is the .hdr/.img pair, not a .nii)
+_NIFTI2_MAGIC = b"n+2\x00\r\n\x1a\n"
+_AFFINE_ATOL = 1e-3  # affines "agree" (SPEC §2 alignment rule)
+_PERMUTATION_ATOL = 1e-3  # entries of inv(A_ct) @ A_mask within this of 0 / +-1
+_OFFSET_ATOL_VOX = 0.01  # translation within this of an integer voxel offset
+_CHUNK_VOXELS = 1 << 24  # conversions run over slabs of at most ~16 M voxels to bound temporaries
+_MAX_LISTED_VALUES = 10
+# NIfTI xyzt_units spatial codes -> factor to millimetres (0 = unknown, taken as mm like ITK does).
+_SPATIAL_UNIT_TO_MM = {0: 1.0, 1: 1000.0, 2: 1.0, 3: 0.001}
+_INT16_MIN, _INT16_MAX = -32768, 32767
+
+
+@dataclass(frozen=True, slots=True)
+class NiftiVolume:
+    """One validated NIfTI image, in the storage order of its file.
+
+    Attributes:
+        data: 3-D array, shape `(I, J, K)` as stored (Fortran-ordered view over the inflated buffer where no
+            conversion was needed), read-only. role="ct": int16 HU; role="mask": bool.
+        affine: (4, 4) float64 voxel -> world (mm) affine: the sform if sform_code > 0, else the qform if
+            qform_code > 0, else `diag(zooms_mm)` (NIfTI "method 1").
+        zooms_mm: voxel size along the stored axes `(I, J, K)`, in mm.
+        path: the file that was read.
+    """
+
+    data: np.ndarray
+    affine: np.ndarray
+    zooms_mm: tuple[float, float, float]
+    path: Path
+
+
+@dataclass(frozen=True, slots=True)
+class _Header:
+    """The header fields this module uses (free text deliberately absent)."""
+
+    shape: tuple[int, int, int]
+    dtype: np.dtype
+    vox_offset: int
+    slope: float
+    inter: float
+    affine: np.ndarray
+    zooms_mm: tuple[float, float, float]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def read_nifti(path: Path, *, role: Role, cfg: LoadConfig = LoadConfig()) -> NiftiVolume:  # noqa: B008 (frozen)
+    """Read and validate one NIfTI-1/2 file (`.nii.gz` or `.nii`).
+
+    Args:
+        path: the file. Gzip is detected from the bytes; a `.gz` name whose bytes are not gzip is refused.
+        role: "ct" returns int16 HU (float or wider integer data rounded half-to-even and clipped to the int16
+            range; int16 data is a zero-copy view); "mask" returns bool and requires every value to be 0 or 1.
+        cfg: size limits checked from the header before anything is allocated.
+
+    Returns:
+        The volume in storage order, with its affine and voxel size.
+
+    Raises:
+        CaseDataError: NOT_NIFTI, CORRUPT_GZIP, BAD_NDIM, ABSURD_SIZE, NON_FINITE_VOXELS or BAD_MASK_VALUES; the
+            detail names the file and `path` is set.
+        FileNotFoundError: `path` does not exist.
+        ValueError: `role` is not "ct" or "mask".
+    """
+    path = Path(path)
+    return _decode(path.read_bytes(), path, str(path), role=role, cfg=cfg)
+
+
+class CaseImages:
+    """One case: the CT in canonical RAS `(X, Y, Z)` plus lazily loaded masks placed on the CT grid.
+
+    Canonical RAS is nibabel's closest canonical orientation (`as_closest_canonical`): voxel index x grows towards
+    the patient's right (world +R, NIfTI RAS+), y towards anterior, z from inferior to superior. An axial slice is
+    `ct_hu[:, :, z]`.
+
+    Attributes:
+        case_id: `BDMAP_` + 8 digits.
+        ct_hu: int16 (X, Y, Z) HU in canonical RAS; a read-only view over the inflated file (flips/transposes only).
+        spacing_mm: voxel size along (X, Y, Z) in mm.
+        affine_ras: (4, 4) float64 affine of the canonical grid (canonical voxel index -> world mm).
+        warnings: human-readable notes about accepted quirks, one per event, each starting with the file name.
+            Grows as masks are read.
+        file_digests: path relative to the atlas root -> sha256 hex of the raw file bytes, for every file read so
+            far (the CT at open, each mask when `mask` reads it).
+    """
+
+    __slots__ = (
+        "case_id",
+        "ct_hu",
+        "spacing_mm",
+        "affine_ras",
+        "warnings",
+        "file_digests",
+        "_ref",
+        "_cfg",
+        "_ct_affine",
+        "_ct_shape",
+        "_orientation",
+    )
+
+    def __init__(
+        self,
+        *,
+        ref: CaseRef,
+        ct: NiftiVolume,
+        digest: str,
+        cfg: LoadConfig,
+    ) -> None:
+        """Build from an already validated CT (use `open_case`)."""
+        self.case_id = ref.case_id
+        self._ref = ref
+        self._cfg = cfg
+        self._ct_affine = ct.affine
+        self._ct_shape: tuple[int, int, int] = tuple(ct.data.shape)  # type: ignore[assignment]
+        self._orientation = _Orientation.from_affine(ct.affine, self._ct_shape)
+        self.ct_hu = self._orientation.apply(ct.data)
+        self.spacing_mm = self._orientation.permute(ct.zooms_mm)
+        self.affine_ras = self._orientation.affine_ras(ct.affine)
+        self.warnings: list[str] = []
+        self.file_digests: dict[str, str] = {ref.relative(ct.path): digest}
+        voxel_sizes = np.sqrt((ct.affine[:3, :3] ** 2).sum(axis=0))
+        if not np.allclose(voxel_sizes, ct.zooms_mm, rtol=1e-3, atol=1e-4):
+            self._warn(
+                f"{ct.path.name}: voxel sizes in the header {_fmt(ct.zooms_mm)} disagree with the affine's "
+                f"{_fmt(voxel_sizes)}; using the header's"
+            )
+
+    def has(self, structure: str) -> bool:
+        """Return True when the case has a file for `structure` (e.g. "liver_lesion"); reads nothing."""
+        return self._ref.structure_path(structure) is not None
+
+    def mask(self, structure: str) -> np.ndarray | None:
+        """Read one structure's mask and place it on the CT grid.
+
+        Not cached: every call reads the file again (memory target, see the module docs); keep the result.
+
+        Args:
+            structure: the released structure name, e.g. "liver", "kidney_lesion".
+
+        Returns:
+            bool (X, Y, Z) read-only array in canonical RAS on the CT grid (same shape as `ct_hu`), or None when
+            the case has no file for `structure`.
+
+        Raises:
+            CaseDataError: any `read_nifti` reason for the mask file, or MASK_GRID_MISMATCH when the mask cannot be
+                placed on the CT grid; the detail names the file.
+        """
+        path = self._ref.structure_path(structure)
+        if path is None:
+            return None
+        rel = self._ref.relative(path)
+        raw = path.read_bytes()
+        self.file_digests[rel] = hashlib.sha256(raw).hexdigest()
+        vol = _decode(raw, path, rel, role="mask", cfg=self._cfg)
+        del raw
+        if vol.data.shape == self._ct_shape:
+            if not np.allclose(vol.affine, self._ct_affine, atol=_AFFINE_ATOL):
+                self._warn(f"{path.name}: affine disagrees with the CT's; taken voxel for voxel")
+            stored = vol.data
+        else:
+            if np.allclose(vol.affine, self._ct_affine, atol=_AFFINE_ATOL):
+                self._warn(
+                    f"{path.name}: shape {vol.data.shape} differs from the CT's {self._ct_shape} but the affines "
+                    "are identical; placed at voxel offset (0, 0, 0)"
+                )
+            stored = _place_on_grid(vol.data, vol.affine, self._ct_shape, self._ct_affine, rel)
+        return self._orientation.apply(stored)
+
+    def _warn(self, message: str) -> None:
+        self.warnings.append(message)
+        logger.warning("%s: %s", self.case_id, message)
+
+
+def open_case(ref: CaseRef, *, cfg: LoadConfig = LoadConfig()) -> CaseImages:  # noqa: B008 (frozen)
+    """Read and validate a case's CT and return its images in canonical RAS; masks are read on demand.
+
+    Args:
+        ref: where the case's files are (`emrl_data.atlas`).
+        cfg: size limits for every file of the case.
+
+    Returns:
+        The case's images; `ct_hu` is a view over the CT file's inflated bytes (no full-volume copy).
+
+    Raises:
+        CaseDataError: MISSING_CT when `ref.ct_path` does not exist, or any `read_nifti` reason for the CT.
+    """
+    rel = ref.relative(ref.ct_path)
+    if not ref.ct_path.is_file():
+        raise CaseDataError(RejectReason.MISSING_CT, f"{rel}: no CT file at the expected path", path=rel)
+    raw = ref.ct_path.read_bytes()
+    digest = hashlib.sha256(raw).hexdigest()
+    ct = _decode(raw, ref.ct_path, rel, role="ct", cfg=cfg)
+    del raw
+    return CaseImages(ref=ref, ct=ct, digest=digest, cfg=cfg)
+
+
+# --- orientation -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Orientation:
+    """Storage order -> canonical RAS as axis flips followed by a transpose (views only).
+
+    `ornt` is nibabel's (3, 2) orientation: row i = (canonical axis of stored axis i, +1 or -1 for a flip).
+    """
+
+    ornt: np.ndarray
+    shape: tuple[int, int, int]
+
+    @classmethod
+    def from_affine(cls, affine: np.ndarray, shape: tuple[int, int, int]) -> _Orientation:
+        ornt = io_orientation(affine)
+        if np.isnan(ornt).any():  # a degenerate affine; `_parse_header` already refuses singular ones
+            raise ValueError(f"affine has no closest orientation: {affine.tolist()}")
+        return cls(ornt=ornt, shape=shape)
+
+    def apply(self, stored: np.ndarray) -> np.ndarray:
+        """Return a view of a stored-order `(I, J, K)` array in canonical `(X, Y, Z)` order."""
+        flips = tuple(slice(None, None, -1) if f < 0 else slice(None) for f in self.ornt[:, 1])
+        order = np.argsort(self.ornt[:, 0])  # canonical axis j <- stored axis order[j]
+        return stored[flips].transpose(order)
+
+    def permute(self, per_stored_axis: tuple[float, float, float]) -> tuple[float, float, float]:
+        """Reorder a per-stored-axis triple (e.g. zooms) into canonical axis order."""
+        order = np.argsort(self.ornt[:, 0])
+        return (float(per_stored_axis[order[0]]), float(per_stored_axis[order[1]]), float(per_stored_axis[order[2]]))
+
+    def affine_ras(self, affine: np.ndarray) -> np.ndarray:
+        """Return the affine of the canonical grid: canonical index -> stored index -> world."""
+        return affine @ inv_ornt_aff(self.ornt, self.shape)
+
+
+# --- mask placement --------------------------------------------------------------------------------------------
+
+
+def _place_on_grid(
+    mask: np.ndarray,
+    mask_affine: np.ndarray,
+    ct_shape: tuple[int, int, int],
+    ct_affine: np.ndarray,
+    name: str,
+) -> np.ndarray:
+    """Write a mask stored on another grid into a zero CT-shaped array, in the CT's storage order.
+
+    The map from mask voxel indices to CT voxel indices, `T = inv(A_ct) @ A_mask`, must be a signed axis permutation
+    with an integer translation: crops (Mini releases) and axis flips/reorders are placeable, rotations, scalings and
+    sub-voxel shifts are not.
+
+    Args:
+        mask: bool (I', J', K') mask in its own storage order.
+        mask_affine: (4, 4) mask voxel -> world mm.
+        ct_shape: the CT's stored shape (I, J, K).
+        ct_affine: (4, 4) CT voxel -> world mm.
+        name: the mask file, for messages.
+
+    Returns:
+        bool (I, J, K) array in the CT's storage order (Fortran order), read-only.
+
+    Raises:
+        CaseDataError: MASK_GRID_MISMATCH when T is not placeable or a nonzero mask voxel falls outside the CT grid.
+    """
+    t = np.linalg.inv(ct_affine) @ mask_affine
+    rot, offset = t[:3, :3], t[:3, 3]
+    signs = np.rint(rot)
+    is_signed_permutation = (
+        np.allclose(rot, signs, atol=_PERMUTATION_ATOL)
+        and (np.abs(signs).sum(axis=0) == 1).all()
+        and (np.abs(signs).sum(axis=1) == 1).all()
+    )
+    where = f"mask shape {mask.shape} vs CT shape {ct_shape}, voxel offset {_fmt(offset)}"
+    if not is_signed_permutation:
+        raise CaseDataError(
+            RejectReason.MASK_GRID_MISMATCH,
+            f"{name}: mask grid is rotated or scaled relative to the CT's ({where}; "
+            f"index map {_fmt(rot.ravel())}), cannot be placed",
+            path=name,
+        )
+    offset_vox = np.rint(offset)
+    if not np.allclose(offset, offset_vox, atol=_OFFSET_ATOL_VOX):
+        raise CaseDataError(
+            RejectReason.MASK_GRID_MISMATCH,
+            f"{name}: mask grid is shifted by a non-integer number of CT voxels ({where}), cannot be placed",
+            path=name,
+        )
+    # CT axis j <- mask axis src[j] with sign s[j]: c_j = s_j * m_src[j] + offset_j.
+    src = [int(np.flatnonzero(signs[j])[0]) for j in range(3)]
+    view = mask.transpose(src)
+    flips = []
+    starts = []
+    for j in range(3):
+        n = view.shape[j]
+        if signs[j, src[j]] < 0:  # after flipping, view index v maps to c = v + offset - (n - 1)
+            flips.append(slice(None, None, -1))
+            starts.append(int(offset_vox[j]) - (n - 1))
+        else:
+            flips.append(slice(None))
+            starts.append(int(offset_vox[j]))
+    view = view[tuple(flips)]
+    dst = [slice(max(0, s), min(c, s + n)) for s, c, n in zip(starts, ct_shape, view.shape, strict=True)]
+    inside = [
+        slice(d.start - s, d.stop - s) if d.stop > d.start else slice(0, 0) for d, s in zip(dst, starts, strict=True)
+    ]
+    outside = _count_outside(view, inside)
+    if outside:
+        raise CaseDataError(
+            RejectReason.MASK_GRID_MISMATCH,
+            f"{name}: {outside} nonzero mask voxels fall outside the CT grid ({where})",
+            path=name,
+        )
+    placed = np.zeros(ct_shape, dtype=np.bool_, order="F")
+    if all(d.stop > d.start for d in dst):
+        placed[tuple(dst)] = view[tuple(inside)]
+    placed.flags.writeable = False
+    return placed
+
+
+def _count_outside(view: np.ndarray, inside: list[slice]) -> int:
+    """Count nonzero voxels of `view` outside the box `inside` (slabs beyond each face, each voxel once)."""
+    if all(s.stop > s.start for s in inside) and all(
+        s.start == 0 and s.stop == n for s, n in zip(inside, view.shape, strict=True)
+    ):
+        return 0
+    if any(s.stop <= s.start for s in inside):
+        return int(np.count_nonzero(view))
+    total = 0
+    rest = view
+    for axis, s in enumerate(inside):
+        # Slabs before and after the box along this axis, then restrict to the box along it for later axes.
+        lo = (slice(None),) * axis + (slice(0, s.start),)
+        hi = (slice(None),) * axis + (slice(s.stop, None),)
+        total += int(np.count_nonzero(rest[lo])) + int(np.count_nonzero(rest[hi]))
+        rest = rest[(slice(None),) * axis + (s,)]
+    return total
+
+
+# --- decoding --------------------------------------------------------------------------------------------------
+
+
+def _decode(raw: bytes, path: Path, name: str, *, role: Role, cfg: LoadConfig) -> NiftiVolume:
+    """Validate and decode a file's raw bytes; `name` is how messages and `CaseDataError.path` call the file."""
+    if role not in ("ct", "mask"):
+        raise ValueError(f"role={role!r} must be 'ct' or 'mask'.")
+    is_gzip = raw[:2] == _GZIP_MAGIC
+    if not is_gzip and path.name.endswith(".gz"):
+        raise CaseDataError(RejectReason.NOT_NIFTI, f"{name}: not a gzip stream", path=name)
+    prefix = _inflate_prefix(raw, name) if is_gzip else raw[:_HEADER_PREFIX_BYTES]
+    hdr = _parse_header(prefix, name, cfg)
+    expected = hdr.vox_offset + hdr.nbytes
+    if is_gzip:
+        isize = int.from_bytes(raw[-4:], "little")
+        if expected % 2**32 != isize:
+            raise CaseDataError(
+                RejectReason.CORRUPT_GZIP,
+                f"{name}: gzip payload size {isize} (ISIZE, mod 2**32) disagrees with header ({hdr.vox_offset} "
+                f"header bytes + {hdr.nbytes} voxel bytes = {expected}); truncated or corrupt",
+                path=name,
+            )
+        try:
+            buf = isal_zlib.decompress(raw, wbits=31, bufsize=expected)
+        except (isal_zlib.error, zlib.error) as err:
+            raise CaseDataError(
+                RejectReason.CORRUPT_GZIP, f"{name}: gzip stream is corrupt: {err}", path=name
+            ) from err
+        if len(buf) != expected:  # a second gzip member, or ISIZE matching only modulo 2**32
+            raise CaseDataError(
+                RejectReason.CORRUPT_GZIP,
+                f"{name}: first gzip member inflates to {len(buf)} bytes, header needs {expected}",
+                path=name,
+            )
+    else:
+        buf = raw
+        if len(buf) < expected:
+            raise CaseDataError(
+                RejectReason.ABSURD_SIZE,
+                f"{name}: file has {len(buf)} bytes, header needs {expected} (truncated)",
+                path=name,
+            )
+    data = np.frombuffer(buf, dtype=hdr.dtype, count=math.prod(hdr.shape), offset=hdr.vox_offset)
+    data = data.reshape(hdr.shape, order="F")
+    scaled = math.isfinite(hdr.slope) and hdr.slope != 0 and (hdr.slope, hdr.inter) != (1.0, 0.0)
+    slope, inter = (hdr.slope, hdr.inter) if scaled else (1.0, 0.0)
+    data = _to_ct(data, slope, inter, name) if role == "ct" else _to_mask(data, slope, inter, name)
+    return NiftiVolume(data=data, affine=hdr.affine, zooms_mm=hdr.zooms_mm, path=path)
+
+
+def _inflate_prefix(raw: bytes, name: str) -> bytes:
+    """Inflate only the first bytes of a gzip stream (enough for a NIfTI-2 header), feeding small input chunks."""
+    if len(raw) < _GZIP_MIN_BYTES:
+        raise CaseDataError(RejectReason.CORRUPT_GZIP, f"{name}: {len(raw)} bytes is too short for gzip", path=name)
+    dec = isal_zlib.decompressobj(wbits=31)
+    view = memoryview(raw)
+    out = bytearray()
+    pos = 0
+    try:
+        while len(out) < _HEADER_PREFIX_BYTES and not dec.eof:
+            if dec.unconsumed_tail:
+                chunk = dec.unconsumed_tail
+            elif pos < len(raw):
+                chunk, pos = view[pos : pos + 4096], pos + 4096
+            else:
+                break
+            out += dec.decompress(chunk, _HEADER_PREFIX_BYTES - len(out))
+    except (isal_zlib.error, zlib.error) as err:
+        raise CaseDataError(RejectReason.CORRUPT_GZIP, f"{name}: gzip stream is corrupt: {err}", path=name) from err
+    return bytes(out)
+
+
+def _parse_header(prefix: bytes, name: str, cfg: LoadConfig) -> _Header:
+    """Parse and check a NIfTI-1/2 header from the file's first bytes; refuse before anything is allocated."""
+
+    def fail(reason: RejectReason, what: str) -> CaseDataError:
+        return CaseDataError(reason, f"{name}: {what}", path=name)
+
+    if len(prefix) < 4:
+        raise fail(RejectReason.NOT_NIFTI, f"{len(prefix)} bytes is too short for a NIfTI header")
+    endian = None
+    for candidate in ("<", ">"):
+        sizeof_hdr = int(np.frombuffer(prefix, dtype=f"{candidate}i4", count=1)[0])
+        if sizeof_hdr in (_NIFTI1_SIZEOF_HDR, _NIFTI2_SIZEOF_HDR):
+            endian = candidate
+            break
+    if endian is None:
+        raise fail(RejectReason.NOT_NIFTI, "sizeof_hdr is neither 348 (NIfTI-1) nor 540 (NIfTI-2)")
+    if len(prefix) < sizeof_hdr:
+        raise fail(RejectReason.NOT_NIFTI, f"{len(prefix)} bytes is too short for a {sizeof_hdr}-byte header")
+    if sizeof_hdr == _NIFTI1_SIZEOF_HDR:
+        if prefix[344:348] != _NIFTI1_MAGIC:
+            raise fail(RejectReason.NOT_NIFTI, "bad NIfTI-1 magic (expected 'n+1', a single-file image)")
+        hdr = nib.Nifti1Header(prefix[:348], endianness=endian, check=False)
+    else:
+        if prefix[4:12] != _NIFTI2_MAGIC:
+            raise fail(RejectReason.NOT_NIFTI, "bad NIfTI-2 magic (expected 'n+2', a single-file image)")
+        hdr = nib.Nifti2Header(prefix[:540], endianness=endian, check=False)
+
+    dim = [int(d) for d in hdr["dim"]]
+    ndim = dim[0]
+    if not 1 <= ndim <= 7:
+        raise fail(RejectReason.BAD_NDIM, f"dim[0]={ndim} is not a number of dimensions in 1..7")
+    extra = dim[4 : ndim + 1]
+    if ndim < 3 or any(d != 1 for d in extra):
+        raise fail(RejectReason.BAD_NDIM, f"image is {ndim}-D with shape {tuple(dim[1 : ndim + 1])}, expected 3-D")
+    shape = (dim[1], dim[2], dim[3])
+    if not all(1 <= d <= cfg.max_dim for d in shape):
+        raise fail(RejectReason.ABSURD_SIZE, f"shape {shape} has a dimension outside 1..{cfg.max_dim}")
+    if math.prod(shape) > cfg.max_voxels:
+        raise fail(RejectReason.ABSURD_SIZE, f"shape {shape} has {math.prod(shape)} voxels > {cfg.max_voxels}")
+
+    try:
+        dtype = hdr.get_data_dtype()
+    except (HeaderDataError, KeyError) as err:
+        raise fail(RejectReason.NOT_NIFTI, f"unknown datatype code {int(hdr['datatype'])}") from err
+    if not (
+        (dtype.kind in "iu" and dtype.itemsize in (1, 2, 4, 8)) or (dtype.kind == "f" and dtype.itemsize in (4, 8))
+    ):
+        raise fail(RejectReason.NOT_NIFTI, f"unsupported voxel datatype {dtype} (need integer or float32/64)")
+
+    vox_offset_f = float(hdr["vox_offset"])
+    if not (math.isfinite(vox_offset_f) and vox_offset_f == int(vox_offset_f) and vox_offset_f >= sizeof_hdr + 4):
+        raise fail(RejectReason.NOT_NIFTI, f"vox_offset {vox_offset_f} is not an integer >= {sizeof_hdr + 4}")
+
+    pixdim = np.asarray(hdr["pixdim"], dtype=np.float64)
+    zooms = pixdim[1:4]
+    if not (np.isfinite(zooms).all() and (zooms > 0).all()):
+        raise fail(RejectReason.NOT_NIFTI, f"voxel sizes {_fmt(zooms)} must be positive and finite")
+    if pixdim[0] not in (-1.0, 1.0):  # the NIfTI standard reads qfac 0 (or junk) as 1
+        pixdim[0] = 1.0
+        hdr["pixdim"] = pixdim
+    unit_code = int(hdr["xyzt_units"]) & 0x07
+    if unit_code not in _SPATIAL_UNIT_TO_MM:
+        raise fail(RejectReason.NOT_NIFTI, f"spatial unit code {unit_code} is not a NIfTI length unit")
+    to_mm = _SPATIAL_UNIT_TO_MM[unit_code]
+
+    try:
+        sform, sform_code = hdr.get_sform(coded=True)
+        qform, qform_code = hdr.get_qform(coded=True)
+    except (HeaderDataError, ValueError) as err:
+        raise fail(RejectReason.NOT_NIFTI, f"invalid orientation fields: {err}") from err
+    if sform_code > 0:
+        affine = np.asarray(sform, dtype=np.float64)
+    elif qform_code > 0:
+        affine = np.asarray(qform, dtype=np.float64)
+    else:
+        affine = np.diag([*zooms, 1.0])
+    affine = affine.copy()
+    affine[:3, :] *= to_mm
+    if not (np.isfinite(affine).all() and abs(np.linalg.det(affine[:3, :3])) > 1e-12):
+        raise fail(RejectReason.NOT_NIFTI, "affine is singular or not finite")
+
+    return _Header(
+        shape=shape,
+        dtype=dtype,
+        vox_offset=int(vox_offset_f),
+        slope=float(hdr["scl_slope"]),
+        inter=float(hdr["scl_inter"]) if math.isfinite(float(hdr["scl_inter"])) else 0.0,
+        affine=affine,
+        zooms_mm=(float(zooms[0] * to_mm), float(zooms[1] * to_mm), float(zooms[2] * to_mm)),
+    )
+
+
+def _slab_step(shape: tuple[int, ...]) -> int:
+    """Number of slices along the last (slowest, Fortran order) axis in a slab of at most ~_CHUNK_VOXELS voxels."""
+    return max(1, _CHUNK_VOXELS // (shape[0] * shape[1]))
+
+
+def _to_ct(data: np.ndarray, slope: float, inter: float, name: str) -> np.ndarray:
+    """Return int16 HU: a zero-copy view for unscaled native int16, else a converted read-only copy.
+
+    Args:
+        data: (I, J, K) stored voxels, Fortran-ordered, any supported dtype.
+        slope: scl_slope to apply (1.0 when unscaled).
+        inter: scl_inter to apply (0.0 when unscaled).
+        name: the file, for messages.
+
+    Returns:
+        int16 (I, J, K) array; floats are rounded half-to-even, everything clipped to [-32768, 32767].
+    """
+    unscaled = (slope, inter) == (1.0, 0.0)
+    if unscaled and data.dtype == np.dtype(np.int16):  # native byte order only: '>i2' on x86 is converted
+        return data
+    out = np.empty(data.shape, dtype=np.int16, order="F")
+    step = _slab_step(data.shape)
+    for z0 in range(0, data.shape[2], step):
+        chunk = data[:, :, z0 : z0 + step]
+        if unscaled and data.dtype.kind == "u":
+            out[:, :, z0 : z0 + step] = np.minimum(chunk, _INT16_MAX)
+            continue
+        if unscaled and data.dtype.kind == "i":
+            out[:, :, z0 : z0 + step] = np.clip(chunk, _INT16_MIN, _INT16_MAX)
+            continue
+        values = chunk.astype(np.float64) * slope + inter
+        if not np.isfinite(values).all():
+            raise CaseDataError(
+                RejectReason.NON_FINITE_VOXELS,
+                f"{name}: {int(np.count_nonzero(~np.isfinite(values)))} NaN/inf voxels in slices {z0}.."
+                f"{z0 + values.shape[2] - 1} (stored order)",
+                path=name,
+            )
+        out[:, :, z0 : z0 + step] = np.clip(np.rint(values), _INT16_MIN, _INT16_MAX)
+    out.flags.writeable = False
+    return out
+
+
+def _to_mask(data: np.ndarray, slope: float, inter: float, name: str) -> np.ndarray:
+    """Return a bool mask: a zero-copy view for unscaled int8/uint8 0/1 data, else a converted read-only copy.
+
+    Args:
+        data: (I, J, K) stored voxels, Fortran-ordered, any supported dtype.
+        slope: scl_slope to apply (1.0 when unscaled).
+        inter: scl_inter to apply (0.0 when unscaled).
+        name: the file, for messages.
+
+    Returns:
+        bool (I, J, K) array.
+
+    Raises:
+        CaseDataError: NON_FINITE_VOXELS for NaN/inf, BAD_MASK_VALUES for any value other than 0 or 1.
+    """
+    unscaled = (slope, inter) == (1.0, 0.0)
+    if unscaled and data.dtype.itemsize == 1:
+        # One max() over the bytes checks {0, 1} for int8 and uint8 alike (int8 negatives read as >= 128).
+        if int(data.view(np.uint8).max()) > 1:
+            raise _bad_mask_values(data, name)
+        return data.view(np.bool_)
+    out = np.empty(data.shape, dtype=np.bool_, order="F")
+    step = _slab_step(data.shape)
+    for z0 in range(0, data.shape[2], step):
+        chunk = data[:, :, z0 : z0 + step]
+        values = chunk if unscaled else chunk.astype(np.float64) * slope + inter
+        if values.dtype.kind == "f" and not np.isfinite(values).all():
+            raise CaseDataError(
+                RejectReason.NON_FINITE_VOXELS,
+                f"{name}: {int(np.count_nonzero(~np.isfinite(values)))} NaN/inf voxels in the mask",
+                path=name,
+            )
+        if not ((values == 0) | (values == 1)).all():
+            raise _bad_mask_values(data if unscaled else data.astype(np.float64) * slope + inter, name)
+        out[:, :, z0 : z0 + step] = values != 0
+    out.flags.writeable = False
+    return out
+
+
+def _bad_mask_values(values: np.ndarray, name: str) -> CaseDataError:
+    """Build the BAD_MASK_VALUES error listing the distinct values found (slow path, only on failure)."""
+    distinct = np.unique(values[np.isfinite(values)] if values.dtype.kind == "f" else values)
+    listed = [v.item() for v in distinct[:_MAX_LISTED_VALUES]]
+    more = f" ... ({distinct.size} distinct)" if distinct.size > _MAX_LISTED_VALUES else ""
+    return CaseDataError(
+        RejectReason.BAD_MASK_VALUES, f"{name}: mask must hold only 0 and 1, found values {listed}{more}", path=name
+    )
+
+
+def _fmt(values: tuple[float, ...] | np.ndarray) -> str:
+    """Format numbers compactly for messages, e.g. (2, 1.5, 0)."""
+    return "(" + ", ".join(f"{float(v):.6g}" for v in values) + ")"

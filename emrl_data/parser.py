@@ -1,0 +1,564 @@
+"""Deterministic report parser: E-MRL report text -> the fields the scores compare (SPEC §6-§7).
+
+`parse_report` reads the policy's output format
+
+    <findings>F</findings> || <impression>I</impression> || The key lesion is in image <key_slice>k</key_slice>, <bbox>[x1, y1, x2, y2]</bbox>
+
+and `parse_free_text` reads text without that frame (the verifier's answer on one slice, a narrative paragraph).
+Both return a `ParsedReport` or a `ParseFailure` with a short reason code. The parser reads every template of
+`emrl_data.report` back exactly, the wording of real AbdomenAtlas structured and narrative reports
+(notes/atlas.md §2.4: "Location: hepatic segment 7/8.", "Size: 3.1 x 2.2 cm", "Hypoattenuating",
+"hepatic segments 2 and 3", "left kidney", "No tumor observed in the liver, pancreas or kidneys."), and common
+paraphrases ("a 3 cm hypodense mass", "25 mm", "segment VII", "S7", "head of the pancreas", "bilateral").
+
+How a report is read
+--------------------
+1. Sections. Findings = the text after the first `<findings>` up to `</findings>`, the next tag, `||` or the end
+   (an unclosed tag is read to the next boundary; a `</findings>` without its opening tag closes the text before it).
+   Impression likewise. Without tags, the `FINDINGS:` / `IMPRESSION:` headers of real reports are used. A second
+   `<findings>` (or `<impression>`) tag is ignored: only the first is read. Neither section -> `no_findings`;
+   both empty -> `empty`.
+2. Sentences (split at `.`, `;`, `!`, `?` before a space, and at line breaks) are attributed to an organ: a sentence
+   naming only other organs ("The spleen is normal.", "Kidney lesion 1:") is dropped for this organ, a sentence naming
+   none inherits the previous sentence's organ. Multi-organ real reports are therefore read one organ at a time.
+3. Existence. A sentence is *negative* when it denies a lesion ("No focal liver lesion is identified.",
+   "No tumor observed", "without evidence of a mass", "lesion is not seen", "unremarkable"; "no other/additional
+   lesion" is not a denial) and *positive* when it names a lesion (lesion, mass, tumor, nodule, cyst, ...) without
+   denying it. A section is positive, negative, or, when it only names the organ ("The pancreas is normal in size."),
+   weakly negative. Positive and negative claims together, within a section or between findings and impression, are a
+   `contradiction` failure. With no claim at all, a measurement together with a location or an attenuation counts as
+   positive; otherwise the text is `undetermined`.
+4. Attributes describe the largest lesion. They are read from the sentences from the first positive one on, skipping
+   sentences about other lesions ("Three additional smaller lesions ...", "Liver lesion 2:" and the lines under it);
+   the findings are read first, and the impression only for a field the findings do not state.
+   * size: the first measurement ("3.1 x 2.2 cm", "3-cm", "25 mm" -> 2.5 cm; "cm^3"/"cc" are volumes, not sizes);
+     long = the larger, short = the smaller of the first two numbers. A range or an alternative ("2-3 cm",
+     "1 cm or 3 cm") -> size None.
+   * location: the set of sub-structures named (liver segments in digits, roman numerals or "S7", "caudate" = 1,
+     ranges "5-8"; pancreas head/body/tail, "uncinate" = head; kidney left/right, "bilateral"/"both" = both),
+     sorted in `LOCATION_NAMES` order. A lesion placed only "in the liver" (no sub-structure) has location `()`.
+   * attenuation: the categories named (hypo-/iso-/hyper- attenuating, -dense, -enhancing; low/high attenuation).
+   * lesion count: "Multiple (N)" or a number word before the lesion noun; "multiple" alone -> None; a single
+     lesion ("A ... lesion") -> 1; a negative report -> 0.
+   * key slice and box: the `<key_slice>` and `<bbox>` tags anywhere in the text (fallbacks: "key lesion is in
+     image k", Qwen's `"bbox_2d": [...]`). A negative report has neither (its tags are ignored).
+
+Anti-gaming rules (tested in tests/emrl_data/test_parser.py)
+-------------------------------------------------------------
+* several `<key_slice>` tags -> key_slice None; several `<bbox>` tags -> bbox None (no credit for that field; the
+  rest of the report still counts). A key slice below 1 -> None.
+* a bbox that is not four numbers, lies outside [0, 1000], or is degenerate (x1 >= x2 or y1 >= y2) -> bbox None.
+* locations hedged with "or" ("segment 5 or 8", "head or tail") -> location None. Listing many locations at once is
+  kept as the listed set: scoring asks for set equality, so listing every segment fails unless that is the truth.
+* several attenuation categories for the largest lesion ("hypo- or hyperattenuating", or hypo in one findings
+  sentence and hyper in another) -> attenuation None.
+* a size range or alternative -> size None.
+* findings and impression (or sentences of one section) disagreeing on whether there is a lesion ->
+  `ParseFailure("contradiction")`: no credit at all.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from emrl_data.atlas import LOCATION_NAMES
+from emrl_data.types import Organ
+
+
+__all__ = ["ParseFailure", "ParsedReport", "parse_free_text", "parse_report"]
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedReport:
+    """What a report claims about one organ (its largest lesion).
+
+    Attributes:
+        has_lesion: whether the report claims a lesion.
+        long_axis_cm: long axis of the largest lesion in cm; None when not stated or ambiguous.
+        short_axis_cm: short axis in cm; None when not stated.
+        location: sub-structure names sorted in `LOCATION_NAMES[organ]` order; `()` = placed in the organ without a
+            sub-structure; None = not stated or hedged.
+        attenuation: "hypo" | "iso" | "hyper"; None when not stated or ambiguous.
+        key_slice: the key frame, 1-based; None when absent, repeated or invalid.
+        bbox: `(x1, y1, x2, y2)` on Qwen's 0-1000 grid with x1 < x2, y1 < y2, all within [0, 1000]; None otherwise.
+        lesion_count: number of lesions claimed (0 for a negative report); None when not stated.
+    """
+
+    has_lesion: bool
+    long_axis_cm: float | None
+    short_axis_cm: float | None
+    location: tuple[str, ...] | None
+    attenuation: str | None
+    key_slice: int | None
+    bbox: tuple[int, int, int, int] | None
+    lesion_count: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ParseFailure:
+    """A report the parser cannot turn into claims.
+
+    Attributes:
+        reason: "empty" (no text), "no_findings" (no findings/impression section), "contradiction" (lesion claimed and
+            denied), "undetermined" (neither claimed nor denied).
+    """
+
+    reason: str
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Compiled patterns. All matching is on lower-cased text.
+# ---------------------------------------------------------------------------------------------------------------
+
+_BOUNDARY = r"<\s*/?\s*(?:findings|impression|key_slice|bbox)\s*>|\|\|"
+_FINDINGS_RE = re.compile(r"<\s*findings\s*>(.*?)(?=" + _BOUNDARY + r"|$)", re.S)
+_IMPRESSION_RE = re.compile(r"<\s*impression\s*>(.*?)(?=" + _BOUNDARY + r"|\bthe key lesion\b|$)", re.S)
+_FINDINGS_CLOSE_RE = re.compile(r"<\s*/\s*findings\s*>")
+_IMPRESSION_CLOSE_RE = re.compile(r"<\s*/\s*impression\s*>")
+_HEADER_FINDINGS_RE = re.compile(r"\bfindings\s*:")
+_HEADER_IMPRESSION_RE = re.compile(r"\bimpression\s*:")
+_TAG_RE = re.compile(r"<[^<>]*>|\|\|")
+
+_KEY_OPEN_RE = re.compile(r"<\s*key_slice\s*>")
+_KEY_VALUE_RE = re.compile(r"<\s*key_slice\s*>\s*(?:image|frame|slice)?\s*(-?\d+)(?![\d.])")
+_KEY_TEXT_RE = re.compile(r"\bkey (?:lesion|slice|image|frame)\b[^.<]{0,20}?\b(?:image|frame|slice)\s*(\d+)\b")
+_BBOX_OPEN_RE = re.compile(r"<\s*bbox\s*>|\bbbox(?:_2d)?[\"']?\s*[:=]")
+_NUM = r"\s*(-?\d+(?:\.\d+)?)\s*"
+_BBOX_VALUE_RE = re.compile(
+    r"(?:<\s*bbox\s*>|\bbbox(?:_2d)?[\"']?\s*[:=])\s*[\[(]?" + _NUM + "," + _NUM + "," + _NUM + "," + _NUM + r"[\])]?"
+)
+
+_SENTENCE_SPLIT_RE = re.compile(r"[.;!?](?=\s|$)|\n")
+
+# Organ words; any other organ's word drops the sentence for this organ (unless it also names this organ).
+_ORGAN_WORD_RE = re.compile(
+    r"\b(?:(liver|hepatic|hepato\w*|couinaud|caudate)"
+    r"|(pancrea\w*|uncinate)"
+    r"|(kidneys?|renal|nephr\w*)"
+    r"|(spleen|splenic|chest|lungs?|pulmonary|pleural?|adrenals?|gall ?bladder|colon|colonic|stomach|gastric|bowel"
+    r"|duoden\w*|lymph\w*|pelvis|pelvic|bones?|osseous|spine|aorta|aortic|bladder|prostate|uter\w*|ovar\w*|heart))\b"
+)
+_ORGAN_GROUP = {1: Organ.LIVER, 2: Organ.PANCREAS, 3: Organ.KIDNEY}
+
+_LESION = (
+    r"(?:lesions?|tumou?rs?|mass|masses|nodules?|neoplasms?|cysts?|carcinomas?|metasta\w*|hcc|rcc|pdac|pnet"
+    r"|malignanc(?:y|ies)|cancers?|hypodensit(?:y|ies)|hyperdensit(?:y|ies)|abnormalit(?:y|ies))"
+)
+_POSITIVE_RE = re.compile(r"\b" + _LESION + r"\b")
+_DENIED_NOUN = (
+    r"(?:lesions?|tumou?rs?|mass|masses|nodules?|neoplasms?|cysts?|abnormalit(?:y|ies)|malignanc(?:y|ies)|cancers?"
+    r"|metasta\w*)\b(?!\s+(?:contact|invasion|involvement|thrombus|extension|effect|encasement))"
+)
+_NEGATIVE_RE = re.compile(
+    r"\bno\s+(?:(?:evidence|signs?)\s+of\s+)?(?:(?:a|any|focal|discrete|definite|definitive|significant|suspicious"
+    r"|obvious|measurable|visible|detectable|solid|cystic|enhancing|malignant|liver|hepatic|pancreatic|pancreas|renal"
+    r"|kidney|hypo\w*|iso\w*|hyper\w*)\s+){0,4}" + _DENIED_NOUN + r"|\bwithout\s+(?:(?:evidence|signs?)\s+of\s+)?(?:(?:a|an|any|focal|discrete|definite)\s+){0,3}"
+    + _DENIED_NOUN
+    + r"|\b(?:lesions?|tumou?rs?|mass|masses|nodules?|abnormalit(?:y|ies))\b[^.]{0,40}?\b(?:is|are|was|were)\s+"
+    r"(?:not|no longer)\s+(?:seen|identified|observed|present|detected|visible|evident|demonstrated)"
+    r"|\bnegative for\b|\bfree of (?:any )?(?:focal )?(?:lesions?|tumou?rs?|masses)|\babsence of\b|\bunremarkable\b"
+)
+# Sentences about lesions other than the largest: skipped for attributes.
+_OTHER_LESION_RE = re.compile(
+    r"\b(?:additional|smaller|other|remaining|satellite|another|second|third|further)\b"
+    r"|\blesions?\s+(?:#\s*)?(?:[2-9]|[1-9]\d+)\b"
+)
+# A structured-report heading of lesion 2+ ("liver lesion 2:"): the lines under it are about that lesion.
+_OTHER_HEADING_RE = re.compile(r"\blesions?\s+(?:#\s*)?(?:[2-9]|[1-9]\d+)\s*:?\s*$")
+_FIRST_HEADING_RE = re.compile(r"\blesions?\s+(?:#\s*)?1\s*:?\s*$|\blargest\b")
+
+_UNIT = r"(?:cm|mm|centimet(?:er|re)s?|millimet(?:er|re)s?)"
+_NUMBER = r"\d+(?:\.\d+)?"
+_MEASURE_RE = re.compile(
+    r"(?<![\d.])(" + _NUMBER + r"(?:\s*(?:cm|mm))?(?:\s*(?:x|×|\*|by)\s*" + _NUMBER + r"(?:\s*(?:cm|mm))?){0,2})"
+    r"\s*-?\s*(" + _UNIT + r")(?![\w^³²])"
+)
+_NUMBER_RE = re.compile(_NUMBER)
+_SIZE_HEDGE_RE = re.compile(
+    r"(?<![\d.])" + _NUMBER + r"\s*(?:cm|mm)?\s*(?:-|–|to|or|and)\s*" + _NUMBER + r"\s*" + _UNIT + r"(?![\w^³²])"
+    r"|\bbetween\s+" + _NUMBER + r"|\bup to\s+" + _NUMBER
+)
+
+_ATTENUATION_RE = re.compile(
+    r"\b(?:(hypo)|(iso)|(hyper))(?:[- ]?(?:attenuat|dens|enhanc|intens)\w*|-?\s*/|-(?=\s))"
+    r"|\b(?:(low|decreased|reduced)|(high|increased))[- ](?:attenuation|density)"
+)
+_ATTENUATION_GROUP = {1: "hypo", 2: "iso", 3: "hyper", 4: "hypo", 5: "hyper"}
+
+_ROMAN = {"i": "1", "ii": "2", "iii": "3", "iv": "4", "v": "5", "vi": "6", "vii": "7", "viii": "8"}
+_SEGMENT_TOKEN = r"(?:[1-8]|viii|vii|vi|iv|v|iii|ii|i)[ab]?\b(?![.,]\d|\s*(?:cm|mm|x\b|×))"
+_SEGMENT_SEP = r"\s*(?:/|,\s*and|,|&|\+|and|or|-|–|to)\s*(?:segments?\s*)?"
+_SEGMENT_LIST_RE = re.compile(
+    r"\b(?:segments?|seg\.?|s(?=[1-8]))\s*(" + _SEGMENT_TOKEN + r"(?:" + _SEGMENT_SEP + _SEGMENT_TOKEN + r")*)"
+)
+_SEGMENT_ITEM_RE = re.compile(r"(/|,\s*and|,|&|\+|and|or|-|–|to)?\s*(?:segments?\s*)?((?:[1-8]|viii|vii|vi|iv|v|iii|ii|i))[ab]?")
+_CAUDATE_RE = re.compile(r"\bcaudate\b")
+_PANCREAS_PART_RE = re.compile(r"\b(head|body|tail|uncinate)\b")
+_PANCREAS_HEDGE_RE = re.compile(r"\b(?:head|body|tail|uncinate)\s*(?:,\s*)?or\s+(?:the\s+)?(?:head|body|tail|uncinate)\b")
+_KIDNEY_SIDE_RE = re.compile(r"\b(left|right|bilateral\w*|both)\b")
+_KIDNEY_HEDGE_RE = re.compile(r"\b(?:left|right)\s*(?:,\s*)?or\s+(?:the\s+)?(?:left|right)\b")
+_IN_ORGAN_RE: dict[Organ, re.Pattern[str]] = {
+    Organ.LIVER: re.compile(r"\b(?:in|of|within|involving)\s+(?:the\s+)?(?:liver|hepatic parenchyma)\b"),
+    Organ.PANCREAS: re.compile(r"\b(?:in|of|within|involving)\s+(?:the\s+)?pancreas\b"),
+    Organ.KIDNEY: re.compile(r"\b(?:in|of|within|involving)\s+(?:the\s+)?kidneys?\b"),
+}
+
+_NUMBER_WORDS = {
+    "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10,
+    "single": 1, "solitary": 1,
+}  # fmt: skip
+_COUNT_RE = re.compile(
+    r"\bmultiple\s*\(\s*(\d+)\s*\)"
+    r"|\b(\d+|one|two|three|four|five|six|seven|eight|nine|ten|single|solitary)(?![\d.]|\s*(?:cm|mm|x\b|×|\)))\s+"
+    r"(?:[\w-]+\s+){0,3}?(?:lesions?|tumou?rs?|mass|masses|nodules?|cysts?)\b"
+)
+_MANY_RE = re.compile(r"\b(?:multiple|several|numerous|many|innumerable)\b")
+_SINGLE_RE = re.compile(r"\b(?:a|an)\s+(?:[\w-]+\s+){0,3}?(?:lesion|tumou?r|mass|nodule|cyst)\b")
+
+_LOCATION_ORDER: dict[Organ, dict[str, int]] = {
+    organ: {name: i for i, name in enumerate(names)} for organ, names in LOCATION_NAMES.items()
+}
+
+_POSITIVE, _NEGATIVE, _WEAK_NEGATIVE, _UNKNOWN, _CONTRADICTION = 1, 2, 3, 0, -1
+_OTHER = object()  # sentence context marker: the previous sentence was about another organ
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sections and sentences
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Section:
+    """One section read for one organ: existence state and the sentences attributes come from."""
+
+    state: int
+    attribute_sentences: list[str]
+    count_sentences: list[str]
+
+
+def _read_section(text: str, organ: Organ) -> _Section:
+    """Classify the sentences of one section (lower-cased text) for `organ`."""
+    positive = negative = organ_named = False
+    context: object = None  # organ of the previous sentence, `_OTHER` for another organ; None = not yet known
+    in_other_lesion = False
+    kept: list[tuple[str, bool, bool]] = []  # (sentence, is_positive, about another lesion)
+    for raw in _SENTENCE_SPLIT_RE.split(text):
+        sentence = raw.strip()
+        if not sentence:
+            continue
+        names_target = names_other = False
+        for match in _ORGAN_WORD_RE.finditer(sentence):
+            if _ORGAN_GROUP.get(match.lastindex or 0) is organ:
+                names_target = True
+            else:
+                names_other = True
+        if names_target:
+            if context is not organ:
+                in_other_lesion = False
+            context = organ
+            organ_named = True
+        elif names_other:
+            context = _OTHER
+            in_other_lesion = False
+            continue
+        elif context is _OTHER:
+            continue
+        if _NEGATIVE_RE.search(sentence):
+            negative = True
+            kept.append((sentence, False, True))
+            continue
+        is_positive = _POSITIVE_RE.search(sentence) is not None
+        positive = positive or is_positive
+        if _OTHER_HEADING_RE.search(sentence):
+            in_other_lesion = True
+        elif in_other_lesion and _FIRST_HEADING_RE.search(sentence):
+            in_other_lesion = False
+        about_other = in_other_lesion or _OTHER_LESION_RE.search(sentence) is not None
+        kept.append((sentence, is_positive, about_other))
+
+    if positive and negative:
+        state = _CONTRADICTION
+    elif positive:
+        state = _POSITIVE
+    elif negative:
+        state = _NEGATIVE
+    elif organ_named:
+        state = _WEAK_NEGATIVE
+    else:
+        state = _UNKNOWN
+    attribute_sentences: list[str] = []
+    started = not positive  # without a positive sentence, every kept sentence may carry attributes
+    for sentence, is_positive, about_other in kept:
+        started = started or is_positive
+        if started and not about_other:
+            attribute_sentences.append(sentence)
+    return _Section(state, attribute_sentences, [s for s, _, other in kept if not other])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Attribute readers (each on a list of lower-cased sentences)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _read_size(sentences: list[str]) -> tuple[bool, float | None, float | None]:
+    """Return (stated, long_cm, short_cm) from the first sentence with a measurement; hedged -> (True, None, None)."""
+    for sentence in sentences:
+        match = _MEASURE_RE.search(sentence)
+        if match is None:
+            continue
+        if _SIZE_HEDGE_RE.search(sentence):
+            return True, None, None
+        values = [float(v) for v in _NUMBER_RE.findall(match.group(1))[:2]]
+        if match.group(2)[0] == "m":
+            values = [round(v / 10.0, 4) for v in values]
+        if len(values) == 1:
+            return True, values[0], None
+        return True, max(values), min(values)
+    return False, None, None
+
+
+def _read_attenuation(sentences: list[str]) -> tuple[bool, str | None]:
+    """Return (stated, category); several categories -> (True, None)."""
+    found: set[str] = set()
+    for sentence in sentences:
+        for match in _ATTENUATION_RE.finditer(sentence):
+            found.add(_ATTENUATION_GROUP[match.lastindex or 0])
+    if not found:
+        return False, None
+    if len(found) > 1:
+        return True, None
+    return True, found.pop()
+
+
+def _liver_segments(sentence: str) -> tuple[set[str], bool]:
+    """Return (segments named, hedged with "or") in one sentence."""
+    names: set[str] = set()
+    hedged = False
+    for match in _SEGMENT_LIST_RE.finditer(sentence):
+        previous: int | None = None
+        for item in _SEGMENT_ITEM_RE.finditer(match.group(1)):
+            sep, token = item.group(1), item.group(2)
+            value = int(_ROMAN.get(token, token))
+            if sep == "or":
+                hedged = True
+            if sep in ("-", "–", "to") and previous is not None and previous < value:
+                names.update(str(v) for v in range(previous, value + 1))
+            else:
+                names.add(str(value))
+            previous = value
+    if _CAUDATE_RE.search(sentence):
+        names.add("1")
+    return names, hedged
+
+
+def _read_location(sentences: list[str], organ: Organ) -> tuple[bool, tuple[str, ...] | None]:
+    """Return (stated, location): the union of names over the sentences; hedged -> (True, None)."""
+    names: set[str] = set()
+    in_organ = False
+    for sentence in sentences:
+        if organ is Organ.LIVER:
+            found, hedged = _liver_segments(sentence)
+        elif organ is Organ.PANCREAS:
+            found = {"head" if w == "uncinate" else w for w in _PANCREAS_PART_RE.findall(sentence)}
+            hedged = _PANCREAS_HEDGE_RE.search(sentence) is not None
+        else:
+            found = set()
+            for word in _KIDNEY_SIDE_RE.findall(sentence):
+                if word == "left" or word == "right":
+                    found.add(word)
+                else:
+                    found.update(("left", "right"))
+            hedged = _KIDNEY_HEDGE_RE.search(sentence) is not None
+        if hedged:
+            return True, None
+        names |= found
+        if not found and _IN_ORGAN_RE[organ].search(sentence):
+            in_organ = True
+    if names:
+        order = _LOCATION_ORDER[organ]
+        return True, tuple(sorted(names, key=order.__getitem__))
+    if in_organ:
+        return True, ()
+    return False, None
+
+
+def _read_count(sentences: list[str]) -> int | None:
+    """Return the lesion count: the first explicit number, else None for "multiple", else 1 for "a lesion"."""
+    many = single = False
+    for sentence in sentences:
+        match = _COUNT_RE.search(sentence)
+        if match is not None:
+            if match.group(1) is not None:
+                return int(match.group(1))
+            word = match.group(2)
+            return int(word) if word.isdigit() else _NUMBER_WORDS[word]
+        many = many or _MANY_RE.search(sentence) is not None
+        single = single or _SINGLE_RE.search(sentence) is not None
+    if many or not single:
+        return None
+    return 1
+
+
+def _read_key_slice(text: str) -> int | None:
+    """Return the key frame (1-based) from the one `<key_slice>` tag; several tags or an invalid value -> None."""
+    n_tags = len(_KEY_OPEN_RE.findall(text))
+    if n_tags > 1:
+        return None
+    if n_tags == 1:
+        match = _KEY_VALUE_RE.search(text)
+        values = [match.group(1)] if match else []
+    else:
+        values = list(set(_KEY_TEXT_RE.findall(text)))
+    if len(values) != 1:
+        return None
+    value = int(values[0])
+    return value if value >= 1 else None
+
+
+def _read_bbox(text: str) -> tuple[int, int, int, int] | None:
+    """Return the one box on the 0-1000 grid; several boxes, outside the grid or degenerate -> None."""
+    if len(_BBOX_OPEN_RE.findall(text)) != 1:
+        return None
+    match = _BBOX_VALUE_RE.search(text)
+    if match is None:
+        return None
+    x1, y1, x2, y2 = (round(float(v)) for v in match.groups())
+    if not (0 <= x1 < x2 <= 1000 and 0 <= y1 < y2 <= 1000):
+        return None
+    return x1, y1, x2, y2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _combine(
+    sections: list[_Section], organ: Organ, evidence_text: str, *, allow_attribute_evidence: bool
+) -> ParsedReport | ParseFailure:
+    """Combine the sections (findings first) into one `ParsedReport`."""
+    states = {s.state for s in sections}
+    if _CONTRADICTION in states or (_POSITIVE in states and _NEGATIVE in states):
+        return ParseFailure("contradiction")
+    attribute_lists = [s.attribute_sentences for s in sections]
+    if _POSITIVE in states:
+        has_lesion = True
+    elif _NEGATIVE in states or _WEAK_NEGATIVE in states:
+        has_lesion = False
+    elif allow_attribute_evidence and _has_attribute_evidence(attribute_lists, organ):
+        has_lesion = True
+    else:
+        return ParseFailure("undetermined")
+    if not has_lesion:
+        return ParsedReport(False, None, None, None, None, None, None, 0)
+
+    long_cm = short_cm = location = attenuation = None
+    size_done = location_done = attenuation_done = False
+    for sentences in attribute_lists:
+        if not size_done:
+            size_done, long_cm, short_cm = _read_size(sentences)
+        if not location_done:
+            location_done, location = _read_location(sentences, organ)
+        if not attenuation_done:
+            attenuation_done, attenuation = _read_attenuation(sentences)
+    return ParsedReport(
+        has_lesion=True,
+        long_axis_cm=long_cm,
+        short_axis_cm=short_cm,
+        location=location,
+        attenuation=attenuation,
+        key_slice=_read_key_slice(evidence_text),
+        bbox=_read_bbox(evidence_text),
+        lesion_count=_read_count([s for section in sections for s in section.count_sentences]),
+    )
+
+
+def _has_attribute_evidence(attribute_lists: list[list[str]], organ: Organ) -> bool:
+    """Return True when a measurement comes with a location or an attenuation (an unnamed lesion is described)."""
+    sentences = [s for lst in attribute_lists for s in lst]
+    if not _read_size(sentences)[0]:
+        return False
+    return _read_attenuation(sentences)[0] or _read_location(sentences, organ)[1]
+
+
+def parse_report(text: str, organ: Organ | str) -> ParsedReport | ParseFailure:
+    """Parse a report in the E-MRL output format (or a real report with FINDINGS:/IMPRESSION: headers).
+
+    Args:
+        text: the report text.
+        organ: the organ the report is about (an `Organ` or its value).
+
+    Returns:
+        The claims, or a `ParseFailure` ("empty", "no_findings", "contradiction", "undetermined").
+
+    >>> parse_report("<findings>No focal liver lesion is identified.</findings> || "
+    ...              "<impression>No liver tumor.</impression>", "liver").has_lesion
+    False
+    >>> r = parse_report("<findings>A hypoattenuating lesion in hepatic segment 5/8 measures 3.1 x 2.2 cm.</findings>"
+    ...                  " || <impression>...</impression> || The key lesion is in image <key_slice>7</key_slice>, "
+    ...                  "<bbox>[10, 20, 30, 40]</bbox>", Organ.LIVER)
+    >>> (r.long_axis_cm, r.location, r.attenuation, r.key_slice, r.bbox)
+    (3.1, ('5', '8'), 'hypo', 7, (10, 20, 30, 40))
+    """
+    organ = Organ(organ)
+    if not text or not text.strip():
+        return ParseFailure("empty")
+    lower = text.lower()
+    findings = impression = None
+    match = _FINDINGS_RE.search(lower)
+    if match is not None:
+        findings = match.group(1)
+    else:
+        close = _FINDINGS_CLOSE_RE.search(lower)
+        if close is not None:
+            findings = lower[: close.start()]
+    match = _IMPRESSION_RE.search(lower)
+    if match is not None:
+        impression = match.group(1)
+    else:
+        close = _IMPRESSION_CLOSE_RE.search(lower)
+        if close is not None:
+            start = _FINDINGS_CLOSE_RE.search(lower)
+            impression = _TAG_RE.sub(" ", lower[start.end() if start else 0 : close.start()])
+    if findings is None and impression is None:
+        header_f = _HEADER_FINDINGS_RE.search(lower)
+        header_i = _HEADER_IMPRESSION_RE.search(lower)
+        if header_f is None and header_i is None:
+            return ParseFailure("no_findings")
+        if header_f is not None:
+            end = header_i.start() if header_i is not None and header_i.start() > header_f.end() else len(lower)
+            findings = lower[header_f.end() : end]
+        if header_i is not None:
+            impression = lower[header_i.end() :]
+    parts = [p for p in (findings, impression) if p is not None and p.strip()]
+    if not parts:
+        return ParseFailure("empty")
+    sections = [_read_section(p, organ) for p in parts]
+    return _combine(sections, organ, lower, allow_attribute_evidence=False)
+
+
+def parse_free_text(text: str, organ: Organ | str) -> ParsedReport | ParseFailure:
+    """Parse text without the report frame: the verifier's answer on one slice, or a narrative paragraph.
+
+    Tags and `||` are read as sentence breaks; the whole text is one section. A measurement with a location or an
+    attenuation counts as a lesion even when no lesion noun is used ("3 cm, hypodense, segment 7").
+
+    Args:
+        text: the free text.
+        organ: the organ the text is about (an `Organ` or its value).
+
+    Returns:
+        The claims, or a `ParseFailure` ("empty", "contradiction", "undetermined").
+
+    >>> r = parse_free_text("There is a 3 cm hypodense mass in segment VII of the liver.", "liver")
+    >>> (r.has_lesion, r.long_axis_cm, r.location, r.attenuation)
+    (True, 3.0, ('7',), 'hypo')
+    """
+    organ = Organ(organ)
+    if not text or not text.strip():
+        return ParseFailure("empty")
+    lower = text.lower()
+    body = _TAG_RE.sub(". ", lower)
+    return _combine([_read_section(body, organ)], organ, lower, allow_attribute_evidence=True)

@@ -1,0 +1,183 @@
+"""Parquet shards in the Hub layout (`data/{split}-{i:05d}-of-{n:05d}.parquet`), written atomically and
+deterministically (same rows -> byte-identical files), plus the per-table `manifest.json`.
+
+Codecs follow notes/performance.md §7: zstd on scalar and text columns, no compression on PNG bytes (already
+deflated), dictionary encoding and statistics on scalar columns only, row groups of about 100 MB.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+MAX_SHARD_BYTES = 500 * 1024**2
+ROW_GROUP_BYTES = 100 * 1024**2
+
+
+def _row_bytes(table: pa.Table) -> float:
+    return table.nbytes / max(table.num_rows, 1)
+
+
+def _column_options(schema: pa.Schema) -> dict[str, Any]:
+    """Per-column codecs: blobs (binary, lists of image structs) uncompressed and without dictionary/statistics."""
+    blob_columns = [f.name for f in schema if _holds_binary(f.type)]
+    scalar_columns = [f.name for f in schema if f.name not in blob_columns]
+    compression: dict[str, str] = {name: "zstd" for name in scalar_columns}
+    compression.update({name: "none" for name in blob_columns})
+    return {
+        "compression": compression,
+        "use_dictionary": scalar_columns or False,
+        "write_statistics": scalar_columns or False,
+    }
+
+
+def _holds_binary(arrow_type: pa.DataType) -> bool:
+    if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
+        return True
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
+        return _holds_binary(arrow_type.value_type)
+    if pa.types.is_struct(arrow_type):
+        return any(_holds_binary(arrow_type.field(i).type) for i in range(arrow_type.num_fields))
+    return False
+
+
+def write_parquet_atomic(table: pa.Table, path: Path) -> None:
+    """Write one Parquet file through a temporary name and rename it into place (readers never see half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    rows_per_group = max(1, int(ROW_GROUP_BYTES // max(_row_bytes(table), 1)))
+    pq.write_table(table, tmp, row_group_size=rows_per_group, **_column_options(table.schema))
+    os.replace(tmp, path)
+
+
+def write_split_shards(rows: Sequence[Mapping[str, Any]], schema: pa.Schema, data_dir: Path, split: str) -> list[Path]:
+    """Write `rows` of one split as `data_dir/{split}-{i:05d}-of-{n:05d}.parquet` shards of at most 500 MB.
+
+    An empty split writes one empty shard, so every split in the card has a file. Shards of the same split left by
+    an earlier run with another shard count are removed after the new ones are in place.
+    """
+    table = pa.Table.from_pylist(list(rows), schema=schema)
+    n_shards = max(1, -(-int(table.nbytes) // MAX_SHARD_BYTES))
+    per_shard = -(-table.num_rows // n_shards) if table.num_rows else 0
+    paths = []
+    for i in range(n_shards):
+        part = table.slice(i * per_shard, per_shard) if table.num_rows else table
+        path = data_dir / f"{split}-{i:05d}-of-{n_shards:05d}.parquet"
+        write_parquet_atomic(part, path)
+        paths.append(path)
+    for stale in data_dir.glob(f"{split}-*-of-*.parquet"):
+        if stale not in paths:
+            stale.unlink()
+    return paths
+
+
+def sha256_file(path: Path, chunk_bytes: int = 8 * 1024**2) -> str:
+    """Return the sha256 hex digest of a file."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_json_atomic(data: Any, path: Path) -> None:
+    """Write JSON (sorted keys, indented) through a temporary file and rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def write_text_atomic(text: str, path: Path) -> None:
+    """Write text through a temporary file and rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def table_manifest(table_dir: Path, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the manifest of a table folder: sha256 and size of every file but the manifest, plus `extra`."""
+    files = {}
+    for path in sorted(p for p in table_dir.rglob("*") if p.is_file() and not p.name.startswith(".")):
+        rel = path.relative_to(table_dir).as_posix()
+        if rel == "manifest.json":
+            continue
+        files[rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    return {**extra, "files": files}
+
+
+def write_split_streaming(
+    rows: Iterable[Mapping[str, Any]],
+    row_bytes: Sequence[int],
+    schema: pa.Schema,
+    data_dir: Path,
+    split: str,
+) -> list[Path]:
+    """Write a split whose rows do not fit in memory at once (e.g. SFT rows with their frames).
+
+    Args:
+        rows: the rows in order, produced lazily.
+        row_bytes: an estimate of each row's size (e.g. the PNG bytes of its frames); fixes the shard count
+            (shards <= 500 MB) and which rows go to which shard before anything is written, so names are final.
+        schema: the table schema.
+        data_dir: the `data/` folder.
+        split: the split name.
+
+    Memory stays at about one row group (~100 MB) plus the row being produced.
+    """
+    total = int(sum(row_bytes))
+    n_shards = max(1, -(-total // MAX_SHARD_BYTES))
+    shard_of: list[int] = []
+    running = 0
+    for size in row_bytes:  # rows go to shard floor(n * bytes-before-row / total): contiguous, balanced by size
+        shard_of.append(min(n_shards - 1, (n_shards * running) // max(total, 1)))
+        running += size
+    data_dir.mkdir(parents=True, exist_ok=True)
+    paths = [data_dir / f"{split}-{i:05d}-of-{n_shards:05d}.parquet" for i in range(n_shards)]
+    tmp_paths = [p.with_name(f".{p.name}.tmp-{os.getpid()}") for p in paths]
+    options = _column_options(schema)
+    writers: list[pq.ParquetWriter | None] = [None] * n_shards
+    batch: list[Mapping[str, Any]] = []
+    batch_bytes = 0
+    current = 0
+
+    def flush() -> None:
+        nonlocal batch, batch_bytes
+        if batch:
+            if writers[current] is None:
+                writers[current] = pq.ParquetWriter(tmp_paths[current], schema, **options)
+            writers[current].write_table(pa.Table.from_pylist(batch, schema=schema))  # type: ignore[union-attr]
+        batch, batch_bytes = [], 0
+
+    columns = [f.name for f in schema]
+    n_rows = 0
+    for index, row in enumerate(rows):
+        if shard_of[index] != current:
+            flush()
+            current = shard_of[index]
+        batch.append({c: row.get(c) for c in columns})
+        batch_bytes += row_bytes[index]
+        n_rows += 1
+        if batch_bytes >= ROW_GROUP_BYTES:
+            flush()
+    flush()
+    if n_rows != len(row_bytes):
+        raise ValueError(f"{split}: got {n_rows} rows but {len(row_bytes)} size estimates.")
+    for i in range(n_shards):
+        if writers[i] is None:  # an empty split (or shard) still gets a valid file
+            writers[i] = pq.ParquetWriter(tmp_paths[i], schema, **options)
+        writers[i].close()  # type: ignore[union-attr]
+        os.replace(tmp_paths[i], paths[i])
+    for stale in data_dir.glob(f"{split}-*-of-*.parquet"):
+        if stale not in paths:
+            stale.unlink()
+    return paths

@@ -1,0 +1,358 @@
+"""Flow `build-sft-set`: atlas -> organ rows -> `findings`, `sft` and `rejections` tables (SPEC §8).
+
+discover -> batches of cases (one task each, resumable through a content-keyed case store) -> select the SFT rows ->
+Parquet shards in the Hub layout + `manifest.json` -> artifacts (counts, summary, contact sheet). Thin: the work is in
+`emrl_data`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.futures import as_completed
+from prefect.task_runners import ThreadPoolTaskRunner
+from tqdm import tqdm
+
+from emrl_data import __version__
+from emrl_data.atlas import (
+    METADATA_FILE,
+    AtlasOrganMeta,
+    CaseRef,
+    discover_cases,
+    hash_split,
+    read_metadata,
+    read_split_files,
+)
+from emrl_data.card import render_dataset_card
+from emrl_data.config import CurateConfig, SftConfig
+from emrl_data.curate import CaseResult, CaseStore, case_cache_key, curate_case
+from emrl_data.dataset import count_rejections, count_rows, row_order, select_sft_rows, table_features, write_table
+from emrl_data.frames import draw_contact_sheet
+from emrl_data.outcome import Rejection, RejectReason
+from emrl_data.records import SFT_SCHEMA, check_required
+from emrl_data.shards import table_manifest, write_json_atomic, write_split_streaming, write_text_atomic
+from emrl_data.types import Organ, Split
+from flows._common import Progress, batched, git_sha
+
+
+@task(cache_policy=NO_CACHE)
+def curate_batch_task(
+    refs: list[CaseRef],
+    splits: dict[str, str],
+    metadata: dict[str, dict[Organ, AtlasOrganMeta]],
+    cfg_dict: dict[str, Any],
+    store_dir: str,
+) -> list[tuple[str, str, bool]]:
+    """Curate a batch of cases into the case store; return (case_id, key, was_cached) per case."""
+    cfg = CurateConfig.from_dict(cfg_dict)
+    store = CaseStore(Path(store_dir))
+    done = []
+    for ref in refs:
+        meta = metadata.get(ref.case_id)
+        key = case_cache_key(ref, cfg, splits[ref.case_id], _meta_key(meta))
+        cached = store.has(key)
+        if not cached:
+            store.save(key, curate_case(ref, split=splits[ref.case_id], cfg=cfg, metadata=meta))
+        done.append((ref.case_id, key, cached))
+    return done
+
+
+def _meta_key(meta: Mapping[Organ, AtlasOrganMeta] | None) -> str:
+    return "" if meta is None else repr(sorted((str(k), v) for k, v in meta.items()))
+
+
+@flow(name="build-sft-set", log_prints=False)
+def build_sft_set_flow(
+    atlas_root: str,
+    output_dir: str,
+    batch_size: int = 8,
+    max_workers: int = 2,
+    negatives_per_positive: float = 1.0,
+    seed: int = 0,
+    test_fraction: float = 0.10,
+    max_unexpected_errors: int = 0,
+    limit: int | None = None,
+    config: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Build the `findings`, `sft` and `rejections` tables from an AbdomenAtlas-layout folder.
+
+    Args:
+        atlas_root: the atlas folder (split or combined layout; optional metadata CSV and TrainTestIDS/).
+        output_dir: where the table folders go (`findings/`, `sft/`, `rejections/`, `manifest.json`, ...).
+        batch_size: cases per task.
+        max_workers: tasks run at once (threads).
+        negatives_per_positive: train negatives sampled per organ, as a ratio of its positives.
+        seed: seed of the negative sampling.
+        test_fraction: test share of the hash split (used when there are no IID split files).
+        max_unexpected_errors: the flow fails when more cases than this hit an unexpected (non-data) error.
+        limit: process only the first N cases (by id); None for all.
+        config: overrides of the curation config, e.g. {"frames": {"max_frames": 16}}.
+
+    Returns:
+        The run summary (also written to `summary.json`).
+    """
+    logger = get_run_logger()
+    started = time.perf_counter()
+    cfg = CurateConfig.from_dict(config or {})
+    sft_cfg = SftConfig(negatives_per_positive=negatives_per_positive, seed=seed, test_fraction=test_fraction)
+    root, out = Path(atlas_root).resolve(), Path(output_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+
+    discovery = discover_cases(root)
+    refs = list(discovery.refs)[: limit if limit is not None else None]
+    rejections: list[Rejection] = list(discovery.rejections)
+    split_files = read_split_files(root)
+    splits = {
+        r.case_id: str(
+            split_files[r.case_id]
+            if split_files and r.case_id in split_files
+            else hash_split(r.case_id, test_fraction=test_fraction)
+        )
+        for r in refs
+    }
+    metadata: dict[str, dict[Organ, AtlasOrganMeta]] = {}
+    metadata_path = root / METADATA_FILE
+    if metadata_path.is_file():
+        metadata, problems = read_metadata(metadata_path)
+        wanted = {r.case_id for r in refs}
+        for case_id, problem in sorted(problems.items()):
+            if case_id in wanted or not case_id.startswith("BDMAP_"):
+                rejections.append(
+                    Rejection(case_id, None, "metadata", RejectReason.BAD_METADATA_ROW, problem, METADATA_FILE)
+                )
+    logger.info(
+        "%d cases in %s (%s layout), split from %s, metadata: %s",
+        len(refs),
+        root,
+        discovery.layout,
+        "IID split files" if split_files else "case-id hash",
+        "yes" if metadata else "no",
+    )
+
+    store = CaseStore(out / ".work" / "cases")
+    batches = batched(refs, batch_size)
+    progress = Progress(len(refs), f"build-sft-set: curating {len(refs)} cases")
+    keys: dict[str, str] = {}
+    n_cached = 0
+    with (
+        ThreadPoolTaskRunner(max_workers=max_workers) as runner,
+        tqdm(total=len(refs), desc="curating cases", unit="case", file=sys.stderr, disable=None) as bar,
+    ):
+        futures = [
+            runner.submit(
+                curate_batch_task,
+                parameters={
+                    "refs": batch,
+                    "splits": splits,
+                    "metadata": metadata,
+                    "cfg_dict": cfg.to_dict(),
+                    "store_dir": str(store.root),
+                },
+            )
+            for batch in batches
+        ]
+        for future in as_completed(futures):
+            done = future.result()
+            for case_id, key, cached in done:
+                keys[case_id] = key
+                n_cached += cached
+            bar.update(len(done))
+            progress.advance(len(done))
+
+    # Gather the light rows (no frames) in case order.
+    rows: list[dict[str, Any]] = []
+    digests: dict[str, str] = {}
+    for ref in refs:
+        result: CaseResult = store.load_rows(keys[ref.case_id])
+        rows += result.rows
+        rejections += result.rejections
+        digests.update({f"{ref.case_id}/{k}": v for k, v in result.file_digests.items()})
+    rows.sort(key=row_order)
+    sft_rows = select_sft_rows(rows, sft_cfg)
+
+    # Tables.
+    provenance = {
+        "pipeline_version": __version__,
+        "git_sha": git_sha(),
+        "config_fingerprint": cfg.fingerprint(),
+        "config": cfg.to_dict(),
+        "sft_config": {"negatives_per_positive": negatives_per_positive, "seed": seed, "test_fraction": test_fraction},
+        "atlas_layout": discovery.layout,
+        "split_source": "IID split files" if split_files else "case-id hash",
+    }
+    by_split = {s: [r for r in rows if r["split"] == s] for s in (Split.TRAIN, Split.TEST)}
+    _write_card_table("findings", by_split, out, provenance)
+    _write_sft(sft_rows, out, store, keys, provenance)
+    rejection_rows = sorted(
+        (r.to_row() for r in rejections), key=lambda r: (r["case_id"], r["organ"] or "", r["step"], r["reason"])
+    )
+    _write_card_table("rejections", {"rejections": rejection_rows}, out, provenance)
+
+    # Every input case is accounted for: a row or a rejection.
+    accounted = {r["case_id"] for r in rows} | {r.case_id for r in rejections}
+    missing = [r.case_id for r in refs if r.case_id not in accounted]
+    if missing:
+        raise RuntimeError(f"Cases with neither a row nor a rejection (a bug): {missing[:10]}")
+
+    unexpected = [r for r in rejections if r.reason == RejectReason.UNEXPECTED_ERROR]
+    summary = {
+        **{k: v for k, v in provenance.items() if k != "config"},
+        "atlas_root": str(root),
+        "output_dir": str(out),
+        "cases": len(refs),
+        "cases_resumed_from_store": n_cached,
+        "organ_rows": count_rows(rows),
+        "sft_rows": count_rows(sft_rows),
+        "rejections": count_rejections(rejections),
+        "unexpected_errors": len(unexpected),
+        "input_files": digests,
+        "seconds": round(time.perf_counter() - started, 2),
+        "tables": {name: str(out / name) for name in ("findings", "sft", "rejections")},
+    }
+    write_json_atomic(summary, out / "manifest.json")
+    sheet = _contact_sheet(sft_rows, store, keys, out / "contact_sheet.png")
+    summary_md = _summary_markdown(summary, sheet)
+    (out / "summary.md").write_text(summary_md)
+    _artifacts(summary, rejections, summary_md)
+    logger.info("build-sft-set done in %.1f s: %s", summary["seconds"], out)
+    if len(unexpected) > max_unexpected_errors:
+        raise RuntimeError(
+            f"{len(unexpected)} case(s) hit unexpected errors (more than max_unexpected_errors="
+            f"{max_unexpected_errors}); outputs were written, see {out / 'rejections'}: "
+            + "; ".join(f"{r.case_id}: {r.detail}" for r in unexpected[:3])
+        )
+    return summary
+
+
+def _write_card_table(
+    name: str, rows_by_split: Mapping[str, Sequence[Mapping[str, Any]]], out: Path, provenance: Mapping[str, Any]
+) -> Path:
+    counts = {split: {"total": len(r)} for split, r in rows_by_split.items()}
+    if name != "rejections":
+        counts = {split: count_rows(r).get(split, {"total": 0}) for split, r in rows_by_split.items()}
+    card = render_dataset_card(
+        table=name,
+        features=table_features(name),
+        row_counts=counts,
+        pipeline_version=provenance["pipeline_version"],
+        git_sha=provenance["git_sha"],
+        config_fingerprint=provenance["config_fingerprint"],
+        splits=tuple(rows_by_split),
+    )
+    return write_table(name, rows_by_split, out, manifest_extra={**provenance, "row_counts": counts}, card=card)
+
+
+def _write_sft(
+    sft_rows: Sequence[Mapping[str, Any]],
+    out: Path,
+    store: CaseStore,
+    keys: Mapping[str, str],
+    provenance: Mapping[str, Any],
+) -> None:
+    """Stream the SFT rows with their frames into shards (frames are read back per case, never all at once)."""
+    data_dir = out / "sft" / "data"
+    counts = {}
+    for split in (Split.TRAIN, Split.TEST):
+        part = [r for r in sft_rows if r["split"] == split]
+        counts[str(split)] = count_rows(part).get(split, {"total": 0})
+        write_split_streaming(
+            _with_frames(part, store, keys), [int(r["frames_bytes"]) for r in part], SFT_SCHEMA, data_dir, split
+        )
+    card = render_dataset_card(
+        table="sft",
+        features=table_features("sft"),
+        row_counts=counts,
+        pipeline_version=provenance["pipeline_version"],
+        git_sha=provenance["git_sha"],
+        config_fingerprint=provenance["config_fingerprint"],
+    )
+    write_text_atomic(card, out / "sft" / "README.md")
+    write_json_atomic(table_manifest(out / "sft", {**provenance, "row_counts": counts}), out / "sft" / "manifest.json")
+
+
+def _with_frames(
+    rows: Sequence[Mapping[str, Any]], store: CaseStore, keys: Mapping[str, str]
+) -> Iterator[dict[str, Any]]:
+    cached_case, cached_frames = None, {}
+    for row in rows:
+        if row["case_id"] != cached_case:
+            cached_case, cached_frames = row["case_id"], store.load_frames(keys[row["case_id"]])
+        full = {**row, "frames": cached_frames[row["organ"]]}
+        check_required("sft", full)
+        yield full
+
+
+def _contact_sheet(
+    sft_rows: Sequence[Mapping[str, Any]], store: CaseStore, keys: Mapping[str, str], path: Path, max_tiles: int = 24
+) -> Path | None:
+    positives = [r for r in sft_rows if r["has_lesion"]][:max_tiles]
+    if not positives:
+        return None
+    tiles = []
+    for row in _with_frames(positives, store, keys):
+        k = row["key_slice_frame"]
+        tiles.append(
+            (row["frames"][k - 1]["bytes"], tuple(row["bbox_xyxy_px"]), f"{row['case_id'][-4:]} {row['organ']} k={k}")
+        )
+    path.write_bytes(draw_contact_sheet(tiles))
+    return path
+
+
+def _summary_markdown(summary: Mapping[str, Any], sheet: Path | None) -> str:
+    lines = [
+        "# build-sft-set",
+        "",
+        f"- cases: **{summary['cases']}** ({summary['cases_resumed_from_store']} resumed from the case store)",
+        f"- pipeline {summary['pipeline_version']}, config `{summary['config_fingerprint']}`, "
+        f"git `{summary['git_sha']}`",
+        f"- split source: {summary['split_source']}; took {summary['seconds']} s",
+        "",
+        "| table | split | rows by organ/label |",
+        "|---|---|---|",
+    ]
+    for table in ("organ_rows", "sft_rows"):
+        for split, counts in summary[table].items():
+            detail = ", ".join(f"{k} {v}" for k, v in counts.items() if k != "total")
+            lines.append(f"| {table} | {split} | **{counts['total']}**: {detail} |")
+    lines += ["", "| rejection (step/reason) | cases |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in summary["rejections"].items()] or ["| none | 0 |"]
+    lines += ["", "Outputs:", ""] + [f"- `{name}`: {path}" for name, path in summary["tables"].items()]
+    if sheet is not None:
+        lines.append(f"- contact sheet (key frames with boxes): {sheet}")
+    return "\n".join(lines) + "\n"
+
+
+def _artifacts(summary: Mapping[str, Any], rejections: Sequence[Rejection], summary_md: str) -> None:
+    table = []
+    for kind in ("organ_rows", "sft_rows"):
+        for split, counts in summary[kind].items():
+            table += [{"table": kind, "split": split, "group": k, "rows": v} for k, v in counts.items()]
+    create_table_artifact(key="build-sft-set-counts", table=table, description="rows per table, split and organ")
+    create_table_artifact(
+        key="build-sft-set-rejections",
+        table=[
+            {"case_id": r.case_id, "organ": r.organ or "", "step": r.step, "reason": str(r.reason), "detail": r.detail}
+            for r in rejections
+        ]
+        or [{"case_id": "", "organ": "", "step": "", "reason": "none", "detail": ""}],
+        description="every rejection with its reason code",
+    )
+    create_markdown_artifact(key="build-sft-set-summary", markdown=summary_md, description="run summary")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Run the build-sft-set flow once.")
+    parser.add_argument("atlas_root")
+    parser.add_argument("output_dir")
+    args = parser.parse_args()
+    print(json.dumps(build_sft_set_flow(args.atlas_root, args.output_dir), indent=2, default=str))

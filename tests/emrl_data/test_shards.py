@@ -1,0 +1,104 @@
+"""Shards: Hub layout, determinism, atomic streaming writes, images decoded by `datasets`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pyarrow as pa  # noqa: I001
+import pyarrow.parquet as pq
+import pytest
+
+from emrl_data import shards
+from emrl_data.records import IMAGE_STRUCT, make_schema
+from emrl_data.shards import table_manifest, write_split_shards, write_split_streaming
+
+
+SCHEMA = make_schema(
+    [
+        ("case_id", pa.string(), False, "id"),
+        ("n", pa.int32(), False, "a number"),
+        ("frames", pa.list_(IMAGE_STRUCT), False, "images"),
+    ]
+)
+
+
+def _png(value: int) -> bytes:
+    ok, buf = cv2.imencode(".png", np.full((8, 6), value, np.uint8))
+    assert ok
+    return buf.tobytes()
+
+
+def _rows(n: int) -> list[dict]:
+    return [
+        {"case_id": f"BDMAP_{i:08d}", "n": i, "frames": [{"bytes": _png(i), "path": f"{i}_{j}.png"} for j in range(2)]}
+        for i in range(n)
+    ]
+
+
+def test_write_split_shards_names_and_determinism(tmp_path: Path) -> None:
+    a = write_split_shards(_rows(5), SCHEMA, tmp_path / "a" / "data", "train")
+    b = write_split_shards(_rows(5), SCHEMA, tmp_path / "b" / "data", "train")
+    assert [p.name for p in a] == ["train-00000-of-00001.parquet"]
+    assert a[0].read_bytes() == b[0].read_bytes()
+    assert pq.read_table(a[0]).num_rows == 5
+
+
+def test_write_split_shards_empty_split_writes_one_empty_file(tmp_path: Path) -> None:
+    (path,) = write_split_shards([], SCHEMA, tmp_path, "test")
+    assert path.name == "test-00000-of-00001.parquet"
+    assert pq.read_table(path).num_rows == 0
+    assert pq.read_schema(path).names == ["case_id", "n", "frames"]
+
+
+def test_streaming_splits_into_balanced_shards_and_removes_stale(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    write_split_shards(_rows(3), SCHEMA, data, "train")  # an earlier run: one shard
+    monkeypatch.setattr(shards, "MAX_SHARD_BYTES", 250)
+    monkeypatch.setattr(shards, "ROW_GROUP_BYTES", 100)
+    rows = _rows(6)
+    paths = write_split_streaming(iter(rows), [100] * 6, SCHEMA, data, "train")
+
+    assert [p.name for p in paths] == [f"train-0000{i}-of-00003.parquet" for i in range(3)]
+    assert sorted(p.name for p in data.iterdir()) == [p.name for p in paths]  # stale shard removed, no temp files
+    assert [pq.read_table(p).num_rows for p in paths] == [2, 2, 2]
+    assert [pq.ParquetFile(p).num_row_groups for p in paths] == [2, 2, 2]  # 100-byte row groups
+    got = [r["n"] for p in paths for r in pq.read_table(p).to_pylist()]
+    assert got == list(range(6))
+
+
+def test_streaming_rejects_wrong_row_count(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="got 2 rows but 3 size estimates"):
+        write_split_streaming(iter(_rows(2)), [1, 1, 1], SCHEMA, tmp_path, "train")
+
+
+def test_image_columns_are_uncompressed_and_scalars_zstd(tmp_path: Path) -> None:
+    (path,) = write_split_shards(_rows(2), SCHEMA, tmp_path, "train")
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    codecs = {meta.column(i).path_in_schema: meta.column(i).compression for i in range(meta.num_columns)}
+    assert codecs["case_id"] == "ZSTD"
+    assert codecs["frames.list.element.bytes"] == "UNCOMPRESSED"
+
+
+def test_datasets_decodes_frames_as_images(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    write_split_shards(_rows(3), SCHEMA, tmp_path / "data", "train")
+    ds = datasets.load_dataset("parquet", data_dir=str(tmp_path / "data"), split="train")
+    assert isinstance(ds.features["frames"], datasets.List)
+    assert isinstance(ds.features["frames"].feature, datasets.Image)
+    image = ds[2]["frames"][1]
+    assert image.size == (6, 8)
+    assert np.asarray(image).max() == 2
+
+
+def test_table_manifest_lists_files_with_sha256(tmp_path: Path) -> None:
+    (tmp_path / "README.md").write_text("card")
+    (tmp_path / "manifest.json").write_text("{}")
+    manifest = table_manifest(tmp_path, {"pipeline_version": "x"})
+    assert manifest["pipeline_version"] == "x"
+    assert manifest["files"] == {
+        "README.md": {"sha256": "8367cd66fdd136bba8ba23f8805bb050dd6289401c8ec3b0be44a3c233eef90d", "bytes": 4}
+    }
+    json.dumps(manifest)

@@ -1,0 +1,487 @@
+"""A small in-memory, Hub-compatible HTTP server for offline tests of publishing code (test-only, not the product).
+
+It speaks the real protocol to the real clients (huggingface_hub 1.33, hf_xet 1.8, datasets 5.2) for the calls
+`HfApi.create_repo` / `upload_folder` / `create_commit` / `create_tag` / `create_branch` / `list_repo_refs` /
+`list_repo_tree` / `list_repo_commits` / `repo_info` / `hf_hub_download` and `datasets.load_dataset(repo, revision=...)`
+make. Adapted from `notes/prefect_hub.md` Appendix A (verified there with huggingface_hub 2.4.0).
+
+How it avoids Xet and LFS: `/preupload` answers `uploadMode: "regular"` for every file, so the client inlines the bytes
+(base64) in the NDJSON `/commit` call. With `lfs_suffixes=(".parquet",)` those files get `uploadMode: "lfs"` and go
+through the legacy LFS "basic" batch API served here; clients must then run with `HF_HUB_DISABLE_XET=1`, since this
+server does not speak Xet.
+
+What it does not do: check tokens or visibility, validate cards like the Hub, run the viewer. Unknown routes are
+recorded in `state.unknown`; `state.fail_next(...)` makes the next matching request fail with a status (to test retries).
+
+Use from tests: `with serve_fake_hub() as hub: ... hub.url ... hub.state.commit_count("datasets", "org/name")`.
+Run by hand: `python tests/fakehub.py --port 8765`, then `HF_ENDPOINT=http://127.0.0.1:8765 HF_TOKEN=hf_fake ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+import uvicorn
+import yaml
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+
+def git_blob_sha1(data: bytes) -> str:
+    """Return the git blob id of `data` (what the Hub reports as `oid` of a regular file)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _utc(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(seconds))
+
+
+@dataclass
+class Commit:
+    """One commit: the full file map (path -> blob key) and its parent."""
+
+    oid: str
+    parent: str | None
+    files: dict[str, str]
+    title: str
+    date: float
+
+
+@dataclass
+class Repo:
+    """One repository: commits, branches and tags (name -> commit oid)."""
+
+    repo_type: str  # "model" | "dataset" | "space"
+    repo_id: str
+    private: bool
+    commits: dict[str, Commit] = field(default_factory=dict)
+    branches: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    created: float = field(default_factory=time.time)
+
+
+@dataclass
+class HubState:
+    """Everything the fake Hub holds. Blobs are keyed by git sha1 (regular files) or sha256 (LFS objects)."""
+
+    lfs_suffixes: tuple[str, ...] = ()
+    blobs: dict[str, bytes] = field(default_factory=dict)
+    lfs_blobs: set[str] = field(default_factory=set)
+    repos: dict[tuple[str, str], Repo] = field(default_factory=dict)
+    unknown: list[str] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+    faults: list[tuple[str, str, int]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def fail_next(self, method: str, path_contains: str, status: int) -> None:
+        """Make the next `method` request whose path contains `path_contains` answer `status` (once)."""
+        self.faults.append((method.upper(), path_contains, status))
+
+    def repo(self, repo_type: str, repo_id: str) -> Repo | None:
+        """Return a repository by type (`dataset` or `datasets`) and id, or None."""
+        return self.repos.get((repo_type.rstrip("s"), repo_id))
+
+    def commit_count(self, repo_type: str, repo_id: str, branch: str = "main") -> int:
+        """Return the number of commits on `branch` (the initial commit included)."""
+        repo = self.repo(repo_type, repo_id)
+        if repo is None:
+            raise KeyError(f"no repo {repo_type}/{repo_id}")
+        n, oid = 0, repo.branches[branch]
+        while oid is not None:
+            n, oid = n + 1, repo.commits[oid].parent
+        return n
+
+    def new_commit(self, repo: Repo, parent: str | None, files: dict[str, str], title: str) -> Commit:
+        """Record a commit with a fresh oid."""
+        payload = json.dumps([parent, sorted(files.items()), title, time.time_ns()]).encode()
+        commit = Commit(hashlib.sha1(payload).hexdigest(), parent, files, title, time.time())
+        repo.commits[commit.oid] = commit
+        return commit
+
+    def resolve(self, repo: Repo, rev: str) -> Commit | None:
+        """Return the commit a branch, tag, `refs/...` name or (abbreviated) oid points to."""
+        rev = unquote(rev)
+        for prefix, refs in (("refs/heads/", repo.branches), ("refs/tags/", repo.tags)):
+            if rev.startswith(prefix) and rev[len(prefix) :] in refs:
+                return repo.commits[refs[rev[len(prefix) :]]]
+        if rev in repo.branches:
+            return repo.commits[repo.branches[rev]]
+        if rev in repo.tags:
+            return repo.commits[repo.tags[rev]]
+        if len(rev) >= 7:
+            for oid, commit in repo.commits.items():
+                if oid.startswith(rev):
+                    return commit
+        return None
+
+
+def _err(status: int, msg: str, code: str | None = None) -> JSONResponse:
+    # huggingface_hub maps X-Error-Code to RepositoryNotFoundError / RevisionNotFoundError / EntryNotFoundError.
+    headers = {"X-Error-Message": msg}
+    if code:
+        headers["X-Error-Code"] = code
+    return JSONResponse({"error": msg}, status_code=status, headers=headers)
+
+
+def _split_repo(path: str) -> tuple[str, str]:
+    """'ns/name/rest...' -> ('ns/name', 'rest...'); repo ids here always have a namespace."""
+    parts = path.split("/")
+    return "/".join(parts[:2]), "/".join(parts[2:])
+
+
+def make_app(state: HubState) -> FastAPI:
+    """Return the ASGI app serving `state`."""
+    app = FastAPI()
+
+    @app.middleware("http")
+    async def faults(request: Request, call_next: Any) -> Any:
+        state.requests.append(f"{request.method} {request.url.path}")
+        for i, (method, needle, status) in enumerate(state.faults):
+            if request.method == method and needle in request.url.path:
+                del state.faults[i]
+                return _err(status, f"fakehub: injected {status}")
+        return await call_next(request)
+
+    def info(repo: Repo, commit: Commit) -> dict[str, Any]:
+        readme = commit.files.get("README.md")
+        card = None
+        if readme:
+            text = state.blobs[readme].decode()
+            card = (yaml.safe_load(text.split("---")[1]) or {}) if text.startswith("---") else None
+        return {
+            "_id": hashlib.md5(repo.repo_id.encode()).hexdigest()[:24],
+            "id": repo.repo_id,
+            "author": repo.repo_id.split("/")[0],
+            "sha": commit.oid,
+            "lastModified": _utc(commit.date),
+            "createdAt": _utc(repo.created),
+            "private": repo.private,
+            "gated": False,
+            "disabled": False,
+            "downloads": 0,
+            "likes": 0,
+            "tags": [],
+            "cardData": card,
+            "siblings": [{"rfilename": p, "size": len(state.blobs[b])} for p, b in sorted(commit.files.items())],
+        }
+
+    def file_entry(commit: Commit, path: str) -> dict[str, Any]:
+        key = commit.files[path]
+        data = state.blobs[key]
+        if key in state.lfs_blobs:
+            pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{key}\nsize {len(data)}\n".encode()
+            lfs = {"oid": key, "size": len(data), "pointerSize": len(pointer)}
+            return {"type": "file", "path": path, "size": len(data), "oid": git_blob_sha1(pointer), "lfs": lfs}
+        return {"type": "file", "path": path, "size": len(data), "oid": key}
+
+    @app.get("/api/whoami-v2")
+    def whoami() -> dict[str, Any]:
+        return {"type": "user", "name": "tester", "auth": {"accessToken": {"role": "write"}}, "orgs": []}
+
+    @app.post("/api/validate-yaml")
+    async def validate_yaml(request: Request) -> Any:
+        content = (await request.json()).get("content", "")
+        if content.startswith("---"):
+            try:
+                yaml.safe_load(content.split("---")[1])
+            except yaml.YAMLError as err:
+                return JSONResponse({"errors": [{"message": str(err)}]}, status_code=400)
+        return {"errors": [], "warnings": []}
+
+    @app.post("/api/repos/create")
+    async def create_repo(request: Request) -> Any:
+        body = await request.json()
+        rtype = body.get("type") or "model"
+        repo_id = f"{body.get('organization') or 'tester'}/{body['name']}"
+        url = f"{request.base_url}{'' if rtype == 'model' else rtype + 's/'}{repo_id}"
+        with state.lock:
+            if (rtype, repo_id) in state.repos:
+                return JSONResponse({"error": "You already created this repo", "url": url}, status_code=409)
+            repo = Repo(rtype, repo_id, body.get("visibility") == "private" or bool(body.get("private")))
+            attributes = b"*.parquet filter=lfs diff=lfs merge=lfs -text\n"
+            state.blobs[git_blob_sha1(attributes)] = attributes
+            commit = state.new_commit(repo, None, {".gitattributes": git_blob_sha1(attributes)}, "initial commit")
+            repo.branches["main"] = commit.oid
+            state.repos[(rtype, repo_id)] = repo
+        return {"url": url, "name": repo_id, "id": repo_id}
+
+    @app.api_route("/api/{rtype}/{path:path}", methods=["GET", "POST", "HEAD", "DELETE"])
+    async def api(rtype: str, path: str, request: Request) -> Any:
+        if rtype not in ("models", "datasets", "spaces"):
+            state.unknown.append(f"{request.method} {request.url.path}")
+            return _err(404, "unknown route")
+        repo_id, rest = _split_repo(path)
+        repo = state.repo(rtype, repo_id)
+        if repo is None:
+            return _err(404, "Repository not found", code="RepoNotFound")
+        verb, _, tail = rest.partition("/")
+        method = request.method
+
+        if verb in ("", "revision") and method in ("GET", "HEAD"):
+            commit = state.resolve(repo, tail or "main")
+            if commit is None:
+                return _err(404, "Invalid rev id", code="RevisionNotFound")
+            return info(repo, commit)
+
+        if verb == "refs":
+
+            def ref(kind: str, name: str, oid: str) -> dict[str, str]:
+                return {"name": name, "ref": f"refs/{kind}/{name}", "targetCommit": oid}
+
+            return {
+                "branches": [ref("heads", n, o) for n, o in repo.branches.items()],
+                "tags": [ref("tags", n, o) for n, o in repo.tags.items()],
+                "converts": [],
+                "pullRequests": [],
+            }
+
+        if verb == "preupload" and method == "POST":
+            body = await request.json()
+            commit = state.resolve(repo, tail)
+            files = commit.files if commit else {}
+            lfs = state.lfs_suffixes or ("\0",)
+            return {
+                "files": [
+                    {
+                        "path": f["path"],
+                        "uploadMode": "lfs" if f["path"].endswith(lfs) else "regular",
+                        "shouldIgnore": False,
+                        "oid": files.get(f["path"]),
+                    }
+                    for f in body["files"]
+                ],
+                "commitOid": commit.oid if commit else None,
+            }
+
+        if verb == "commit" and method == "POST":
+            branch = unquote(tail)
+            lines = [json.loads(line) for line in (await request.body()).splitlines() if line.strip()]
+            with state.lock:
+                if branch not in repo.branches:
+                    return _err(404, f"Invalid rev id: {branch}", code="RevisionNotFound")
+                head = repo.commits[repo.branches[branch]]
+                header = lines[0]["value"]
+                if header.get("parentCommit") and not head.oid.startswith(header["parentCommit"]):
+                    return _err(412, "A commit has happened since. Please refresh and try again.")
+                files = dict(head.files)
+                for item in lines[1:]:
+                    key, value = item["key"], item["value"]
+                    if key == "file":
+                        data = base64.b64decode(value["content"])
+                        state.blobs[git_blob_sha1(data)] = data
+                        files[value["path"]] = git_blob_sha1(data)
+                    elif key == "deletedFile":
+                        if value["path"] not in files:
+                            return _err(404, "A file with this name doesn't exist", code="EntryNotFound")
+                        files.pop(value["path"])
+                    elif key == "deletedFolder":
+                        prefix = value["path"].rstrip("/") + "/"
+                        files = {p: b for p, b in files.items() if not p.startswith(prefix)}
+                    elif key == "lfsFile":
+                        if value["oid"] not in state.blobs:
+                            return _err(422, f"LFS object {value['oid']} was not uploaded")
+                        files[value["path"]] = value["oid"]  # LFS objects are keyed by sha256
+                    else:
+                        return _err(400, f"unsupported commit op {key}")
+                commit = state.new_commit(repo, head.oid, files, header.get("summary", ""))
+                repo.branches[branch] = commit.oid
+            base = str(request.base_url).rstrip("/")
+            prefix = "" if repo.repo_type == "model" else f"/{repo.repo_type}s"
+            url = f"{base}{prefix}/{repo.repo_id}/commit/{commit.oid}"
+            return {"commitUrl": url, "commitOid": commit.oid, "pullRequestUrl": None}
+
+        if verb == "branch":
+            name = unquote(tail)
+            with state.lock:
+                if method == "DELETE":
+                    repo.branches.pop(name, None)
+                    return {}
+                if name in repo.branches:
+                    return _err(409, "Reference already exists")
+                body = await request.json() if (await request.body()) else {}
+                commit = state.resolve(repo, body.get("startingPoint") or "main")
+                if commit is None:
+                    return _err(404, "Invalid rev id", code="RevisionNotFound")
+                repo.branches[name] = commit.oid
+            return {}
+
+        if verb == "tag":
+            with state.lock:
+                if method == "DELETE":
+                    repo.tags.pop(unquote(tail), None)
+                    return {}
+                body = await request.json()
+                if body["tag"] in repo.tags:  # tags are never moved
+                    return _err(409, f"Tag reference refs/tags/{body['tag']} already exists")
+                commit = state.resolve(repo, tail)
+                if commit is None:
+                    return _err(404, "Invalid rev id", code="RevisionNotFound")
+                repo.tags[body["tag"]] = commit.oid
+            return {}
+
+        if verb in ("tree", "paths-info"):
+            rev, _, sub = tail.partition("/")
+            commit = state.resolve(repo, rev)
+            if commit is None:
+                return _err(404, "Invalid rev id", code="RevisionNotFound")
+            dirs = {"/".join(p.split("/")[:i]) for p in commit.files for i in range(1, p.count("/") + 1)}
+
+            def dir_entry(d: str) -> dict[str, str]:
+                return {"type": "directory", "path": d, "oid": hashlib.sha1(d.encode()).hexdigest()}
+
+            if verb == "paths-info":
+                form = await request.form() if "form" in request.headers.get("content-type", "") else None
+                paths = form.getlist("paths") if form else (await request.json()).get("paths", [])
+                out = [file_entry(commit, p) for p in paths if p in commit.files]
+                return out + [dir_entry(p) for p in paths if p in dirs]
+            recursive = request.query_params.get("recursive") in ("1", "true", "True")
+            sub = unquote(sub).strip("/")
+            if sub and sub not in dirs:
+                return _err(404, "Entry not found", code="EntryNotFound")
+            prefix = sub + "/" if sub else ""
+
+            def listed(p: str) -> bool:
+                return p.startswith(prefix) and (recursive or "/" not in p[len(prefix) :])
+
+            return [dir_entry(d) for d in sorted(dirs) if listed(d)] + [
+                file_entry(commit, p) for p in sorted(commit.files) if listed(p)
+            ]
+
+        if verb == "commits":
+            commit = state.resolve(repo, tail or "main")
+            out = []
+            while commit is not None:
+                out.append(
+                    {
+                        "id": commit.oid,
+                        "title": commit.title,
+                        "message": "",
+                        "authors": [{"user": "tester"}],
+                        "date": _utc(commit.date),
+                    }
+                )
+                commit = repo.commits.get(commit.parent) if commit.parent else None
+            return out
+
+        state.unknown.append(f"{method} {request.url.path}")
+        return _err(404, f"fakehub: unsupported {method} {verb}")
+
+    @app.post("/{prefix:path}.git/info/lfs/objects/batch")
+    async def lfs_batch(prefix: str, request: Request) -> dict[str, Any]:
+        body = await request.json()
+        base = str(request.base_url).rstrip("/")
+        objects = []
+        for obj in body["objects"]:
+            entry: dict[str, Any] = {"oid": obj["oid"], "size": obj["size"]}
+            if obj["oid"] not in state.blobs:
+                entry["actions"] = {"upload": {"href": f"{base}/_fakehub/lfs/{obj['oid']}"}}
+            objects.append(entry)
+        return {"transfer": "basic", "objects": objects}
+
+    @app.put("/_fakehub/lfs/{oid}")
+    async def lfs_put(oid: str, request: Request) -> Any:
+        data = await request.body()
+        if hashlib.sha256(data).hexdigest() != oid:
+            return _err(400, "sha256 mismatch")
+        state.blobs[oid] = data
+        state.lfs_blobs.add(oid)
+        return {}
+
+    @app.api_route("/{rtype}/{path:path}", methods=["GET", "HEAD"])
+    async def resolve(rtype: str, path: str, request: Request) -> Any:
+        # /datasets/ns/name/resolve/<rev>/<file>; models: /ns/name/resolve/... (rtype is then the namespace)
+        if rtype in ("datasets", "spaces"):
+            repo_id, rest = _split_repo(path)
+            repo = state.repo(rtype, repo_id)
+        else:
+            repo_id, rest = f"{rtype}/{path.split('/')[0]}", "/".join(path.split("/")[1:])
+            repo = state.repo("models", repo_id)
+        if repo is None:
+            return _err(404, "Repository not found", code="RepoNotFound")
+        verb, _, tail = rest.partition("/")
+        if verb != "resolve":
+            state.unknown.append(f"{request.method} {request.url.path}")
+            return _err(404, "unsupported")
+        rev, _, fpath = tail.partition("/")
+        commit = state.resolve(repo, rev)
+        if commit is None:
+            return _err(404, "Invalid rev id", code="RevisionNotFound")
+        fpath = unquote(fpath)
+        if fpath not in commit.files:
+            return _err(404, "Entry not found", code="EntryNotFound")
+        data = state.blobs[commit.files[fpath]]
+        headers = {
+            "X-Repo-Commit": commit.oid,
+            "ETag": f'"{commit.files[fpath]}"',
+            "Content-Length": str(len(data)),
+            "Accept-Ranges": "bytes",
+        }
+        byte_range = request.headers.get("range")
+        if byte_range and byte_range.startswith("bytes="):
+            first, _, last = byte_range[6:].partition("-")
+            start = int(first) if first else 0
+            stop = int(last) + 1 if last else len(data)
+            chunk = data[start:stop]
+            headers["Content-Range"] = f"bytes {start}-{start + len(chunk) - 1}/{len(data)}"
+            headers["Content-Length"] = str(len(chunk))
+            return Response(b"" if request.method == "HEAD" else chunk, status_code=206, headers=headers)
+        return Response(b"" if request.method == "HEAD" else data, headers=headers)
+
+    return app
+
+
+@dataclass
+class FakeHub:
+    """A running fake Hub: its base URL (use as `HF_ENDPOINT`) and its state."""
+
+    url: str
+    state: HubState
+
+
+@contextmanager
+def serve_fake_hub(lfs_suffixes: tuple[str, ...] = ()) -> Iterator[FakeHub]:
+    """Run a fresh fake Hub on a free 127.0.0.1 port in a thread; stop it on exit, also when the body raises."""
+    state = HubState(lfs_suffixes=lfs_suffixes)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(make_app(state), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True, name=f"fakehub-{port}")
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10.0
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"fake Hub did not start on port {port}")
+            time.sleep(0.02)
+        yield FakeHub(f"http://127.0.0.1:{port}", state)
+    finally:
+        server.should_exit = True
+        thread.join(10.0)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--log-level", default="warning")
+    parser.add_argument(
+        "--lfs-suffix", action="append", default=[], help="e.g. .parquet (clients: HF_HUB_DISABLE_XET=1)"
+    )
+    args = parser.parse_args()
+    uvicorn.run(
+        make_app(HubState(lfs_suffixes=tuple(args.lfs_suffix))),
+        host="127.0.0.1",
+        port=args.port,
+        log_level=args.log_level,
+    )

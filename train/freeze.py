@@ -1,0 +1,73 @@
+"""Which Qwen3-VL parameters train in each E-MRL stage (SPEC §9, `training.md` §4 "Freezing recipes").
+
+* SFT: the vision encoder and the projector (merger and DeepStack mergers) train; the LLM and `lm_head` are frozen.
+* GRPO: the projector and the LLM (incl. `lm_head`) train; the ViT (patch/pos embeddings, blocks) is frozen.
+
+The merger lives inside `model.model.visual`, so "freeze the vision tower" must re-enable it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from torch import nn
+
+
+logger = logging.getLogger(__name__)
+
+VIT_PREFIXES = ("model.visual.patch_embed.", "model.visual.pos_embed.", "model.visual.blocks.")
+PROJECTOR_PREFIXES = ("model.visual.merger.", "model.visual.deepstack_merger_list.")
+LLM_PREFIXES = ("model.language_model.", "lm_head.")
+STAGE_TRAINABLE: dict[str, tuple[str, ...]] = {
+    "sft": VIT_PREFIXES + PROJECTOR_PREFIXES,
+    "grpo": PROJECTOR_PREFIXES + LLM_PREFIXES,
+}
+
+
+def parameter_group(name: str) -> str:
+    """Return "vit", "projector" or "llm" for a Qwen3-VL parameter name.
+
+    Raises:
+        ValueError: on a name outside the three groups (a new architecture part must be assigned explicitly).
+    """
+    for group, prefixes in (("vit", VIT_PREFIXES), ("projector", PROJECTOR_PREFIXES), ("llm", LLM_PREFIXES)):
+        if name.startswith(prefixes):
+            return group
+    raise ValueError(f"Parameter {name!r} belongs to no known group (vit, projector, llm).")
+
+
+def set_stage_trainable(model: nn.Module, stage: str) -> dict[str, int]:
+    """Set `requires_grad` for a stage and return the trainable parameter count per group.
+
+    Args:
+        model: a `Qwen3VLForConditionalGeneration` (parameter names `model.visual.*`, `model.language_model.*`,
+            `lm_head.*`).
+        stage: "sft" or "grpo".
+
+    Raises:
+        ValueError: on an unknown stage.
+    """
+    if stage not in STAGE_TRAINABLE:
+        raise ValueError(f"Unknown stage {stage=}; valid stages are {sorted(STAGE_TRAINABLE)}.")
+    counts = {"vit": 0, "projector": 0, "llm": 0}
+    for name, param in model.named_parameters():
+        train = name.startswith(STAGE_TRAINABLE[stage])
+        param.requires_grad_(train)
+        if train:
+            counts[parameter_group(name)] += param.numel()
+    logger.info("Stage %s trainable parameters per group: %s", stage, counts)
+    return counts
+
+
+def trainable_groups(model: nn.Module) -> set[str]:
+    """Return the groups that have at least one trainable parameter."""
+    return {parameter_group(n) for n, p in model.named_parameters() if p.requires_grad}
+
+
+def named_parameter_groups(names: Iterable[str]) -> dict[str, list[str]]:
+    """Return parameter names bucketed by group."""
+    out: dict[str, list[str]] = {"vit": [], "projector": [], "llm": []}
+    for n in names:
+        out[parameter_group(n)].append(n)
+    return out

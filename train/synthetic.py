@@ -1,0 +1,147 @@
+"""A small synthetic `sft` table in the Hub layout, for tests, the smoke target and the device check.
+
+The columns and types are the ones `train/` reads (see the sft layout: `case_id`, `organ`, `split`, the label columns
+named as the reward arguments, `frames` as a list of Hub images, `prompt`, `report`); reports and prompts come from
+`emrl_data.report`, so they parse with `emrl_data.parser`. Frames are 8-bit grayscale PNGs with a bright disc (the
+"lesion") on the key frame and its neighbours of positive rows, so a model can learn something in a few steps.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from PIL import Image
+
+from emrl_data.report import render_evidence, render_findings, render_impression, render_prompt, render_report
+from emrl_data.types import Organ
+
+
+logger = logging.getLogger(__name__)
+
+_LOCATIONS = {"liver": [["5", "8"], ["2"]], "pancreas": [["head"], ["body", "tail"]], "kidney": [["left"], ["right"]]}
+
+
+def _png(arr: NDArray[np.uint8]) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="PNG", compress_level=1)
+    return buf.getvalue()
+
+
+def make_frames(
+    n_frames: int, size_px: int, key_frame: int | None, rng: np.random.Generator
+) -> tuple[NDArray[np.uint8], list[int] | None]:
+    """Return `(n_frames, size_px, size_px)` uint8 frames and the lesion box `[x1, y1, x2, y2)` in pixels (or None).
+
+    Args:
+        n_frames: frame count N.
+        size_px: frame side in pixels.
+        key_frame: 1-based frame of the largest lesion cross-section, or None for a negative row.
+        rng: random generator (texture and lesion position).
+    """
+    yy, xx = np.mgrid[0:size_px, 0:size_px]
+    organ = ((yy - size_px / 2) ** 2 + (xx - size_px / 2) ** 2) < (0.4 * size_px) ** 2
+    frames = np.where(organ, 110, 20)[None].repeat(n_frames, 0).astype(np.float64)
+    frames += rng.normal(0, 6, frames.shape)
+    box = None
+    if key_frame is not None:
+        r = max(2, size_px // 8)
+        cy, cx = (int(v) for v in rng.integers(size_px // 2 - size_px // 6, size_px // 2 + size_px // 6, 2))
+        for f in range(max(1, key_frame - 1), min(n_frames, key_frame + 1) + 1):
+            rad = r if f == key_frame else r // 2
+            frames[f - 1][((yy - cy) ** 2 + (xx - cx) ** 2) < rad**2] = 230
+        box = [cx - r, cy - r, cx + r, cy + r]
+    return np.clip(frames, 0, 255).astype(np.uint8), box
+
+
+def make_rows(n_rows: int, *, n_frames: int = 8, size_px: int = 64, split: str = "train", seed: int = 0) -> list[dict]:
+    """Return `n_rows` sft rows (alternating positive/negative, cycling liver, pancreas, kidney)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    organs = ["liver", "pancreas", "kidney"]
+    for i in range(n_rows):
+        organ = organs[i % 3]
+        positive = i % 2 == 0
+        key = int(rng.integers(2, n_frames)) if positive else None
+        frames, box = make_frames(n_frames, size_px, key, rng)
+        o = Organ(organ)
+        row: dict[str, Any] = {
+            "case_id": f"BDMAP_{i + 1:08d}",
+            "organ": organ,
+            "split": split,
+            "has_lesion": positive,
+            "lesion_count": 1 if positive else 0,
+            "long_axis_mm": None,
+            "short_axis_mm": None,
+            "volume_mm3": None,
+            "location": [],
+            "attenuation": None,
+            "key_slice_frame": key,
+            "bbox_qwen": None,
+            "n_frames": n_frames,
+            "frames": [{"bytes": _png(f), "path": None} for f in frames],
+            "prompt": render_prompt(o, n_frames),
+        }
+        evidence = None
+        if positive:
+            assert box is not None
+            loc = _LOCATIONS[organ][(i // 2) % 2]
+            long_mm = float(rng.choice([12.0, 31.0, 48.0]))
+            row.update(long_axis_mm=long_mm, short_axis_mm=long_mm * 0.7, volume_mm3=long_mm**3 * 0.3, location=loc)
+            row["attenuation"] = ["hypo", "iso", "hyper"][(i // 2) % 3]
+            row["bbox_qwen"] = [int(round(v * 1000 / size_px)) for v in box]
+            evidence = render_evidence(key, row["bbox_qwen"])
+        kw = {k: row[k] for k in ("lesion_count", "long_axis_mm", "location", "attenuation")}
+        findings = render_findings(o, has_lesion=positive, short_axis_mm=row["short_axis_mm"],
+                                   volume_mm3=row["volume_mm3"], **kw)  # fmt: skip
+        row["report"] = render_report(findings, render_impression(o, has_lesion=positive, **kw), evidence)
+        rows.append(row)
+    return rows
+
+
+def write_sft_table(
+    table_dir: str | Path,
+    *,
+    n_train: int = 8,
+    n_test: int = 2,
+    n_frames: int = 8,
+    size_px: int = 64,
+    seed: int = 0,
+) -> Path:
+    """Write `<table_dir>/data/{train,test}-00000-of-00001.parquet` with Hub `List(Image())` frames; return table_dir."""
+    import datasets  # noqa: PLC0415
+
+    features = datasets.Features(
+        {
+            "case_id": datasets.Value("string"),
+            "organ": datasets.Value("string"),
+            "split": datasets.Value("string"),
+            "has_lesion": datasets.Value("bool"),
+            "lesion_count": datasets.Value("int32"),
+            "long_axis_mm": datasets.Value("float64"),
+            "short_axis_mm": datasets.Value("float64"),
+            "volume_mm3": datasets.Value("float64"),
+            "location": datasets.List(datasets.Value("string")),
+            "attenuation": datasets.Value("string"),
+            "key_slice_frame": datasets.Value("int32"),
+            "bbox_qwen": datasets.List(datasets.Value("int32")),
+            "n_frames": datasets.Value("int32"),
+            "frames": datasets.List(datasets.Image()),
+            "prompt": datasets.Value("string"),
+            "report": datasets.Value("string"),
+        }
+    )
+    out = Path(table_dir)
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    for split, n, s in (("train", n_train, seed), ("test", n_test, seed + 1)):
+        if n == 0:
+            continue
+        rows = make_rows(n, n_frames=n_frames, size_px=size_px, split=split, seed=s)
+        ds = datasets.Dataset.from_list(rows, features=features)
+        ds.to_parquet(str(out / "data" / f"{split}-00000-of-00001.parquet"))
+    logger.info("Wrote a synthetic sft table (%d train, %d test rows) to %s", n_train, n_test, out)
+    return out
