@@ -54,6 +54,7 @@ _MAX_LISTED_VALUES = 10
 # NIfTI xyzt_units spatial codes -> factor to millimetres (0 = unknown, taken as mm like ITK does).
 _SPATIAL_UNIT_TO_MM = {0: 1.0, 1: 1000.0, 2: 1.0, 3: 0.001}
 _INT16_MIN, _INT16_MAX = -32768, 32767
+_INFLATE_ERRORS: tuple[type[BaseException], ...] = (isal_zlib.error, zlib.error)  # type: ignore[assignment]  # stub types `error` as an instance
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +124,8 @@ class CaseImages:
 
     Attributes:
         case_id: `BDMAP_` + 8 digits.
-        ct_hu: int16 (X, Y, Z) HU in canonical RAS; a read-only view over the inflated file (flips/transposes only).
+        ct_hu: int16 (X, Y, Z) HU in canonical RAS, read-only; flips/transposes of the stored array only, so a view
+            over the inflated file when it stores native int16 (the released CTs), never a full-volume copy.
         spacing_mm: voxel size along (X, Y, Z) in mm.
         affine_ras: (4, 4) float64 affine of the canonical grid (canonical voxel index -> world mm).
         warnings: human-readable notes about accepted quirks, one per event, each starting with the file name.
@@ -180,7 +182,8 @@ class CaseImages:
     def mask(self, structure: str) -> np.ndarray | None:
         """Read one structure's mask and place it on the CT grid.
 
-        Not cached: every call reads the file again (memory target, see the module docs); keep the result.
+        Not cached (a 512x512x300 case must stay under ~1 GB peak RSS): every call reads the file again, so keep
+        the result while you need it.
 
         Args:
             structure: the released structure name, e.g. "liver", "kidney_lesion".
@@ -405,7 +408,7 @@ def _decode(raw: bytes, path: Path, name: str, *, role: Role, cfg: LoadConfig) -
             )
         try:
             buf = isal_zlib.decompress(raw, wbits=31, bufsize=expected)
-        except (isal_zlib.error, zlib.error) as err:
+        except _INFLATE_ERRORS as err:
             raise CaseDataError(
                 RejectReason.CORRUPT_GZIP, f"{name}: gzip stream is corrupt: {err}", path=name
             ) from err
@@ -439,6 +442,7 @@ def _inflate_prefix(raw: bytes, name: str) -> bytes:
     view = memoryview(raw)
     out = bytearray()
     pos = 0
+    chunk: bytes | memoryview
     try:
         while len(out) < _HEADER_PREFIX_BYTES and not dec.eof:
             if dec.unconsumed_tail:
@@ -448,7 +452,7 @@ def _inflate_prefix(raw: bytes, name: str) -> bytes:
             else:
                 break
             out += dec.decompress(chunk, _HEADER_PREFIX_BYTES - len(out))
-    except (isal_zlib.error, zlib.error) as err:
+    except _INFLATE_ERRORS as err:
         raise CaseDataError(RejectReason.CORRUPT_GZIP, f"{name}: gzip stream is corrupt: {err}", path=name) from err
     return bytes(out)
 

@@ -11,7 +11,8 @@ through the legacy LFS "basic" batch API served here; clients must then run with
 server does not speak Xet.
 
 What it does not do: check tokens or visibility, validate cards like the Hub, run the viewer. Unknown routes are
-recorded in `state.unknown`; `state.fail_next(...)` makes the next matching request fail with a status (to test retries).
+recorded in `state.unknown`, every request in `state.requests` and every `Authorization` header in
+`state.authorizations`; `state.fail_next(...)` makes the next matching request fail with a status (to test retries).
 
 Use from tests: `with serve_fake_hub() as hub: ... hub.url ... hub.state.commit_count("datasets", "org/name")`.
 Run by hand: `python tests/fakehub.py --port 8765`, then `HF_ENDPOINT=http://127.0.0.1:8765 HF_TOKEN=hf_fake ...`.
@@ -81,6 +82,7 @@ class HubState:
     repos: dict[tuple[str, str], Repo] = field(default_factory=dict)
     unknown: list[str] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
+    authorizations: set[str] = field(default_factory=set)
     faults: list[tuple[str, str, int]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -147,6 +149,7 @@ def make_app(state: HubState) -> FastAPI:
     @app.middleware("http")
     async def faults(request: Request, call_next: Any) -> Any:
         state.requests.append(f"{request.method} {request.url.path}")
+        state.authorizations.add(request.headers.get("authorization", ""))
         for i, (method, needle, status) in enumerate(state.faults):
             if request.method == method and needle in request.url.path:
                 del state.faults[i]

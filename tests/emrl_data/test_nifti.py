@@ -286,6 +286,96 @@ def test_read_nifti_gzip_of_non_nifti_bytes_is_not_nifti(tmp_path: Path, payload
     _assert_rejected(excinfo, RejectReason.NOT_NIFTI, "liver.nii.gz")
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # gzip magic, then fewer bytes than a gzip member header + trailer
+        b"\x1f\x8b\x08\x00abc",
+        # gzip magic, unknown compression method (not 8 = deflate)
+        b"\x1f\x8b\x07\x00" + bytes(60),
+    ],
+)
+def test_read_nifti_broken_gzip_member_header_is_corrupt(tmp_path: Path, raw: bytes) -> None:
+    path = tmp_path / "ct.nii.gz"
+    path.write_bytes(raw)
+    with pytest.raises(CaseDataError) as excinfo:
+        read_nifti(path, role="ct")
+    _assert_rejected(excinfo, RejectReason.CORRUPT_GZIP, "ct.nii.gz")
+
+
+def _break_nifti2_magic(hdr: nib.Nifti1Header) -> None:
+    hdr["magic"] = b"n+3"
+
+
+def _zero_zoom(hdr: nib.Nifti1Header) -> None:
+    hdr["pixdim"][2] = 0.0
+
+
+def _complex_datatype(hdr: nib.Nifti1Header) -> None:
+    hdr.set_data_dtype(np.complex64)
+
+
+def _rgb_datatype(hdr: nib.Nifti1Header) -> None:
+    hdr["datatype"] = 128  # RGB24
+
+
+def _nan_sform(hdr: nib.Nifti1Header) -> None:
+    hdr["srow_x"][0] = np.nan
+
+
+@pytest.mark.parametrize(
+    ("cls", "breaker"),
+    [
+        # NIfTI-2 header with a bad magic
+        (nib.Nifti2Header, _break_nifti2_magic),
+        # zero voxel size
+        (nib.Nifti1Header, _zero_zoom),
+        # complex voxels
+        (nib.Nifti1Header, _complex_datatype),
+        # RGB voxels
+        (nib.Nifti1Header, _rgb_datatype),
+        # NaN in the sform
+        (nib.Nifti1Header, _nan_sform),
+    ],
+)
+def test_read_nifti_malformed_header_is_not_nifti(tmp_path: Path, cls: type, breaker) -> None:
+    hdr = _header((2, 2, 2), np.int16, cls=cls)
+    breaker(hdr)
+    path = _save_raw(tmp_path / "ct.nii.gz", hdr, bytes(64))
+    with pytest.raises(CaseDataError) as excinfo:
+        read_nifti(path, role="ct")
+    _assert_rejected(excinfo, RejectReason.NOT_NIFTI, "ct.nii.gz")
+
+
+def test_read_nifti_vox_offset_inside_header_is_not_nifti(tmp_path: Path) -> None:
+    hdr = _header((2, 2, 2), np.int16)
+    blob = bytearray(hdr.binaryblock + bytes(4) + bytes(16))
+    blob[108:112] = np.float32(100.0).tobytes()  # vox_offset field
+    path = tmp_path / "ct.nii.gz"
+    path.write_bytes(gzip.compress(bytes(blob)))
+    with pytest.raises(CaseDataError) as excinfo:
+        read_nifti(path, role="ct")
+    _assert_rejected(excinfo, RejectReason.NOT_NIFTI, "ct.nii.gz")
+
+
+def test_read_nifti_zero_dim0_is_bad_ndim(tmp_path: Path) -> None:
+    hdr = _header((2, 2, 2), np.int16)
+    hdr["dim"][0] = 0
+    path = _save_raw(tmp_path / "ct.nii.gz", hdr, bytes(16))
+    with pytest.raises(CaseDataError) as excinfo:
+        read_nifti(path, role="ct")
+    _assert_rejected(excinfo, RejectReason.BAD_NDIM, "ct.nii.gz")
+
+
+def test_read_nifti_qfac_zero_is_read_as_one(tmp_path: Path) -> None:
+    hdr = _header(SHAPE, np.int16)
+    hdr.set_sform(None, code=0)
+    hdr.set_qform(RAS, code=1)
+    hdr["pixdim"][0] = 0.0  # written by some tools; the standard says treat as 1
+    vol = read_nifti(_save_raw(tmp_path / "ct.nii.gz", hdr, _volume().tobytes(order="F")), role="ct")
+    np.testing.assert_allclose(vol.affine, RAS, atol=1e-5)
+
+
 def _noisy_ct(tmp_path: Path) -> Path:
     """A CT whose gzip stream is long enough to cut and corrupt in the middle."""
     data = np.random.default_rng(0).integers(-1000, 1000, size=(32, 32, 16), dtype=np.int16)
