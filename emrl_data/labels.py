@@ -14,6 +14,7 @@ slow boolean-gather path on Fortran-ordered or flipped views.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,9 +33,12 @@ logger = logging.getLogger(__name__)
 
 
 class _MaskGetter(Protocol):
-    """Returns a full `(X, Y, Z)` mask by structure name, or None when the file is absent."""
+    """Returns a full `(X, Y, Z)` mask by structure name, or None when the file is absent.
 
-    def __call__(self, structure: str) -> np.ndarray | None: ...
+    With `keep=False` a mask not fetched before is not kept for later calls, so the caller can drop it.
+    """
+
+    def __call__(self, structure: str, *, keep: bool = True) -> np.ndarray | None: ...
 
 
 # A 3-D box as index slices `(x, y, z)`, half-open, step None; in the frame named where it is used.
@@ -44,14 +48,23 @@ Box3 = tuple[slice, slice, slice]
 class MaskSource(Protocol):
     """The CT and structure masks of one case, in canonical RAS voxel order `(x, y, z)` on the CT grid.
 
-    Attributes:
-        ct_hu: CT in Hounsfield units, shape `(X, Y, Z)`, int16, canonical RAS (z grows inferior -> superior);
-            may be a non-contiguous view (Fortran order, flipped axes).
-        spacing_mm: voxel size along `(x, y, z)` in mm.
+    The two attributes are declared as read-only properties so that plain attributes, frozen dataclasses and
+    properties all satisfy the protocol.
     """
 
-    ct_hu: np.ndarray
-    spacing_mm: tuple[float, float, float]
+    @property
+    def ct_hu(self) -> np.ndarray:
+        """The CT in HU.
+
+        Shape `(X, Y, Z)`, int16, canonical RAS (z grows inferior -> superior); may be a non-contiguous view
+        (Fortran order, flipped axes).
+        """
+        ...
+
+    @property
+    def spacing_mm(self) -> tuple[float, float, float]:
+        """Voxel size along `(x, y, z)` in mm."""
+        ...
 
     def mask(self, structure: str) -> np.ndarray | None:
         """Return the mask of `structure`.
@@ -164,15 +177,18 @@ def label_organ(
         raise ValueError(f"spacing_mm must be three positive numbers; got {source.spacing_mm=}.")
     voxel_mm3 = spacing[0] * spacing[1] * spacing[2]
     structures = ORGAN_STRUCTURES[organ]
+    # Each file is read once per call (a source may re-read on every `mask()`); part masks are not kept.
     cache: dict[str, np.ndarray | None] = {}
 
-    def get(structure: str) -> np.ndarray | None:
-        if structure not in cache:
-            arr = source.mask(structure)
-            if arr is not None and arr.shape != ct.shape:
-                raise ValueError(f"mask {structure!r} is not on the CT grid: {arr.shape=} != {ct.shape=}.")
+    def get(structure: str, *, keep: bool = True) -> np.ndarray | None:
+        if structure in cache:
+            return cache[structure]
+        arr = source.mask(structure)
+        if arr is not None and arr.shape != ct.shape:
+            raise ValueError(f"mask {structure!r} is not on the CT grid: {arr.shape=} != {ct.shape=}.")
+        if keep:
             cache[structure] = arr
-        return cache[structure]
+        return arr
 
     # --- organ: union of its masks, box from the union of the per-file boxes (no full-volume union copy).
     organ_masks = [m for m in (get(s) for s in structures.organ_masks) if m is not None]
@@ -197,10 +213,14 @@ def label_organ(
     # --- lesion mask: its own box on the full mask first, so voxels outside the organ box are seen.
     lesion_mask = get(structures.lesion_mask)
     lesion_box = _mask_box(lesion_mask) if lesion_mask is not None else None
-    lesion_crop = None
+    largest: _Largest | None = None
+    counts: list[int] = []
     if lesion_mask is not None and lesion_box is not None:
         lesion_crop = _as_bool(lesion_mask[lesion_box], like=lesion_mask[lesion_box])
         _check_inside_organ(lesion_crop, lesion_box, organ_masks, organ, cfg)
+        largest, counts = _components(lesion_crop, lesion_box, voxel_mm3, cfg)
+        del lesion_crop
+        # The parenchyma excludes every lesion voxel, noise components included (RadGPT: organ minus all lesions).
         parenchyma = organ_crop & ~_as_bool(lesion_mask[organ_box], like=ct_organ)
     else:
         parenchyma = organ_crop
@@ -211,13 +231,9 @@ def label_organ(
             "no organ voxel outside the lesion mask: the parenchyma is empty",
             organ=str(organ),
         )
-    # float64 statistics; population SD as numpy's default (RadGPT uses np.std).
-    parenchyma_hu = ct_organ.ravel("K")[parenchyma.ravel("K")].astype(np.float64)
-    parenchyma_mean_hu = float(parenchyma_hu.mean())
-    parenchyma_sd_hu = float(parenchyma_hu.std())
-    del parenchyma_hu, parenchyma, organ_crop, ct_organ
+    parenchyma_mean_hu, parenchyma_sd_hu = _hu_stats(ct_organ.ravel("K")[parenchyma.ravel("K")])
+    del parenchyma, organ_crop, ct_organ
 
-    largest, counts = (None, []) if lesion_crop is None else _components(lesion_crop, lesion_box, voxel_mm3, cfg)
     organ_box_t = _box_xyzxyz(organ_box)
     if largest is None:
         logger.debug("%s: negative row (lesion file present: %s)", organ, lesion_mask is not None)
@@ -248,7 +264,7 @@ def label_organ(
 
     ct_lesion = _copy_like(ct[largest.box_vox], ct[largest.box_vox])
     comp_k = _as_bool(largest.comp, like=ct_lesion)
-    lesion_mean_hu = float(ct_lesion.ravel("K")[comp_k.ravel("K")].sum(dtype=np.float64) / largest.voxel_count)
+    lesion_mean_hu, _ = _hu_stats(ct_lesion.ravel("K")[comp_k.ravel("K")])
     attenuation = _attenuation(lesion_mean_hu, parenchyma_mean_hu, parenchyma_sd_hu, cfg.iso_sd_fraction)
 
     location = _location(organ, largest, get, cfg.location_min_fraction)
@@ -291,10 +307,10 @@ def _mask_box(mask: np.ndarray) -> Box3 | None:
         `(x, y, z)` slices in the volume frame, half-open, or None.
     """
     flipped = [axis for axis in range(3) if mask.strides[axis] < 0]
-    view = mask[tuple(slice(None, None, -1) if axis in flipped else slice(None) for axis in range(3))]
+    view: np.ndarray = mask[tuple(slice(None, None, -1) if axis in flipped else slice(None) for axis in range(3))]
     outer = int(np.argmax(np.abs(view.strides)))
     inner = [axis for axis in range(3) if axis != outer]
-    proj = view.any(axis=outer)  # (inner[0], inner[1])
+    proj = np.logical_or.reduce(view, axis=outer)  # any() over the outer axis: (inner[0], inner[1])
     first = np.flatnonzero(proj.any(axis=1))
     if first.size == 0:
         return None
@@ -429,7 +445,9 @@ def _components(
         The largest surviving component (None when none survives) and the voxel counts of all survivors.
         Ties in size go to the component whose first voxel in C order of `(x, y, z)` comes first.
     """
-    labels, n = cc3d.connected_components(lesion, connectivity=26, return_N=True)
+    # cc3d 4.1.1 mislabels some bool inputs with a side of length 1 ("maximum length exception"); its uint8
+    # path agrees with scipy's 26-connected labelling on 10,000 random volumes, so label a zero-copy uint8 view.
+    labels, n = cc3d.connected_components(lesion.view(np.uint8), connectivity=26, return_N=True)
     if n == 0:
         return None, []
     stats = cc3d.statistics(labels)
@@ -488,7 +506,7 @@ def _axial_diameters(comp: NDArray[np.bool_], sx: float, sy: float) -> tuple[flo
         chords of one slice, the first pair in hull order is used.
     """
     n_x = comp.shape[0]
-    rows = comp.any(axis=0)  # (y, z)
+    rows = np.logical_or.reduce(comp, axis=0)  # (y, z): rows holding a voxel
     x_first = comp.argmax(axis=0)
     x_stop = n_x - comp[::-1].argmax(axis=0)  # one past the last voxel of each row
     scale = np.array([sx, sy])
@@ -517,6 +535,27 @@ def _axial_diameters(comp: NDArray[np.bool_], sx: float, sy: float) -> tuple[flo
     return long_axis, float(proj.max() - proj.min()), z
 
 
+def _hu_stats(values: np.ndarray) -> tuple[float, float]:
+    """Return the mean and population SD (ddof=0, as RadGPT's `np.std`) of gathered HU values.
+
+    Integer HU (the int16 CT) are summed exactly in int64 and combined with Python integers, so the result is
+    correctly rounded and independent of the gather order (memory layout); float HU fall back to float64.
+
+    Args:
+        values: 1-D, HU, int16 (or any integer or float dtype), at least one value.
+
+    Returns:
+        `(mean_hu, sd_hu)`.
+    """
+    n = int(values.size)
+    if np.issubdtype(values.dtype, np.integer):
+        s1 = int(values.sum(dtype=np.int64))
+        s2 = int(np.einsum("i,i->", values, values, dtype=np.int64))  # int16^2 * n fits int64 for n < 8e9
+        return s1 / n, math.sqrt((n * s2 - s1 * s1) / (n * n))
+    as_float = values.astype(np.float64)
+    return float(as_float.mean()), float(as_float.std())
+
+
 def _attenuation(lesion_mean_hu: float, parenchyma_mean_hu: float, parenchyma_sd_hu: float, sd_fraction: float) -> str:
     """Classify a lesion by RadGPT's rule: iso inside the open band mean +- SD x fraction, else hypo or hyper.
 
@@ -539,7 +578,8 @@ def _attenuation(lesion_mean_hu: float, parenchyma_mean_hu: float, parenchyma_sd
 def _location(organ: Organ, largest: _Largest, get: _MaskGetter, min_fraction: float) -> tuple[str, ...]:
     """Return the sub-structures holding more than `min_fraction` of the largest lesion's labelled voxels.
 
-    Each part file present is cropped to the lesion's box right away. The denominator is the lesion voxels inside
+    Each part file present is cropped to the lesion's box right away and the full mask dropped (one full part
+    mask in memory at a time; kidney sides reuse the organ masks already read). The denominator is the lesion voxels inside
     ANY part (RadGPT: voxels outside all parts do not count); a voxel in two overlapping parts counts for both.
     Kidney keeps only the majority side (ties -> "left", the first name in `LOCATION_NAMES`).
 
@@ -556,11 +596,12 @@ def _location(organ: Organ, largest: _Largest, get: _MaskGetter, min_fraction: f
     labelled = np.zeros_like(comp)
     counts: dict[str, int] = {}
     for structure, name in ORGAN_STRUCTURES[organ].parts:
-        part = get(structure)
+        part = get(structure, keep=False)
         if part is None:
             continue
         crop = part[largest.box_vox]
         inside = comp & (crop if crop.dtype == np.bool_ else crop != 0)
+        del part, crop
         counts[name] = int(np.count_nonzero(inside))
         labelled |= inside
     total = int(np.count_nonzero(labelled))

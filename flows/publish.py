@@ -171,18 +171,23 @@ def read_table(table_dir: Path) -> Table:
             files[CARD] = digest_file(table_dir / CARD)
         else:
             problems.append(f"{CARD}: missing (the dataset card)")
-    rows: dict[str, int] = {}
-    for rel in sorted(r for r in files if r.startswith("data/")):
-        match = SHARD_NAME.fullmatch(rel)
-        if match is None:
-            problems.append(f"{rel}: not named data/{{split}}-{{i:05d}}-of-{{n:05d}}.parquet")
-            continue
-        split = match["split"]
-        rows[split] = rows.get(split, 0) + pq.ParquetFile(table_dir / rel).metadata.num_rows
-    if not rows and not problems:
+    shards = sorted(r for r in files if r.startswith("data/"))
+    problems += [
+        f"{rel}: not named data/{{split}}-{{i:05d}}-of-{{n:05d}}.parquet"
+        for rel in shards
+        if not SHARD_NAME.fullmatch(rel)
+    ]
+    if not shards:
         problems.append("no data/*.parquet shard")
     if problems:
         raise PublishError(f"{table_dir} does not match its manifest: " + "; ".join(problems))
+    rows: dict[str, int] = {}
+    for rel in shards:
+        split = Path(rel).name.rsplit("-", 3)[0]  # a valid name: {split}-{i}-of-{n}.parquet
+        try:
+            rows[split] = rows.get(split, 0) + pq.ParquetFile(table_dir / rel).metadata.num_rows
+        except (OSError, ValueError) as err:  # pyarrow raises ArrowInvalid (a ValueError) on a corrupt footer
+            raise PublishError(f"{table_dir / rel} is not a readable Parquet file: {err}") from err
     files[MANIFEST] = digest_file(manifest_path)
     return Table(root=table_dir, files=files, rows=rows, manifest=manifest)
 

@@ -103,9 +103,6 @@ def run_check(
     timer = _StepTimer()
     trainer.add_callback(timer)
     trainer.train()
-    tokens = int(trainer.state.num_input_tokens_seen or 0) or int(
-        processor(text=["x"], videos=None)["input_ids"].shape[1]
-    )
     sample = trainer.data_collator([dataset[0]])
     seq = int(sample["input_ids"].shape[1])
     results["sft"] = {
@@ -130,7 +127,7 @@ def run_check(
         rewards = list(REWARD_NAMES)
     except ImportError:  # scoring not landed yet: still time the rollout + verifier-free loss
         rewards = None
-        results["note"] = "emrl_data.scoring missing: GRPO ran with a constant-free length reward, no verifier"
+        results["note"] = "emrl_data.scoring missing: GRPO ran with a completion-length reward, no verifier"
     args = make_grpo_config(
         processor,
         rewards or ["r_e"],
@@ -144,6 +141,8 @@ def run_check(
         **common,
     )
     funcs = None if rewards else [lambda completions, **kw: [float(len(c[0]["content"]) % 5) for c in completions]]
+    if funcs is not None:
+        args.reward_weights = None
     trainer2: VideoGRPOTrainer = build_grpo_trainer(
         str(model_dir),
         dataset,

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
 import SimpleITK as sitk
 from hypothesis import given, settings
-from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from scipy import ndimage
 
@@ -181,6 +181,7 @@ def test_label_organ_long_axis_of_disc_matches_analytic_and_simpleitk(radius_vox
     lesion[:, :, 3] = lesion[:, :, 4] = disc(radius_vox, (18.0, 17.5), shape[:2])
     labels = label_organ(make_source({"liver": organ, "liver_lesion": lesion}), Organ.LIVER, cfg=NO_NOISE)
     diagonal_mm = math.hypot(SPACING[0], SPACING[1])
+    assert labels.long_axis_mm is not None
     # The outer (corner) Feret of a sampled disc lies within one voxel diagonal of the analytic diameter ...
     assert abs(labels.long_axis_mm - 2 * radius_vox * SPACING[0]) <= diagonal_mm
     # ... and an independent implementation (pixel-centre Feret) is at most one voxel diagonal shorter.
@@ -205,6 +206,7 @@ def test_label_organ_long_axis_of_blob_brackets_simpleitk(spacing: tuple[float, 
         make_source({"liver": organ, "liver_lesion": lesion}, spacing=spacing), Organ.LIVER, cfg=NO_NOISE
     )
     ref = sitk_feret_mm(blob, spacing[0], spacing[1])
+    assert labels.long_axis_mm is not None
     assert ref <= labels.long_axis_mm <= ref + math.hypot(spacing[0], spacing[1]) + 1e-9
 
 
@@ -294,6 +296,32 @@ def test_label_organ_kidney_keeps_majority_side(left_columns: int, right_columns
     assert labels.location == location
     assert labels.organ_volume_mm3 == 2 * 960 * VOXEL_MM3
     assert labels.organ_box_xyzxyz_vox == (2, 4, 2, 22, 16, 10)
+
+
+@pytest.mark.parametrize(
+    ("organ", "masks", "requested"),
+    [
+        (  # liver: the organ, the lesion, then every segment file once
+            Organ.LIVER,
+            {"liver": box_mask(*LIVER_BOX), "liver_lesion": box_mask(slice(4, 8), slice(4, 8), slice(2, 4))},
+            ["liver", "liver_lesion"] + [f"liver_segment_{i}" for i in range(1, 9)],
+        ),
+        (  # kidney: the sides are the organ masks and the parts: read once, reused for the location
+            Organ.KIDNEY,
+            {
+                "kidney_left": box_mask(slice(2, 12), slice(4, 16), slice(2, 10)),
+                "kidney_right": box_mask(slice(12, 22), slice(4, 16), slice(2, 10)),
+                "kidney_lesion": box_mask(slice(4, 8), slice(8, 11), slice(5, 7)),
+            },
+            ["kidney_left", "kidney_right", "kidney_lesion"],
+        ),
+    ],
+)
+def test_label_organ_reads_each_file_once(organ: Organ, masks: dict[str, np.ndarray], requested: list[str]) -> None:
+    source = make_source(masks)
+    labels = label_organ(source, organ)
+    assert labels.has_lesion
+    assert source.requested == requested
 
 
 def test_label_organ_kidney_with_one_side_file_only() -> None:
@@ -460,7 +488,7 @@ def test_label_organ_lesion_covering_whole_organ_raises_empty_parenchyma() -> No
     [
         (6, False, "0.500"),  # lesion x 0..9; dilated organ from x = 5: 5 of 10 voxels inside, at the minimum
         (7, True, "0.400"),  # dilated organ from x = 6: 4 of 10 inside
-        (10, True, "0.000"),  # organ starts one voxel past the lesion: touching counts (dilation)
+        (10, True, "0.100"),  # organ starts right after the lesion: the touching voxel counts (dilation)
         (11, True, "0.000"),  # a gap of one voxel
     ],
 )
@@ -523,14 +551,29 @@ def as_flipped_fortran(a: np.ndarray) -> np.ndarray:
     return np.asfortranarray(a[::-1, :, ::-1])[::-1, :, ::-1]
 
 
-@pytest.mark.parametrize("layout", [as_fortran, as_flipped_fortran])
-def test_label_organ_same_result_for_any_memory_layout(layout) -> None:
+def as_read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only copy, as `np.frombuffer` over decompressed bytes returns."""
+    out = a.copy()
+    out.flags.writeable = False
+    return out
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        as_fortran,  # nibabel's storage order
+        as_flipped_fortran,  # a reoriented nibabel view: negative strides on x and z
+        as_read_only,  # a zero-copy loader's read-only buffers
+    ],
+)
+def test_label_organ_same_result_for_any_memory_layout(layout: Callable[[np.ndarray], np.ndarray]) -> None:
     source = multi_lesion_source()
     expected = label_organ(source, Organ.LIVER, cfg=NO_NOISE)
     other = replace(source, ct_hu=layout(source.ct_hu), masks={k: layout(v) for k, v in source.masks.items()})
     assert label_organ(other, Organ.LIVER, cfg=NO_NOISE) == expected
     assert expected.lesion_count == 2
-    assert expected.location == ("1", "2")
+    assert expected.lesion_box_xyzxyz_vox == (4, 4, 2, 9, 9, 6)
+    assert expected.location == ("1", "2", "3")  # 16, 50 and 17 of 83 voxels in segments 1, 2, 3
 
 
 # ---------------------------------------------------------------------------------------------------- properties
@@ -554,6 +597,7 @@ def test_label_organ_bbox_tight_on_key_slice_of_largest_component(lesion: np.nda
     comp = ref == int(np.argmax(sizes)) + 1
     areas = comp.sum(axis=(0, 1))
     assert labels.key_slice_z_vox == int(np.flatnonzero(areas == areas.max())[0])  # maximal area, lowest z
+    assert labels.bbox_xyxy_vox is not None and labels.key_slice_z_vox is not None
     x0, y0, x1, y1 = labels.bbox_xyxy_vox
     key = comp[:, :, labels.key_slice_z_vox]
     inside = np.zeros_like(key)
@@ -562,3 +606,10 @@ def test_label_organ_bbox_tight_on_key_slice_of_largest_component(lesion: np.nda
     assert key[x0, :].any() and key[x1 - 1, :].any() and key[:, y0].any() and key[:, y1 - 1].any()  # tight
     xs, ys, zs = np.nonzero(comp)
     assert labels.lesion_box_xyzxyz_vox == (xs.min(), ys.min(), zs.min(), xs.max() + 1, ys.max() + 1, zs.max() + 1)
+
+
+def test_label_organ_accepts_int8_masks() -> None:
+    source = multi_lesion_source()
+    expected = label_organ(source, Organ.LIVER, cfg=NO_NOISE)
+    other = replace(source, masks={k: v.astype(np.int8) for k, v in source.masks.items()})  # the atlas's dtype
+    assert label_organ(other, Organ.LIVER, cfg=NO_NOISE) == expected

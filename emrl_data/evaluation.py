@@ -1,0 +1,438 @@
+"""The paper's evaluation tables from scored predictions, with bootstrap 95 % intervals (SPEC §1.6, §7).
+
+Table 1 (detection), per organ: Sen (all positives), Sen <= 2 cm and Sen > 2 cm (by the true long axis in cm as
+reported, `round(long_axis_mm / 10, 1)`), Spec, B-Acc = (Sen + Spec) / 2; and the average B-Acc over organs.
+Table 2 (attributes), per organ and averaged over organs: size, location, enhancement and K-Hit accuracy over
+**all true positives**: a missed lesion (or a parse failure) counts as wrong on every attribute, the paper's
+convention. The "overall" Table-2 figure is the mean of the four averaged columns (the paper's 67.53 %).
+
+Conventions:
+
+* Values are fractions in JSON and percentages (2 decimals) in markdown.
+* A cell with no rows of its kind (no negatives, no lesion <= 2 cm, ...) is NaN: "n/a" in markdown, null in JSON,
+  never 0. Averages run over the organs whose value is defined.
+* Intervals: percentile bootstrap (2.5 %, 97.5 %) over `n_bootstrap` replicates that resample rows **within each
+  organ** (counts drawn as multinomial weights, seeded with `numpy.random.default_rng(seed)`, organs in `Organ`
+  order), so the result is deterministic for a seed. Averages are bootstrapped from the same replicates. Replicates
+  where a cell is undefined are left out of that cell's interval.
+
+Input rows (predictions): `organ`, `has_lesion` (truth), `long_axis_mm` (truth; None on negatives) and the
+`ReportScore` fields `existence`, `size`, `location`, `enhancement`, `k_hit`, `pred_has_lesion` (see
+`emrl_data.scoring`). `existence` decides detection; when it is missing, `pred_has_lesion == has_lesion` does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from emrl_data.types import Organ
+
+
+__all__ = ["EvaluationResult", "Metric", "TABLE1_METRICS", "TABLE2_METRICS", "evaluate", "write_evaluation"]
+
+logger = logging.getLogger(__name__)
+
+TABLE1_METRICS = ("sen", "sen_le2", "sen_gt2", "spec", "bacc")
+TABLE2_METRICS = ("size", "location", "enhancement", "k_hit")
+TABLE1_LABELS = {"sen": "Sen", "sen_le2": "Sen ≤2 cm", "sen_gt2": "Sen >2 cm", "spec": "Spec", "bacc": "B-Acc"}
+TABLE2_LABELS = {"size": "Size", "location": "Location", "enhancement": "Enhancement", "k_hit": "K-Hit"}
+AVERAGE = "average"
+SMALL_LESION_MAX_CM = 2.0
+_RATIO_METRICS = ("sen", "sen_le2", "sen_gt2", "spec", *TABLE2_METRICS)  # each a sum(num) / sum(den)
+_COUNT_KEYS = ("rows", "positives", "negatives", "positives_le2", "positives_gt2")
+_MAX_WEIGHTS = 4_000_000  # bootstrap weight-matrix entries per chunk (int64: 32 MB)
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """One cell: a fraction with its bootstrap interval.
+
+    Attributes:
+        value: the point estimate in [0, 1]; NaN when the cell has no rows.
+        ci_low: lower bound of the 95 % percentile interval (NaN when undefined).
+        ci_high: upper bound.
+        n: rows the value is computed over (its denominator; for B-Acc positives + negatives).
+    """
+
+    value: float
+    ci_low: float
+    ci_high: float
+    n: int
+
+    def to_json(self) -> dict[str, float | int | None]:
+        """Return the cell as JSON-safe values (NaN -> None)."""
+        return {"value": _json_float(self.value), "ci_low": _json_float(self.ci_low),
+                "ci_high": _json_float(self.ci_high), "n": self.n}  # fmt: skip
+
+    def to_markdown(self) -> str:
+        """Return "87.93 [85.10, 90.20]" (percent), or "n/a"."""
+        if math.isnan(self.value):
+            return "n/a"
+        if math.isnan(self.ci_low):
+            return f"{100 * self.value:.2f}"
+        return f"{100 * self.value:.2f} [{100 * self.ci_low:.2f}, {100 * self.ci_high:.2f}]"
+
+
+@dataclass(frozen=True, slots=True)
+class EvaluationResult:
+    """Table 1 and Table 2 of one predictions set.
+
+    Attributes:
+        organs: organs present, in `Organ` order.
+        table1: organ -> metric (`TABLE1_METRICS`) -> cell.
+        average_bacc: B-Acc averaged over organs.
+        table2: organ, and "average", -> metric (`TABLE2_METRICS`) -> cell.
+        table2_overall: the mean of Table 2's averaged columns.
+        counts: organ, and "all", -> {"rows", "positives", "negatives", "positives_le2", "positives_gt2"}.
+        n_bootstrap: bootstrap replicates.
+        seed: bootstrap seed.
+    """
+
+    organs: tuple[str, ...]
+    table1: dict[str, dict[str, Metric]]
+    average_bacc: Metric
+    table2: dict[str, dict[str, Metric]]
+    table2_overall: Metric
+    counts: dict[str, dict[str, int]]
+    n_bootstrap: int
+    seed: int
+
+    def to_markdown(self) -> str:
+        """Return both tables as markdown (percent, 95 % interval in brackets)."""
+        lines = [
+            "## Table 1: lesion detection",
+            "",
+            "| organ | positives / negatives | " + " | ".join(TABLE1_LABELS[m] for m in TABLE1_METRICS) + " |",
+            "| --- | --- |" + " --- |" * len(TABLE1_METRICS),
+        ]
+        for organ in self.organs:
+            c = self.counts[organ]
+            cells = " | ".join(self.table1[organ][m].to_markdown() for m in TABLE1_METRICS)
+            lines.append(f"| {organ} | {c['positives']} / {c['negatives']} | {cells} |")
+        blanks = " | ".join("" for _ in TABLE1_METRICS[:-1])
+        lines.append(f"| **average** | | {blanks} | {self.average_bacc.to_markdown()} |")
+        lines += [
+            "",
+            "## Table 2: attribute accuracy over true positives (a missed lesion counts as wrong)",
+            "",
+            "| organ | positives | " + " | ".join(TABLE2_LABELS[m] for m in TABLE2_METRICS) + " |",
+            "| --- | --- |" + " --- |" * len(TABLE2_METRICS),
+        ]
+        for organ in (*self.organs, AVERAGE):
+            n_pos = str(self.counts[organ]["positives"]) if organ != AVERAGE else ""
+            name = "**average**" if organ == AVERAGE else organ
+            cells = " | ".join(self.table2[organ][m].to_markdown() for m in TABLE2_METRICS)
+            lines.append(f"| {name} | {n_pos} | {cells} |")
+        lines += [
+            "",
+            f"Table 2 overall average: {self.table2_overall.to_markdown()}",
+            "",
+            f"Percent; 95 % percentile bootstrap intervals ({self.n_bootstrap} replicates, rows resampled within "
+            f"organ, seed {self.seed}). n/a: no rows of that kind.",
+            "",
+        ]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        """Return both tables as a JSON-safe dict (fractions; NaN -> None)."""
+        return {
+            "n_bootstrap": self.n_bootstrap,
+            "seed": self.seed,
+            "confidence": 0.95,
+            "organs": list(self.organs),
+            "counts": self.counts,
+            "table1": {o: {m: c.to_json() for m, c in cells.items()} for o, cells in self.table1.items()},
+            "average_bacc": self.average_bacc.to_json(),
+            "table2": {o: {m: c.to_json() for m, c in cells.items()} for o, cells in self.table2.items()},
+            "table2_overall": self.table2_overall.to_json(),
+        }
+
+
+def _json_float(value: float) -> float | None:
+    """Return None for NaN, else the float."""
+    return None if math.isnan(value) else float(value)
+
+
+def _optional_float(value: Any) -> float | None:
+    """Return a float, or None for None/NaN."""
+    if value is None:
+        return None
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+@dataclass(slots=True)
+class _OrganArrays:
+    """Numerators and denominators of the ratio metrics of one organ, one row per prediction.
+
+    `num` and `den` are `(n_rows, len(_RATIO_METRICS))` float64 arrays of 0/1: row i counts towards metric j's
+    denominator when `den[i, j]` is 1, and towards its numerator when `num[i, j]` is 1.
+    """
+
+    num: np.ndarray
+    den: np.ndarray
+    counts: dict[str, int]
+
+
+def _organ_arrays(rows: Sequence[Mapping[str, Any]]) -> _OrganArrays:
+    """Build the 0/1 numerator/denominator arrays of one organ's rows."""
+    n = len(rows)
+    num = np.zeros((n, len(_RATIO_METRICS)), dtype=np.float64)
+    den = np.zeros_like(num)
+    col = {name: j for j, name in enumerate(_RATIO_METRICS)}
+    for i, row in enumerate(rows):
+        positive = bool(row["has_lesion"])
+        existence = _optional_float(row.get("existence"))
+        if existence is None:
+            pred = row.get("pred_has_lesion")
+            existence = 0.0 if pred is None else float(bool(pred) == positive)
+        correct = existence >= 1.0
+        if not positive:
+            den[i, col["spec"]] = 1.0
+            num[i, col["spec"]] = correct
+            continue
+        den[i, col["sen"]] = 1.0
+        num[i, col["sen"]] = correct
+        long_mm = _optional_float(row.get("long_axis_mm"))
+        if long_mm is not None:
+            size_bin = "sen_le2" if round(long_mm / 10.0, 1) <= SMALL_LESION_MAX_CM else "sen_gt2"
+            den[i, col[size_bin]] = 1.0
+            num[i, col[size_bin]] = correct
+        for name in TABLE2_METRICS:
+            value = _optional_float(row.get(name))  # a missed lesion already scores 0 (`score_report`)
+            if value is not None:
+                den[i, col[name]] = 1.0
+                num[i, col[name]] = value >= 1.0
+    counts = {
+        "rows": n,
+        "positives": int(den[:, col["sen"]].sum()),
+        "negatives": int(den[:, col["spec"]].sum()),
+        "positives_le2": int(den[:, col["sen_le2"]].sum()),
+        "positives_gt2": int(den[:, col["sen_gt2"]].sum()),
+    }
+    return _OrganArrays(num, den, counts)
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """Return num / den elementwise, NaN where den is 0."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def _with_bacc(ratios: np.ndarray) -> np.ndarray:
+    """Append B-Acc = (Sen + Spec) / 2 as a last column to `(..., len(_RATIO_METRICS))` ratios."""
+    bacc = (ratios[..., _RATIO_METRICS.index("sen")] + ratios[..., _RATIO_METRICS.index("spec")]) / 2.0
+    return np.concatenate([ratios, bacc[..., None]], axis=-1)
+
+
+def _bootstrap_ratios(arrays: _OrganArrays, n_bootstrap: int, rng: np.random.Generator) -> np.ndarray:
+    """Return `(n_bootstrap, len(_RATIO_METRICS) + 1)` replicate values (ratios, then B-Acc) of one organ."""
+    n = arrays.num.shape[0]
+    out = np.empty((n_bootstrap, len(_RATIO_METRICS)), dtype=np.float64)
+    chunk = max(1, _MAX_WEIGHTS // max(n, 1))
+    probabilities = np.full(n, 1.0 / n)
+    for start in range(0, n_bootstrap, chunk):
+        size = min(chunk, n_bootstrap - start)
+        weights = rng.multinomial(n, probabilities, size=size).astype(np.float64)  # (size, n) resample counts
+        out[start : start + size] = _ratio(weights @ arrays.num, weights @ arrays.den)
+    return _with_bacc(out)
+
+
+def _interval(replicates: np.ndarray) -> tuple[float, float]:
+    """Return the 2.5 / 97.5 percentiles of the finite replicates, NaN when there are none."""
+    finite = replicates[np.isfinite(replicates)]
+    if finite.size == 0:
+        return math.nan, math.nan
+    low, high = np.percentile(finite, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def _mean_over_organs(values: np.ndarray, defined: np.ndarray) -> np.ndarray:
+    """Return the NaN-aware mean over axis 0 (organs) of `values`, over the organs where `defined` is True."""
+    if not defined.any():
+        return np.full(values.shape[1:], np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=RuntimeWarning)  # all-NaN slice -> NaN cell
+        return np.nanmean(values[defined], axis=0)
+
+
+def evaluate(rows: Sequence[Mapping[str, Any]], *, n_bootstrap: int = 1000, seed: int = 0) -> EvaluationResult:
+    """Compute Table 1 and Table 2 with bootstrap 95 % intervals.
+
+    Args:
+        rows: scored predictions (see the module docstring for the keys).
+        n_bootstrap: replicates per interval; 0 gives point estimates with NaN intervals.
+        seed: seed of the bootstrap generator.
+
+    Returns:
+        The tables.
+
+    Raises:
+        ValueError: on an unknown organ or a negative `n_bootstrap`.
+
+    >>> rows = [{"organ": "liver", "has_lesion": True, "long_axis_mm": 15.0, "existence": 1.0, "size": 1.0,
+    ...          "location": 0.0, "enhancement": 1.0, "k_hit": 1.0},
+    ...         {"organ": "liver", "has_lesion": False, "long_axis_mm": None, "existence": 0.0}]
+    >>> r = evaluate(rows, n_bootstrap=0)
+    >>> r.table1["liver"]["sen"].value, r.table1["liver"]["spec"].value, r.table1["liver"]["bacc"].value
+    (1.0, 0.0, 0.5)
+    """
+    if n_bootstrap < 0:
+        raise ValueError(f"n_bootstrap={n_bootstrap} must be >= 0.")
+    by_organ: dict[Organ, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        by_organ.setdefault(Organ(row["organ"]), []).append(row)
+    organs = tuple(o for o in Organ if o in by_organ)
+    rng = np.random.default_rng(seed)
+
+    n_metrics = len(_RATIO_METRICS) + 1  # + B-Acc
+    points = np.full((len(organs), n_metrics), np.nan)
+    replicates = np.full((len(organs), n_bootstrap, n_metrics), np.nan)
+    counts: dict[str, dict[str, int]] = {}
+    denominators: dict[str, np.ndarray] = {}
+    for k, organ in enumerate(organs):
+        arrays = _organ_arrays(by_organ[organ])
+        counts[str(organ)] = arrays.counts
+        denominators[str(organ)] = arrays.den.sum(axis=0)
+        points[k] = _with_bacc(_ratio(arrays.num.sum(axis=0), arrays.den.sum(axis=0)))
+        if n_bootstrap:
+            replicates[k] = _bootstrap_ratios(arrays, n_bootstrap, rng)
+
+    names = (*_RATIO_METRICS, "bacc")
+    index = {name: j for j, name in enumerate(names)}
+
+    def cell(point: float, reps: np.ndarray, n: int) -> Metric:
+        low, high = _interval(reps) if n_bootstrap and not math.isnan(point) else (math.nan, math.nan)
+        return Metric(float(point), low, high, n)
+
+    table1: dict[str, dict[str, Metric]] = {}
+    table2: dict[str, dict[str, Metric]] = {}
+    for k, organ in enumerate(organs):
+        den = denominators[str(organ)]
+        n_of = {name: int(den[index[name]]) for name in _RATIO_METRICS}
+        n_of["bacc"] = n_of["sen"] + n_of["spec"]
+        table1[str(organ)] = {
+            m: cell(points[k, index[m]], replicates[k, :, index[m]], n_of[m]) for m in TABLE1_METRICS
+        }
+        table2[str(organ)] = {
+            m: cell(points[k, index[m]], replicates[k, :, index[m]], n_of[m]) for m in TABLE2_METRICS
+        }
+
+    def averaged(metric: str) -> Metric:
+        j = index[metric]
+        defined = ~np.isnan(points[:, j]) if organs else np.zeros(0, dtype=bool)
+        point = float(_mean_over_organs(points[:, j], defined)) if defined.any() else math.nan
+        reps = _mean_over_organs(replicates[:, :, j], defined) if defined.any() else np.full(n_bootstrap, np.nan)
+        n = sum(table1[str(o)]["bacc"].n if metric == "bacc" else table2[str(o)][metric].n for o in organs)
+        return cell(point, reps, n)
+
+    average_bacc = averaged("bacc")
+    table2[AVERAGE] = {m: averaged(m) for m in TABLE2_METRICS}
+    average_values = np.array([table2[AVERAGE][m].value for m in TABLE2_METRICS])
+    if organs and not np.isnan(average_values).all():
+        columns = [index[m] for m in TABLE2_METRICS]
+        organ_defined = ~np.isnan(points[:, columns])  # (organs, 4)
+        per_column = np.stack(
+            [_mean_over_organs(replicates[:, :, j], organ_defined[:, c]) for c, j in enumerate(columns)]
+        )  # (4, n_bootstrap)
+        overall_reps = _mean_over_organs(per_column, ~np.isnan(average_values))
+        overall = cell(
+            float(np.nanmean(average_values)), overall_reps, sum(counts[str(o)]["positives"] for o in organs)
+        )
+    else:
+        overall = Metric(math.nan, math.nan, math.nan, 0)
+    counts["all"] = {key: sum(counts[str(o)][key] for o in organs) for key in _COUNT_KEYS}
+    logger.info(
+        "Evaluated %d rows over %s (%d bootstrap replicates).", len(rows), [str(o) for o in organs], n_bootstrap
+    )
+    return EvaluationResult(
+        organs=tuple(str(o) for o in organs),
+        table1=table1,
+        average_bacc=average_bacc,
+        table2=table2,
+        table2_overall=overall,
+        counts=counts,
+        n_bootstrap=n_bootstrap,
+        seed=seed,
+    )
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file in the same folder and a rename."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _plot(result: EvaluationResult) -> bytes:
+    """Return a PNG with Table 1 and Table 2 as grouped bars per organ, with 95 % interval whiskers."""
+    import io
+
+    from matplotlib.figure import Figure  # no pyplot: no global backend state; Figure renders with Agg
+
+    figure = Figure(figsize=(12, 4.8), dpi=100, layout="constrained")
+    axes = figure.subplots(1, 2)
+    panels = (
+        ("Table 1: detection", result.organs, result.table1, TABLE1_METRICS, TABLE1_LABELS),
+        ("Table 2: attributes over true positives", (*result.organs, AVERAGE), result.table2, TABLE2_METRICS,
+         TABLE2_LABELS),
+    )  # fmt: skip
+    for ax, (title, groups, table, metrics, labels) in zip(axes, panels, strict=True):
+        width = 0.8 / len(metrics)
+        x = np.arange(len(groups))
+        for j, metric in enumerate(metrics):
+            cells = [table[g][metric] for g in groups]
+            values = np.array([100 * c.value for c in cells])
+            low = np.array([100 * (c.value - c.ci_low) if not math.isnan(c.ci_low) else 0.0 for c in cells])
+            high = np.array([100 * (c.ci_high - c.value) if not math.isnan(c.ci_high) else 0.0 for c in cells])
+            shown = ~np.isnan(values)
+            ax.bar(
+                x[shown] + (j - (len(metrics) - 1) / 2) * width,
+                values[shown],
+                width,
+                yerr=np.vstack([low[shown], high[shown]]),
+                capsize=2,
+                label=labels[metric],
+            )
+        ax.set_xticks(x, [str(g) for g in groups])
+        ax.set_ylim(0, 105)
+        ax.set_ylabel("%")
+        ax.set_title(title)
+        ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.08), ncols=len(metrics), frameon=False)
+    if not math.isnan(result.average_bacc.value):
+        axes[0].set_title(f"Table 1: detection (average B-Acc {100 * result.average_bacc.value:.2f} %)")
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def write_evaluation(result: EvaluationResult, out_dir: str | Path) -> dict[str, Path]:
+    """Write `metrics.md`, `metrics.json` and `metrics.png` into `out_dir` (created if missing), atomically.
+
+    Returns:
+        {"markdown": path, "json": path, "plot": path}.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": out / "metrics.md", "json": out / "metrics.json", "plot": out / "metrics.png"}
+    _write_atomic(paths["markdown"], result.to_markdown().encode())
+    _write_atomic(paths["json"], (json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n").encode())
+    _write_atomic(paths["plot"], _plot(result))
+    logger.info("Wrote %s", ", ".join(str(p) for p in paths.values()))
+    return paths

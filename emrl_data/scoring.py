@@ -1,0 +1,464 @@
+"""Scores of a report against the truth of its organ row: one module for mining, GRPO rewards and evaluation (SPEC §7).
+
+Rules (defaults; every threshold is a `ScoringConfig` value):
+
+| score | rule |
+| --- | --- |
+| existence | predicted `has_lesion` == truth |
+| size | \\|pred - true long axis\\| <= max(0.5 cm, 20 % of true) |
+| location | predicted set == true set |
+| enhancement | predicted attenuation category == true |
+| K-Hit | \\|k - k_true\\| <= 1 frame |
+| r_e | existence (0/1) |
+| r_f | sum of w_att * S_att(report) over size, location, enhancement; on a true negative: 1 if the report claims no lesion |
+| r_c | sum of w_att * S_att(verifier text) - lambda * (1 - IoU(window(k), window(k_true))); None on a true negative |
+| R | 0.3 r_e + 0.5 r_f + 0.2 r_c |
+
+Decisions:
+
+* Not applicable is None, never 0: attribute scores and K-Hit on a true negative (and on a truth without that label).
+* A parse failure scores 0 everywhere it applies (existence, attributes, K-Hit, r_e, r_f, r_c, R); its reason is kept.
+* A report claiming no lesion on a positive row scores 0 on every attribute and on K-Hit.
+* Weights over attributes that do not apply (a positive truth without an attenuation label, say) are renormalised over
+  the ones that do.
+* The r_c window: the frames `{k-1, k, k+1}` as an **integer frame set** (frames are discrete; Qwen3-VL fuses frame
+  pairs, SPEC §5), so IoU = 1 at distance 0, 2/4 at distance 1, 1/5 at distance 2, 0 from distance 3. Frames are
+  not clipped at 1 or N (N is not known here; clipping would favour edge frames). A missing key slice -> IoU 0.
+* `total_reward` with `r_c=None` (a true negative, or no verifier text) renormalises over r_e and r_f:
+  R = (0.3 r_e + 0.5 r_f) / 0.8, so R stays in the same [0, 1] range on negatives and positives (hard-set mining ranks
+  rows of both kinds by R).
+* Sizes compare in cm; the truth is `round(long_axis_mm / 10, 1)` (the reported precision). A tolerance of 1e-9 cm
+  absorbs float noise (3.6 - 3.1 = 0.5000000000000004).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from emrl_data.parser import ParsedReport, ParseFailure, parse_free_text, parse_report
+from emrl_data.types import Organ
+
+
+__all__ = [
+    "ReportScore",
+    "ScoringConfig",
+    "Truth",
+    "enhancement_score",
+    "existence_score",
+    "is_hard",
+    "k_hit",
+    "location_score",
+    "r_c",
+    "r_e",
+    "r_f",
+    "score_report",
+    "size_score",
+    "total_reward",
+    "truth_from_row",
+]
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class ScoringConfig:
+    """Thresholds and weights of the scores (SPEC §7 defaults).
+
+    Attributes:
+        size_abs_tol_cm: absolute size tolerance in cm.
+        size_rel_tol: relative size tolerance (fraction of the true long axis).
+        k_hit_window: K-Hit accepts |k - k_true| <= this many frames.
+        attribute_weights: weights of (size, location, enhancement) in r_f and r_c.
+        iou_penalty: lambda of r_c's distance penalty.
+        reward_weights: weights of (r_e, r_f, r_c) in R.
+    """
+
+    size_abs_tol_cm: float = 0.5
+    size_rel_tol: float = 0.2
+    k_hit_window: int = 1
+    attribute_weights: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
+    iou_penalty: float = 0.3
+    reward_weights: tuple[float, float, float] = (0.3, 0.5, 0.2)
+
+    def __post_init__(self) -> None:
+        if self.size_abs_tol_cm < 0 or self.size_rel_tol < 0:
+            raise ValueError(f"size tolerances must be >= 0, got {self.size_abs_tol_cm=}, {self.size_rel_tol=}.")
+        if self.k_hit_window < 0:
+            raise ValueError(f"k_hit_window={self.k_hit_window} must be >= 0.")
+        if len(self.attribute_weights) != 3 or min(self.attribute_weights) < 0 or sum(self.attribute_weights) <= 0:
+            raise ValueError(f"attribute_weights={self.attribute_weights} must be 3 weights >= 0 with a positive sum.")
+        if len(self.reward_weights) != 3 or min(self.reward_weights) < 0 or sum(self.reward_weights[:2]) <= 0:
+            raise ValueError(f"reward_weights={self.reward_weights} must be 3 weights >= 0 (r_e + r_f > 0).")
+        if self.iou_penalty < 0:
+            raise ValueError(f"iou_penalty={self.iou_penalty} must be >= 0.")
+
+
+DEFAULT_CONFIG = ScoringConfig()
+
+
+@dataclass(frozen=True, slots=True)
+class Truth:
+    """The labels of one organ row that the scores compare against.
+
+    Attributes:
+        organ: the organ of the row.
+        has_lesion: whether the organ has a lesion.
+        long_axis_cm: long axis of the largest lesion in cm (one decimal); None on a negative.
+        location: sorted location names; `()` on a negative.
+        attenuation: "hypo" | "iso" | "hyper"; None on a negative.
+        key_slice: the key frame, 1-based (the row's `key_slice_frame`); None on a negative.
+    """
+
+    organ: Organ
+    has_lesion: bool
+    long_axis_cm: float | None
+    location: tuple[str, ...]
+    attenuation: str | None
+    key_slice: int | None
+
+
+def truth_from_row(row: Mapping[str, Any]) -> Truth:
+    """Return the `Truth` of a dataset row (`sft`/`findings` column names).
+
+    Args:
+        row: with keys organ, has_lesion, long_axis_mm (cm = round(mm / 10, 1)), location (list), attenuation,
+            key_slice_frame.
+
+    >>> truth_from_row({"organ": "liver", "has_lesion": True, "long_axis_mm": 31.04, "location": ["5", "8"],
+    ...                 "attenuation": "hypo", "key_slice_frame": 12})
+    Truth(organ=<Organ.LIVER: 'liver'>, has_lesion=True, long_axis_cm=3.1, location=('5', '8'), attenuation='hypo', key_slice=12)
+    """
+    long_mm = row.get("long_axis_mm")
+    key = row.get("key_slice_frame")
+    location = row.get("location")
+    return Truth(
+        organ=Organ(row["organ"]),
+        has_lesion=bool(row["has_lesion"]),
+        long_axis_cm=None if long_mm is None or _isnan(long_mm) else round(float(long_mm) / 10.0, 1),
+        location=tuple(str(v) for v in location) if location is not None else (),
+        attenuation=row.get("attenuation") or None,
+        key_slice=None if key is None or _isnan(key) else int(key),
+    )
+
+
+def _isnan(value: Any) -> bool:
+    """Return True for a float NaN (pandas/polars nulls)."""
+    return isinstance(value, float) and math.isnan(value)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-field scores of a parsed report
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def existence_score(pred: ParsedReport | ParseFailure, truth: Truth) -> float:
+    """Return 1.0 when the report's lesion claim matches the truth, else 0.0 (a parse failure scores 0).
+
+    >>> t = Truth(Organ.LIVER, False, None, (), None, None)
+    >>> existence_score(ParsedReport(False, None, None, None, None, None, None, 0), t)
+    1.0
+    >>> existence_score(ParseFailure("empty"), t)
+    0.0
+    """
+    if isinstance(pred, ParseFailure):
+        return 0.0
+    return 1.0 if pred.has_lesion == truth.has_lesion else 0.0
+
+
+def _claims_lesion(pred: ParsedReport | ParseFailure) -> bool:
+    """Return True for a parsed report that claims a lesion."""
+    return isinstance(pred, ParsedReport) and pred.has_lesion
+
+
+def size_score(pred: ParsedReport | ParseFailure, truth: Truth, cfg: ScoringConfig = DEFAULT_CONFIG) -> float | None:
+    """Return 1.0 when |pred - true long axis| <= max(abs tol, rel tol * true); None when the truth has no lesion.
+
+    >>> t = Truth(Organ.LIVER, True, 3.0, ("7",), "hypo", 10)
+    >>> p = ParsedReport(True, 3.6, None, ("7",), "hypo", 10, None, 1)
+    >>> size_score(p, t), size_score(ParsedReport(True, 3.7, None, None, None, None, None, 1), t)
+    (1.0, 0.0)
+    """
+    if not truth.has_lesion or truth.long_axis_cm is None:
+        return None
+    if not _claims_lesion(pred) or pred.long_axis_cm is None:  # type: ignore[union-attr]
+        return 0.0
+    tolerance = max(cfg.size_abs_tol_cm, cfg.size_rel_tol * truth.long_axis_cm)
+    return 1.0 if abs(pred.long_axis_cm - truth.long_axis_cm) <= tolerance + _EPS else 0.0  # type: ignore[union-attr]
+
+
+def location_score(pred: ParsedReport | ParseFailure, truth: Truth) -> float | None:
+    """Return 1.0 when the predicted location set equals the true set; None when the truth has no lesion.
+
+    >>> t = Truth(Organ.LIVER, True, 3.0, ("5", "8"), "hypo", 10)
+    >>> location_score(ParsedReport(True, 3.0, None, ("5", "8"), "hypo", 10, None, 1), t)
+    1.0
+    >>> location_score(ParsedReport(True, 3.0, None, ("5",), "hypo", 10, None, 1), t)
+    0.0
+    """
+    if not truth.has_lesion:
+        return None
+    if not _claims_lesion(pred) or pred.location is None:  # type: ignore[union-attr]
+        return 0.0
+    return 1.0 if set(pred.location) == set(truth.location) else 0.0  # type: ignore[union-attr]
+
+
+def enhancement_score(pred: ParsedReport | ParseFailure, truth: Truth) -> float | None:
+    """Return 1.0 when the predicted attenuation category equals the truth; None when the truth has none.
+
+    >>> t = Truth(Organ.KIDNEY, True, 3.0, ("left",), "hyper", 10)
+    >>> enhancement_score(ParsedReport(True, 3.0, None, ("left",), "hyper", 10, None, 1), t)
+    1.0
+    """
+    if not truth.has_lesion or truth.attenuation is None:
+        return None
+    if not _claims_lesion(pred) or pred.attenuation is None:  # type: ignore[union-attr]
+        return 0.0
+    return 1.0 if pred.attenuation == truth.attenuation else 0.0  # type: ignore[union-attr]
+
+
+def k_hit(pred: ParsedReport | ParseFailure, truth: Truth, cfg: ScoringConfig = DEFAULT_CONFIG) -> float | None:
+    """Return 1.0 when |k - k_true| <= `cfg.k_hit_window`; None when the truth has no key slice.
+
+    >>> t = Truth(Organ.PANCREAS, True, 3.0, ("head",), "hypo", 10)
+    >>> [k_hit(ParsedReport(True, 3.0, None, None, None, k, None, 1), t) for k in (9, 11, 12, None)]
+    [1.0, 1.0, 0.0, 0.0]
+    """
+    if not truth.has_lesion or truth.key_slice is None:
+        return None
+    if not _claims_lesion(pred) or pred.key_slice is None:  # type: ignore[union-attr]
+        return 0.0
+    return 1.0 if abs(pred.key_slice - truth.key_slice) <= cfg.k_hit_window else 0.0  # type: ignore[union-attr]
+
+
+def window_iou(k: int | None, k_true: int | None) -> float:
+    """Return the IoU of the integer frame sets {k-1, k, k+1} and {k_true-1, k_true, k_true+1}; 0 when k is missing.
+
+    >>> [window_iou(10, 10 + d) for d in (0, 1, -2, 3)], window_iou(None, 10)
+    ([1.0, 0.5, 0.2, 0.0], 0.0)
+    """
+    if k is None or k_true is None:
+        return 0.0
+    overlap = max(0, 3 - abs(k - k_true))
+    return overlap / (6 - overlap)
+
+
+def _attribute_sum(pred: ParsedReport | ParseFailure, truth: Truth, cfg: ScoringConfig) -> float:
+    """Return sum of w * S over (size, location, enhancement), weights renormalised over the applicable ones."""
+    scores = (size_score(pred, truth, cfg), location_score(pred, truth), enhancement_score(pred, truth))
+    total = weight = 0.0
+    for w, s in zip(cfg.attribute_weights, scores, strict=True):
+        if s is not None:
+            total += w * s
+            weight += w
+    return total / weight if weight > 0 else 0.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rewards
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def r_e(report: str, truth: Truth, cfg: ScoringConfig = DEFAULT_CONFIG) -> float:
+    """Return the existence reward: 1.0 when the report's lesion claim is right, else 0.0.
+
+    >>> t = Truth(Organ.LIVER, False, None, (), None, None)
+    >>> r_e("<findings>No focal liver lesion is identified.</findings> || <impression>No liver tumor.</impression>", t)
+    1.0
+    """
+    return existence_score(parse_report(report, truth.organ), truth)
+
+
+def r_f(report: str, truth: Truth, cfg: ScoringConfig = DEFAULT_CONFIG) -> float:
+    """Return the findings reward: sum of w * S over size, location, enhancement of the report (SPEC §7).
+
+    On a true negative: 1.0 when the report claims no lesion, else 0.0.
+
+    >>> t = Truth(Organ.LIVER, True, 3.1, ("5", "8"), "hypo", 12)
+    >>> round(r_f("<findings>A hypoattenuating lesion in hepatic segment 5 measures 3.1 x 2.2 cm.</findings>", t), 4)
+    0.6667
+    """
+    return _r_f_parsed(parse_report(report, truth.organ), truth, cfg)
+
+
+def _r_f_parsed(pred: ParsedReport | ParseFailure, truth: Truth, cfg: ScoringConfig) -> float:
+    """Return r_f of a parsed report."""
+    if isinstance(pred, ParseFailure):
+        return 0.0
+    if not truth.has_lesion:
+        return 0.0 if pred.has_lesion else 1.0
+    return _attribute_sum(pred, truth, cfg)
+
+
+def r_c(verifier_text: str, key_slice: int | None, truth: Truth, cfg: ScoringConfig = DEFAULT_CONFIG) -> float | None:
+    """Return the consistency reward of the verifier's answer on frame `key_slice`; None on a true negative.
+
+    r_c = sum of w * S(verifier text) - lambda * (1 - IoU({k-1, k, k+1}, {k_true-1, k_true, k_true+1})).
+    The verifier text is read with `parse_free_text`; an unreadable answer scores 0 on the attributes.
+
+    Args:
+        verifier_text: the model's answer to `VERIFIER_PROMPT` on the key frame alone.
+        key_slice: the key frame the report named (1-based); None when it named none (IoU 0).
+        truth: the row's truth.
+        cfg: thresholds and weights.
+
+    >>> t = Truth(Organ.LIVER, True, 3.0, ("7",), "hypo", 10)
+    >>> r_c("A 3 cm hypodense mass in segment 7.", 10, t), round(r_c("A 3 cm hypodense mass in segment 7.", 11, t), 4)
+    (1.0, 0.85)
+    >>> r_c("anything", 10, Truth(Organ.LIVER, False, None, (), None, None)) is None
+    True
+    """
+    if not truth.has_lesion:
+        return None
+    attributes = _attribute_sum(parse_free_text(verifier_text, truth.organ), truth, cfg)
+    return attributes - cfg.iou_penalty * (1.0 - window_iou(key_slice, truth.key_slice))
+
+
+def total_reward(r_e: float, r_f: float, r_c: float | None, cfg: ScoringConfig = DEFAULT_CONFIG) -> float:
+    """Return R = w_e r_e + w_f r_f + w_c r_c; with `r_c` None, renormalised over r_e and r_f.
+
+    >>> total_reward(1.0, 1.0, 1.0), round(total_reward(1.0, 0.5, None), 4)
+    (1.0, 0.6875)
+    """
+    w_e, w_f, w_c = cfg.reward_weights
+    if r_c is None:
+        return (w_e * r_e + w_f * r_f) / (w_e + w_f)
+    return w_e * r_e + w_f * r_f + w_c * r_c
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One report, all scores
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReportScore:
+    """Every score of one report, and what it was parsed into (a row of the `predictions` table).
+
+    Attributes:
+        parse_failure: the parse-failure reason, or None.
+        existence: 0/1.
+        size, location, enhancement, k_hit: 0/1, or None when not applicable (true negative).
+        r_e, r_f: rewards in [0, 1].
+        r_c: in [-lambda, 1]; None on a true negative or when no verifier text was given.
+        reward: R (`total_reward`).
+        pred_has_lesion: the claim, None on a parse failure.
+        pred_long_axis_cm, pred_location, pred_attenuation, pred_key_slice, pred_bbox: the parsed fields.
+    """
+
+    parse_failure: str | None
+    existence: float
+    size: float | None
+    location: float | None
+    enhancement: float | None
+    k_hit: float | None
+    r_e: float
+    r_f: float
+    r_c: float | None
+    reward: float
+    pred_has_lesion: bool | None
+    pred_long_axis_cm: float | None
+    pred_location: tuple[str, ...] | None
+    pred_attenuation: str | None
+    pred_key_slice: int | None
+    pred_bbox: tuple[int, int, int, int] | None
+
+    def to_row(self) -> dict[str, Any]:
+        """Return the scores as a plain dict (tuples as lists) for a table row."""
+        row = asdict(self)
+        for key in ("pred_location", "pred_bbox"):
+            if row[key] is not None:
+                row[key] = list(row[key])
+        return row
+
+
+def score_report(
+    report: str, truth: Truth, *, verifier_text: str | None = None, cfg: ScoringConfig = DEFAULT_CONFIG
+) -> ReportScore:
+    """Parse `report` once and return every score against `truth`.
+
+    Args:
+        report: the model's report.
+        truth: the row's truth.
+        verifier_text: the verifier's answer on the report's key frame; None -> r_c None (not computed).
+        cfg: thresholds and weights.
+
+    >>> t = Truth(Organ.LIVER, True, 3.1, ("5", "8"), "hypo", 12)
+    >>> s = score_report("<findings>A hypoattenuating lesion in hepatic segment 5/8 measures 3.1 x 2.2 cm "
+    ...                  "(volume 5.4 cc).</findings> || <impression>Hypoattenuating liver mass in hepatic segment 5/8,"
+    ...                  " measuring 3.1 cm.</impression> || The key lesion is in image <key_slice>14</key_slice>, "
+    ...                  "<bbox>[1, 2, 3, 4]</bbox>", t)
+    >>> (s.existence, s.size, s.location, s.enhancement, s.k_hit, s.r_c, s.reward)
+    (1.0, 1.0, 1.0, 1.0, 0.0, None, 1.0)
+    """
+    pred = parse_report(report, truth.organ)
+    positive = truth.has_lesion
+    if isinstance(pred, ParseFailure):
+        zero_if = 0.0 if positive else None
+        return ReportScore(
+            parse_failure=pred.reason,
+            existence=0.0,
+            size=zero_if if truth.long_axis_cm is not None else None,
+            location=zero_if,
+            enhancement=zero_if if truth.attenuation is not None else None,
+            k_hit=zero_if if truth.key_slice is not None else None,
+            r_e=0.0,
+            r_f=0.0,
+            r_c=0.0 if positive and verifier_text is not None else None,
+            reward=0.0,
+            pred_has_lesion=None,
+            pred_long_axis_cm=None,
+            pred_location=None,
+            pred_attenuation=None,
+            pred_key_slice=None,
+            pred_bbox=None,
+        )
+    existence = existence_score(pred, truth)
+    reward_f = _r_f_parsed(pred, truth, cfg)
+    reward_c = r_c(verifier_text, pred.key_slice, truth, cfg) if verifier_text is not None else None
+    return ReportScore(
+        parse_failure=None,
+        existence=existence,
+        size=size_score(pred, truth, cfg),
+        location=location_score(pred, truth),
+        enhancement=enhancement_score(pred, truth),
+        k_hit=k_hit(pred, truth, cfg),
+        r_e=existence,
+        r_f=reward_f,
+        r_c=reward_c,
+        reward=total_reward(existence, reward_f, reward_c, cfg),
+        pred_has_lesion=pred.has_lesion,
+        pred_long_axis_cm=pred.long_axis_cm,
+        pred_location=pred.location,
+        pred_attenuation=pred.attenuation,
+        pred_key_slice=pred.key_slice,
+        pred_bbox=pred.bbox,
+    )
+
+
+HARD_REASONS = ("parse_failure", "existence", "size", "location", "enhancement", "k_hit")
+
+
+def is_hard(score: ReportScore) -> tuple[bool, tuple[str, ...]]:
+    """Return (hard, reasons): hard = wrong existence, any wrong attribute, or a K-Hit miss (the paper's rule).
+
+    Reasons are listed in `HARD_REASONS` order; a parse failure also lists "parse_failure". Scores that do not
+    apply (None) are never reasons.
+
+    >>> t = Truth(Organ.LIVER, True, 3.1, ("5",), "hypo", 12)
+    >>> is_hard(score_report("<findings>A hypoattenuating lesion in hepatic segment 5 measures 9.0 x 2.2 cm."
+    ...                      "</findings> || The key lesion is in image <key_slice>20</key_slice>", t))
+    (True, ('size', 'k_hit'))
+    """
+    reasons: list[str] = []
+    if score.parse_failure is not None:
+        reasons.append("parse_failure")
+    if score.existence < 1.0:
+        reasons.append("existence")
+    for name in ("size", "location", "enhancement", "k_hit"):
+        value = getattr(score, name)
+        if value is not None and value < 1.0:
+            reasons.append(name)
+    return bool(reasons), tuple(reasons)

@@ -1,0 +1,477 @@
+"""Tests of the `publish-dataset` flow against the offline fake Hub (`tests/fakehub.py`) and a local target.
+
+The real huggingface_hub and datasets clients talk HTTP to a fake Hub started on 127.0.0.1 for each test; flows run
+under the session's Prefect test harness (`tests/flows/conftest.py`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import datasets
+import datasets.config
+import httpx
+import huggingface_hub.constants
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from huggingface_hub import HfApi
+from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError
+from PIL import Image
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterFlowRunId,
+    FlowRunFilter,
+    FlowRunFilterId,
+    LogFilter,
+    LogFilterFlowRunId,
+)
+from prefect.logging.handlers import APILogHandler
+
+from emrl_data.card import render_dataset_card
+from flows import publish
+from flows.publish import (
+    FileDigest,
+    PublishError,
+    TagExistsError,
+    compare_files,
+    is_network_error,
+    local_release_dir,
+    publish_dataset_flow,
+    read_table,
+    version_tag,
+)
+from tests.fakehub import FakeHub, serve_fake_hub
+
+
+SECRET = "hf_SECRET_canary_7f3a9c1e"  # a recognisable token: it must reach the Hub and nothing else
+FEATURES = {
+    "case_id": {"dtype": "string", "_type": "Value"},
+    "split": {"dtype": "string", "_type": "Value"},
+    "frames": {"feature": {"_type": "Image"}, "_type": "List"},
+}
+SCHEMA = pa.schema(
+    [
+        ("case_id", pa.string()),
+        ("split", pa.string()),
+        ("frames", pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())]))),
+    ],
+    metadata={"huggingface": json.dumps({"info": {"features": FEATURES}})},
+)
+# split -> shards -> one pixel value per row; each row has two 4x4 frames, valued v and 255 - v.
+V1 = {"train": [[10, 20], [30]], "test": [[40]]}
+V2 = {"train": [[11, 21, 31, 41]], "test": [[51]]}  # the train shard set shrank: 2 shards -> 1
+
+
+def _png(value: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("L", (4, 4), value).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def write_table(root: Path, shards: dict[str, list[list[int]]]) -> Path:
+    """Write a table folder as the build flows do: data/ shards, README.md by render_dataset_card, manifest.json."""
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "data").mkdir(parents=True)
+    for split, split_shards in shards.items():
+        for i, values in enumerate(split_shards):
+            frames = [[{"bytes": _png(v), "path": None}, {"bytes": _png(255 - v), "path": None}] for v in values]
+            rows = [
+                {"case_id": f"BDMAP_{v:08d}", "split": split, "frames": f} for v, f in zip(values, frames, strict=True)
+            ]
+            path = root / "data" / f"{split}-{i:05d}-of-{len(split_shards):05d}.parquet"
+            pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), path, compression="zstd")
+    counts = {split: {"total": sum(len(s) for s in split_shards)} for split, split_shards in shards.items()}
+    card = render_dataset_card(
+        table="sft",
+        features=FEATURES,
+        row_counts=counts,
+        pipeline_version="0.1.0",
+        git_sha="deadbeef",
+        config_fingerprint="0123456789abcdef",
+    )
+    (root / "README.md").write_text(card)
+    files = {
+        p.relative_to(root).as_posix(): {
+            "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
+            "bytes": p.stat().st_size,
+        }
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+    manifest = {"pipeline_version": "0.1.0", "config_fingerprint": "0123456789abcdef", "git_sha": "deadbeef"}
+    (root / "manifest.json").write_text(json.dumps({**manifest, "files": files, "row_counts": counts}))
+    return root
+
+
+@pytest.fixture
+def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[FakeHub]:
+    """A fresh fake Hub; HF_ENDPOINT and the caches point at it (the clients read both at import: patch them too)."""
+    lfs_suffixes = getattr(request, "param", ())
+    with serve_fake_hub(lfs_suffixes=lfs_suffixes) as fake:
+        monkeypatch.setenv("HF_ENDPOINT", fake.url)
+        monkeypatch.setenv("HF_TOKEN", SECRET)
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+        monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+        constants = huggingface_hub.constants
+        monkeypatch.setattr(constants, "ENDPOINT", fake.url)
+        monkeypatch.setattr(
+            constants, "HUGGINGFACE_CO_URL_TEMPLATE", fake.url + "/{repo_id}/resolve/{revision}/{filename}"
+        )
+        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+        monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", bool(lfs_suffixes))  # this fake speaks LFS, not Xet
+        monkeypatch.setattr(datasets.config, "HF_ENDPOINT", fake.url)
+        monkeypatch.setattr(
+            datasets.config, "HUB_DATASETS_URL", fake.url + "/datasets/{repo_id}/resolve/{revision}/{path}"
+        )
+        monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf" / "datasets")
+        yield fake
+        assert fake.state.unknown == []  # the fake served every route the clients used
+
+
+@pytest.fixture
+def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retry the Hub tasks without waiting (the flow looks the tasks up in the module at call time)."""
+    for name in ("prepare_repo_task", "upload_table_task", "tag_release_task", "verify_hub_release_task"):
+        monkeypatch.setattr(publish, name, getattr(publish, name).with_options(retry_delay_seconds=0))
+
+
+def _run(**kwargs: Any) -> tuple[dict[str, Any], Any]:
+    """Run the flow through the engine; return its result and its flow run id."""
+    state = publish_dataset_flow(**kwargs, return_state=True)
+    return state.result(), state.state_details.flow_run_id
+
+
+def _first_pixels(path: str, revision: str | None) -> dict[str, list[tuple[int, int]]]:
+    """Read a release fully (not streaming) and return per split the pixel values of each row's two frames."""
+    loaded = datasets.load_dataset(path, revision=revision)
+    return {
+        split: [tuple(frame.getpixel((0, 0)) for frame in row["frames"]) for row in ds] for split, ds in loaded.items()
+    }
+
+
+def _commits(repo_id: str) -> list[str]:
+    return [c.commit_id for c in HfApi().list_repo_commits(repo_id, repo_type="dataset")]
+
+
+# ------------------------------------------------------------------------------------------------ plain functions
+@pytest.mark.parametrize(
+    ("version", "tag"),
+    [
+        ("1.0.0", "v1.0.0"),  # the usual case
+        ("0.12.3", "v0.12.3"),  # multi-digit parts
+    ],
+)
+def test_version_tag_valid_versions_get_v_prefix(version: str, tag: str) -> None:
+    assert version_tag(version) == tag
+
+
+@pytest.mark.parametrize(
+    "version",
+    [
+        "v1.0.0",  # the tag, not the version
+        "1.0",  # two parts
+        "01.0.0",  # leading zero
+        "1.0.0-rc1",  # pre-release suffix
+        "",  # empty
+    ],
+)
+def test_version_tag_bad_versions_raise(version: str) -> None:
+    with pytest.raises(ValueError, match="is not X.Y.Z"):
+        version_tag(version)
+
+
+def _http_error(status: int) -> HfHubHTTPError:
+    request = httpx.Request("POST", "https://hub.example/api/datasets/o/n/commit/main")
+    return HfHubHTTPError(f"{status}", response=httpx.Response(status, request=request))
+
+
+def _wrapped(inner: BaseException) -> RuntimeError:
+    try:
+        raise RuntimeError("wrapper") from inner
+    except RuntimeError as err:
+        return err
+
+
+@pytest.mark.parametrize(
+    ("exc", "retry"),
+    [
+        (_http_error(500), True),  # server error
+        (_http_error(503), True),  # unavailable
+        (_http_error(429), True),  # rate limited
+        (_http_error(408), True),  # request timeout
+        (_http_error(400), False),  # bad request: retrying repeats it
+        (_http_error(401), False),  # bad token
+        (_http_error(403), False),  # no write access
+        (_http_error(409), False),  # tag exists
+        (_http_error(412), False),  # main moved since the parent commit
+        (httpx.ConnectError("refused"), True),  # connection refused
+        (httpx.ReadTimeout("slow"), True),  # timeout
+        (ConnectionResetError("reset"), True),  # socket error
+        (_wrapped(httpx.ConnectError("refused")), True),  # a library wrapped the network error
+        (_wrapped(_http_error(404)), False),  # a library wrapped a 404
+        (RepositoryNotFoundError("no repo", response=_http_error(404).response), False),  # missing repo
+        (OfflineModeIsEnabled("HF_HUB_OFFLINE=1"), False),  # offline mode is a ConnectionError, never a blip
+        (TagExistsError("v1.0.0"), False),  # our own refusal
+        (ValueError("bug"), False),  # a bug
+    ],
+)
+def test_is_network_error_table(exc: BaseException, retry: bool) -> None:
+    assert is_network_error(exc) is retry
+
+
+@pytest.mark.parametrize(
+    ("found", "problems"),
+    [
+        ({"a": FileDigest(3, "s", "g")}, []),  # identical
+        ({"a": FileDigest(3, "s", "g"), ".gitattributes": FileDigest(9, None, "x")}, []),  # the Hub's own file
+        ({"a": FileDigest(3, "s", None)}, []),  # LFS entry: sha256 only
+        ({"a": FileDigest(3, None, "g")}, []),  # regular entry: git blob id only
+        ({}, ["a: missing"]),  # not uploaded
+        ({"a": FileDigest(4, "s", "g")}, ["a: 4 bytes, expected 3"]),  # size differs
+        ({"a": FileDigest(3, "t", None)}, ["a: content differs"]),  # same size, other sha256
+        ({"a": FileDigest(3, None, "h")}, ["a: content differs"]),  # same size, other blob
+        (
+            {"a": FileDigest(3, "s", "g"), "data/old.parquet": FileDigest(1, None, "o")},
+            ["data/old.parquet: not in the table (stale or foreign file)"],
+        ),  # a stale shard
+    ],
+)
+def test_compare_files_table(found: dict[str, FileDigest], problems: list[str]) -> None:
+    assert compare_files({"a": FileDigest(3, "s", "g")}, found) == problems
+
+
+def test_read_table_counts_rows_per_split(tmp_path: Path) -> None:
+    table = read_table(write_table(tmp_path / "sft", V1))
+    assert table.rows == {"test": 1, "train": 3}
+    assert sorted(table.files) == [
+        "README.md",
+        "data/test-00000-of-00001.parquet",
+        "data/train-00000-of-00002.parquet",
+        "data/train-00001-of-00002.parquet",
+        "manifest.json",
+    ]
+
+
+def test_read_table_changed_or_stray_shards_raise(tmp_path: Path) -> None:
+    root = write_table(tmp_path / "sft", V1)
+    (root / "data" / "test-00000-of-00001.parquet").write_bytes(b"changed")
+    shutil.copy(root / "data" / "train-00000-of-00002.parquet", root / "data" / "train-00002-of-00002.parquet")
+    with pytest.raises(PublishError) as info:
+        read_table(root)
+    assert "data/test-00000-of-00001.parquet: size or sha256 differs" in str(info.value)
+    assert "data/train-00002-of-00002.parquet: a shard the manifest does not list" in str(info.value)
+
+
+def test_read_table_without_manifest_raises(tmp_path: Path) -> None:
+    with pytest.raises(PublishError, match="manifest.json is missing"):
+        read_table(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------ Hub target
+@pytest.mark.usefixtures("prefect_harness")
+def test_publish_hub_versions_tag_and_read_back(hub: FakeHub, tmp_path: Path) -> None:
+    repo = "emrl/sft-demo"
+    first, _ = _run(table_dir=str(write_table(tmp_path / "sft", V1)), repo_id=repo, version="1.0.0")
+    assert first["rows"] == {"test": 1, "train": 3}
+    assert first["images_decoded"] == {"test": 2, "train": 2}  # both frames of each split's first row
+    assert first["uploaded"] is True
+    assert first["url"] == f"{hub.url}/datasets/{repo}/tree/v1.0.0"
+    assert hub.state.repo("dataset", repo).private is True
+
+    second, _ = _run(table_dir=str(write_table(tmp_path / "sft", V2)), repo_id=repo, version="1.1.0")
+    assert second["rows"] == {"test": 1, "train": 4}
+
+    refs = {t.name: t.target_commit for t in HfApi().list_repo_refs(repo, repo_type="dataset").tags}
+    assert refs == {"v1.0.0": first["commit"], "v1.1.0": second["commit"]}
+    commits = _commits(repo)
+    assert commits[:2] == [second["commit"], first["commit"]] and len(commits) == 3  # initial + one per publish
+    shards = {
+        tag: sorted(
+            f for f in HfApi().list_repo_files(repo, repo_type="dataset", revision=tag) if f.startswith("data/")
+        )
+        for tag in ("v1.0.0", "v1.1.0")
+    }
+    assert shards == {
+        "v1.0.0": [
+            "data/test-00000-of-00001.parquet",
+            "data/train-00000-of-00002.parquet",
+            "data/train-00001-of-00002.parquet",
+        ],
+        "v1.1.0": ["data/test-00000-of-00001.parquet", "data/train-00000-of-00001.parquet"],  # no stale shard
+    }
+    # The old tag still reads the old data, the new one the new data; frames decode to the written pixels.
+    assert _first_pixels(repo, "v1.0.0") == {"train": [(10, 245), (20, 235), (30, 225)], "test": [(40, 215)]}
+    assert _first_pixels(repo, "v1.1.0") == {
+        "train": [(11, 244), (21, 234), (31, 224), (41, 214)],
+        "test": [(51, 204)],
+    }
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_publish_hub_existing_tag_is_refused(hub: FakeHub, tmp_path: Path) -> None:
+    repo = "emrl/sft-refuse"
+    first, _ = _run(table_dir=str(write_table(tmp_path / "sft", V1)), repo_id=repo, version="1.0.0")
+    commits = _commits(repo)
+    with pytest.raises(TagExistsError, match="already has tag v1.0.0"):
+        publish_dataset_flow(table_dir=str(write_table(tmp_path / "sft", V2)), repo_id=repo, version="1.0.0")
+    assert _commits(repo) == commits  # nothing uploaded
+    refs = {t.name: t.target_commit for t in HfApi().list_repo_refs(repo, repo_type="dataset").tags}
+    assert refs == {"v1.0.0": first["commit"]}  # not moved
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_publish_hub_interrupted_before_tag_resumes_without_new_commit(hub: FakeHub, tmp_path: Path) -> None:
+    repo = "emrl/sft-resume"
+    table_dir = str(write_table(tmp_path / "sft", V1))
+    hub.state.fail_next("POST", "/tag/", 400)  # the upload lands, the tag request fails (a 4xx: not retried)
+    with pytest.raises(HfHubHTTPError):
+        publish_dataset_flow(table_dir=table_dir, repo_id=repo, version="1.0.0")
+    uploaded = _commits(repo)
+    assert len(uploaded) == 2  # initial commit + the upload
+    assert HfApi().list_repo_refs(repo, repo_type="dataset").tags == []
+
+    result, _ = _run(table_dir=table_dir, repo_id=repo, version="1.0.0")
+    assert result["uploaded"] is False
+    assert _commits(repo) == uploaded  # no duplicate commit
+    assert result["commit"] == uploaded[0]
+    assert result["rows"] == {"test": 1, "train": 3}
+
+
+@pytest.mark.usefixtures("prefect_harness", "fast_retries")
+def test_publish_hub_retries_server_errors_only(hub: FakeHub, tmp_path: Path) -> None:
+    table_dir = str(write_table(tmp_path / "sft", V1))
+    hub.state.fail_next("GET", "/revision/main", 503)
+    hub.state.fail_next("GET", "/revision/main", 502)
+    result, flow_run_id = _run(table_dir=table_dir, repo_id="emrl/sft-retry", version="1.0.0")
+    assert result["uploaded"] is True
+    assert sum(r == "GET /api/datasets/emrl/sft-retry/revision/main" for r in hub.state.requests) == 3
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    assert {r.name.split("-")[0]: r.run_count for r in runs} == {
+        "prepare_repo_task": 1,
+        "upload_table_task": 3,  # Prefect retried the task twice
+        "tag_release_task": 1,
+        "verify_hub_release_task": 1,
+    }
+
+    hub.state.fail_next("GET", "/revision/main", 403)
+    with pytest.raises(HfHubHTTPError):
+        publish_dataset_flow(table_dir=table_dir, repo_id="emrl/sft-forbidden", version="1.0.0")
+    assert sum(r == "GET /api/datasets/emrl/sft-forbidden/revision/main" for r in hub.state.requests) == 1
+
+
+@pytest.mark.parametrize("hub", [(".parquet",)], indirect=True)
+@pytest.mark.usefixtures("prefect_harness")
+def test_publish_hub_lfs_shards_are_checked_by_sha256(hub: FakeHub, tmp_path: Path) -> None:
+    repo = "emrl/sft-lfs"
+    result, _ = _run(table_dir=str(write_table(tmp_path / "sft", V1)), repo_id=repo, version="1.0.0")
+    entries = {f.path: f for f in HfApi().list_repo_tree(repo, repo_type="dataset", revision="v1.0.0", recursive=True)}
+    manifest = json.loads((tmp_path / "sft" / "manifest.json").read_text())
+    assert (
+        entries["data/test-00000-of-00001.parquet"].lfs.sha256
+        == (manifest["files"]["data/test-00000-of-00001.parquet"]["sha256"])
+    )
+    assert result["rows"] == {"test": 1, "train": 3}
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_publish_hub_token_never_leaks(
+    hub: FakeHub, tmp_path: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    table_dir = write_table(tmp_path / "sft", V1)
+    result, flow_run_id = _run(table_dir=str(table_dir), repo_id="emrl/sft-token", version="1.0.0")
+    assert f"Bearer {SECRET}" in hub.state.authorizations  # the token was used...
+
+    APILogHandler().flush()
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+        flow_run = client.read_flow_run(flow_run_id)
+    assert {a.key for a in artifacts} == {"dataset-publish-summary", "dataset-publish-link"}
+    assert any("Published emrl/sft-token v1.0.0" in log.message for log in logs)
+    stored = b"".join(hub.state.blobs.values())  # ...and nothing that was written anywhere holds it
+    texts = {
+        "captured logs": caplog.text,
+        "stdout/stderr": "".join(capfd.readouterr()),
+        "API logs": "\n".join(log.message for log in logs),
+        "artifacts": "\n".join(f"{a.data} {a.description}" for a in artifacts),
+        "flow parameters": json.dumps(flow_run.parameters),
+        "result": json.dumps(result),
+        "table folder": "".join(p.read_text(errors="replace") for p in table_dir.rglob("*") if p.is_file()),
+        "Hub files": stored.decode(errors="replace"),
+    }
+    assert [where for where, text in texts.items() if SECRET in text] == []
+    assert "Published `emrl/sft-token` v1.0.0" in texts["artifacts"]
+
+
+# ------------------------------------------------------------------------------------------------ local target
+@pytest.mark.usefixtures("prefect_harness")
+def test_publish_local_versions_refusal_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-datasets")
+    local_root = tmp_path / "releases"
+    common = {"repo_id": "emrl/sft-local", "target": "local", "local_root": str(local_root)}
+    root = local_root / "emrl" / "sft-local"
+
+    first, _ = _run(table_dir=str(write_table(tmp_path / "sft", V1)), version="1.0.0", **common)
+    assert first["uploaded"] is True and first["commit"] is None
+    assert first["rows"] == {"test": 1, "train": 3}
+    assert first["url"] == (root / ".tags" / "v1.0.0").resolve().as_uri()
+
+    second, _ = _run(table_dir=str(write_table(tmp_path / "sft", V2)), version="1.1.0", **common)
+    assert second["rows"] == {"test": 1, "train": 4}
+    assert sorted(p.name for p in (root / "data").iterdir()) == [
+        "test-00000-of-00001.parquet",
+        "train-00000-of-00001.parquet",  # the stale train-00001-of-00002 is gone from main
+    ]
+    assert sorted(p.name for p in (root / ".tags").iterdir()) == ["v1.0.0", "v1.1.0"]
+    # The old snapshot still reads the old data.
+    assert _first_pixels(str(root / ".tags" / "v1.0.0"), None) == {
+        "train": [(10, 245), (20, 235), (30, 225)],
+        "test": [(40, 215)],
+    }
+    assert _first_pixels(str(root / ".tags" / "v1.1.0"), None)["train"][0] == (11, 244)
+
+    with pytest.raises(TagExistsError, match="v1.0.0 already exists"):
+        publish_dataset_flow(table_dir=str(tmp_path / "sft"), version="1.0.0", **common)
+
+    # Interrupted after the copy, before the snapshot: the rerun copies nothing and makes the tag.
+    monkeypatch.setattr(publish, "tag_local", _raise_interrupted)
+    with pytest.raises(RuntimeError, match="interrupted before tagging"):
+        publish_dataset_flow(table_dir=str(write_table(tmp_path / "sft", V1)), version="1.2.0", **common)
+    monkeypatch.undo()
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-datasets")
+    mtimes = {p: p.stat().st_mtime_ns for p in (root / "data").iterdir()}
+    third, _ = _run(table_dir=str(tmp_path / "sft"), version="1.2.0", **common)
+    assert third["uploaded"] is False
+    assert {p: p.stat().st_mtime_ns for p in (root / "data").iterdir()} == mtimes
+    assert third["rows"] == {"test": 1, "train": 3}
+
+
+def _raise_interrupted(*args: Any, **kwargs: Any) -> None:
+    raise RuntimeError("interrupted before tagging")
+
+
+@pytest.mark.parametrize(
+    "repo_id",
+    [
+        "../escape",  # climbs out of local_root
+        "emrl/../../escape",  # climbs out through a namespace
+        "/abs/path",  # absolute
+        "a/b/c",  # more than namespace/name
+    ],
+)
+def test_local_release_dir_rejects_unsafe_repo_ids(tmp_path: Path, repo_id: str) -> None:
+    with pytest.raises(ValueError):
+        local_release_dir(tmp_path, repo_id)

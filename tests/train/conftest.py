@@ -1,0 +1,23 @@
+"""Shared fixtures for `train/` tests: a tiny Qwen3-VL saved locally and a synthetic sft table (nothing downloaded)."""
+
+from pathlib import Path
+
+import pytest
+
+from train.synthetic import write_sft_table
+from train.tiny import build_processor, save_tiny
+
+
+@pytest.fixture(scope="session")
+def processor():
+    return build_processor()
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    return save_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="session")
+def sft_table(tmp_path_factory) -> Path:
+    return write_sft_table(tmp_path_factory.mktemp("tables") / "sft", n_train=6, n_test=2, n_frames=8, size_px=64)

@@ -1,0 +1,47 @@
+"""Saved checkpoints reload and generate; the SFT CLI runs end to end on a parquet table; GRPO CLI with scoring."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import Qwen3VLForConditionalGeneration
+
+from train.data import CTQwen3VLProcessor, user_messages
+from train.sft import main as sft_main
+
+
+def test_sft_cli_then_checkpoint_reloads_and_generates(sft_table, tmp_path):
+    out = tmp_path / "sft"
+    sft_main(["--config", "train/configs/sft_tiny.yaml", "--dataset_dir", str(sft_table), "--output_dir", str(out),
+              "--max_steps", "2"])  # fmt: skip
+    model = Qwen3VLForConditionalGeneration.from_pretrained(out)
+    proc = CTQwen3VLProcessor.from_pretrained(out)
+    frames = np.random.default_rng(0).integers(0, 256, (8, 64, 64), dtype=np.uint8)
+    inputs = proc.apply_chat_template([user_messages("Report.", frames)], add_generation_prompt=True, tokenize=True,
+                                      return_dict=True, return_tensors="pt")  # fmt: skip
+    with torch.no_grad():
+        gen = model.generate(**inputs, max_new_tokens=5, do_sample=False, suppress_tokens=proc.vision_token_ids)
+    assert gen.shape == (1, inputs["input_ids"].shape[1] + 5)
+    assert not set(gen[0, inputs["input_ids"].shape[1] :].tolist()) & set(proc.vision_token_ids)
+
+
+def test_grpo_cli_all_rewards(sft_table, tiny_dir, tmp_path):
+    pytest.importorskip("emrl_data.scoring")
+    from train.grpo import main as grpo_main
+
+    out = tmp_path / "grpo"
+    grpo_main(["--config", "train/configs/grpo_tiny.yaml", "--dataset_dir", str(sft_table), "--model_name_or_path",
+               str(tiny_dir), "--output_dir", str(out), "--max_steps", "1", "--max_completion_length", "8"])  # fmt: skip
+    assert (out / "reward_curve.png").exists()
+    Qwen3VLForConditionalGeneration.from_pretrained(out)
+
+
+def test_device_check_tiny(tmp_path):
+    from train.device_check import main as dc_main
+
+    out = tmp_path / "dc.json"
+    dc_main(["--tiny", "--output", str(out)])
+    data = json.loads(out.read_text())
+    assert data["shape"] == "tiny"
+    assert data["sft"]["step_s"] > 0 and data["grpo"]["step_s"] > 0
