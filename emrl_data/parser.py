@@ -185,7 +185,7 @@ _HEDGE_AFTER_RE = re.compile(r" ?(?:-|–|to|or) ?\d")
 
 # "hypoattenuating", "hypo-dense", "iso-enhancing", "hyper intense", and a bare prefix before "-"/"/" ("hypo- or").
 _ATTENUATION_PREFIXES = (("hypo", "hypo"), ("iso", "iso"), ("hyper", "hyper"))
-_ATTENUATION_SUFFIX_RE = re.compile(r"[- ]?(?:attenuat|dens|enhanc|intens)|-? ?/|-(?= )")
+_ATTENUATION_SUFFIX_RE = re.compile(r"[- ]?(?:attenuat|dens|enhanc|intens)|-? ?/|-(?=[ ,])")
 _ATTENUATION_WORDS_RE = re.compile(r"(?:(low|decreased|reduced)|high|increased)[- ](?:attenuation|density)")
 
 _ROMAN = {"i": 1, "ii": 2, "iii": 3, "iv": 4, "v": 5, "vi": 6, "vii": 7, "viii": 8}
@@ -230,11 +230,11 @@ def _template_re(organ: Organ) -> re.Pattern[str]:
     """Return the anchored pattern of a positive report rendered by `emrl_data.report` (lower-cased) for `organ`."""
     adjective = ORGAN_ADJECTIVE[organ]
     if organ is Organ.LIVER:
-        location = r"hepatic segment (?P<{}>[1-8](?:/[1-8])*)"
+        location = r"(?:hepatic segment (?P<{}>[1-8](?:/[1-8])*)|the liver)"
     elif organ is Organ.PANCREAS:
-        location = r"pancreas (?P<{}>(?:head|body|tail)(?:/(?:head|body|tail))*)"
+        location = r"(?:pancreas (?P<{}>(?:head|body|tail)(?:/(?:head|body|tail))*)|the pancreas)"
     else:
-        location = r"(?P<{}>(?:left|right)(?:/(?:left|right))*) kidney"
+        location = r"(?:(?P<{}>(?:left|right)(?:/(?:left|right))*) kidney|the kidneys?)"
     lesion = r"(?P<att>hypo|iso|hyper)attenuating lesion in " + location.format("loc")
     findings = (
         r"(?:a |multiple \((?P<n>\d+)\) "
@@ -281,7 +281,8 @@ def _parse_template(lower: str, organ: Organ) -> ParsedReport | None:
     if match is None:
         return None
     order = _LOCATION_ORDER[organ]
-    location = tuple(sorted(set(match.group("loc").split("/")), key=order.__getitem__))
+    names = match.group("loc")  # None: the lesion is placed "in the <organ>" without a sub-structure
+    location = tuple(sorted(set(names.split("/")), key=order.__getitem__)) if names else ()
     a, b = float(match.group("a")), float(match.group("b"))
     n, m = match.group("n"), match.group("m")
     count = int(n) if n is not None else int(m) if m is not None else 1
@@ -518,7 +519,7 @@ def _count_before_noun(sentence: str) -> int | str | None:
     match = _COUNT_NOUN_RE.search(sentence)
     if match is None:
         return None
-    words = sentence[max(0, match.start() - 48) : match.start()].split()[-4:]
+    words = sentence[max(0, match.start() - 64) : match.start()].split()[-6:]
     following: str | None = None
     for word in reversed(words):
         word = word.strip("(),")

@@ -22,7 +22,8 @@ What a case is:
   lesion is part of its organ, as in the released masks). HU: hypo = organ - 40, iso = organ HU with SD 1 noise
   (so the RadGPT rule sees iso), hyper = organ + 50.
 
-Files are written as the release does: `.nii.gz` NIfTI-1 built by nibabel (`Nifti1Image.to_bytes`), int16 CT,
+Files are written as the release does: `.nii.gz` NIfTI-1 whose uncompressed bytes equal nibabel's
+`Nifti1Image.to_bytes()` (header from nibabel, voxels in Fortran order; tested), int16 CT,
 int8 0/1 masks, one file per structure, in the `split` (`image_only/<id>/ct.nii.gz` +
 `mask_only/<id>/segmentations/<s>.nii.gz`) or `combined` (`<id>/ct.nii.gz` + `<id>/segmentations/<s>.nii.gz`)
 layout. The gzip stream is produced by ISA-L (level 1) with mtime 0 and no file name, so the same spec always gives
@@ -61,7 +62,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import isal.igzip
 import nibabel as nib
@@ -353,7 +354,7 @@ class OrganTruth:
             total_lesion_volume_mm3=data["total_lesion_volume_mm3"],
             organ_volume_mm3=data["organ_volume_mm3"],
             key_slice_z_vox=data["key_slice_z_vox"],
-            bbox_xyxy_vox=tuple(int(v) for v in bbox) if bbox is not None else None,
+            bbox_xyxy_vox=cast("tuple[int, int, int, int]", tuple(int(v) for v in bbox)) if bbox is not None else None,
             location=tuple(data["location"]),
             attenuation=data["attenuation"],
             lesion_mean_hu=data["lesion_mean_hu"],
@@ -462,8 +463,8 @@ class CaseTruth:
             folder_name=data["folder_name"],
             layout=data["layout"],
             split=data["split"],
-            shape=tuple(int(n) for n in data["shape"]),
-            spacing_mm=tuple(float(s) for s in data["spacing_mm"]),
+            shape=cast("tuple[int, int, int]", tuple(int(n) for n in data["shape"])),
+            spacing_mm=cast("tuple[float, float, float]", tuple(float(s) for s in data["spacing_mm"])),
             storage=data["storage"],
             quirks=tuple(data["quirks"]),
             defect=data["defect"],
@@ -535,14 +536,14 @@ class AtlasTruth:
 class _BoxMask:
     """A bool mask stored as its box: `data` covers canonical voxels `[start, start + data.shape)`."""
 
-    start: tuple[int, int, int]
+    start: tuple[int, ...]  # 3 canonical voxel indices
     data: np.ndarray  # bool (x, y, z) crop
 
     @property
-    def stop(self) -> tuple[int, int, int]:
+    def stop(self) -> tuple[int, ...]:
         return tuple(s + n for s, n in zip(self.start, self.data.shape, strict=True))
 
-    def slices(self) -> tuple[slice, slice, slice]:
+    def slices(self) -> tuple[slice, ...]:
         return tuple(slice(a, b) for a, b in zip(self.start, self.stop, strict=True))
 
     def embed(self, start: Sequence[int], shape: Sequence[int]) -> np.ndarray:
@@ -562,7 +563,7 @@ class _BoxMask:
         return int(np.count_nonzero(self.data))
 
 
-def _union_box(masks: Sequence[_BoxMask]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+def _union_box(masks: Sequence[_BoxMask]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Return (start, shape) of the box covering every mask."""
     start = tuple(min(m.start[i] for m in masks) for i in range(3))
     stop = tuple(max(m.stop[i] for m in masks) for i in range(3))
@@ -597,7 +598,7 @@ class _Grid:
     def uvw_to_vox(self, uvw: Sequence[float]) -> np.ndarray:
         return self.centre_vox + np.asarray(uvw) * self.body_units_mm / np.asarray(self.spacing_mm)
 
-    def ellipsoid(self, centre_vox: Sequence[float], semi_mm: Sequence[float]) -> _BoxMask:
+    def ellipsoid(self, centre_vox: Sequence[float] | np.ndarray, semi_mm: Sequence[float] | np.ndarray) -> _BoxMask:
         """Voxels whose centres lie in the ellipsoid (centre in voxel indices, semi-axes in mm), clipped to the grid."""
         centre = np.asarray(centre_vox, dtype=np.float64)
         semi_vox = np.asarray(semi_mm, dtype=np.float64) / np.asarray(self.spacing_mm)
@@ -733,7 +734,7 @@ def header_spacing_mm(spec: CaseSpec) -> tuple[float, float, float]:
 
     Truth volumes use it, so they equal a reader's voxel count x voxel volume exactly.
     """
-    return tuple(float(np.float32(s)) for s in spec.spacing_mm)
+    return cast("tuple[float, float, float]", tuple(float(np.float32(s)) for s in spec.spacing_mm))
 
 
 def _build_phantom(spec: CaseSpec) -> _Phantom:
@@ -888,7 +889,7 @@ def _organ_truth(organ: Organ, phantom: _Phantom, spacing_mm: tuple[float, float
 
 
 def _truth_location(
-    organ: Organ, comp: np.ndarray, start: tuple[int, int, int], shape: tuple[int, int, int], phantom: _Phantom
+    organ: Organ, comp: np.ndarray, start: tuple[int, ...], shape: tuple[int, ...], phantom: _Phantom
 ) -> tuple[str, ...]:
     """Parts holding > 10 % of the component's part-labelled voxels (kidney: the majority side, ties left)."""
     counts: dict[str, int] = {}
@@ -993,7 +994,7 @@ def _write_nifti_gz(
         claimed_shape: optional shape to claim in the header instead of `data.shape`.
     """
     data = np.asfortranarray(data)  # a no-op for the Fortran-ordered arrays built here
-    payload = memoryview(data.T).cast("B")  # data.T is C-contiguous: its bytes are `data` in Fortran order
+    payload = data.T.data.cast("B")  # data.T is C-contiguous: its bytes are `data` in Fortran order
     _write_gzip(path, [_nifti_header_block(data, affine, code=code, claimed_shape=claimed_shape), payload])
 
 
@@ -1313,7 +1314,7 @@ def _demo_catalogue() -> list[dict[str, Any]]:
         {},
         # 4: several liver lesions (3), hyper largest in segment 7, two small hypo.
         {"lesions": (_lesion(liver, "7", 8.0, "hyper"), _lesion(liver, "3", 3.0), _lesion(liver, "5", 3.0))},
-        # 5: pancreas: large hypo tail lesion (2.2 cm) + small body lesion.
+        # 5: pancreas: large hypo tail lesion (2.2 cm) + small head lesion.
         {"lesions": (_lesion(pancreas, "tail", (11.0, 6.0, 6.0)), _lesion(pancreas, "head", 3.0))},
         # 6: kidneys: two left lesions (iso largest) + one right.
         {"lesions": (_lesion(kidney, "left", 6.0, "iso"), _lesion(kidney, "right", 3.5, "hyper"))},

@@ -188,7 +188,7 @@ def build_sft_set_flow(
         "atlas_layout": discovery.layout,
         "split_source": "IID split files" if split_files else "case-id hash",
     }
-    by_split = {s: [r for r in rows if r["split"] == s] for s in (Split.TRAIN, Split.TEST)}
+    by_split = {str(s): [r for r in rows if r["split"] == s] for s in (Split.TRAIN, Split.TEST)}
     _write_card_table("findings", by_split, out, provenance)
     _write_sft(sft_rows, out, store, keys, provenance)
     rejection_rows = sorted(
@@ -260,7 +260,7 @@ def _write_sft(
     """Stream the SFT rows with their frames into shards (frames are read back per case, never all at once)."""
     data_dir = out / "sft" / "data"
     counts = {}
-    for split in (Split.TRAIN, Split.TEST):
+    for split in (str(Split.TRAIN), str(Split.TEST)):
         part = [r for r in sft_rows if r["split"] == split]
         counts[str(split)] = count_rows(part).get(split, {"total": 0})
         write_split_streaming(

@@ -287,6 +287,8 @@ def upload_table_task(repo_id: str, table: Table, commit_message: str) -> tuple[
     logger = get_run_logger()
     api = hub_api()
     head = api.repo_info(repo_id, repo_type="dataset", revision="main").sha
+    if head is None:
+        raise PublishError(f"the Hub gave no commit for main of {repo_id}; cannot compare before uploading.")
     differences = compare_files(table.files, hub_files(api, repo_id, head))
     if not differences:
         logger.info("main of %s (%s) already holds this table; nothing to upload.", repo_id, head)

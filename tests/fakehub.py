@@ -100,8 +100,9 @@ class HubState:
         if repo is None:
             raise KeyError(f"no repo {repo_type}/{repo_id}")
         n, oid = 0, repo.branches[branch]
-        while oid is not None:
-            n, oid = n + 1, repo.commits[oid].parent
+        parent: str | None = oid
+        while parent is not None:
+            n, parent = n + 1, repo.commits[parent].parent
         return n
 
     def new_commit(self, repo: Repo, parent: str | None, files: dict[str, str], title: str) -> Commit:

@@ -281,7 +281,9 @@ def verifier_messages(frame: Any, prompt: str) -> list[dict[str, Any]]:
         prompt: the verifier prompt (`emrl_data.report.VERIFIER_PROMPT`).
     """
     img = frame if isinstance(frame, Image.Image) else Image.fromarray(np.asarray(frame, dtype=np.uint8))
-    return [{"role": "user", "content": [{"type": "image", "image": img.convert("RGB")}, {"type": "text", "text": prompt}]}]
+    return [
+        {"role": "user", "content": [{"type": "image", "image": img.convert("RGB")}, {"type": "text", "text": prompt}]}
+    ]
 
 
 def render_prompt_text(processor: CTQwen3VLProcessor, prompt: str) -> str:

@@ -5,7 +5,7 @@ import pytest
 import torch
 from trl import GRPOConfig
 
-from train.data import frames_to_array, load_split, load_model_and_processor, user_messages
+from train.data import frames_to_array, load_model_and_processor, load_split, user_messages
 from train.freeze import parameter_group
 from train.grpo import build_grpo_trainer
 from train.rewards import Verifier
@@ -108,8 +108,11 @@ def test_verifier_once_per_completion_with_current_weights(grpo_run):
     assert reward.verifier.trainer is not None
 
 
-@pytest.mark.xfail(reason="open: TRL's HF generation path diverges from plain generate after the first tokens "
-                   "(decode-step M-RoPE / mm_token_type_ids); see the train/ report", strict=False)
+@pytest.mark.xfail(
+    reason="open: TRL's HF generation path diverges from plain generate after the first tokens "
+    "(decode-step M-RoPE / mm_token_type_ids); see the train/ report",
+    strict=False,
+)
 def test_verifier_text_equals_live_model_greedy_text(grpo_run):
     _, _, reward = grpo_run
     assert reward.matches == [True, True]  # the trainer's live model gives the same greedy text

@@ -1,0 +1,189 @@
+"""Tests of `emrl_data.card`: the YAML front matter the Hub and `datasets` read, and the card body."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from datasets import ClassLabel, Features, Image, LargeList, List, Value
+from PIL import Image as PILImage
+
+from emrl_data.card import DEFAULT_LABEL_DEFINITIONS, features_to_yaml_list, render_dataset_card
+
+
+SFT_LIKE = Features(
+    {
+        "case_id": Value("string"),
+        "has_lesion": Value("bool"),
+        "lesion_count": Value("int32"),
+        "long_axis_mm": Value("float64"),
+        "location": List(Value("string")),
+        "bbox_xyxy_px": List(Value("int32")),
+        "frames": List(Image()),
+    }
+)
+
+
+def _front_matter(card: str) -> dict[str, Any]:
+    assert card.startswith("---\n")
+    return yaml.safe_load(card.split("---\n")[1])
+
+
+def _card(**overrides: Any) -> str:
+    kwargs: dict[str, Any] = {
+        "table": "sft",
+        "features": SFT_LIKE.to_dict(),
+        "row_counts": {
+            "train": {"liver/negative": 2, "liver/positive": 3, "total": 5},
+            "test": {"liver/positive": 1, "total": 1},
+        },
+        "pipeline_version": "0.1.0",
+        "git_sha": "0123abc",
+        "config_fingerprint": "fedcba9876543210",
+    }
+    return render_dataset_card(**(kwargs | overrides))
+
+
+@pytest.mark.parametrize(
+    "features",
+    [
+        Features({"a": Value("string"), "b": Value("int32")}),  # plain values
+        Features({"img": Image()}),  # one image -> dtype: image
+        Features({"frames": List(Image())}),  # a list of images -> list: image
+        Features({"box": List(Value("int32"), length=4)}),  # fixed-length list keeps its length
+        Features({"s": {"x": Value("int64"), "y": List(Value("string"))}}),  # struct
+        Features({"grid": List(List(Value("int32")))}),  # nested list
+        Features({"items": List({"k": Value("string"), "im": Image()})}),  # list of structs
+        Features({"label": ClassLabel(names=["neg", "pos"])}),  # class labels get string keys
+        Features({"big": LargeList(Value("float32"))}),  # large list
+        SFT_LIKE,  # the shape of the sft table
+    ],
+)
+def test_features_to_yaml_list_matches_datasets(features: Features) -> None:
+    assert features_to_yaml_list(features.to_dict()) == features._to_yaml_list()
+
+
+def test_features_to_yaml_list_images_exact() -> None:
+    features = Features({"img": Image(), "frames": List(Image())}).to_dict()
+    assert features_to_yaml_list(features) == [{"name": "img", "dtype": "image"}, {"name": "frames", "list": "image"}]
+
+
+def test_render_dataset_card_front_matter_round_trips_into_features() -> None:
+    front = _front_matter(_card())
+    assert Features._from_yaml_list(front["dataset_info"]["features"]) == SFT_LIKE
+    assert front["configs"] == [
+        {
+            "config_name": "default",
+            "data_files": [
+                {"split": "train", "path": "data/train-*.parquet"},
+                {"split": "test", "path": "data/test-*.parquet"},
+            ],
+        }
+    ]
+    assert front["license"] == "other"
+    assert front["license_name"] == "abdomenatlas-3.0"
+    assert front["license_link"].startswith("https://")
+    assert front["task_categories"] == ["image-text-to-text", "visual-question-answering"]
+    assert "medical" in front["tags"]
+    assert front["size_categories"] == ["n<1K"]
+
+
+@pytest.mark.parametrize(
+    ("splits", "paths"),
+    [
+        (("train",), ["data/train-*.parquet"]),  # a single split
+        (("test", "train"), ["data/test-*.parquet", "data/train-*.parquet"]),  # order kept
+    ],
+)
+def test_render_dataset_card_configs_follow_splits(splits: tuple[str, ...], paths: list[str]) -> None:
+    front = _front_matter(_card(splits=splits))
+    assert [f["path"] for f in front["configs"][0]["data_files"]] == paths
+
+
+def test_render_dataset_card_row_counts_table_exact() -> None:
+    expected = "\n".join(
+        [
+            "| rows | `train` | `test` |",
+            "| --- | ---: | ---: |",
+            "| liver/negative | 2 | 0 |",
+            "| liver/positive | 3 | 1 |",
+            "| total | 5 | 1 |",
+        ]
+    )
+    assert expected in _card()
+
+
+def test_render_dataset_card_provenance_and_version() -> None:
+    card = _card(version="1.2.0")
+    assert "| release | v1.2.0 |" in card
+    assert "| pipeline version | `0.1.0` |" in card
+    assert "| git sha | `0123abc` |" in card
+    assert "| config fingerprint | `fedcba9876543210` |" in card
+    assert 'load_dataset("<repo_id>", revision="v1.2.0")' in card
+    assert "# E-MRL `sft` (v1.2.0)" in card
+
+
+def test_render_dataset_card_unknown_git_sha_and_no_version() -> None:
+    card = _card(git_sha=None)
+    assert "| git sha | `unknown` |" in card
+    assert "| release | unreleased |" in card
+
+
+def test_render_dataset_card_sections() -> None:
+    default = _card()
+    assert DEFAULT_LABEL_DEFINITIONS in default
+    assert "## Results" not in default
+    custom = _card(
+        label_definitions="Custom labels.", metrics_markdown="| organ | B-Acc |\n| --- | --- |\n| liver | 0.9 |"
+    )
+    assert "## Label definitions\n\nCustom labels.\n" in custom
+    assert DEFAULT_LABEL_DEFINITIONS not in custom
+    assert "## Results\n\n| organ | B-Acc |" in custom
+    assert "| `frames` | list<image> |" in default
+    assert "| `location` | list<string> |" in default
+    for citation in ("2501.04678", "2606.23888", "Bassi"):
+        assert citation in default
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"version": "v1.0.0"}, "is not X.Y.Z"),  # the tag given as the version
+        ({"version": "1.0"}, "is not X.Y.Z"),  # two parts
+        ({"splits": ()}, "splits is empty"),  # no split
+    ],
+)
+def test_render_dataset_card_bad_arguments_raise(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _card(**overrides)
+
+
+def test_render_dataset_card_alone_makes_datasets_decode_images(tmp_path: Path) -> None:
+    """A shard without Hugging Face schema metadata: the card's features alone make `frames` decode to PIL."""
+    buffer = io.BytesIO()
+    PILImage.new("L", (4, 4), 77).save(buffer, format="PNG")
+    frame_type = pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    schema = pa.schema([("case_id", pa.string()), ("frames", frame_type)])
+    rows = [{"case_id": "BDMAP_00000001", "frames": [{"bytes": buffer.getvalue(), "path": None}]}]
+    (tmp_path / "data").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp_path / "data" / "train-00000-of-00001.parquet")
+    features = Features({"case_id": Value("string"), "frames": List(Image())}).to_dict()
+    card = render_dataset_card(
+        table="sft",
+        features=features,
+        row_counts={"train": {"total": 1}},
+        pipeline_version="0.1.0",
+        git_sha=None,
+        config_fingerprint="0",
+        splits=("train",),
+    )
+    (tmp_path / "README.md").write_text(card)
+    loaded = datasets.load_dataset(str(tmp_path), split="train", cache_dir=str(tmp_path / "cache"))
+    assert loaded.features["frames"] == List(Image())
+    assert loaded[0]["frames"][0].getpixel((0, 0)) == 77
