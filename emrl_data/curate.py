@@ -80,6 +80,14 @@ def curate_case(
         try:
             labels = label_organ(images, organ, cfg=cfg.labels)
         except CaseDataError as err:
+            if err.reason == RejectReason.MASK_GRID_MISMATCH:
+                # SPEC §2: a mask that cannot be placed on the CT grid rejects the whole case (its other masks
+                # share the same provenance and cannot be trusted either).
+                result.rows.clear()
+                result.rejections = [r for r in result.rejections if r.reason == RejectReason.UNEXPECTED_ERROR] + [
+                    _rejection(ref, None, "load", err, keep_organ=False)
+                ]
+                return result
             result.rejections.append(_rejection(ref, organ, "labels", err))
             continue
         except Exception as err:
@@ -219,8 +227,11 @@ def _atlas_columns(labels: OrganLabels, meta: AtlasOrganMeta | None, cfg: Curate
     }
 
 
-def _rejection(ref: CaseRef, organ: Organ | None, step: str, err: CaseDataError) -> Rejection:
+def _rejection(
+    ref: CaseRef, organ: Organ | None, step: str, err: CaseDataError, *, keep_organ: bool = True
+) -> Rejection:
     organ_name = err.organ if err.organ is not None else (None if organ is None else str(organ))
+    organ_name = str(organ_name) if keep_organ and organ_name is not None else None
     return Rejection(ref.case_id, organ_name, step, err.reason, err.detail, err.path)
 
 

@@ -95,7 +95,7 @@ class FileDigest:
 
 
 @dataclass(frozen=True, slots=True)
-class Table:
+class TableFolder:
     """A table folder checked against its manifest.
 
     Attributes:
@@ -134,7 +134,7 @@ def digest_file(path: Path) -> FileDigest:
     return FileDigest(size, sha256.hexdigest(), git_sha1.hexdigest())
 
 
-def read_table(table_dir: Path) -> Table:
+def read_table(table_dir: Path) -> TableFolder:
     """Check a table folder against its `manifest.json` and return what is to be published.
 
     Every file the manifest lists must exist with its size and sha256; every `data/*.parquet` must be listed and
@@ -189,7 +189,7 @@ def read_table(table_dir: Path) -> Table:
         except (OSError, ValueError) as err:  # pyarrow raises ArrowInvalid (a ValueError) on a corrupt footer
             raise PublishError(f"{table_dir / rel} is not a readable Parquet file: {err}") from err
     files[MANIFEST] = digest_file(manifest_path)
-    return Table(root=table_dir, files=files, rows=rows, manifest=manifest)
+    return TableFolder(root=table_dir, files=files, rows=rows, manifest=manifest)
 
 
 def compare_files(expected: Mapping[str, FileDigest], found: Mapping[str, FileDigest]) -> list[str]:
@@ -282,7 +282,7 @@ def prepare_repo_task(repo_id: str, tag: str, private: bool) -> None:
 
 
 @task(**NETWORK_RETRIES)
-def upload_table_task(repo_id: str, table: Table, commit_message: str) -> tuple[str, bool]:
+def upload_table_task(repo_id: str, table: TableFolder, commit_message: str) -> tuple[str, bool]:
     """Make `main` hold exactly the table's files; return the commit oid and whether anything was uploaded."""
     logger = get_run_logger()
     api = hub_api()
@@ -307,7 +307,7 @@ def upload_table_task(repo_id: str, table: Table, commit_message: str) -> tuple[
 
 
 @task(**NETWORK_RETRIES)
-def tag_release_task(repo_id: str, tag: str, commit: str, table: Table, message: str) -> None:
+def tag_release_task(repo_id: str, tag: str, commit: str, table: TableFolder, message: str) -> None:
     """Check the files at `commit` against the table, then tag it (a retried request that already tagged is fine)."""
     api = hub_api()
     differences = compare_files(table.files, hub_files(api, repo_id, commit))
@@ -324,7 +324,7 @@ def tag_release_task(repo_id: str, tag: str, commit: str, table: Table, message:
 
 
 @task(**NETWORK_RETRIES)
-def verify_hub_release_task(repo_id: str, tag: str, table: Table) -> dict[str, dict[str, int]]:
+def verify_hub_release_task(repo_id: str, tag: str, table: TableFolder) -> dict[str, dict[str, int]]:
     """Check the files at the tag against the table and read the release back; return rows and decoded images."""
     differences = compare_files(table.files, hub_files(hub_api(), repo_id, tag))
     if differences:
@@ -349,7 +349,7 @@ def _decoded_images(value: Any, feature: Any) -> int:
     return 0
 
 
-def _table_features(table: Table) -> datasets.Features | None:
+def _table_features(table: TableFolder) -> datasets.Features | None:
     """Return the Hub features the table's first shard carries in its Parquet metadata, or None."""
     first = next(rel for rel in sorted(table.files) if rel.startswith("data/"))
     metadata = pq.read_schema(table.root / first).metadata or {}
@@ -358,7 +358,7 @@ def _table_features(table: Table) -> datasets.Features | None:
     return datasets.Features.from_dict(json.loads(metadata[b"huggingface"])["info"]["features"])
 
 
-def read_back(path: str, revision: str | None, table: Table) -> dict[str, dict[str, int]]:
+def read_back(path: str, revision: str | None, table: TableFolder) -> dict[str, dict[str, int]]:
     """Read a release with `datasets.load_dataset(path, revision=revision, streaming=True)` and check it.
 
     Streaming reads only what is needed: every row of one small column to count rows, and the first row of each
@@ -422,7 +422,7 @@ def local_tag_exists(root: Path, tag: str) -> bool:
     return (root / TAGS_DIR / tag).exists()
 
 
-def sync_local_main(table: Table, root: Path) -> bool:
+def sync_local_main(table: TableFolder, root: Path) -> bool:
     """Make `root` hold exactly the table's files (copy, rename into place, drop stale shards); True when changed."""
     current = local_files(root)
     if not compare_files(table.files, current):
@@ -441,7 +441,7 @@ def sync_local_main(table: Table, root: Path) -> bool:
     return True
 
 
-def tag_local(root: Path, tag: str, table: Table) -> Path:
+def tag_local(root: Path, tag: str, table: TableFolder) -> Path:
     """Snapshot the table's files of `root` into `root/.tags/<tag>/` (read-only hard links, else copies).
 
     The snapshot is assembled in a temporary folder and renamed into place, so it appears complete or not at all.

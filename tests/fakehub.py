@@ -99,8 +99,8 @@ class HubState:
         repo = self.repo(repo_type, repo_id)
         if repo is None:
             raise KeyError(f"no repo {repo_type}/{repo_id}")
-        n, oid = 0, repo.branches[branch]
-        parent: str | None = oid
+        n = 0
+        parent: str | None = repo.branches[branch]
         while parent is not None:
             n, parent = n + 1, repo.commits[parent].parent
         return n
