@@ -293,3 +293,57 @@ def sort_locations(organ: Organ, names: Iterable[str]) -> tuple[str, ...]:
     if unknown:
         raise ValueError(f"unknown {organ} location(s) {sorted(unknown)}; valid: {list(vocab)}")
     return tuple(n for n in vocab if n in chosen)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The plan of a run: cases, their splits and metadata, and what was rejected before any image was read
+
+
+@dataclass(frozen=True, slots=True)
+class AtlasPlan:
+    """Everything known about an atlas before its images are read."""
+
+    layout: str
+    refs: tuple[CaseRef, ...]
+    splits: dict[str, str]
+    split_source: str  # "IID split files" or "case-id hash"
+    metadata: dict[str, dict[Organ, AtlasOrganMeta]]
+    rejections: tuple[Rejection, ...]  # invalid case ids, unreadable metadata rows
+
+
+def plan_atlas(root: Path, *, limit: int | None = None, test_fraction: float = 0.10) -> AtlasPlan:
+    """Discover the cases, assign splits (IID files, else the hash split) and read the metadata CSV if present.
+
+    A case missing from existing split files gets the hash split. A metadata row that cannot be parsed becomes a
+    `bad_metadata_row` rejection (step "metadata"); the case itself still runs, without `atlas_*` values.
+    """
+    root = Path(root).resolve()
+    discovery = discover_cases(root)
+    refs = discovery.refs[:limit] if limit is not None else discovery.refs
+    split_files = read_split_files(root)
+    splits = {
+        r.case_id: str(
+            split_files[r.case_id]
+            if split_files and r.case_id in split_files
+            else hash_split(r.case_id, test_fraction=test_fraction)
+        )
+        for r in refs
+    }
+    rejections = list(discovery.rejections)
+    metadata: dict[str, dict[Organ, AtlasOrganMeta]] = {}
+    if (root / METADATA_FILE).is_file():
+        metadata, problems = read_metadata(root / METADATA_FILE)
+        wanted = {r.case_id for r in refs}
+        for case_id, problem in sorted(problems.items()):
+            if case_id in wanted or not is_valid_case_id(case_id):
+                rejections.append(
+                    Rejection(case_id, None, "metadata", RejectReason.BAD_METADATA_ROW, problem, METADATA_FILE)
+                )
+    return AtlasPlan(
+        discovery.layout,
+        tuple(refs),
+        splits,
+        "IID split files" if split_files else "case-id hash",
+        metadata,
+        tuple(rejections),
+    )

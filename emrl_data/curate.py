@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from emrl_data import __version__
-from emrl_data.atlas import AtlasOrganMeta, CaseRef
+from emrl_data.atlas import ORGAN_STRUCTURES, AtlasOrganMeta, CaseRef
 from emrl_data.config import CurateConfig
 from emrl_data.frames import build_frames
 from emrl_data.labels import OrganLabels, label_organ
@@ -232,7 +232,13 @@ def _rejection(
 ) -> Rejection:
     organ_name = err.organ if err.organ is not None else (None if organ is None else str(organ))
     organ_name = str(organ_name) if keep_organ and organ_name is not None else None
-    return Rejection(ref.case_id, organ_name, step, err.reason, err.detail, err.path)
+    detail, path = err.detail, err.path
+    if path is None and organ is not None:  # label errors know the organ, not the file: name the file here
+        structures = ORGAN_STRUCTURES[organ]
+        names = [structures.lesion_mask] if err.reason == RejectReason.LESION_OUTSIDE_ORGAN else structures.organ_masks
+        path = ", ".join(ref.relative(ref.structure_path(n) or ref.mask_dir / f"{n}.nii.gz") for n in names)
+        detail = f"{detail} [{path}]"
+    return Rejection(ref.case_id, organ_name, step, err.reason, detail, path)
 
 
 def _unexpected(ref: CaseRef, organ: Organ | None, step: str, err: Exception) -> Rejection:

@@ -134,15 +134,15 @@ _BBOX_JSON_VALUE_RE = re.compile(
     r"bbox(?:_2d)?[\"']?\s*[:=]\s*[\[(]?" + _NUM + "," + _NUM + "," + _NUM + "," + _NUM + r"[\])]?"
 )
 
-# Words of other organs (and of the two other target organs): a sentence naming only these is dropped.
-_ORGAN_WORD_RE = re.compile(
-    r"(?:(liver|hepatic|hepato\w*|couinaud|caudate)"
-    r"|(pancrea\w*|uncinate)"
-    r"|(kidneys?|(?<!ad)renal|nephr\w*)"
-    r"|(spleen|splenic|chest|lungs?|pulmonary|pleural?|adrenals?|gall ?bladder|colon|colonic|stomach|gastric|bowel"
-    r"|duoden\w*|lymph\w*|pelvis|pelvic|bones?|osseous|spine|aorta|aortic|bladder|prostate|uter\w*|ovar\w*|heart))\b"
+# Words of other organs (and of the two other target organs): a sentence naming only these is dropped. Matched on
+# whole words (punctuation removed), exactly or by prefix.
+_ORGAN_WORDS = frozenset(
+    "liver hepatic couinaud caudate uncinate kidney kidneys renal spleen splenic chest lung lungs pulmonary pleura "
+    "pleural adrenal adrenals gall gallbladder colon colonic stomach gastric bowel pelvis pelvic bone bones osseous spine "
+    "aorta aortic bladder prostate heart".split()
 )
-_ORGAN_GROUP = {1: Organ.LIVER, 2: Organ.PANCREAS, 3: Organ.KIDNEY}
+_ORGAN_PREFIXES = ("hepato", "pancrea", "nephr", "duoden", "lymph", "uter", "ovar")
+_PUNCTUATION_TO_SPACE = str.maketrans({c: " " for c in "()[]{},:;.!?/\\\"'<>|*+=&%$#@~`^"})
 _RENAL_RE = re.compile(r"(?<!ad)renal")
 
 _POSITIVE_RE = re.compile(
@@ -328,6 +328,14 @@ def _names_organ(sentence: str, organ: Organ) -> bool:
     )
 
 
+def _names_any_organ(sentence: str) -> bool:
+    """Return True when the sentence names any organ (whole words; the target organ is tested before)."""
+    for word in sentence.translate(_PUNCTUATION_TO_SPACE).split():
+        if word in _ORGAN_WORDS or word.startswith(_ORGAN_PREFIXES):
+            return True
+    return False
+
+
 def _is_negative(sentence: str) -> bool:
     """Return True when the sentence denies a lesion."""
     for hint in _NEGATION_HINTS:
@@ -363,7 +371,7 @@ def _read_section(text: str, organ: Organ) -> _Section:
                 in_other_lesion = False
             context = organ
             organ_named = True
-        elif _ORGAN_WORD_RE.search(sentence) is not None:
+        elif _names_any_organ(sentence):
             context = _OTHER
             in_other_lesion = False
             continue

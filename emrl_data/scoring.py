@@ -247,12 +247,22 @@ def window_iou(k: int | None, k_true: int | None) -> float:
 
 def _attribute_sum(pred: ParsedReport | ParseFailure, truth: Truth, cfg: ScoringConfig) -> float:
     """Return sum of w * S over (size, location, enhancement), weights renormalised over the applicable ones."""
-    scores = (size_score(pred, truth, cfg), location_score(pred, truth), enhancement_score(pred, truth))
+    return _weighted(size_score(pred, truth, cfg), location_score(pred, truth), enhancement_score(pred, truth), cfg)
+
+
+def _weighted(size: float | None, location: float | None, enhancement: float | None, cfg: ScoringConfig) -> float:
+    """Return the weighted attribute sum; weights of None scores are left out and the rest renormalised."""
+    w_size, w_location, w_enhancement = cfg.attribute_weights
     total = weight = 0.0
-    for w, s in zip(cfg.attribute_weights, scores, strict=True):
-        if s is not None:
-            total += w * s
-            weight += w
+    if size is not None:
+        total += w_size * size
+        weight += w_size
+    if location is not None:
+        total += w_location * location
+        weight += w_location
+    if enhancement is not None:
+        total += w_enhancement * enhancement
+        weight += w_enhancement
     return total / weight if weight > 0 else 0.0
 
 
@@ -415,16 +425,26 @@ def score_report(
             pred_key_slice=None,
             pred_bbox=None,
         )
-    existence = existence_score(pred, truth)
-    reward_f = _r_f_parsed(pred, truth, cfg)
+    existence = 1.0 if pred.has_lesion == positive else 0.0
+    if positive:
+        size, location, enhancement = (
+            size_score(pred, truth, cfg),
+            location_score(pred, truth),
+            enhancement_score(pred, truth),
+        )
+        reward_f = _weighted(size, location, enhancement, cfg)
+        hit = k_hit(pred, truth, cfg)
+    else:
+        size = location = enhancement = hit = None
+        reward_f = existence
     reward_c = r_c(verifier_text, pred.key_slice, truth, cfg) if verifier_text is not None else None
     return ReportScore(
         parse_failure=None,
         existence=existence,
-        size=size_score(pred, truth, cfg),
-        location=location_score(pred, truth),
-        enhancement=enhancement_score(pred, truth),
-        k_hit=k_hit(pred, truth, cfg),
+        size=size,
+        location=location,
+        enhancement=enhancement,
+        k_hit=hit,
         r_e=existence,
         r_f=reward_f,
         r_c=reward_c,

@@ -1128,7 +1128,7 @@ def _expected_rejections(spec: CaseSpec, ct_rel: str, mask_rel: str, folder_rel:
         "missing_organ_mask": (Organ.PANCREAS, f"{mask_rel}/pancreas.nii.gz"),
         "empty_organ_mask": (Organ.PANCREAS, f"{mask_rel}/pancreas.nii.gz"),
         "lesion_outside_organ": (Organ.LIVER, f"{mask_rel}/liver_lesion.nii.gz"),
-        "mask_grid_mismatch": (Organ.LIVER, f"{mask_rel}/liver.nii.gz"),
+        "mask_grid_mismatch": (None, f"{mask_rel}/liver.nii.gz"),  # SPEC §2: rejects the whole case
         "invalid_case_id": (None, folder_rel),
         "bad_metadata_row": (None, METADATA_CSV_NAME),
     }

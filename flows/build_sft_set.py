@@ -22,15 +22,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from tqdm import tqdm
 
 from emrl_data import __version__
-from emrl_data.atlas import (
-    METADATA_FILE,
-    AtlasOrganMeta,
-    CaseRef,
-    discover_cases,
-    hash_split,
-    read_metadata,
-    read_split_files,
-)
+from emrl_data.atlas import AtlasOrganMeta, CaseRef, plan_atlas
 from emrl_data.card import render_dataset_card
 from emrl_data.config import CurateConfig, SftConfig
 from emrl_data.curate import CaseResult, CaseStore, case_cache_key, curate_case
@@ -106,34 +98,15 @@ def build_sft_set_flow(
     root, out = Path(atlas_root).resolve(), Path(output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
 
-    discovery = discover_cases(root)
-    refs = list(discovery.refs)[: limit if limit is not None else None]
-    rejections: list[Rejection] = list(discovery.rejections)
-    split_files = read_split_files(root)
-    splits = {
-        r.case_id: str(
-            split_files[r.case_id]
-            if split_files and r.case_id in split_files
-            else hash_split(r.case_id, test_fraction=test_fraction)
-        )
-        for r in refs
-    }
-    metadata: dict[str, dict[Organ, AtlasOrganMeta]] = {}
-    metadata_path = root / METADATA_FILE
-    if metadata_path.is_file():
-        metadata, problems = read_metadata(metadata_path)
-        wanted = {r.case_id for r in refs}
-        for case_id, problem in sorted(problems.items()):
-            if case_id in wanted or not case_id.startswith("BDMAP_"):
-                rejections.append(
-                    Rejection(case_id, None, "metadata", RejectReason.BAD_METADATA_ROW, problem, METADATA_FILE)
-                )
+    plan = plan_atlas(root, limit=limit, test_fraction=test_fraction)
+    refs, splits, metadata = list(plan.refs), plan.splits, plan.metadata
+    rejections: list[Rejection] = list(plan.rejections)
     logger.info(
         "%d cases in %s (%s layout), split from %s, metadata: %s",
         len(refs),
         root,
-        discovery.layout,
-        "IID split files" if split_files else "case-id hash",
+        plan.layout,
+        plan.split_source,
         "yes" if metadata else "no",
     )
 
@@ -185,8 +158,8 @@ def build_sft_set_flow(
         "config_fingerprint": cfg.fingerprint(),
         "config": cfg.to_dict(),
         "sft_config": {"negatives_per_positive": negatives_per_positive, "seed": seed, "test_fraction": test_fraction},
-        "atlas_layout": discovery.layout,
-        "split_source": "IID split files" if split_files else "case-id hash",
+        "atlas_layout": plan.layout,
+        "split_source": plan.split_source,
     }
     by_split = {str(s): [r for r in rows if r["split"] == s] for s in (Split.TRAIN, Split.TEST)}
     _write_card_table("findings", by_split, out, provenance)

@@ -384,11 +384,12 @@ def read_back(path: str, revision: str | None, table: TableFolder) -> dict[str, 
     images: dict[str, int] = {}
     count_column = None
     for split, stream in streams.items():
+        features = dict(stream.features or {})  # None when datasets could not infer them
         if expected_features is not None and stream.features != expected_features:
             raise VerificationError(f"{path}@{revision} split {split} reads back features {stream.features}")
         first = next(iter(stream), None)
-        images[split] = 0 if first is None else _decoded_images(first, dict(stream.features))
-        count_column = next((n for n, f in stream.features.items() if isinstance(f, datasets.Value)), None)
+        images[split] = 0 if first is None else _decoded_images(first, features)
+        count_column = next((n for n, f in features.items() if isinstance(f, datasets.Value)), None)
     counts = datasets.load_dataset(
         path, revision=revision, streaming=True, columns=[count_column] if count_column else None
     )

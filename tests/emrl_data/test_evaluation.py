@@ -124,7 +124,7 @@ def _big_rows() -> list[dict[str, Any]]:
     for i in range(60):
         rows.append(pos("liver", 10.0 + i, i % 3 != 0, size=float(i % 2 == 0)))
         rows.append(neg("liver", i % 4 != 0))
-        rows.append(pos("kidney", 30.0, i % 5 != 0))
+        rows.append(pos("kidney", 50.0 - i, i % 5 != 0))
         rows.append(neg("kidney", i % 2 == 0))
     return rows
 
