@@ -52,7 +52,9 @@ def _template(truth: Truth, labels: dict, rng: random.Random) -> str:
     """Render a report exactly as `emrl_data.report` does, with labels perturbed like a model's answer."""
     if not truth.has_lesion and rng.random() < 0.8:
         organ = truth.organ
-        return render_report(render_findings(organ, has_lesion=False), render_impression(organ, has_lesion=False), None)
+        return render_report(
+            render_findings(organ, has_lesion=False), render_impression(organ, has_lesion=False), None
+        )
     while not labels:  # a false positive on a negative row: describe some lesion
         _, labels = _random_truth(rng)
         labels = {**labels, "location": LOCATION_NAMES[truth.organ][:1]} if labels else labels
@@ -174,6 +176,16 @@ def rate(items: list[tuple[str, Truth, str | None]], repeat: int) -> float:
     return len(items) / best
 
 
+def calibration_us(repeat: int = 200) -> float:
+    """Return the best time of `sum(range(1000))` in microseconds: a machine-speed reference printed with the rates."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        sum(range(1000))
+        best = min(best, time.perf_counter() - start)
+    return best * 1e6
+
+
 def main() -> None:
     """Run the benchmark and print the table."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -181,6 +193,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="timed runs; the best is reported")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    print(f"machine reference: sum(range(1000)) = {calibration_us():.1f} us (best of 200)")
     sets = build(args.n, args.seed)
     everything = [item for items in sets.values() for item in items]
     random.Random(args.seed).shuffle(everything)
@@ -192,6 +205,7 @@ def main() -> None:
     per_s = rate(everything, args.repeat)
     print(f"{'all (mixed)':12s} {len(everything):6d} {per_s:10.0f} {per_s / TARGET_PER_S:9.2f}")
     print(f"target {TARGET_PER_S}/s: {'met' if per_s >= TARGET_PER_S else 'NOT met'} ({per_s / TARGET_PER_S:.2f}x)")
+    print(f"machine reference: sum(range(1000)) = {calibration_us():.1f} us (best of 200; compare runs across hosts)")
 
 
 if __name__ == "__main__":

@@ -36,12 +36,17 @@ How a report is read
      "1 cm or 3 cm") -> size None.
    * location: the set of sub-structures named (liver segments in digits, roman numerals or "S7", "caudate" = 1,
      ranges "5-8"; pancreas head/body/tail, "uncinate" = head; kidney left/right, "bilateral"/"both" = both),
-     sorted in `LOCATION_NAMES` order. A lesion placed only "in the liver" (no sub-structure) has location `()`.
+     sorted in `LOCATION_NAMES` order. A lesion placed only "in the liver" / "in the kidney" (no sub-structure; how
+     `format_location` renders an empty location) has location `()`.
    * attenuation: the categories named (hypo-/iso-/hyper- attenuating, -dense, -enhancing; low/high attenuation).
    * lesion count: "Multiple (N)" or a number word before the lesion noun; "multiple" alone -> None; a single
      lesion ("A ... lesion") -> 1; a negative report -> 0.
    * key slice and box: the `<key_slice>` and `<bbox>` tags anywhere in the text (fallbacks: "key lesion is in
      image k", Qwen's `"bbox_2d": [...]`). A negative report has neither (its tags are ignored).
+
+Speed: a report rendered exactly by `emrl_data.report` (what an SFT model mostly writes) is read by one anchored
+pattern per organ (`_parse_template`), tested to give the same result as the general path on every template; any
+other text takes the general path. `bench/scoring.py` measures both.
 
 Anti-gaming rules (tested in tests/emrl_data/test_parser.py)
 -------------------------------------------------------------

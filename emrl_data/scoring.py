@@ -58,6 +58,7 @@ __all__ = [
     "size_score",
     "total_reward",
     "truth_from_row",
+    "window_iou",
 ]
 
 _EPS = 1e-9

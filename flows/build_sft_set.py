@@ -167,7 +167,8 @@ def build_sft_set_flow(
     rejection_rows = sorted(
         (r.to_row() for r in rejections), key=lambda r: (r["case_id"], r["organ"] or "", r["step"], r["reason"])
     )
-    _write_card_table("rejections", {"rejections": rejection_rows}, out, provenance)
+    # One split; "train" is the Hub convention for a table without splits (load_dataset maps it by name).
+    _write_card_table("rejections", {"train": rejection_rows}, out, provenance)
 
     # Every input case is accounted for: a row or a rejection.
     accounted = {r["case_id"] for r in rows} | {r.case_id for r in rejections}

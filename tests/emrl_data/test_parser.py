@@ -73,7 +73,11 @@ def _all_template_cases() -> list[tuple[str, Organ, ParsedReport]]:
         except ValueError:
             pass
         for location, attenuation, count, (long_mm, short_mm), evidence in itertools.product(
-            subsets, ("hypo", "iso", "hyper"), (1, 2, 17), sizes, (None, (12, (0, 5, 999, 1000)), (1, (10, 20, 30, 40)))
+            subsets,
+            ("hypo", "iso", "hyper"),
+            (1, 2, 17),
+            sizes,
+            (None, (12, (0, 5, 999, 1000)), (1, (10, 20, 30, 40))),
         ):
             text = _render(organ, location, attenuation, count, long_mm, short_mm, evidence)
             expected = _positive(
@@ -293,7 +297,9 @@ def test_parse_report_table(text: str, organ: Organ, expected: ParsedReport) -> 
         ),
         # several <bbox> tags -> bbox None
         (
-            LIVER_T + LIVER_I + " || <key_slice>7</key_slice>, <bbox>[1, 2, 3, 4]</bbox><bbox>[0, 0, 1000, 1000]</bbox>",
+            LIVER_T
+            + LIVER_I
+            + " || <key_slice>7</key_slice>, <bbox>[1, 2, 3, 4]</bbox><bbox>[0, 0, 1000, 1000]</bbox>",
             Organ.LIVER,
             _positive(3.1, 2.2, ("5", "8"), "hypo", 7, None, 1),
         ),

@@ -1,0 +1,21 @@
+"""Fixtures for `inference` tests: a tiny local Qwen3-VL checkpoint (built here, nothing downloaded) and requests."""
+
+from pathlib import Path
+
+import pytest
+
+from inference.backends import InferenceRequest
+from tests.inference.helpers import make_requests
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    from train.tiny import save_tiny
+
+    return save_tiny(tmp_path_factory.mktemp("inference-tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="session")
+def requests3() -> list[InferenceRequest]:
+    # different frame counts (8, 5 odd, 6) and prompt lengths, so a batch needs left padding
+    return make_requests([8, 5, 6])

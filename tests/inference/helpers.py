@@ -1,0 +1,66 @@
+"""Test helpers: constructed requests, a scripted echo backend, and a slow run to be killed mid-way."""
+
+from __future__ import annotations
+
+import io
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+from PIL import Image
+
+from inference.backends import InferenceRequest, InferenceResult
+from inference.store import ResultStore, run_inference
+
+
+PROMPTS = ("Describe the liver.", "Write the pancreas report for these CT frames, please.", "Kidney?")
+
+
+def png(arr: np.ndarray) -> bytes:
+    """Return PNG bytes of a 2-D uint8 array."""
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def make_requests(frame_counts: Sequence[int], size_px: int = 64, seed: int = 0) -> list[InferenceRequest]:
+    """Return one request per frame count: random 8-bit frames, prompts cycling through `PROMPTS`."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, n in enumerate(frame_counts):
+        frames = [png(rng.integers(0, 256, (size_px, size_px), dtype=np.uint8)) for _ in range(n)]
+        out.append(InferenceRequest(f"BDMAP_{i + 1:08d}/liver", PROMPTS[i % len(PROMPTS)], frames))
+    return out
+
+
+class EchoBackend:
+    """A backend whose text is `"echo:<id>"`; records every request it was given; optional delay per request."""
+
+    name = "echo"
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.seen: list[str] = []
+
+    def generate(self, requests: Sequence[InferenceRequest]) -> list[InferenceResult]:
+        out = []
+        for r in requests:
+            time.sleep(self.delay_s)
+            self.seen.append(r.request_id)
+            out.append(InferenceResult(r.request_id, f"echo:{r.request_id}", None, self.delay_s, 1))
+        return out
+
+
+def text_requests(n: int) -> list[InferenceRequest]:
+    """Return `n` requests with one tiny frame each (for store tests: the echo backend never decodes them)."""
+    return [InferenceRequest(f"r{i:03d}", "p", [b"\x89PNG"]) for i in range(n)]
+
+
+def slow_run(store_path: str, n: int, delay_s: float) -> None:
+    """Run `n` echo requests one per batch, `delay_s` each, into the store (the test kills this process mid-way)."""
+    run_inference(EchoBackend(delay_s), text_requests(n), ResultStore(store_path), batch_size=1)
+
+
+if __name__ == "__main__":
+    slow_run(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))
