@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from emrl_data.scoring import DEFAULT_CONFIG, ScoringConfig, score_report, truth_from_row
 from emrl_data.types import Organ
 
 
@@ -436,3 +437,29 @@ def write_evaluation(result: EvaluationResult, out_dir: str | Path) -> dict[str,
     _write_atomic(paths["plot"], _plot(result))
     logger.info("Wrote %s", ", ".join(str(p) for p in paths.values()))
     return paths
+
+
+def score_predictions(
+    rows: Sequence[Mapping[str, Any]], *, text_column: str = "prediction", cfg: ScoringConfig | None = None
+) -> list[dict[str, Any]]:
+    """Score raw predictions: each row holds the truth columns of the `sft` table and the model's report text.
+
+    Rows that already carry scores (an `existence` key) are passed through unchanged, so a `predictions` table
+    written by `build-rl-hardset` evaluates as it is.
+
+    Returns:
+        Rows ready for `evaluate`: organ, has_lesion, long_axis_mm and the `ReportScore` fields.
+    """
+    scored = []
+    for row in rows:
+        if "existence" in row:
+            scored.append(dict(row))
+            continue
+        if text_column not in row:
+            raise ValueError(f"A prediction row has neither scores nor a {text_column!r} column: {sorted(row)}.")
+        score = score_report(row[text_column] or "", truth_from_row(row), cfg=cfg or DEFAULT_CONFIG)
+        scored.append(
+            {"organ": row["organ"], "has_lesion": row["has_lesion"], "long_axis_mm": row["long_axis_mm"]}
+            | score.to_row()
+        )
+    return scored

@@ -2,6 +2,7 @@
 
     emrl synth OUT [--cases 32] [--layout split|combined]
     emrl build-sft-set ATLAS OUT [--batch-size 8] [--workers 2] [--limit N]
+    emrl eval PREDICTIONS [--out eval-output]
     emrl demo [--out demo-output]
 
 It lives in `flows/` because it runs the Prefect flows; `emrl_data` stays free of Prefect.
@@ -51,6 +52,21 @@ def _build_sft_set(args: argparse.Namespace) -> dict:
     return summary
 
 
+def _eval(args: argparse.Namespace) -> None:
+    import polars as pl
+
+    from emrl_data.evaluation import evaluate, score_predictions, write_evaluation
+
+    path = Path(args.predictions)
+    frame = pl.read_ndjson(path) if path.suffix in (".jsonl", ".ndjson") else pl.read_parquet(path)
+    rows = score_predictions(frame.to_dicts(), text_column=args.text_column)
+    result = evaluate(rows, n_bootstrap=args.bootstrap, seed=args.seed)
+    paths = write_evaluation(result, Path(args.out))
+    print(result.to_markdown())
+    for kind, written in paths.items():
+        print(f"  {kind:<9} {written}")
+
+
 def _demo(args: argparse.Namespace) -> None:
     out = Path(args.out).resolve()
     atlas = out / "atlas"
@@ -88,6 +104,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--negatives-per-positive", type=float, default=1.0)
     p.set_defaults(func=_build_sft_set)
+
+    p = sub.add_parser("eval", help="Table 1/2 (paper) with bootstrap CIs from a predictions file")
+    p.add_argument("predictions", type=Path, help="parquet or jsonl: sft truth columns + a report column, or scores")
+    p.add_argument("--out", type=Path, default=Path("eval-output"))
+    p.add_argument("--text-column", default="prediction")
+    p.add_argument("--bootstrap", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_eval)
 
     p = sub.add_parser("demo", help="synthetic atlas -> the whole pipeline, printing what it made")
     p.add_argument("--out", type=Path, default=Path("demo-output"))

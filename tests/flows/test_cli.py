@@ -1,0 +1,48 @@
+"""The `emrl` command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+
+from emrl_data.report import render_evidence, render_findings, render_impression, render_report
+from emrl_data.types import Organ
+from flows.cli import main
+
+
+def _positive_report(long_axis_mm: float, location: list[str], k: int) -> str:
+    kwargs = dict(has_lesion=True, lesion_count=1, long_axis_mm=long_axis_mm, location=location, attenuation="hypo")
+    findings = render_findings(Organ.LIVER, short_axis_mm=10.0, volume_mm3=900.0, **kwargs)
+    return render_report(findings, render_impression(Organ.LIVER, **kwargs), render_evidence(k, [1, 2, 30, 40]))
+
+
+def test_eval_writes_tables_from_raw_predictions(tmp_path: Path, capsys) -> None:
+    truth = {"organ": "liver", "attenuation": "hypo", "location": ["5"], "key_slice_frame": 7}
+    rows = [
+        # a perfect positive (15 mm: the <= 2 cm bin)
+        {**truth, "has_lesion": True, "long_axis_mm": 15.0, "prediction": _positive_report(15.0, ["5"], 7)},
+        # a positive with the wrong location and a K-Hit miss (30 mm: the > 2 cm bin)
+        {**truth, "has_lesion": True, "long_axis_mm": 30.0, "prediction": _positive_report(30.0, ["6"], 12)},
+        # a true negative, and a false positive
+        {**truth, "has_lesion": False, "long_axis_mm": None, "location": [], "attenuation": None,
+         "key_slice_frame": None, "prediction": render_report("No focal liver lesion is identified.", "No liver tumor.", None)},
+        {**truth, "has_lesion": False, "long_axis_mm": None, "location": [], "attenuation": None,
+         "key_slice_frame": None, "prediction": _positive_report(20.0, ["5"], 3)},
+    ]  # fmt: skip
+    path = tmp_path / "preds.parquet"
+    pl.DataFrame(rows).write_parquet(path)
+
+    main(["eval", str(path), "--out", str(tmp_path / "eval"), "--bootstrap", "50"])
+
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    text = json.dumps(metrics)
+    assert (tmp_path / "eval" / "metrics.md").is_file() and (tmp_path / "eval" / "metrics.png").is_file()
+    assert "Table 1" in capsys.readouterr().out
+    # Sen 2/2, Spec 1/2, B-Acc 0.75; location 1/2, K-Hit 1/2, size 2/2.
+    assert '"sen"' in text
+    liver1 = metrics["table1"]["liver"]
+    assert liver1["sen"]["value"] == 1.0 and liver1["spec"]["value"] == 0.5 and liver1["bacc"]["value"] == 0.75
+    liver2 = metrics["table2"]["liver"]
+    assert liver2["size"]["value"] == 1.0 and liver2["location"]["value"] == 0.5 and liver2["k_hit"]["value"] == 0.5
