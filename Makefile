@@ -8,7 +8,7 @@ export PREFECT_HOME ?= $(CURDIR)/.prefect-home
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
 export PREFECT_LOGGING_LEVEL ?= WARNING
 
-.PHONY: venv demo test lint schemas bench clean
+.PHONY: venv demo test lint schemas bench train-smoke clean
 
 venv: $(VENV)/.installed
 
@@ -39,6 +39,12 @@ schemas: venv
 bench: venv
 	$(BIN)/python bench/curate.py
 	$(BIN)/python bench/scoring.py
+
+# A tiny Qwen3-VL (built locally from a config) trained for a few dozen SFT steps on the demo SFT set (CPU).
+train-smoke: venv
+	test -d demo-output/sft || $(MAKE) demo
+	$(BIN)/python -m train.sft --config train/configs/sft_tiny.yaml --dataset_dir demo-output/sft --output_dir demo-output/sft_model
+	bash train/device_check.sh --tiny demo-output/device_check.json
 
 clean:
 	rm -rf demo-output .prefect-home .pytest_cache

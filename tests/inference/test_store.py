@@ -123,11 +123,13 @@ def test_kill_after_k_rows_then_rerun_does_only_the_rest(tmp_path):
     n, k = 40, 5
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "tests.inference.helpers", str(path), str(n), "0.05"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = tmp_path / "run.log"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.monotonic() + 60
         while (not path.exists() or path.read_bytes().count(b"\n") < k) and time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stderr.read().decode()
+            assert proc.poll() is None, log.read_text()
             time.sleep(0.01)
         os.kill(proc.pid, signal.SIGKILL)  # a real crash, at whatever point the writer is
         proc.wait(timeout=10)
