@@ -59,7 +59,8 @@ def text_requests(n: int) -> list[InferenceRequest]:
 
 def slow_run(store_path: str, n: int, delay_s: float) -> None:
     """Run `n` echo requests one per batch, `delay_s` each, into the store (the test kills this process mid-way)."""
-    run_inference(EchoBackend(delay_s), text_requests(n), ResultStore(store_path), batch_size=1)
+    with ResultStore(store_path) as store:
+        run_inference(EchoBackend(delay_s), text_requests(n), store, batch_size=1)
 
 
 if __name__ == "__main__":

@@ -104,7 +104,7 @@ def test_run_inference_batches_progress_and_resume(tmp_path):
 
 
 def test_run_inference_rejects_duplicates_and_misordered_backends(tmp_path):
-    store = ResultStore(tmp_path / "r.jsonl")
+    store = ResultStore(tmp_path / "r.jsonl")  # nothing is ever written: no file handle to close
     dup = [InferenceRequest("x", "p", [b""]), InferenceRequest("x", "q", [b""])]
     with pytest.raises(ValueError, match="Duplicate"):
         run_inference(EchoBackend(), dup, store, batch_size=2)
@@ -142,6 +142,7 @@ def test_kill_after_k_rows_then_rerun_does_only_the_rest(tmp_path):
     done = set(store.results)
     assert k <= len(done) < n
     backend = EchoBackend()
-    out = run_inference(backend, text_requests(n), store, batch_size=4)
+    with store:
+        out = run_inference(backend, text_requests(n), store, batch_size=4)
     assert sorted(backend.seen) == sorted({f"r{i:03d}" for i in range(n)} - done)  # exactly the missing rows
     assert len(out) == n and all(r.ok for r in out.values())
