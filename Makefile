@@ -24,13 +24,13 @@ demo: venv
 	$(BIN)/emrl demo --out demo-output
 
 test: venv
-	$(BIN)/ruff check emrl_data flows train tests bench
+	$(BIN)/ruff check emrl_data flows train inference tests bench
 	$(BIN)/lint-imports
 	$(BIN)/pytest -q
 
 lint: venv
-	$(BIN)/ruff check emrl_data flows train tests bench
-	$(BIN)/ruff format --check emrl_data flows train tests bench
+	$(BIN)/ruff check emrl_data flows train inference tests bench
+	$(BIN)/ruff format --check emrl_data flows train inference tests bench
 	$(BIN)/lint-imports
 
 schemas: venv

@@ -53,7 +53,6 @@ logger = logging.getLogger(__name__)
 VLLM_VIDEO_EXTRA_BODY: dict[str, Any] = {
     "mm_processor_kwargs": {
         "do_sample_frames": False,
-        "fps": 1.0,
         "size": {"shortest_edge": 32 * 32, "longest_edge": 1 << 30},  # a pixel budget that never resizes a frame
     },
     "media_io_kwargs": {"video": {"num_frames": -1, "fps": 1}},
