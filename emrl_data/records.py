@@ -115,10 +115,56 @@ def hub_features(schema: pa.Schema) -> dict[str, Any]:
     return json.loads(schema.metadata[b"huggingface"])["info"]["features"]
 
 
+HARD_COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
+    (
+        "hard_reasons",
+        pa.list_(pa.string()),
+        False,
+        "why the row was chosen: existence | size | location | enhancement | k_hit | parse_failure",
+    ),
+    ("hard_rank", pa.int32(), False, "rank within its organ by SFT reward, 1 = hardest"),
+    ("sft_prediction", pa.string(), False, "the SFT model's report"),
+    ("sft_reward", pa.float64(), False, "R of the SFT model's report (r_c not computed during mining)"),
+]
+
+PREDICTION_COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
+    ("case_id", pa.string(), False, "case id"),
+    ("organ", pa.string(), False, "liver | pancreas | kidney"),
+    ("split", pa.string(), False, "train | test"),
+    ("has_lesion", pa.bool_(), False, "truth"),
+    ("long_axis_mm", pa.float64(), True, "truth"),
+    ("location", pa.list_(pa.string()), False, "truth"),
+    ("attenuation", pa.string(), True, "truth"),
+    ("key_slice_frame", pa.int32(), True, "truth, 1-based frame"),
+    ("n_frames", pa.int32(), False, "frames shown to the model"),
+    ("prediction", pa.string(), True, "the model's report (null when inference failed)"),
+    ("inference_error", pa.string(), True, "why inference failed, null when it succeeded"),
+    ("model", pa.string(), False, "checkpoint path or endpoint model name"),
+    ("parse_failure", pa.string(), True, "parser failure reason"),
+    ("score_existence", pa.float64(), True, "existence correct (0/1)"),
+    ("score_size", pa.float64(), True, "size correct (0/1), null on true negatives"),
+    ("score_location", pa.float64(), True, "location correct (0/1), null on true negatives"),
+    ("score_enhancement", pa.float64(), True, "enhancement correct (0/1), null on true negatives"),
+    ("score_k_hit", pa.float64(), True, "key slice within +-1 frame (0/1), null on true negatives"),
+    ("r_e", pa.float64(), True, "existence reward"),
+    ("r_f", pa.float64(), True, "findings reward"),
+    ("reward", pa.float64(), True, "R (r_c not computed during mining)"),
+    ("pred_has_lesion", pa.bool_(), True, "parsed claim"),
+    ("pred_long_axis_cm", pa.float64(), True, "parsed long axis"),
+    ("pred_location", pa.list_(pa.string()), True, "parsed location"),
+    ("pred_attenuation", pa.string(), True, "parsed attenuation"),
+    ("pred_key_slice", pa.int32(), True, "parsed key frame"),
+    ("pred_bbox", _INT_LIST, True, "parsed box (0-1000 grid)"),
+    ("hard", pa.bool_(), True, "wrong existence, attribute or K-Hit"),
+    ("hard_reasons", pa.list_(pa.string()), True, "why it is hard"),
+]
+
 TABLE_COLUMNS: dict[str, list[tuple[str, pa.DataType, bool, str]]] = {
     "findings": ORGAN_ROW_COLUMNS,
     "sft": [*ORGAN_ROW_COLUMNS, FRAMES_COLUMN],
     "rejections": REJECTION_COLUMNS,
+    "predictions": PREDICTION_COLUMNS,
+    "rl_hardset": [*ORGAN_ROW_COLUMNS, FRAMES_COLUMN, *HARD_COLUMNS],
 }
 SCHEMAS: dict[str, pa.Schema] = {name: make_schema(cols) for name, cols in TABLE_COLUMNS.items()}
 FINDINGS_SCHEMA = SCHEMAS["findings"]

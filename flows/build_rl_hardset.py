@@ -1,0 +1,393 @@
+"""Flow `build-rl-hardset`: SFT rows -> the SFT model's reports -> parse -> score -> the hard set for GRPO.
+
+sft shards (train + test) -> predictions (resumable: one fsync'd JSONL line per finished row) -> scores from the
+shared `emrl_data.scoring` (the GRPO reward's own functions) -> `predictions` table (every row) + Table 1/2 of the SFT
+model on train and test -> `rl_hardset` (train rows the model gets wrong, ranked by R, stratified by organ, capped
+at `target_size`, each with the reasons it was chosen and the SFT prediction). Thin: selection is in
+`emrl_data.mining`, scoring in `emrl_data.scoring`, inference in `inference`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from tqdm import tqdm
+
+from emrl_data import __version__
+from emrl_data.card import render_dataset_card
+from emrl_data.dataset import count_rows, row_order, table_features
+from emrl_data.evaluation import evaluate, write_evaluation
+from emrl_data.mining import select_hard_rows
+from emrl_data.records import SCHEMAS, check_required
+from emrl_data.scoring import ReportScore, is_hard, score_report, truth_from_row
+from emrl_data.shards import (
+    sha256_file,
+    table_manifest,
+    write_json_atomic,
+    write_split_shards,
+    write_split_streaming,
+    write_text_atomic,
+)
+from flows._common import Progress, git_sha
+from inference import OpenAIBackend, ResultStore, TransformersBackend, request_from_row, run_inference
+
+
+TRUTH_COLUMNS = [
+    "case_id",
+    "organ",
+    "split",
+    "has_lesion",
+    "long_axis_mm",
+    "location",
+    "attenuation",
+    "key_slice_frame",
+    "n_frames",
+]
+
+
+def _shards(sft_dir: Path, split: str) -> list[Path]:
+    return sorted((sft_dir / "data").glob(f"{split}-*-of-*.parquet"))
+
+
+def _iter_rows(sft_dir: Path, split: str, columns: Sequence[str] | None = None, batch: int = 32) -> Iterator[dict]:
+    """Stream the rows of a split (a few row batches in memory at a time, never all frames at once)."""
+    for path in _shards(sft_dir, split):
+        for record_batch in pq.ParquetFile(path).iter_batches(batch_size=batch, columns=columns):
+            yield from record_batch.to_pylist()
+
+
+def _make_backend(
+    backend: str, model_path: str | None, endpoint_url: str | None, endpoint_model: str | None, **kw: Any
+):
+    if backend == "transformers":
+        if not model_path:
+            raise ValueError("backend='transformers' needs model_path (a local checkpoint directory).")
+        return TransformersBackend(
+            model_path, device=kw["device"], batch_size=kw["batch_size"], max_new_tokens=kw["max_new_tokens"]
+        )
+    if backend == "openai":
+        if not endpoint_url or not endpoint_model:
+            raise ValueError("backend='openai' needs endpoint_url (…/v1) and endpoint_model.")
+        return OpenAIBackend(
+            endpoint_url, endpoint_model, max_concurrency=kw["max_concurrency"], max_tokens=kw["max_new_tokens"]
+        )
+    raise ValueError(f"backend={backend!r}; expected 'transformers' or 'openai'.")
+
+
+@task(cache_policy=NO_CACHE)
+def predict_task(
+    sft_dir: str, splits: list[str], store_path: str, backend_kwargs: dict[str, Any], limit: int | None
+) -> dict[str, dict[str, Any]]:
+    """Run the model over the rows of `splits` that the store has no result for; return every result by row id."""
+    logger = get_run_logger()
+    sft = Path(sft_dir)
+    total = sum(min(pq.ParquetFile(p).metadata.num_rows, limit or 10**12) for s in splits for p in _shards(sft, s))
+    progress = Progress(total, f"build-rl-hardset: {total} predictions")
+    backend = _make_backend(**backend_kwargs)
+    results: dict[str, dict[str, Any]] = {}
+    with (
+        ResultStore(Path(store_path)) as store,
+        tqdm(total=total, desc="SFT model predictions", unit="row", file=sys.stderr, disable=None) as bar,
+    ):
+        for split in splits:
+            chunk: list = []
+            rows = _iter_rows(sft, split, ["case_id", "organ", "prompt", "frames"])
+            for index, row in enumerate(rows):
+                if limit is not None and index >= limit:
+                    break
+                chunk.append(request_from_row(row))
+                if len(chunk) == 32:
+                    results |= _run(backend, chunk, store, backend_kwargs["batch_size"], bar, progress)
+                    chunk = []
+            if chunk:
+                results |= _run(backend, chunk, store, backend_kwargs["batch_size"], bar, progress)
+    failed = sum(r["error"] is not None for r in results.values())
+    logger.info("%d predictions (%d failed) in %s", len(results), failed, store_path)
+    return results
+
+
+def _run(backend, requests, store, batch_size, bar, progress) -> dict[str, dict[str, Any]]:
+    def tick(n: int) -> None:
+        bar.update(n)
+        progress.advance(n)
+
+    already = len(requests) - len(store.pending(requests))
+    if already:
+        tick(already)
+    done = run_inference(backend, requests, store, batch_size=batch_size, progress=tick)
+    return {rid: {"text": r.text, "error": r.error} for rid, r in done.items()}
+
+
+def _prediction_row(truth_row: Mapping[str, Any], result: Mapping[str, Any], model: str) -> tuple[dict, ReportScore]:
+    score = score_report(result["text"] or "", truth_from_row(truth_row))
+    hard, reasons = is_hard(score)
+    row = {c: truth_row[c] for c in TRUTH_COLUMNS}
+    row |= {
+        "prediction": result["text"],
+        "inference_error": result["error"],
+        "model": model,
+        "parse_failure": score.parse_failure,
+        "score_existence": score.existence,
+        "score_size": score.size,
+        "score_location": score.location,
+        "score_enhancement": score.enhancement,
+        "score_k_hit": score.k_hit,
+        "r_e": score.r_e,
+        "r_f": score.r_f,
+        "reward": score.reward,
+        "pred_has_lesion": score.pred_has_lesion,
+        "pred_long_axis_cm": score.pred_long_axis_cm,
+        "pred_location": None if score.pred_location is None else list(score.pred_location),
+        "pred_attenuation": score.pred_attenuation,
+        "pred_key_slice": score.pred_key_slice,
+        "pred_bbox": None if score.pred_bbox is None else list(score.pred_bbox),
+        "hard": hard,
+        "hard_reasons": list(reasons),
+    }
+    return row, score
+
+
+def _eval_row(row: Mapping[str, Any], score: ReportScore) -> dict[str, Any]:
+    return {"organ": row["organ"], "has_lesion": row["has_lesion"], "long_axis_mm": row["long_axis_mm"]} | (
+        score.to_row()
+    )
+
+
+@flow(name="build-rl-hardset")
+def build_rl_hardset_flow(
+    sft_dir: str,
+    output_dir: str,
+    model_path: str | None = None,
+    backend: str = "transformers",
+    endpoint_url: str | None = None,
+    endpoint_model: str | None = None,
+    target_size: int = 2000,
+    batch_size: int = 4,
+    max_new_tokens: int = 256,
+    max_concurrency: int = 8,
+    device: str = "auto",
+    max_failed_predictions: int = 0,
+    n_bootstrap: int = 1000,
+    limit: int | None = None,
+) -> dict[str, Any]:
+    """Mine the SFT model's mistakes on the SFT train split into the `rl_hardset` table.
+
+    Args:
+        sft_dir: the `sft` table folder written by build-sft-set.
+        output_dir: where `predictions/` and `rl_hardset/` go (usually the same output root as the SFT set).
+        model_path: the SFT checkpoint directory (backend "transformers").
+        backend: "transformers" (local checkpoint) or "openai" (an OpenAI-compatible endpoint such as `vllm serve`).
+        endpoint_url: the endpoint's base URL including `/v1` (backend "openai").
+        endpoint_model: the model name the endpoint serves (backend "openai").
+        target_size: the cap of the hard set (paper: about 2K).
+        batch_size: rows per generate call.
+        max_new_tokens: generation length cap.
+        max_concurrency: in-flight requests (backend "openai").
+        device: "auto", "cpu" or "cuda[:N]" (backend "transformers").
+        max_failed_predictions: the flow fails when more rows than this could not be predicted.
+        n_bootstrap: bootstrap replicates of the metric intervals.
+        limit: predict only the first N rows of each split (smoke runs).
+
+    Returns:
+        The run summary (also `rl_hardset/summary.json`).
+    """
+    logger = get_run_logger()
+    started = time.perf_counter()
+    sft, out = Path(sft_dir).resolve(), Path(output_dir).resolve()
+    if not _shards(sft, "train"):
+        raise FileNotFoundError(f"No train shards under {sft / 'data'}; run build-sft-set first.")
+    model = model_path if backend == "transformers" else f"{endpoint_url}#{endpoint_model}"
+    # The prediction store is keyed on the model, the generation settings and the exact SFT shards.
+    key_src = json.dumps(
+        {
+            "model": str(Path(model_path).resolve()) if model_path else model,
+            "max_new_tokens": max_new_tokens,
+            "shards": [sha256_file(p) for s in ("train", "test") for p in _shards(sft, s)],
+        },
+        sort_keys=True,
+    )
+    store_path = out / ".work" / f"predictions-{hashlib.sha256(key_src.encode()).hexdigest()[:16]}.jsonl"
+    store_path.parent.mkdir(parents=True, exist_ok=True)
+    backend_kwargs = {
+        "backend": backend,
+        "model_path": model_path,
+        "endpoint_url": endpoint_url,
+        "endpoint_model": endpoint_model,
+        "batch_size": batch_size,
+        "max_new_tokens": max_new_tokens,
+        "max_concurrency": max_concurrency,
+        "device": device,
+    }
+    results = predict_task(str(sft), ["train", "test"], str(store_path), backend_kwargs, limit)
+
+    # Score every predicted row with the shared scorer.
+    predictions: list[dict[str, Any]] = []
+    scored: dict[str, list[tuple[dict, ReportScore]]] = {"train": [], "test": []}
+    frame_bytes: dict[str, int] = {}
+    for split in ("train", "test"):
+        for row in _iter_rows(sft, split, [*TRUTH_COLUMNS, "frames"]):
+            rid = f"{row['case_id']}/{row['organ']}"
+            if rid not in results:
+                continue
+            frame_bytes[rid] = sum(len(f["bytes"]) for f in row["frames"])
+            prediction, score = _prediction_row(row, results[rid], str(model))
+            predictions.append(prediction)
+            if results[rid]["error"] is None:
+                scored[split].append((row, score))
+    failed = [p for p in predictions if p["inference_error"] is not None]
+
+    # Select the hard rows of the train split.
+    chosen = select_hard_rows(scored["train"], target_size=target_size)
+    chosen_by_id = {f"{h.case_id}/{h.organ}": h for h in chosen}
+    prediction_by_id = {f"{p['case_id']}/{p['organ']}": p for p in predictions}
+
+    provenance = {
+        "pipeline_version": __version__,
+        "git_sha": git_sha(),
+        "config_fingerprint": hashlib.sha256(key_src.encode()).hexdigest()[:16],
+        "model": str(model),
+        "sft_dir": str(sft),
+        "target_size": target_size,
+    }
+    # predictions table
+    predictions.sort(key=row_order)
+    for split in ("train", "test"):
+        rows = [p for p in predictions if p["split"] == split]
+        for r in rows:
+            check_required("predictions", r)
+        write_split_shards(rows, SCHEMAS["predictions"], out / "predictions" / "data", split)
+    _finish_table(
+        "predictions",
+        out,
+        provenance,
+        {s: {"total": sum(p["split"] == s for p in predictions)} for s in ("train", "test")},
+    )
+
+    # rl_hardset table (train rows with their frames, streamed)
+    hard_rows_light = [r for r, _ in scored["train"] if f"{r['case_id']}/{r['organ']}" in chosen_by_id]
+    hard_rows_light.sort(key=row_order)
+    ids = [f"{r['case_id']}/{r['organ']}" for r in hard_rows_light]
+    write_split_streaming(
+        _hard_rows(sft, set(ids), chosen_by_id, prediction_by_id),
+        [frame_bytes[i] for i in ids],
+        SCHEMAS["rl_hardset"],
+        out / "rl_hardset" / "data",
+        "train",
+    )
+
+    # Metrics of the SFT model on train and test.
+    metrics_md = []
+    for split in ("train", "test"):
+        if scored[split]:
+            result = evaluate([_eval_row(r, s) for r, s in scored[split]], n_bootstrap=n_bootstrap)
+            write_evaluation(result, out / "rl_hardset" / f"metrics_{split}")
+            metrics_md.append(f"### SFT model on the {split} split\n\n{result.to_markdown()}")
+    metrics_text = "\n\n".join(metrics_md)
+    write_text_atomic(metrics_text + "\n", out / "rl_hardset" / "metrics.md")
+    write_json_atomic(
+        {s: json.loads((out / "rl_hardset" / f"metrics_{s}" / "metrics.json").read_text()) for s in ("train", "test")
+         if (out / "rl_hardset" / f"metrics_{s}" / "metrics.json").is_file()},
+        out / "rl_hardset" / "metrics.json",
+    )  # fmt: skip
+    counts = {"train": count_rows(hard_rows_light).get("train", {"total": 0})}
+    _finish_table("rl_hardset", out, provenance, counts, metrics_text)
+
+    reasons: dict[str, int] = {}
+    for h in chosen:
+        for reason in h.reasons:
+            reasons[reason] = reasons.get(reason, 0) + 1
+    summary = {
+        **provenance,
+        "predictions": len(predictions),
+        "failed_predictions": len(failed),
+        "hard_in_train": sum(is_hard(s)[0] for _, s in scored["train"]),
+        "train_rows_scored": len(scored["train"]),
+        "rl_hardset_rows": len(chosen),
+        "rl_hardset_by_organ": {o: sum(h.organ == o for h in chosen) for o in ("liver", "pancreas", "kidney")},
+        "reasons": dict(sorted(reasons.items())),
+        "seconds": round(time.perf_counter() - started, 2),
+        "tables": {"predictions": str(out / "predictions"), "rl_hardset": str(out / "rl_hardset")},
+    }
+    write_json_atomic(summary, out / "rl_hardset" / "summary.json")
+    summary_md = _summary_markdown(summary, metrics_text)
+    write_text_atomic(summary_md, out / "rl_hardset" / "summary.md")
+    create_markdown_artifact(key="build-rl-hardset-summary", markdown=summary_md, description="hard set + SFT metrics")
+    create_table_artifact(
+        key="build-rl-hardset-rows",
+        table=[{"case_id": h.case_id, "organ": h.organ, "rank": h.rank, "reward": round(h.reward, 4),
+                "reasons": ", ".join(h.reasons)} for h in chosen[:500]]
+        or [{"case_id": "", "organ": "", "rank": 0, "reward": 0.0, "reasons": "none"}],
+        description="the chosen rows and why (first 500)",
+    )  # fmt: skip
+    logger.info("build-rl-hardset: %d hard rows of %d train rows", len(chosen), len(scored["train"]))
+    if len(failed) > max_failed_predictions:
+        raise RuntimeError(
+            f"{len(failed)} row(s) could not be predicted (max_failed_predictions={max_failed_predictions}); "
+            f"rerun to retry only them. First: {failed[0]['case_id']}/{failed[0]['organ']}: {failed[0]['inference_error']}"
+        )
+    return summary
+
+
+def _hard_rows(
+    sft: Path, ids: set[str], chosen: Mapping[str, Any], predictions: Mapping[str, Mapping[str, Any]]
+) -> Iterator[dict[str, Any]]:
+    for row in _iter_rows(sft, "train"):
+        rid = f"{row['case_id']}/{row['organ']}"
+        if rid in ids:
+            h = chosen[rid]
+            full = row | {
+                "hard_reasons": list(h.reasons),
+                "hard_rank": h.rank,
+                "sft_prediction": predictions[rid]["prediction"],
+                "sft_reward": h.reward,
+            }
+            check_required("rl_hardset", full)
+            yield full
+
+
+def _finish_table(
+    name: str, out: Path, provenance: Mapping[str, Any], counts: Mapping[str, Any], metrics: str | None = None
+) -> None:
+    card = render_dataset_card(
+        table=name,
+        features=table_features(name),
+        row_counts=dict(counts),
+        pipeline_version=provenance["pipeline_version"],
+        git_sha=provenance["git_sha"],
+        config_fingerprint=provenance["config_fingerprint"],
+        metrics_markdown=metrics or None,
+        splits=tuple(counts),
+    )
+    write_text_atomic(card, out / name / "README.md")
+    write_json_atomic(table_manifest(out / name, {**provenance, "row_counts": counts}), out / name / "manifest.json")
+
+
+def _summary_markdown(summary: Mapping[str, Any], metrics: str) -> str:
+    lines = [
+        "# build-rl-hardset",
+        "",
+        f"- model: `{summary['model']}`",
+        f"- predictions: **{summary['predictions']}** ({summary['failed_predictions']} failed)",
+        f"- hard train rows: {summary['hard_in_train']} of {summary['train_rows_scored']}; "
+        f"chosen: **{summary['rl_hardset_rows']}** (cap {summary['target_size']}) "
+        + ", ".join(f"{o} {n}" for o, n in summary["rl_hardset_by_organ"].items()),
+        "- reasons: " + (", ".join(f"{k} {v}" for k, v in summary["reasons"].items()) or "none"),
+        f"- took {summary['seconds']} s",
+        "",
+        "Outputs:",
+        "",
+        *(f"- `{name}`: {path}" for name, path in summary["tables"].items()),
+        "",
+        metrics,
+    ]
+    return "\n".join(lines) + "\n"
