@@ -48,3 +48,13 @@ train-smoke: venv
 
 clean:
 	rm -rf demo-output .prefect-home .pytest_cache
+
+# A local Prefect server + work pool + deployments + worker (state, logs and DB in .prefect-home/server/);
+# prints the UI address, the API URL and the exact `prefect deployment run FLOW/DEPLOYMENT` lines.
+# PORT=4200 picks the port (default: a free one). `make serve-stop` stops exactly what it started, by PID.
+.PHONY: serve serve-stop
+serve: venv
+	$(BIN)/python -m flows.server up $(if $(PORT),--port $(PORT))
+
+serve-stop: venv
+	$(BIN)/python -m flows.server down

@@ -1,4 +1,15 @@
-"""SFT and GRPO stages on CPU with the tiny model: parameter groups, video in the loss, padding, verifier."""
+"""SFT and GRPO stages on CPU with the tiny model: parameter groups, video in the loss, padding, verifier.
+
+Generation references. Inside `trainer.train()` the policy is in train mode with activation (gradient) checkpointing
+on. A plain `model.generate` in that state is NOT a valid reference: every `GradientCheckpointingLayer` then drops
+`past_key_values` (transformers 5.17 `modeling_layers.py`), so the `DynamicCache` that `generate` created stays empty
+while `cache_position` advances and only the newest token is fed: from the second token on, each step sees one
+token and no context (the old xfail "matches only on the first token"). TRL's own path disables checkpointing for
+generation (`trl.models.utils._unwrap_model_for_generation`), and so does `_plain_generate` here. `_greedy_reference`
+needs no cache at all: one full forward over prompt + tokens so far per step (the ground truth).
+"""
+
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -23,12 +34,73 @@ def _changed_groups(before, model):
     return changed, same
 
 
+@contextmanager
+def _checkpointing_off(model, gradient_checkpointing_kwargs=None):
+    """Disable activation checkpointing for the block (a checkpointed layer discards the KV cache), then restore it."""
+    was_on = model.is_gradient_checkpointing
+    if was_on:
+        model.gradient_checkpointing_disable()
+    try:
+        yield model
+    finally:
+        if was_on:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
+
+
+def _until_eos(ids, eos_ids):
+    """Cut a token list after its first EOS (kept), as TRL masks completions."""
+    out = []
+    for t in ids:
+        out.append(int(t))
+        if int(t) in eos_ids:
+            break
+    return out
+
+
+def _plain_generate(model, inputs, max_new_tokens, suppress, eos_ids, gc_kwargs=None):
+    """Greedy `model.generate` (KV cache on, checkpointing off) -> one token list per row, cut after EOS.
+
+    `gc_kwargs` are the checkpointing kwargs to restore afterwards (the trainer's `gradient_checkpointing_kwargs`).
+    """
+    with _checkpointing_off(model, gc_kwargs), torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, suppress_tokens=suppress,
+                             eos_token_id=eos_ids, pad_token_id=eos_ids[0])  # fmt: skip
+    return [_until_eos(row, eos_ids) for row in out[:, inputs["input_ids"].shape[1] :].tolist()]
+
+
+def _greedy_reference(model, inputs, max_new_tokens, suppress, eos_ids):
+    """Greedy decoding without any cache: a full forward of prompt + tokens so far per step (ground truth).
+
+    `inputs` is a processor output (`input_ids` (B, P), `attention_mask`, `mm_token_type_ids` (B, P), pixel fields);
+    generated tokens are text (type 0), so `mm_token_type_ids` grows with zeros.
+    """
+    ids, mask, mm = inputs["input_ids"], inputs["attention_mask"], inputs["mm_token_type_ids"]
+    pixels = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask", "mm_token_type_ids")}
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = model(input_ids=ids, attention_mask=mask, mm_token_type_ids=mm, use_cache=False, **pixels).logits
+            logits = logits[:, -1].clone()
+            logits[:, suppress] = -float("inf")
+            nxt = logits.argmax(-1, keepdim=True)
+            ids, mask, mm = (
+                torch.cat([ids, nxt], 1),
+                torch.cat([mask, torch.ones_like(nxt)], 1),
+                torch.cat([mm, 0 * nxt], 1),
+            )
+    return [_until_eos(row, eos_ids) for row in ids[:, inputs["input_ids"].shape[1] :].tolist()]
+
+
 def _length_reward(completions, **kwargs):
     return [float(len(c[0]["content"]) % 7) for c in completions]  # varies within a group -> nonzero advantages
 
 
 class _VerifierReward:
-    """Calls the verifier on each row's frame 1 and checks it used the trainer's current weights."""
+    """Calls the verifier on each row's frame 1 and checks it used the trainer's current weights.
+
+    Per call it records whether the verifier's texts equal (a) a plain greedy `generate` of the live model and (b) the
+    cache-free greedy reference, on the same batch, and whether the policy was then in train mode with checkpointing on
+    (the state in which a naive `model.generate` breaks).
+    """
 
     __name__ = "r_verify"
 
@@ -36,6 +108,8 @@ class _VerifierReward:
         self.verifier = Verifier(max_new_tokens=4)
         self.per_call = []
         self.matches = []
+        self.reference_matches = []
+        self.training_with_checkpointing = []
 
     def __call__(self, completions, frames, **kwargs):
         shown = [frames_to_array(f)[0] for f in frames]
@@ -46,13 +120,17 @@ class _VerifierReward:
         from emrl_data.report import VERIFIER_PROMPT
         from train.data import verifier_messages
 
+        self.training_with_checkpointing.append(model.training and model.is_gradient_checkpointing)
         msgs = [verifier_messages(f, VERIFIER_PROMPT) for f in shown]  # same batch as the verifier's call
         inputs = proc.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True,
                                           return_tensors="pt", padding=True)  # fmt: skip
-        with torch.no_grad():
-            out = model.generate(**inputs, max_new_tokens=4, do_sample=False, suppress_tokens=proc.vision_token_ids)
-        direct = proc.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-        self.matches.append(direct == texts)
+        eos = list(trainer.eos_token_ids)
+        direct = _plain_generate(
+            model, inputs, 4, proc.vision_token_ids, eos, trainer.args.gradient_checkpointing_kwargs
+        )
+        reference = _greedy_reference(model, inputs, 4, proc.vision_token_ids, eos)
+        self.matches.append(proc.batch_decode(direct, skip_special_tokens=True) == texts)
+        self.reference_matches.append(proc.batch_decode(reference, skip_special_tokens=True) == texts)
         return [float(len(t) % 3) for t in texts]
 
 
@@ -108,14 +186,89 @@ def test_verifier_once_per_completion_with_current_weights(grpo_run):
     assert reward.verifier.trainer is not None
 
 
-@pytest.mark.xfail(
-    reason="open: TRL's HF generation path diverges from plain generate after the first tokens "
-    "(decode-step M-RoPE / mm_token_type_ids); see the train/ report",
-    strict=False,
-)
 def test_verifier_text_equals_live_model_greedy_text(grpo_run):
     _, _, reward = grpo_run
+    assert reward.training_with_checkpointing == [
+        True,
+        True,
+    ]  # the verifier ran in the state that broke plain generate
     assert reward.matches == [True, True]  # the trainer's live model gives the same greedy text
+    assert reward.reference_matches == [True, True]  # and so does cache-free greedy decoding
+
+
+@pytest.fixture(scope="module")
+def greedy_rollout(grpo_run):
+    """One greedy GRPO rollout batch (2 prompts x 4) through `VideoGRPOTrainer._generate_and_score_completions`.
+
+    Taken after the 2 training steps (live weights, train mode, checkpointing on). The rewards are swapped for
+    `_length_reward` so the verifier's call counts stay those of training.
+    """
+    trainer, _, _ = grpo_run
+    saved_config, saved_funcs = trainer.generation_config, trainer.reward_funcs
+    greedy = saved_config.__class__.from_dict(saved_config.to_dict())
+    greedy.do_sample, greedy.temperature, greedy.top_p, greedy.top_k, greedy.min_p = False, None, None, None, None
+    rows = [dict(trainer.train_dataset[i]) for i in (0, 0, 0, 0, 1, 1, 1, 1)]  # liver, pancreas: prompts differ
+    trainer.generation_config, trainer.reward_funcs = greedy, [_length_reward, _length_reward]
+    try:
+        out = trainer._generate_and_score_completions(rows)
+    finally:
+        trainer.generation_config, trainer.reward_funcs = saved_config, saved_funcs
+    return trainer, rows, out
+
+
+def _row_inputs(proc, row):
+    """Plain processor inputs of one GRPO row (unpadded): the sample's user turn, rendered as in SFT."""
+    prompt = row["prompt"][-1]["content"]
+    return proc.apply_chat_template([user_messages(prompt, row["frames"])], add_generation_prompt=True,
+                                    tokenize=True, return_dict=True, return_tensors="pt")  # fmt: skip
+
+
+def test_grpo_rollout_greedy_completion_equals_plain_generate(greedy_rollout):
+    trainer, rows, out = greedy_rollout
+    model, proc = trainer.accelerator.unwrap_model(trainer.model), trainer.processing_class
+    assert model.training and model.is_gradient_checkpointing  # the live training state
+    eos, n_new = list(trainer.eos_token_ids), trainer.max_completion_length
+    prompt_lens = out["prompt_mask"].sum(1).tolist()
+    assert len(set(prompt_lens)) == 2  # two prompt lengths: the shorter prompt is left-padded in the batch
+    for i, row in enumerate(rows):
+        inputs = _row_inputs(proc, row)
+        trl_prompt = out["prompt_ids"][i][out["prompt_mask"][i].bool()].tolist()
+        assert trl_prompt == inputs["input_ids"][0].tolist()  # same prompt tokens (video placeholder included)
+        rollout = out["completion_ids"][i][out["completion_mask"][i].bool()].tolist()
+        assert len(rollout) > 1  # more than the first token is compared
+        plain = _plain_generate(
+            model, inputs, n_new, proc.vision_token_ids, eos, trainer.args.gradient_checkpointing_kwargs
+        )
+        plain = plain[0]
+        assert rollout == plain  # the rollout is what the policy generates on its own
+        assert rollout == _greedy_reference(model, inputs, n_new, proc.vision_token_ids, eos)[0]
+
+
+def test_loss_logprobs_equal_a_plain_forward_of_prompt_and_completion(greedy_rollout):
+    trainer, rows, out = greedy_rollout
+    model, proc = trainer.accelerator.unwrap_model(trainer.model), trainer.processing_class
+    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+    mask = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
+    n_completion = out["completion_ids"].shape[1]
+    trainer._ct_videos = list(zip(out["ct_pixel_values_videos"], out["ct_video_grid_thw"], strict=True))
+    try:  # as `_compute_loss` does; batch_size 3 makes TRL cut the 8 rows into chunks 3 + 3 + 2
+        with torch.no_grad():
+            logps, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, n_completion, batch_size=3)
+    finally:
+        trainer._ct_videos = None
+    for i, row in enumerate(rows):
+        inputs = _row_inputs(proc, row)
+        completion = out["completion_ids"][i][out["completion_mask"][i].bool()]
+        full = torch.cat([inputs["input_ids"], completion[None]], 1)  # unpadded prompt + completion
+        mm = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(completion)[None]], 1)
+        with torch.no_grad():
+            logits = model(input_ids=full, attention_mask=torch.ones_like(full), mm_token_type_ids=mm,
+                           pixel_values_videos=inputs["pixel_values_videos"], video_grid_thw=inputs["video_grid_thw"],
+                           use_cache=False).logits  # fmt: skip
+        n_prompt = inputs["input_ids"].shape[1]
+        step_logps = torch.log_softmax(logits[0, n_prompt - 1 : -1].float() / trainer.temperature, -1)
+        expected = step_logps.gather(-1, completion[:, None])[:, 0]
+        torch.testing.assert_close(logps[i, : len(completion)], expected, atol=1e-5, rtol=1e-5)
 
 
 def _logps(trainer, frames_list, prompt="Describe the liver."):
