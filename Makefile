@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # Keep Prefect's state inside the project, never in ~/.prefect.
 export PREFECT_HOME ?= $(CURDIR)/.prefect-home
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
-export PREFECT_LOGGING_LEVEL ?= WARNING
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 
 .PHONY: venv demo test lint schemas bench train-smoke clean
 
@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: venv
-	$(BIN)/emrl demo --out demo-output
+	PREFECT_LOGGING_LEVEL=WARNING $(BIN)/emrl demo --out demo-output
 
 test: venv
 	$(BIN)/ruff check emrl_data flows train inference tests bench
