@@ -13,9 +13,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
+
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _synth(args: argparse.Namespace) -> Path:
@@ -67,21 +71,69 @@ def _eval(args: argparse.Namespace) -> None:
         print(f"  {kind:<9} {written}")
 
 
+# The CPU demo renders smaller frames than the real default (448 px x <= 32 frames) so that training and mining a
+# tiny model finish in minutes; everything else is the production path.
+DEMO_FRAMES = {"frames": {"frame_size_px": 224, "max_frames": 16}}
+
+
+def _run_train(module: str, *args: str) -> None:
+    """Run a `train/` script in its own process (flows never import train)."""
+    cmd = [sys.executable, "-m", module, *args]
+    subprocess.run(cmd, cwd=PROJECT_ROOT, check=True)
+
+
 def _demo(args: argparse.Namespace) -> None:
+    from flows.build_rl_hardset import build_rl_hardset_flow
+    from flows.build_sft_set import build_sft_set_flow
+
     out = Path(args.out).resolve()
     atlas = out / "atlas"
-    print(f"== 1/2  synthetic AbdomenAtlas -> {atlas}")
+    started = time.perf_counter()
+    print(f"== 1/5  synthetic AbdomenAtlas -> {atlas}")
     _synth(argparse.Namespace(out=atlas, cases=args.cases, seed=0, layout="split"))
-    print(f"\n== 2/2  build-sft-set (Prefect flow) -> {out}")
-    _build_sft_set(
-        argparse.Namespace(atlas=atlas, out=out, batch_size=4, workers=2, limit=None, negatives_per_positive=1.0)
-    )
-    print("Demo outputs:")
-    for name in ("findings", "sft", "rejections"):
-        print(f"  {name:<12} {out / name}  (load: datasets.load_dataset('parquet', data_dir='{out / name / 'data'}'))")
-    print(f"  {'summary':<12} {out / 'summary.md'}")
-    print(f"  {'manifest':<12} {out / 'manifest.json'}")
-    print(f"  {'contact':<12} {out / 'contact_sheet.png'}")
+
+    print(f"\n== 2/5  build-sft-set (Prefect flow) -> {out}")
+    build_sft_set_flow(atlas_root=str(atlas), output_dir=str(out), batch_size=4, max_workers=2, config=DEMO_FRAMES)
+    print((out / "summary.md").read_text())
+    if args.skip_training:
+        return _print_outputs(out, started)
+
+    print(f"== 3/5  SFT of a tiny Qwen3-VL (built locally, random init) on the demo SFT set -> {out / 'sft_model'}")
+    _run_train("train.sft", "--config", "train/configs/sft_tiny.yaml", "--dataset_dir", str(out / "sft"),
+               "--output_dir", str(out / "sft_model"))  # fmt: skip
+
+    print(f"\n== 4/5  build-rl-hardset (Prefect flow) with the tiny SFT model -> {out / 'rl_hardset'}")
+    build_rl_hardset_flow(
+        sft_dir=str(out / "sft"), output_dir=str(out), model_path=str(out / "sft_model"), max_new_tokens=64,
+        n_bootstrap=200, device="cpu",
+    )  # fmt: skip
+    print((out / "rl_hardset" / "summary.md").read_text())
+
+    print(f"== 5/5  E-MRL GRPO (r_e + r_f + r_c with the verifier) on the hard set -> {out / 'grpo_model'}")
+    _run_train("train.grpo", "--config", "train/configs/grpo_tiny.yaml", "--dataset_dir", str(out / "rl_hardset"),
+               "--model_name_or_path", str(out / "sft_model"), "--output_dir", str(out / "grpo_model"),
+               "--max_steps", "3")  # fmt: skip
+    _print_outputs(out, started)
+
+
+def _print_outputs(out: Path, started: float) -> None:
+    print(f"\nDemo outputs ({time.perf_counter() - started:.0f} s):")
+    items = [
+        ("atlas", out / "atlas", "synthetic AbdomenAtlas + synthetic_truth.json"),
+        ("findings", out / "findings", "every organ row, all labels"),
+        ("sft", out / "sft", "SFT set (Hub layout)"),
+        ("rejections", out / "rejections", "defective cases with reason codes"),
+        ("contact", out / "contact_sheet.png", "key frames with their boxes"),
+        ("sft_model", out / "sft_model", "tiny SFT checkpoint"),
+        ("predictions", out / "predictions", "the SFT model's reports, parsed and scored"),
+        ("rl_hardset", out / "rl_hardset", "hard set + metrics.md (Table 1/2)"),
+        ("grpo_model", out / "grpo_model", "tiny GRPO checkpoint + reward_curve.png"),
+        ("manifest", out / "manifest.json", "versions, config fingerprint, input hashes, counts"),
+    ]
+    for name, path, what in items:
+        if path.exists():
+            print(f"  {name:<12} {path}  ({what})")
+    print(f"\n  load: datasets.load_dataset('parquet', data_dir='{out / 'sft' / 'data'}')")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -116,6 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("demo", help="synthetic atlas -> the whole pipeline, printing what it made")
     p.add_argument("--out", type=Path, default=Path("demo-output"))
     p.add_argument("--cases", type=int, default=32)
+    p.add_argument("--skip-training", action="store_true", help="stop after build-sft-set")
     p.set_defaults(func=_demo)
 
     args = parser.parse_args(argv)

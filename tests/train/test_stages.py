@@ -198,7 +198,7 @@ def test_verifier_text_equals_live_model_greedy_text(grpo_run):
 
 @pytest.fixture(scope="module")
 def greedy_rollout(grpo_run):
-    """One greedy GRPO rollout batch (2 prompts x 4) through `VideoGRPOTrainer._generate_and_score_completions`.
+    """One greedy GRPO rollout batch (2 prompts of different lengths x 4) through `VideoGRPOTrainer._generate_and_score_completions`.
 
     Taken after the 2 training steps (live weights, train mode, checkpointing on). The rewards are swapped for
     `_length_reward` so the verifier's call counts stay those of training.
@@ -207,7 +207,7 @@ def greedy_rollout(grpo_run):
     saved_config, saved_funcs = trainer.generation_config, trainer.reward_funcs
     greedy = saved_config.__class__.from_dict(saved_config.to_dict())
     greedy.do_sample, greedy.temperature, greedy.top_p, greedy.top_k, greedy.min_p = False, None, None, None, None
-    rows = [dict(trainer.train_dataset[i]) for i in (0, 0, 0, 0, 1, 1, 1, 1)]  # liver, pancreas: prompts differ
+    rows = [dict(trainer.train_dataset[i]) for i in (0, 0, 0, 0, 2, 2, 2, 2)]  # liver, kidney: 282 vs 284 tokens
     trainer.generation_config, trainer.reward_funcs = greedy, [_length_reward, _length_reward]
     try:
         out = trainer._generate_and_score_completions(rows)
