@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from emrl_data import __version__
+from emrl_data.card import render_dataset_card
 from emrl_data.config import SftConfig
 from emrl_data.outcome import Rejection
 from emrl_data.records import SCHEMAS, check_required, hub_features
@@ -70,19 +71,47 @@ def write_table(
     rows_by_split: Mapping[str, Sequence[Mapping[str, Any]]],
     out_dir: Path,
     *,
-    manifest_extra: Mapping[str, Any],
-    card: str,
+    provenance: Mapping[str, Any],
+    counts: Mapping[str, Mapping[str, int]] | None = None,
 ) -> Path:
-    """Write one table folder in the Hub layout: `data/` shards per split, `README.md`, `manifest.json`."""
+    """Write one table folder in the Hub layout: `data/` shards per split, then `README.md` and `manifest.json`."""
     schema = table_schema(name)
     columns = [f.name for f in schema]
-    table_dir = out_dir / name
     for split, rows in rows_by_split.items():
         for row in rows:
             check_required(name, row)
-        write_split_shards([{c: r.get(c) for c in columns} for r in rows], schema, table_dir / "data", split)
+        write_split_shards([{c: r.get(c) for c in columns} for r in rows], schema, out_dir / name / "data", split)
+    if counts is None:
+        counts = {split: {"total": len(rows)} for split, rows in rows_by_split.items()}
+    return finish_table(name, out_dir, provenance=provenance, counts=counts)
+
+
+def finish_table(
+    name: str,
+    out_dir: Path,
+    *,
+    provenance: Mapping[str, Any],
+    counts: Mapping[str, Mapping[str, int]],
+    metrics_markdown: str | None = None,
+) -> Path:
+    """Write the card and the manifest of a table folder whose shards are in place; return the folder.
+
+    `provenance` needs `pipeline_version`, `git_sha` and `config_fingerprint`; it is also copied into the manifest.
+    """
+    table_dir = out_dir / name
+    card = render_dataset_card(
+        table=name,
+        features=table_features(name),
+        row_counts={split: dict(c) for split, c in counts.items()},
+        pipeline_version=provenance["pipeline_version"],
+        git_sha=provenance["git_sha"],
+        config_fingerprint=provenance["config_fingerprint"],
+        metrics_markdown=metrics_markdown,
+        splits=tuple(counts),
+    )
     write_text_atomic(card, table_dir / "README.md")
-    write_json_atomic(table_manifest(table_dir, manifest_extra), table_dir / "manifest.json")
+    manifest = table_manifest(table_dir, {**provenance, "row_counts": {s: dict(c) for s, c in counts.items()}})
+    write_json_atomic(manifest, table_dir / "manifest.json")
     return table_dir
 
 

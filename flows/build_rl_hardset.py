@@ -24,17 +24,14 @@ from prefect.cache_policies import NO_CACHE
 from tqdm import tqdm
 
 from emrl_data import __version__
-from emrl_data.card import render_dataset_card
-from emrl_data.dataset import count_rows, row_order, table_features
+from emrl_data.dataset import count_rows, finish_table, row_order, write_table
 from emrl_data.evaluation import evaluate, write_evaluation
 from emrl_data.mining import select_hard_rows
 from emrl_data.records import SCHEMAS, check_required
 from emrl_data.scoring import ReportScore, is_hard, score_report, truth_from_row
 from emrl_data.shards import (
     sha256_file,
-    table_manifest,
     write_json_atomic,
-    write_split_shards,
     write_split_streaming,
     write_text_atomic,
 )
@@ -261,16 +258,11 @@ def build_rl_hardset_flow(
     }
     # predictions table
     predictions.sort(key=row_order)
-    for split in ("train", "test"):
-        rows = [p for p in predictions if p["split"] == split]
-        for r in rows:
-            check_required("predictions", r)
-        write_split_shards(rows, SCHEMAS["predictions"], out / "predictions" / "data", split)
-    _finish_table(
+    write_table(
         "predictions",
+        {s: [p for p in predictions if p["split"] == s] for s in ("train", "test")},
         out,
-        provenance,
-        {s: {"total": sum(p["split"] == s for p in predictions)} for s in ("train", "test")},
+        provenance=provenance,
     )
 
     # rl_hardset table (train rows with their frames, streamed)
@@ -300,7 +292,7 @@ def build_rl_hardset_flow(
         out / "rl_hardset" / "metrics.json",
     )  # fmt: skip
     counts = {"train": count_rows(hard_rows_light).get("train", {"total": 0})}
-    _finish_table("rl_hardset", out, provenance, counts, metrics_text)
+    finish_table("rl_hardset", out, provenance=provenance, counts=counts, metrics_markdown=metrics_text or None)
 
     reasons: dict[str, int] = {}
     for h in chosen:
@@ -353,23 +345,6 @@ def _hard_rows(
             }
             check_required("rl_hardset", full)
             yield full
-
-
-def _finish_table(
-    name: str, out: Path, provenance: Mapping[str, Any], counts: Mapping[str, Any], metrics: str | None = None
-) -> None:
-    card = render_dataset_card(
-        table=name,
-        features=table_features(name),
-        row_counts=dict(counts),
-        pipeline_version=provenance["pipeline_version"],
-        git_sha=provenance["git_sha"],
-        config_fingerprint=provenance["config_fingerprint"],
-        metrics_markdown=metrics or None,
-        splits=tuple(counts),
-    )
-    write_text_atomic(card, out / name / "README.md")
-    write_json_atomic(table_manifest(out / name, {**provenance, "row_counts": counts}), out / name / "manifest.json")
 
 
 def _summary_markdown(summary: Mapping[str, Any], metrics: str) -> str:

@@ -23,14 +23,13 @@ from tqdm import tqdm
 
 from emrl_data import __version__
 from emrl_data.atlas import AtlasOrganMeta, CaseRef, plan_atlas
-from emrl_data.card import render_dataset_card
 from emrl_data.config import CurateConfig, SftConfig
 from emrl_data.curate import CaseResult, CaseStore, case_cache_key, curate_case
-from emrl_data.dataset import count_rejections, count_rows, row_order, select_sft_rows, table_features, write_table
+from emrl_data.dataset import count_rejections, count_rows, finish_table, row_order, select_sft_rows, write_table
 from emrl_data.frames import draw_contact_sheet
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.records import SFT_SCHEMA, check_required
-from emrl_data.shards import table_manifest, write_json_atomic, write_split_streaming, write_text_atomic
+from emrl_data.shards import write_json_atomic, write_split_streaming
 from emrl_data.types import Organ, Split
 from flows._common import Progress, batched, git_sha
 
@@ -162,13 +161,14 @@ def build_sft_set_flow(
         "split_source": plan.split_source,
     }
     by_split = {str(s): [r for r in rows if r["split"] == s] for s in (Split.TRAIN, Split.TEST)}
-    _write_card_table("findings", by_split, out, provenance)
+    counts = {split: count_rows(part).get(split, {"total": 0}) for split, part in by_split.items()}
+    write_table("findings", by_split, out, provenance=provenance, counts=counts)
     _write_sft(sft_rows, out, store, keys, provenance)
     rejection_rows = sorted(
         (r.to_row() for r in rejections), key=lambda r: (r["case_id"], r["organ"] or "", r["step"], r["reason"])
     )
     # One split; "train" is the Hub convention for a table without splits (load_dataset maps it by name).
-    _write_card_table("rejections", {"train": rejection_rows}, out, provenance)
+    write_table("rejections", {"train": rejection_rows}, out, provenance=provenance)
 
     # Every input case is accounted for: a row or a rejection.
     accounted = {r["case_id"] for r in rows} | {r.case_id for r in rejections}
@@ -206,24 +206,6 @@ def build_sft_set_flow(
     return summary
 
 
-def _write_card_table(
-    name: str, rows_by_split: Mapping[str, Sequence[Mapping[str, Any]]], out: Path, provenance: Mapping[str, Any]
-) -> Path:
-    counts = {split: {"total": len(r)} for split, r in rows_by_split.items()}
-    if name != "rejections":
-        counts = {split: count_rows(r).get(split, {"total": 0}) for split, r in rows_by_split.items()}
-    card = render_dataset_card(
-        table=name,
-        features=table_features(name),
-        row_counts=counts,
-        pipeline_version=provenance["pipeline_version"],
-        git_sha=provenance["git_sha"],
-        config_fingerprint=provenance["config_fingerprint"],
-        splits=tuple(rows_by_split),
-    )
-    return write_table(name, rows_by_split, out, manifest_extra={**provenance, "row_counts": counts}, card=card)
-
-
 def _write_sft(
     sft_rows: Sequence[Mapping[str, Any]],
     out: Path,
@@ -232,24 +214,13 @@ def _write_sft(
     provenance: Mapping[str, Any],
 ) -> None:
     """Stream the SFT rows with their frames into shards (frames are read back per case, never all at once)."""
-    data_dir = out / "sft" / "data"
     counts = {}
     for split in (str(Split.TRAIN), str(Split.TEST)):
         part = [r for r in sft_rows if r["split"] == split]
-        counts[str(split)] = count_rows(part).get(split, {"total": 0})
-        write_split_streaming(
-            _with_frames(part, store, keys), [int(r["frames_bytes"]) for r in part], SFT_SCHEMA, data_dir, split
-        )
-    card = render_dataset_card(
-        table="sft",
-        features=table_features("sft"),
-        row_counts=counts,
-        pipeline_version=provenance["pipeline_version"],
-        git_sha=provenance["git_sha"],
-        config_fingerprint=provenance["config_fingerprint"],
-    )
-    write_text_atomic(card, out / "sft" / "README.md")
-    write_json_atomic(table_manifest(out / "sft", {**provenance, "row_counts": counts}), out / "sft" / "manifest.json")
+        counts[split] = count_rows(part).get(split, {"total": 0})
+        sizes = [int(r["frames_bytes"]) for r in part]
+        write_split_streaming(_with_frames(part, store, keys), sizes, SFT_SCHEMA, out / "sft" / "data", split)
+    finish_table("sft", out, provenance=provenance, counts=counts)
 
 
 def _with_frames(

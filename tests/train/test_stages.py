@@ -136,7 +136,7 @@ class _VerifierReward:
 
 def _grpo_args(tmp_path, **kw):
     base = dict(output_dir=str(tmp_path / "grpo"), num_generations=4, per_device_train_batch_size=4,
-                max_completion_length=10, max_steps=2, beta=0.01, learning_rate=1e-2, logging_steps=1, use_cpu=True,
+                max_completion_length=10, max_steps=2, beta=0.01, learning_rate=1e-4, logging_steps=1, use_cpu=True,
                 bf16=False, report_to="none", save_strategy="no", loss_type="grpo", seed=0)  # fmt: skip
     base.update(kw)
     return GRPOConfig(**base)
