@@ -223,6 +223,7 @@ def render_dataset_card(
     metrics_markdown: str | None = None,
     splits: Sequence[str] = ("train", "test"),
     version: str | None = None,
+    descriptions: Mapping[str, str] | None = None,
 ) -> str:
     """Return the `README.md` text of a table folder: Hub YAML front matter, then the card body.
 
@@ -273,7 +274,10 @@ def render_dataset_card(
     }
     yaml_text = yaml.safe_dump(front_matter, sort_keys=False, allow_unicode=True, width=1000)
     tag = f"v{version}" if version else "vX.Y.Z"
-    columns = "\n".join(f"| `{name}` | {_type_string(feature)} |" for name, feature in features.items())
+    described = descriptions or {}
+    columns = "\n".join(
+        f"| `{name}` | {_type_string(feature)} | {described.get(name, '')} |" for name, feature in features.items()
+    )
     body = [
         f"# E-MRL `{table}`" + (f" (v{version})" if version else ""),
         TABLE_DESCRIPTIONS.get(table, f"The `{table}` table of the E-MRL data pipeline."),
@@ -296,7 +300,7 @@ def render_dataset_card(
         "## Row counts",
         _counts_table(row_counts, splits),
         "## Columns",
-        "| column | type |\n| --- | --- |\n" + columns,
+        "| column | type | meaning |\n| --- | --- | --- |\n" + columns,
         "## Label definitions",
         (label_definitions if label_definitions is not None else DEFAULT_LABEL_DEFINITIONS).strip(),
     ]

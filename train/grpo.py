@@ -94,7 +94,7 @@ class VideoGRPOTrainer(GRPOTrainer):
             mi["video_grid_thw"] = torch.cat([g for _, g in videos[i : i + n]]).to(ids.device)
             mm = torch.zeros_like(ids)
             mm[ids == proc.image_token_id] = 1
-            mm[ids == proc.video_token_id] = 0  # MUTATION C
+            mm[ids == proc.video_token_id] = 2
             mi["mm_token_type_ids"] = mm
             return model(**mi)
 
