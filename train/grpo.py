@@ -6,6 +6,11 @@ block in its prompt (generation sees them through `CTQwen3VLProcessor`), and the
 stock TRL silently omits. The projector and the LLM train; the ViT is frozen. The verifier (r_c) re-queries the
 current policy through `_generate_single_turn`. TRL private API: pin `trl==1.16.0`.
 
+Rollouts and the verifier generate exactly what the policy generates on its own (greedy: token for token), and the
+loss forward scores the same M-RoPE positions as a plain unpadded forward; `tests/train/test_stages.py` checks both.
+Any generation during training must go through TRL's path, which turns activation checkpointing off for the call
+(a checkpointed layer discards the KV cache; see `train.rewards.Verifier`).
+
     python -m train.grpo --config train/configs/grpo_tiny.yaml --dataset_dir <out>/rl_hardset \
         --model_name_or_path <sft dir> --output_dir <dir>
 """

@@ -80,6 +80,13 @@ class Verifier:
 
     `trainer` is bound by `VideoGRPOTrainer.__init__`. Generation is greedy with `max_new_tokens` (the trainer's
     sampling config is swapped for the call, HF path); the vision tokens stay suppressed.
+
+    Do not replace `_generate_single_turn` by a plain `model.generate` in a reward: rewards run inside `train()`, with
+    the policy in train mode and activation checkpointing on, and then every checkpointed decoder layer drops
+    `past_key_values` (transformers 5.17 `GradientCheckpointingLayer`). `generate` keeps feeding only the newest token
+    to an empty cache, so from the second token on each step sees no context. TRL's path disables checkpointing for
+    generation (`trl.models.utils._unwrap_model_for_generation`); `tests/train/test_stages.py` checks it against
+    cache-free greedy decoding.
     """
 
     def __init__(self, prompt: str = VERIFIER_PROMPT, max_new_tokens: int = 128):

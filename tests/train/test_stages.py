@@ -188,17 +188,16 @@ def test_verifier_once_per_completion_with_current_weights(grpo_run):
 
 def test_verifier_text_equals_live_model_greedy_text(grpo_run):
     _, _, reward = grpo_run
-    assert reward.training_with_checkpointing == [
-        True,
-        True,
-    ]  # the verifier ran in the state that broke plain generate
+    assert reward.training_with_checkpointing == [True, True]  # the state in which a naive generate breaks
     assert reward.matches == [True, True]  # the trainer's live model gives the same greedy text
     assert reward.reference_matches == [True, True]  # and so does cache-free greedy decoding
 
 
 @pytest.fixture(scope="module")
 def greedy_rollout(grpo_run):
-    """One greedy GRPO rollout batch (2 prompts of different lengths x 4) through `VideoGRPOTrainer._generate_and_score_completions`.
+    """One greedy GRPO rollout batch through `VideoGRPOTrainer._generate_and_score_completions`.
+
+    Two prompts of different lengths, 4 completions each (the shorter prompt is left-padded in the batch).
 
     Taken after the 2 training steps (live weights, train mode, checkpointing on). The rewards are swapped for
     `_length_reward` so the verifier's call counts stay those of training.
