@@ -18,7 +18,6 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
-from prefect.task_runners import ThreadPoolTaskRunner
 from tqdm import tqdm
 
 from emrl_data import __version__
@@ -32,6 +31,7 @@ from emrl_data.records import SFT_SCHEMA, check_required
 from emrl_data.shards import write_json_atomic, write_split_streaming
 from emrl_data.types import Organ, Split
 from flows._common import Progress, batched, git_sha
+from flows.runners import make_task_runner
 
 
 @task(cache_policy=NO_CACHE)
@@ -72,6 +72,8 @@ def build_sft_set_flow(
     max_unexpected_errors: int = 0,
     limit: int | None = None,
     config: dict[str, Any] | None = None,
+    task_runner: str = "thread",
+    task_runner_address: str | None = None,
 ) -> dict[str, Any]:
     """Build the `findings`, `sft` and `rejections` tables from an AbdomenAtlas-layout folder.
 
@@ -86,6 +88,8 @@ def build_sft_set_flow(
         max_unexpected_errors: the flow fails when more cases than this hit an unexpected (non-data) error.
         limit: process only the first N cases (by id); None for all.
         config: overrides of the curation config, e.g. {"frames": {"max_frames": 16}}.
+        task_runner: "thread" (default), "process", "dask" or "ray" (docs/scaling.md).
+        task_runner_address: an existing Dask scheduler or Ray cluster address (dask/ray only).
 
     Returns:
         The run summary (also written to `summary.json`).
@@ -115,7 +119,7 @@ def build_sft_set_flow(
     keys: dict[str, str] = {}
     n_cached = 0
     with (
-        ThreadPoolTaskRunner(max_workers=max_workers) as runner,
+        make_task_runner(task_runner, max_workers, address=task_runner_address) as runner,
         tqdm(total=len(refs), desc="curating cases", unit="case", file=sys.stderr, disable=None) as bar,
     ):
         futures = [

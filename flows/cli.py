@@ -171,9 +171,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--skip-training", action="store_true", help="stop after build-sft-set")
     p.set_defaults(func=_demo)
 
+    from flows.server import add_server_commands
+
+    add_server_commands(sub)  # emrl server up | down | status
+
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("EMRL_LOG_LEVEL", "WARNING"))
-    args.func(args)
+    status = args.func(args)
+    if isinstance(status, int) and status:
+        raise SystemExit(status)
 
 
 if __name__ == "__main__":

@@ -424,9 +424,14 @@ def _spawn(argv: Sequence[str], env: Mapping[str, str], cwd: Path, log: Path) ->
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as sink:
         proc = subprocess.Popen(
-            list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
+            list(argv),
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group and session: `down` signals the group
+        )
     # The Popen object is dropped on purpose: the process outlives this call (`emrl server up` exits); `_reap`
     # collects it when it ends while this interpreter is still its parent.
     proc.returncode = 0  # silences "subprocess still running" at garbage collection; the real status is reaped
@@ -733,8 +738,11 @@ def server_command(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         if report["running"]:
-            print(f"running: UI {report['ui_url']}, API {report['api_url']}, pool {report['pool']} "
-                  f"({report['pool_status']}), deployments: {', '.join(report['deployments']) or 'none'}")  # fmt: skip
+            deployments = ", ".join(report["deployments"]) or "none"
+            print(
+                f"running: UI {report['ui_url']}, API {report['api_url']}, pool {report['pool']} "
+                f"({report['pool_status']}), deployments: {deployments}"
+            )
         for problem in report["problems"]:
             print(f"PROBLEM: {problem}", file=sys.stderr)
     return 0 if report["ok"] else 1

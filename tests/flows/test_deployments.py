@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
+import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -38,6 +41,62 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 240
 SMALL_FRAMES = {"frames": {"frame_size_px": 64, "max_frames": 8}}
+
+
+# Fast checks of the pieces, no server ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected", "message"),
+    [
+        ({}, None, "PREFECT_API_URL is not set"),  # forgotten: the ephemeral trap
+        ({"PREFECT_API_URL": ""}, None, "PREFECT_API_URL is not set"),  # exported but empty
+        ({"PREFECT_API_URL": "  "}, None, "PREFECT_API_URL is not set"),  # whitespace only
+        ({"PREFECT_API_URL": "http://127.0.0.1:1/api"}, "http://127.0.0.1:2/api", "is not the local server"),  # other
+    ],
+)
+def test_require_api_url_refuses(environ: dict[str, str], expected: str | None, message: str) -> None:
+    with pytest.raises(ops.EphemeralModeError, match=message):
+        ops.require_api_url(environ, expected=expected)
+
+
+def test_require_api_url_accepts() -> None:
+    url = "http://127.0.0.1:4200/api"
+    assert ops.require_api_url({"PREFECT_API_URL": url}) == url  # any server when none is expected
+    assert ops.require_api_url({"PREFECT_API_URL": url + "/"}, expected=url) == url + "/"  # trailing slash
+
+
+def test_stop_process_stops_the_group_and_spares_strangers(tmp_path: Path) -> None:
+    script = "sleep 60 & sleep 60 & wait"
+    record = ops._spawn(["sh", "-c", script], dict(os.environ), tmp_path, tmp_path / "log")
+    deadline = time.monotonic() + 10
+    while len(ops._tree(record.pid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    members = ops._tree(record.pid)
+    assert len(members) == 3  # sh and its two sleeps, one process group
+    # A record whose start time does not match (the PID was reused by someone else) is never signalled.
+    stranger = ops.ProcessRecord(record.pid, (record.start_ticks or 0) + 1, record.log, record.argv)
+    assert ops.stop_process(stranger) is False
+    assert all(ops._is_running(p, t) for p, t in members)
+    assert ops.stop_process(record, timeout_s=10) is True
+    assert not any(ops._is_running(p, t) for p, t in members)
+    assert ops.stop_process(record) is False  # already gone
+
+
+def test_up_refuses_a_busy_port_and_down_without_state(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(ops.ServerError, match="already in use"):
+            ops.server_up(home=tmp_path, port=busy.getsockname()[1])
+    assert ops.read_state(tmp_path) is None
+    assert ops.server_down(home=tmp_path) == []
+    assert ops.server_status(home=tmp_path, environ={})["problems"] == [
+        f"no server started from {tmp_path.resolve()} (run `emrl server up` / make serve)"
+    ]
+
+
+# The real thing -------------------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
