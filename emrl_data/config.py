@@ -20,6 +20,9 @@ class LabelConfig:
     iso_sd_fraction: float = 0.10
     # A lesion with less than this share of its voxels inside its organ (dilated by one voxel) is rejected.
     min_lesion_inside_fraction: float = 0.5
+    # Mean parenchyma HU outside this range means the mask is not on the organ (notes/atlas.md §1.4 sanity check).
+    # Wide on purpose: severe steatosis goes below 0 HU, excretory-phase kidneys well above 200 HU.
+    organ_mean_hu_range: tuple[float, float] = (-200.0, 500.0)
 
     def __post_init__(self) -> None:
         if self.min_lesion_volume_mm3 < 0:
@@ -30,6 +33,9 @@ class LabelConfig:
             raise ValueError(f"iso_sd_fraction={self.iso_sd_fraction} must be >= 0.")
         if not 0 <= self.min_lesion_inside_fraction <= 1:
             raise ValueError(f"min_lesion_inside_fraction={self.min_lesion_inside_fraction} must be in [0, 1].")
+        low, high = self.organ_mean_hu_range
+        if not low < high:
+            raise ValueError(f"organ_mean_hu_range={self.organ_mean_hu_range} must be (low, high) with low < high.")
 
 
 @dataclass(frozen=True, slots=True)

@@ -166,7 +166,8 @@ def label_organ(
     Raises:
         CaseDataError: `MISSING_ORGAN_MASK` when no organ mask file exists, `EMPTY_ORGAN_MASK` when the organ
             mask has no voxel (or no voxel outside the lesions), `LESION_OUTSIDE_ORGAN` when less than
-            `cfg.min_lesion_inside_fraction` of the lesion voxels lie inside the organ dilated by one voxel.
+            `cfg.min_lesion_inside_fraction` of the lesion voxels lie inside the organ dilated by one voxel,
+            `MASK_GRID_MISMATCH` when the mean HU of the parenchyma is outside `cfg.organ_mean_hu_range`.
         ValueError: the CT is not 3-D, a spacing is not positive, or a mask is not on the CT grid.
     """
     ct = source.ct_hu
@@ -233,6 +234,15 @@ def label_organ(
         )
     parenchyma_mean_hu, parenchyma_sd_hu = _hu_stats(ct_organ.ravel("K")[parenchyma.ravel("K")])
     del parenchyma, organ_crop, ct_organ
+    low_hu, high_hu = cfg.organ_mean_hu_range
+    if not low_hu <= parenchyma_mean_hu <= high_hu:
+        # notes/atlas.md §1.4: always sanity-check the HU inside the organ; a mask on air or bone is misplaced.
+        raise CaseDataError(
+            RejectReason.MASK_GRID_MISMATCH,
+            f"mean HU inside the {organ} mask is {parenchyma_mean_hu:.0f}, outside the plausible range "
+            f"[{low_hu:.0f}, {high_hu:.0f}]: the mask does not lie on the organ (misaligned grid?)",
+            organ=str(organ),
+        )
 
     organ_box_t = _box_xyzxyz(organ_box)
     if largest is None:

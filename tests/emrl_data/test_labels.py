@@ -613,3 +613,28 @@ def test_label_organ_accepts_int8_masks() -> None:
     expected = label_organ(source, Organ.LIVER, cfg=NO_NOISE)
     other = replace(source, masks={k: v.astype(np.int8) for k, v in source.masks.items()})  # the atlas's dtype
     assert label_organ(other, Organ.LIVER, cfg=NO_NOISE) == expected
+
+
+# ---------------------------------------------------------------------------------------------------- HU sanity
+
+
+@pytest.mark.parametrize(
+    ("organ_hu", "rejected"),
+    [
+        (-1000, True),  # the mask lies on air: misplaced
+        (-201, True),  # just below the plausible range
+        (-200, False),  # severe steatosis is still plausible
+        (60, False),  # an ordinary liver
+        (500, False),  # upper edge (excretory-phase kidneys)
+        (700, True),  # the mask lies on bone
+    ],
+)
+def test_label_organ_rejects_a_mask_that_does_not_lie_on_the_organ(organ_hu: int, rejected: bool) -> None:
+    source = make_source({"liver": box_mask(*LIVER_BOX)}, ct=np.full(SHAPE, organ_hu, np.int16))
+    if not rejected:
+        assert label_organ(source, Organ.LIVER).parenchyma_mean_hu == organ_hu
+        return
+    with pytest.raises(CaseDataError) as err:
+        label_organ(source, Organ.LIVER)
+    assert err.value.reason == RejectReason.MASK_GRID_MISMATCH
+    assert f"mean HU inside the liver mask is {organ_hu}" in err.value.detail
