@@ -2,6 +2,8 @@
 
     emrl synth OUT [--cases 32] [--layout split|combined]
     emrl build-sft-set ATLAS OUT [--batch-size 8] [--workers 2] [--limit N]
+    emrl build-rl-hardset OUT/sft OUT (--model SFT_DIR | --endpoint URL --endpoint-model NAME)
+    emrl publish OUT/sft ORG/NAME X.Y.Z [--local-root DIR]
     emrl eval PREDICTIONS [--out eval-output]
     emrl demo [--out demo-output]
 
@@ -11,6 +13,7 @@ It lives in `flows/` because it runs the Prefect flows; `emrl_data` stays free o
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import subprocess
@@ -54,6 +57,42 @@ def _build_sft_set(args: argparse.Namespace) -> dict:
     print()
     print((Path(args.out) / "summary.md").read_text())
     return summary
+
+
+def _build_rl_hardset(args: argparse.Namespace) -> dict:
+    from flows.build_rl_hardset import build_rl_hardset_flow
+
+    summary = build_rl_hardset_flow(
+        sft_dir=str(args.sft_dir),
+        output_dir=str(args.out),
+        model_path=None if args.model is None else str(args.model),
+        backend="openai" if args.endpoint else "transformers",
+        endpoint_url=args.endpoint,
+        endpoint_model=args.endpoint_model,
+        target_size=args.target_size,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+        device=args.device,
+        limit=args.limit,
+    )
+    print()
+    print((Path(args.out) / "rl_hardset" / "summary.md").read_text())
+    return summary
+
+
+def _publish(args: argparse.Namespace) -> dict:
+    from flows.publish import publish_dataset_flow
+
+    result = publish_dataset_flow(
+        table_dir=str(args.table_dir),
+        repo_id=args.repo_id,
+        version=args.version,
+        target="local" if args.local_root else "hub",
+        local_root=None if args.local_root is None else str(args.local_root),
+        private=not args.public,
+    )
+    print(json.dumps({k: v for k, v in result.items() if k != "files"}, indent=2, default=str))
+    return result
 
 
 def _eval(args: argparse.Namespace) -> None:
@@ -156,6 +195,28 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--negatives-per-positive", type=float, default=1.0)
     p.set_defaults(func=_build_sft_set)
+
+    p = sub.add_parser("build-rl-hardset", help="run the build-rl-hardset flow (SFT model -> hard set)")
+    p.add_argument("sft_dir", type=Path, help="the sft table folder (OUT/sft)")
+    p.add_argument("out", type=Path, help="output folder (usually OUT)")
+    who = p.add_mutually_exclusive_group(required=True)
+    who.add_argument("--model", type=Path, help="local SFT checkpoint directory")
+    who.add_argument("--endpoint", help="OpenAI-compatible base URL including /v1 (e.g. vllm serve)")
+    p.add_argument("--endpoint-model", help="model name served by the endpoint")
+    p.add_argument("--target-size", type=int, default=2000)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--limit", type=int, default=None)
+    p.set_defaults(func=_build_rl_hardset)
+
+    p = sub.add_parser("publish", help="publish a table folder as an immutable vX.Y.Z version")
+    p.add_argument("table_dir", type=Path, help="e.g. OUT/sft")
+    p.add_argument("repo_id", help="e.g. my-org/emrl-sft")
+    p.add_argument("version", help="X.Y.Z (tagged vX.Y.Z; an existing tag is never moved)")
+    p.add_argument("--local-root", type=Path, default=None, help="publish to this folder instead of the Hub")
+    p.add_argument("--public", action="store_true", help="create the Hub repo public (default private)")
+    p.set_defaults(func=_publish)
 
     p = sub.add_parser("eval", help="Table 1/2 (paper) with bootstrap CIs from a predictions file")
     p.add_argument("predictions", type=Path, help="parquet or jsonl: sft truth columns + a report column, or scores")
