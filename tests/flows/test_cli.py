@@ -46,3 +46,20 @@ def test_eval_writes_tables_from_raw_predictions(tmp_path: Path, capsys) -> None
     assert liver1["sen"]["value"] == 1.0 and liver1["spec"]["value"] == 0.5 and liver1["bacc"]["value"] == 0.75
     liver2 = metrics["table2"]["liver"]
     assert liver2["size"]["value"] == 1.0 and liver2["location"]["value"] == 0.5 and liver2["k_hit"]["value"] == 0.5
+
+
+def test_publish_command_to_a_local_folder_and_refusal_to_move_a_tag(prefect_harness, tmp_path: Path) -> None:
+    import pytest
+
+    from emrl_data.dataset import write_table
+
+    rows = [{"case_id": "BDMAP_00000001", "organ": None, "step": "load", "reason": "corrupt_gzip", "detail": "x"}]
+    provenance = {"pipeline_version": "0.1.0", "git_sha": None, "config_fingerprint": "f"}
+    table = write_table("rejections", {"train": rows}, tmp_path / "out", provenance=provenance)
+
+    main(["publish", str(table), "emrl/rejections", "1.2.3", "--local-root", str(tmp_path / "pub")])
+
+    release = tmp_path / "pub" / "emrl" / "rejections" / ".tags" / "v1.2.3"
+    assert (release / "README.md").is_file() and (release / "data" / "train-00000-of-00001.parquet").is_file()
+    with pytest.raises(Exception, match="v1.2.3"):
+        main(["publish", str(table), "emrl/rejections", "1.2.3", "--local-root", str(tmp_path / "pub")])
