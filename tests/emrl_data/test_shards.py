@@ -53,7 +53,9 @@ def test_write_split_shards_empty_split_writes_one_empty_file(tmp_path: Path) ->
     assert pq.read_schema(path).names == ["case_id", "n", "frames"]
 
 
-def test_streaming_splits_into_balanced_shards_and_removes_stale(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_streaming_splits_into_balanced_shards_and_removes_stale(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     data = tmp_path / "data"
     write_split_shards(_rows(3), SCHEMA, data, "train")  # an earlier run: one shard
     monkeypatch.setattr(shards, "MAX_SHARD_BYTES", 250)
