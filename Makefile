@@ -25,6 +25,7 @@ demo: venv
 
 test: venv
 	$(BIN)/ruff check emrl_data flows train inference tests bench
+	$(BIN)/ruff format --check emrl_data flows train inference tests bench
 	$(BIN)/lint-imports
 	$(BIN)/mypy emrl_data
 	$(BIN)/pytest -q

@@ -7,6 +7,7 @@ Parquet shards in the Hub layout + `manifest.json` -> artifacts (counts, summary
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 import time
@@ -14,8 +15,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import cv2
+import numpy as np
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from tqdm import tqdm
@@ -200,6 +203,8 @@ def build_sft_set_flow(
     summary_md = _summary_markdown(summary, sheet)
     (out / "summary.md").write_text(summary_md)
     _artifacts(summary, rejections, summary_md)
+    if sheet is not None:
+        _contact_sheet_artifact(sheet)
     logger.info("build-sft-set done in %.1f s: %s", summary["seconds"], out)
     if len(unexpected) > max_unexpected_errors:
         raise RuntimeError(
@@ -253,6 +258,22 @@ def _contact_sheet(
         )
     path.write_bytes(draw_contact_sheet(tiles))
     return path
+
+
+def _contact_sheet_artifact(path: Path, max_width_px: int = 1024) -> None:
+    """Show the contact sheet in the Prefect UI: an image artifact holding a JPEG data URL (no file server needed)."""
+    image = cv2.imdecode(np.frombuffer(path.read_bytes(), np.uint8), cv2.IMREAD_COLOR)
+    if image.shape[1] > max_width_px:
+        scale = max_width_px / image.shape[1]
+        image = cv2.resize(image, (max_width_px, round(image.shape[0] * scale)), interpolation=cv2.INTER_AREA)
+    ok, jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 80])
+    if not ok:
+        raise RuntimeError(f"could not encode {path} as JPEG")
+    create_image_artifact(
+        image_url="data:image/jpeg;base64," + base64.b64encode(jpeg.tobytes()).decode(),
+        key="build-sft-set-contact-sheet",
+        description=f"key frames of SFT positives with their boxes ({path})",
+    )
 
 
 def _summary_markdown(summary: Mapping[str, Any], sheet: Path | None) -> str:

@@ -22,6 +22,13 @@ def atlas(tmp_path_factory: pytest.TempPathFactory):
     return root, truth
 
 
+def _artifact_keys() -> set[str]:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return {a.key for a in client.read_artifacts() if a.key}
+
+
 def _shards(out: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(out)): p.read_bytes()
@@ -73,6 +80,9 @@ def test_flow_end_to_end(prefect_harness, atlas, tmp_path: Path) -> None:
 
     assert summary["cases"] == len([c for c in truth.cases if c.case_id == c.folder_name])
     assert (out / "contact_sheet.png").read_bytes()[:4] == b"\x89PNG"
+    keys = _artifact_keys()
+    assert {"build-sft-set-counts", "build-sft-set-rejections", "build-sft-set-summary"} <= keys
+    assert "build-sft-set-contact-sheet" in keys
     assert "build-sft-set" in (out / "summary.md").read_text()
 
 
