@@ -130,8 +130,9 @@ def build_sft_set_flow(
                 curate_batch_task,
                 parameters={
                     "refs": batch,
-                    "splits": splits,
-                    "metadata": metadata,
+                    # only this batch's entries: tasks may be pickled to other processes or machines
+                    "splits": {r.case_id: splits[r.case_id] for r in batch},
+                    "metadata": {r.case_id: metadata[r.case_id] for r in batch if r.case_id in metadata},
                     "cfg_dict": cfg.to_dict(),
                     "store_dir": str(store.root),
                 },
