@@ -202,6 +202,7 @@ class TransformersBackend:
         gen.suppress_tokens = sorted(set(gen.suppress_tokens or []) | set(processor.vision_token_ids))
         if gen.pad_token_id is None:
             gen.pad_token_id = processor.tokenizer.pad_token_id
+        gen.max_new_tokens = self.max_new_tokens
         self.generation_config = gen
         self._lock = threading.Lock()  # one generate at a time on the shared model
         logger.info("TransformersBackend: %s on %s (dtype %s)", model_path, self.device, self.model.dtype)
@@ -271,7 +272,11 @@ class TransformersBackend:
         texts = [render_prompt_text(self.processor, p) for p in prompts]
         batch = self.processor(text=texts, videos=videos, padding=True, return_tensors="pt").to(self.device)
         with torch.inference_mode():
-            out = self.model.generate(**batch, generation_config=self.generation_config, max_new_tokens=cap)
+            config = self.generation_config
+            if cap != config.max_new_tokens:  # one config object, not config + kwargs (deprecated in transformers 5)
+                config = copy.deepcopy(config)
+                config.max_new_tokens = cap
+            out = self.model.generate(**batch, generation_config=config)
         new_tokens = out[:, batch["input_ids"].shape[1] :]
         return self.processor.batch_decode(new_tokens, skip_special_tokens=True)
 
