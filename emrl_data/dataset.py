@@ -15,7 +15,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from emrl_data import __version__
 from emrl_data.card import render_dataset_card
 from emrl_data.config import SftConfig
 from emrl_data.outcome import Rejection
@@ -124,8 +123,3 @@ def table_schema(name: str) -> pa.Schema:
 def table_features(name: str) -> dict[str, Any]:
     """Return the Hub features of a table by name."""
     return hub_features(table_schema(name))
-
-
-def pipeline_version() -> str:
-    """Return the version written into manifests and rows."""
-    return __version__
