@@ -16,47 +16,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from emrl_data.organs import LOCATION_NAMES, METADATA_COLUMNS, ORGAN_STRUCTURES, OrganSpec  # noqa: F401 - re-exported
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.types import Organ, Split, is_valid_case_id
 
 
-@dataclass(frozen=True, slots=True)
-class OrganStructures:
-    """The mask files of one organ row.
-
-    Attributes:
-        organ_masks: files whose union is the organ (both kidneys for `kidney`).
-        lesion_mask: the organ's lesion file; absent file + present organ = no lesion.
-        parts: sub-structure file -> location name used in `location` (liver segments, pancreas parts, kidney side).
-    """
-
-    organ_masks: tuple[str, ...]
-    lesion_mask: str
-    parts: tuple[tuple[str, str], ...]
-
-
-ORGAN_STRUCTURES: dict[Organ, OrganStructures] = {
-    Organ.LIVER: OrganStructures(
-        organ_masks=("liver",),
-        lesion_mask="liver_lesion",
-        parts=tuple((f"liver_segment_{i}", str(i)) for i in range(1, 9)),
-    ),
-    Organ.PANCREAS: OrganStructures(
-        organ_masks=("pancreas",),
-        lesion_mask="pancreatic_lesion",
-        parts=(("pancreas_head", "head"), ("pancreas_body", "body"), ("pancreas_tail", "tail")),
-    ),
-    Organ.KIDNEY: OrganStructures(
-        organ_masks=("kidney_left", "kidney_right"),
-        lesion_mask="kidney_lesion",
-        parts=(("kidney_left", "left"), ("kidney_right", "right")),
-    ),
-}
-
-# Location vocabulary per organ, in report order.
-LOCATION_NAMES: dict[Organ, tuple[str, ...]] = {
-    organ: tuple(n for _, n in s.parts) for organ, s in ORGAN_STRUCTURES.items()
-}
+# Organ knowledge lives in the registry; these names stay as lookups into it (organ -> structures / location names /
+# metadata-CSV columns).
+OrganStructures = OrganSpec
 
 CT_FILE_STEM = "ct"
 NIFTI_SUFFIXES = (".nii.gz", ".nii")
@@ -188,30 +155,6 @@ def hash_split(case_id: str, *, test_fraction: float = 0.10) -> Split:
 
 
 METADATA_FILE = "AbdomenAtlas3.0MiniWithMeta.csv"
-_ATTENUATION_COLUMN = "attenuation (hyperattenuating, isoattenuating, hypoattenuating)"
-METADATA_COLUMNS: dict[Organ, dict[str, str]] = {
-    Organ.LIVER: {
-        "count": "number of liver lesion instances",
-        "diameter_cm": "largest liver lesion diameter (cm)",
-        "location": "largest liver lesion location (1-8)",
-        "attenuation": f"largest liver lesion {_ATTENUATION_COLUMN}",
-        "organ_volume_cm3": "liver volume (cm^3)",
-    },
-    Organ.PANCREAS: {
-        "count": "number of pancreatic lesion instances",
-        "diameter_cm": "largest pancreatic lesion diameter (cm)",
-        "location": "largest pancreatic lesion location (head, body, tail)",
-        "attenuation": f"largest pancreatic lesion {_ATTENUATION_COLUMN}",
-        "organ_volume_cm3": "pancreas volume (cm^3)",
-    },
-    Organ.KIDNEY: {
-        "count": "number of kidney lesion instances",
-        "diameter_cm": "largest kidney lesion diameter (cm)",
-        "location": "largest kidney lesion location (left, right)",
-        "attenuation": f"largest kidney lesion {_ATTENUATION_COLUMN}",
-        "organ_volume_cm3": "kidney volume (cm^3)",
-    },
-}
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,8 +67,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from emrl_data.atlas import LOCATION_NAMES
-from emrl_data.report import NEGATIVE_FINDINGS, NEGATIVE_IMPRESSION, ORGAN_ADJECTIVE
+from emrl_data.organs import ORGANS, OrganSpec, registry_version
 from emrl_data.types import Organ
 
 
@@ -139,16 +138,14 @@ _BBOX_JSON_VALUE_RE = re.compile(
     r"bbox(?:_2d)?[\"']?\s*[:=]\s*[\[(]?" + _NUM + "," + _NUM + "," + _NUM + "," + _NUM + r"[\])]?"
 )
 
-# Words of other organs (and of the two other target organs): a sentence naming only these is dropped. Matched on
-# whole words (punctuation removed), exactly or by prefix.
-_ORGAN_WORDS = frozenset(
-    "liver hepatic couinaud caudate uncinate kidney kidneys renal spleen splenic chest lung lungs pulmonary pleura "
-    "pleural adrenal adrenals gall gallbladder colon colonic stomach gastric bowel pelvis pelvic bone bones osseous spine "
-    "aorta aortic bladder prostate heart".split()
+# Words of organs that are not registered (the registered organs add their `words`/`word_prefixes`): a sentence naming
+# only other organs is dropped. Matched on whole words (punctuation removed), exactly or by prefix.
+_OTHER_ORGAN_WORDS = frozenset(
+    "spleen splenic chest lung lungs pulmonary pleura pleural adrenal adrenals gall gallbladder colon colonic stomach "
+    "gastric bowel pelvis pelvic bone bones osseous spine aorta aortic bladder prostate heart".split()
 )
-_ORGAN_PREFIXES = ("hepato", "pancrea", "nephr", "duoden", "lymph", "uter", "ovar")
+_OTHER_ORGAN_PREFIXES = ("duoden", "lymph", "uter", "ovar")
 _PUNCTUATION_TO_SPACE = str.maketrans({c: " " for c in "()[]{},:;.!?/\\\"'<>|*+=&%$#@~`^"})
-_RENAL_RE = re.compile(r"(?<!ad)renal")
 
 _POSITIVE_RE = re.compile(
     r"(?:lesion|tumou?r|mass|nodule|neoplasm|cyst|carcinoma|metasta\w*|hcc|rcc|pdac|pnet|malignanc(?:y|ies)|cancer"
@@ -159,10 +156,14 @@ _DENIED_NOUN = (
     r"(?:lesions?|tumou?rs?|mass|masses|nodules?|neoplasms?|cysts?|abnormalit(?:y|ies)|malignanc(?:y|ies)|cancers?"
     r"|metasta\w*)\b(?! (?:contact|invasion|involvement|thrombus|extension|effect|encasement))"
 )
-_NEGATIVE_RE = re.compile(
-    r"(?<![a-z])(?:no (?:(?:evidence|signs?) of )?(?:(?:a|any|focal|discrete|definite|definitive|significant"
-    r"|suspicious|obvious|measurable|visible|detectable|solid|cystic|enhancing|malignant|liver|hepatic|pancreatic"
-    r"|pancreas|renal|kidney|hypo\w*|iso\w*|hyper\w*) ){0,4}"
+# A denial: "no" + up to 4 modifiers (these, the registered organs' `negation_modifiers`, attenuation words) + a noun.
+_NEGATION_MODIFIERS = (
+    "a|any|focal|discrete|definite|definitive|significant|suspicious|obvious|measurable|visible|detectable|solid"
+    "|cystic|enhancing|malignant"
+)
+_MODIFIERS_SLOT = "<modifiers>"
+_NEGATIVE_PATTERN = (
+    r"(?<![a-z])(?:no (?:(?:evidence|signs?) of )?(?:(?:<modifiers>|hypo\w*|iso\w*|hyper\w*) ){0,4}"
     + _DENIED_NOUN
     + r"|without (?:(?:evidence|signs?) of )?(?:(?:a|an|any|focal|discrete|definite) ){0,3}"
     + _DENIED_NOUN
@@ -178,7 +179,6 @@ _LESION_NUMBER_RE = re.compile(r"lesions? (?:# ?)?(?:[2-9]|[1-9]\d+)\b")
 _OTHER_HEADING_RE = re.compile(r"lesions? (?:# ?)?(?:[2-9]|[1-9]\d+) ?:?$")
 _FIRST_HEADING_RE = re.compile(r"lesions? (?:# ?)?1 ?:?$|largest\b")
 
-_UNIT_HINTS = ("cm", "mm", "centimet", "millimet")
 _NUMBER = r"\d+(?:\.\d+)?"
 _MEASURE_RE = re.compile(
     r"(" + _NUMBER + r"(?: ?(?:cm|mm))?(?: ?(?:x|×|\*|by) ?" + _NUMBER + r"(?: ?(?:cm|mm))?){0,2})"
@@ -202,17 +202,6 @@ _SEGMENT_LIST_RE = re.compile(
 _S_NOTATION_RE = re.compile(r"(?<![a-z0-9])s([1-8][ab]?(?:" + _SEGMENT_SEP + r"[1-8][ab]?)*)\b")
 _S_DIGIT_RE = re.compile(r"s[1-8]")
 _SEGMENT_ITEM_RE = re.compile(r"(/|, and|,|&|\+|and|or|-|–|to)? ?(?:segments? ?|s)?(viii|vii|vi|iv|v|iii|ii|i|[1-8])")
-_PANCREAS_WORDS = ("head", "body", "tail", "uncinate")
-_PANCREAS_PART_RE = re.compile(r"(head|body|tail|uncinate)\b")
-_PANCREAS_HEDGE_RE = re.compile(r"(?:head|body|tail|uncinate),? or (?:the )?(?:head|body|tail|uncinate)\b")
-_KIDNEY_WORDS = ("left", "right", "bilateral", "both")
-_KIDNEY_SIDE_RE = re.compile(r"(left|right|bilateral\w*|both)\b")
-_KIDNEY_HEDGE_RE = re.compile(r"(?:left|right),? or (?:the )?(?:left|right)\b")
-_IN_ORGAN_RE: dict[Organ, re.Pattern[str]] = {
-    Organ.LIVER: re.compile(r"(?:in|of|within|involving) (?:the )?(?:liver|hepatic parenchyma)\b"),
-    Organ.PANCREAS: re.compile(r"(?:in|of|within|involving) (?:the )?pancreas\b"),
-    Organ.KIDNEY: re.compile(r"(?:in|of|within|involving) (?:the )?kidneys?\b"),
-}
 
 _MULTIPLE_N_RE = re.compile(r"multiple ?\( ?(\d+) ?\)")
 _COUNT_NOUN_RE = re.compile(r"(?:lesion|tumou?r|mass|nodule|cyst)(?:s|es)?\b")
@@ -223,24 +212,23 @@ _COUNT_WORDS = {
 _MANY_WORDS = frozenset({"multiple", "several", "numerous", "many", "innumerable"})
 _UNIT_WORDS = frozenset({"cm", "mm", "x", "×", "cc", "by"})
 
-_LOCATION_ORDER: dict[Organ, dict[str, int]] = {
-    organ: {name: i for i, name in enumerate(names)} for organ, names in LOCATION_NAMES.items()
-}
-
 _POSITIVE, _NEGATIVE, _WEAK_NEGATIVE, _UNKNOWN, _CONTRADICTION = 1, 2, 3, 0, -1
 _OTHER = object()  # sentence context marker: the previous sentence was about another organ
 
 
-def _template_re(organ: Organ) -> re.Pattern[str]:
-    """Return the anchored pattern of a positive report rendered by `emrl_data.report` (lower-cased) for `organ`."""
-    adjective = ORGAN_ADJECTIVE[organ]
-    if organ is Organ.LIVER:
-        location = r"(?:hepatic segment (?P<{}>[1-8](?:/[1-8])*)|the liver)"
-    elif organ is Organ.PANCREAS:
-        location = r"(?:pancreas (?P<{}>(?:head|body|tail)(?:/(?:head|body|tail))*)|the pancreas)"
-    else:
-        location = r"(?:(?P<{}>(?:left|right)(?:/(?:left|right))*) kidney|the kidneys?)"
-    lesion = r"(?P<att>hypo|iso|hyper)attenuating lesion in " + location.format("loc")
+def _template_re(spec: OrganSpec) -> re.Pattern[str]:
+    """Return the anchored pattern of a positive report rendered by `emrl_data.report` (lower-cased) for an organ."""
+    adjective = re.escape(spec.adjective)
+    whole = re.escape(spec.whole_organ_phrase.lower())
+
+    def location(group: str) -> str:
+        if not spec.parts:
+            return f"(?:{whole})"
+        names = "|".join(re.escape(n.lower()) for n in spec.location_names)
+        before, after = (re.escape(p) for p in spec.location_phrase.lower().split("{}"))
+        return f"(?:{before}(?P<{group}>(?:{names})(?:/(?:{names}))*){after}|{whole})"
+
+    lesion = r"(?P<att>hypo|iso|hyper)attenuating lesion in " + location("loc")
     findings = (
         r"(?:a |multiple \((?P<n>\d+)\) "
         + adjective
@@ -252,11 +240,11 @@ def _template_re(organ: Organ) -> re.Pattern[str]:
         r"(?:(?:hypo|iso|hyper)attenuating "
         + adjective
         + r" mass in "
-        + location.format("iloc")
+        + location("iloc")
         + r"|multiple \((?P<m>\d+)\) "
         + adjective
         + r" masses; the largest is (?:hypo|iso|hyper)attenuating, in "
-        + location.format("mloc")
+        + location("mloc")
         + r"), measuring \d+\.\d cm\."
     )
     evidence = (
@@ -268,11 +256,86 @@ def _template_re(organ: Organ) -> re.Pattern[str]:
     )
 
 
-_TEMPLATE_RE: dict[Organ, re.Pattern[str]] = {organ: _template_re(organ) for organ in Organ}
-_NEGATIVE_TEMPLATE: dict[Organ, str] = {
-    organ: f"<findings>{NEGATIVE_FINDINGS[organ]}</findings> || <impression>{NEGATIVE_IMPRESSION[organ]}</impression>".lower()
-    for organ in Organ
-}
+@dataclass(frozen=True, slots=True)
+class _OrganVocabulary:
+    """An organ's parser vocabulary, compiled from its `OrganSpec`."""
+
+    spec: OrganSpec
+    mention_re: re.Pattern[str] | None  # names the organ (besides the `spec.mentions` substrings)
+    in_organ_re: re.Pattern[str]  # "in the liver": placed in the organ without a sub-structure
+    location_order: dict[str, int]
+    part_gate: tuple[str, ...]  # literal location words: one must occur before `part_re` runs
+    part_re: re.Pattern[str] | None  # location words as named groups w0, w1, ...
+    part_names: tuple[tuple[str, ...], ...]  # location names of group wi
+    hedge_re: re.Pattern[str] | None  # "head or tail": two single-name words joined by "or"
+    template_re: re.Pattern[str]
+    negative_template: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Vocabulary:
+    """What the parser reads, for the registered organs (rebuilt when the registry changes)."""
+
+    version: int
+    organs: dict[str, _OrganVocabulary]
+    organ_words: frozenset[str]  # whole words naming any organ
+    organ_prefixes: tuple[str, ...]  # word beginnings naming any organ
+    negative_re: re.Pattern[str]
+
+
+def _word_re(word: str) -> str:
+    """Return the pattern of a location word ("bilateral*" also matches longer forms)."""
+    return re.escape(word[:-1]) + r"\w*" if word.endswith("*") else re.escape(word)
+
+
+def _organ_vocabulary(spec: OrganSpec) -> _OrganVocabulary:
+    words = spec.location_words
+    single = [_word_re(w) for w, names in words if len(names) == 1]
+    hedge = "|".join(single)
+    return _OrganVocabulary(
+        spec=spec,
+        mention_re=re.compile(spec.mention_pattern) if spec.mention_pattern else None,
+        in_organ_re=re.compile(r"(?:in|of|within|involving) (?:the )?(?:" + spec.in_organ_nouns + r")\b"),
+        location_order={name: i for i, name in enumerate(spec.location_names)},
+        part_gate=tuple(w.rstrip("*") for w, _ in words),
+        part_re=re.compile(
+            "(?:" + "|".join(f"(?P<w{i}>{_word_re(w)})" for i, (w, _) in enumerate(words)) + r")\b"
+        )
+        if words
+        else None,
+        part_names=tuple(names for _, names in words),
+        hedge_re=re.compile(f"(?:{hedge}),? or (?:the )?(?:{hedge})\\b") if single else None,
+        template_re=_template_re(spec),
+        negative_template=(
+            f"<findings>{spec.negative_findings}</findings> || <impression>{spec.negative_impression}</impression>"
+        ).lower(),
+    )
+
+
+_VOCABULARY: list[_Vocabulary] = []
+
+
+def _vocabulary() -> _Vocabulary:
+    """Return the vocabulary of the registered organs (compiled once per registry version)."""
+    version = registry_version()
+    if not _VOCABULARY or _VOCABULARY[0].version != version:
+        specs = list(ORGANS.values())
+        modifiers = "|".join([_NEGATION_MODIFIERS, *(re.escape(m) for s in specs for m in s.negation_modifiers)])
+        _VOCABULARY[:] = [
+            _Vocabulary(
+                version=version,
+                organs={s.name: _organ_vocabulary(s) for s in specs},
+                organ_words=_OTHER_ORGAN_WORDS.union(*(s.words for s in specs)),
+                organ_prefixes=(*(p for s in specs for p in s.word_prefixes), *_OTHER_ORGAN_PREFIXES),
+                negative_re=re.compile(_NEGATIVE_PATTERN.replace(_MODIFIERS_SLOT, modifiers)),
+            )
+        ]
+    return _VOCABULARY[0]
+
+
+def _organ(organ: Organ) -> _OrganVocabulary:
+    """Return the parser vocabulary of a registered organ."""
+    return _vocabulary().organs[organ]
 
 
 def _parse_template(lower: str, organ: Organ) -> ParsedReport | None:
@@ -280,13 +343,14 @@ def _parse_template(lower: str, organ: Organ) -> ParsedReport | None:
 
     Gives the same result as the general path on every text it accepts (tested); it only saves time in GRPO.
     """
-    if lower == _NEGATIVE_TEMPLATE[organ]:
+    vocabulary = _organ(organ)
+    if lower == vocabulary.negative_template:
         return ParsedReport(False, None, None, None, None, None, None, 0)
-    match = _TEMPLATE_RE[organ].fullmatch(lower)
+    match = vocabulary.template_re.fullmatch(lower)
     if match is None:
         return None
-    order = _LOCATION_ORDER[organ]
-    names = match.group("loc")  # None: the lesion is placed "in the <organ>" without a sub-structure
+    order = vocabulary.location_order
+    names = match.groupdict().get("loc")  # None: the lesion is placed "in the <organ>" without a sub-structure
     location = tuple(sorted(set(names.split("/")), key=order.__getitem__)) if names else ()
     a, b = float(match.group("a")), float(match.group("b"))
     n, m = match.group("n"), match.group("m")
@@ -323,20 +387,20 @@ def _sentences(text: str) -> list[str]:
 
 
 def _names_organ(sentence: str, organ: Organ) -> bool:
-    """Return True when the sentence names `organ` (cheap substring tests)."""
-    if organ is Organ.LIVER:
-        return "liver" in sentence or "hepat" in sentence or "couinaud" in sentence or "caudate" in sentence
-    if organ is Organ.PANCREAS:
-        return "pancrea" in sentence or "uncinate" in sentence
-    return (
-        "kidney" in sentence or "nephr" in sentence or ("renal" in sentence and _RENAL_RE.search(sentence) is not None)
-    )
+    """Return True when the sentence names `organ` (cheap substring tests, then the organ's mention pattern)."""
+    vocabulary = _organ(organ)
+    for mention in vocabulary.spec.mentions:
+        if mention in sentence:
+            return True
+    return vocabulary.mention_re is not None and vocabulary.mention_re.search(sentence) is not None
 
 
 def _names_any_organ(sentence: str) -> bool:
     """Return True when the sentence names any organ (whole words; the target organ is tested before)."""
+    vocabulary = _vocabulary()
+    words, prefixes = vocabulary.organ_words, vocabulary.organ_prefixes
     for word in sentence.translate(_PUNCTUATION_TO_SPACE).split():
-        if word in _ORGAN_WORDS or word.startswith(_ORGAN_PREFIXES):
+        if word in words or word.startswith(prefixes):
             return True
     return False
 
@@ -345,7 +409,7 @@ def _is_negative(sentence: str) -> bool:
     """Return True when the sentence denies a lesion."""
     for hint in _NEGATION_HINTS:
         if hint in sentence:
-            return _NEGATIVE_RE.search(sentence) is not None
+            return _vocabulary().negative_re.search(sentence) is not None
     return False
 
 
@@ -493,34 +557,33 @@ def _liver_segments(sentence: str) -> tuple[set[str], bool]:
     return names, hedged
 
 
+def _location_words(sentence: str, vocabulary: _OrganVocabulary) -> tuple[set[str], bool]:
+    """Return (location names, hedged with "or") named by the organ's location words in one sentence."""
+    found: set[str] = set()
+    if vocabulary.part_re is None or not any(w in sentence for w in vocabulary.part_gate):
+        return found, False
+    for match in vocabulary.part_re.finditer(sentence):
+        found.update(vocabulary.part_names[int(str(match.lastgroup)[1:])])
+    hedge = vocabulary.hedge_re
+    return found, " or " in sentence and hedge is not None and hedge.search(sentence) is not None
+
+
 def _read_location(sentences: list[str], organ: Organ) -> tuple[bool, tuple[str, ...] | None]:
     """Return (stated, location): the union of names over the sentences; hedged -> (True, None)."""
+    vocabulary = _organ(organ)
+    reader = _liver_segments if vocabulary.spec.location_reader == "couinaud" else None
     names: set[str] = set()
     in_organ = False
     for sentence in sentences:
-        found: set[str] = set()
-        hedged = False
-        if organ is Organ.LIVER:
-            found, hedged = _liver_segments(sentence)
-        elif organ is Organ.PANCREAS:
-            if any(w in sentence for w in _PANCREAS_WORDS):
-                found = {"head" if w == "uncinate" else w for w in _PANCREAS_PART_RE.findall(sentence)}
-                hedged = " or " in sentence and _PANCREAS_HEDGE_RE.search(sentence) is not None
-        elif any(w in sentence for w in _KIDNEY_WORDS):
-            for word in _KIDNEY_SIDE_RE.findall(sentence):
-                if word == "left" or word == "right":
-                    found.add(word)
-                else:
-                    found.update(("left", "right"))
-            hedged = " or " in sentence and _KIDNEY_HEDGE_RE.search(sentence) is not None
+        found, hedged = reader(sentence) if reader is not None else _location_words(sentence, vocabulary)
         if hedged:
             return True, None
         if found:
             names |= found
-        elif not in_organ and _IN_ORGAN_RE[organ].search(sentence) is not None:
+        elif not in_organ and vocabulary.in_organ_re.search(sentence) is not None:
             in_organ = True
     if names:
-        order = _LOCATION_ORDER[organ]
+        order = vocabulary.location_order
         return True, tuple(sorted(names, key=order.__getitem__))
     if in_organ:
         return True, ()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from emrl_data.organs import OrganTable, organ_spec
 from emrl_data.types import Organ
 
 
@@ -22,18 +23,11 @@ VERIFIER_PROMPT = (
     "location and enhancement pattern."
 )
 
-ORGAN_DISPLAY: dict[Organ, str] = {Organ.LIVER: "liver", Organ.PANCREAS: "pancreas", Organ.KIDNEY: "kidneys"}
-ORGAN_ADJECTIVE: dict[Organ, str] = {Organ.LIVER: "liver", Organ.PANCREAS: "pancreatic", Organ.KIDNEY: "kidney"}
-NEGATIVE_FINDINGS: dict[Organ, str] = {
-    Organ.LIVER: "No focal liver lesion is identified.",
-    Organ.PANCREAS: "No focal pancreatic lesion is identified.",
-    Organ.KIDNEY: "No focal kidney lesion is identified.",
-}
-NEGATIVE_IMPRESSION: dict[Organ, str] = {
-    Organ.LIVER: "No liver tumor.",
-    Organ.PANCREAS: "No pancreatic tumor.",
-    Organ.KIDNEY: "No kidney tumor.",
-}
+# Organ wording, looked up in the registry (`emrl_data.organs.OrganSpec`): organ -> text.
+ORGAN_DISPLAY: OrganTable[str] = OrganTable(lambda spec: spec.display)
+ORGAN_ADJECTIVE: OrganTable[str] = OrganTable(lambda spec: spec.adjective)
+NEGATIVE_FINDINGS: OrganTable[str] = OrganTable(lambda spec: spec.negative_findings)
+NEGATIVE_IMPRESSION: OrganTable[str] = OrganTable(lambda spec: spec.negative_impression)
 ATTENUATION_WORD = {"hypo": "hypoattenuating", "iso": "isoattenuating", "hyper": "hyperattenuating"}
 
 
@@ -46,14 +40,10 @@ def format_location(organ: Organ, location: Sequence[str]) -> str:
 
     An empty location (no sub-structure mask covers the lesion) renders as the organ: "the liver".
     """
+    spec = organ_spec(organ)
     if not location:
-        return f"the {ORGAN_ADJECTIVE[organ] if organ is Organ.KIDNEY else organ.value}"
-    joined = "/".join(location)
-    if organ is Organ.LIVER:
-        return f"hepatic segment {joined}"
-    if organ is Organ.PANCREAS:
-        return f"pancreas {joined}"
-    return f"{joined} kidney"
+        return spec.whole_organ_phrase
+    return spec.location_phrase.format("/".join(location))
 
 
 def format_cm(length_mm: float) -> str:

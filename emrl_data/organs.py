@@ -1,0 +1,324 @@
+"""The organ registry: everything the pipeline knows about one organ, in one entry (SPEC §2, §4, §6, §7).
+
+An `OrganSpec` holds an organ's mask files, its sub-structures and location vocabulary, its report wording, the words
+the parser reads, and its metadata-CSV columns. `atlas`, `labels`, `report`, `parser`, `synthetic`, `records` and
+`curate` look values up here; none of them branches on a particular organ.
+
+Adding an organ is one `register_organ(OrganSpec(...))` call (a permanent one goes in `_BUILT_IN` below), plus its
+anatomy in `emrl_data.synthetic.ANATOMY` for the synthetic atlas. `tests/emrl_data/test_organs.py` registers a spleen
+and runs the synthetic pipeline end to end for it.
+
+`Organ` is the name of a registered organ. It behaves like the former `StrEnum`: `Organ("liver") is Organ.LIVER`,
+`for organ in Organ` lists the registered organs in registration order (the row order of every table), and an organ
+compares, hashes and serialises as its name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar, TypeVar
+
+
+__all__ = [
+    "LOCATION_NAMES",
+    "METADATA_COLUMNS",
+    "ORGANS",
+    "ORGAN_STRUCTURES",
+    "CsvColumns",
+    "Organ",
+    "OrganSpec",
+    "OrganTable",
+    "organ_spec",
+    "register_organ",
+    "registry_version",
+    "unregister_organ",
+]
+
+T = TypeVar("T")
+
+
+class _OrganType(type):
+    """Metaclass of `Organ`: iterating the class lists the registered organs, as iterating an enum would."""
+
+    def __iter__(cls) -> Iterator[Organ]:
+        return iter(tuple(_MEMBERS.values()))
+
+    def __len__(cls) -> int:
+        return len(_MEMBERS)
+
+    def __contains__(cls, value: object) -> bool:
+        return isinstance(value, str) and str(value) in _MEMBERS
+
+
+class Organ(str, metaclass=_OrganType):
+    """The name of a registered organ (one organ row per case). `Organ("spleen")` raises until spleen is registered."""
+
+    __slots__ = ()
+
+    LIVER: ClassVar[Organ]
+    PANCREAS: ClassVar[Organ]
+    KIDNEY: ClassVar[Organ]
+
+    def __new__(cls, value: str) -> Organ:
+        try:
+            return _MEMBERS[str(value)]
+        except KeyError:
+            raise ValueError(f"{value!r} is not a registered organ; registered: {list(_MEMBERS)}.") from None
+
+    @property
+    def value(self) -> str:
+        """The organ's name, as in the tables ("liver")."""
+        return str.__str__(self)
+
+    @property
+    def name(self) -> str:
+        """The constant's name ("LIVER")."""
+        return self.value.upper()
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __repr__(self) -> str:
+        return f"<Organ.{self.name}: {self.value!r}>"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Organ, (self.value,)
+
+    def __copy__(self) -> Organ:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Organ:
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class CsvColumns:
+    """Column names of one organ in the atlas metadata CSV (`AbdomenAtlas3.0MiniWithMeta.csv`, notes/atlas.md §2.1)."""
+
+    count: str
+    diameter_cm: str
+    location: str
+    attenuation: str
+    organ_volume_cm3: str
+
+    @classmethod
+    def atlas(cls, lesion_word: str, volume_word: str, location_hint: str) -> CsvColumns:
+        """Return the names as AbdomenAtlas 3.0 spells them, e.g. `atlas("pancreatic", "pancreas", "head, body, tail")`."""
+        attenuation = "attenuation (hyperattenuating, isoattenuating, hypoattenuating)"
+        return cls(
+            count=f"number of {lesion_word} lesion instances",
+            diameter_cm=f"largest {lesion_word} lesion diameter (cm)",
+            location=f"largest {lesion_word} lesion location ({location_hint})",
+            attenuation=f"largest {lesion_word} lesion {attenuation}",
+            organ_volume_cm3=f"{volume_word} volume (cm^3)",
+        )
+
+    def as_dict(self) -> dict[str, str]:
+        """Return key -> column name (keys: count, diameter_cm, location, attenuation, organ_volume_cm3)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OrganSpec:
+    """Everything the pipeline knows about one organ.
+
+    Attributes:
+        name: the organ's name in the tables ("liver").
+        organ_masks: mask files (stems, as released) whose union is the organ (both kidneys for "kidney").
+        lesion_mask: the organ's lesion file; an absent file with a present organ means "no lesion".
+        parts: sub-structure file -> location name, in report order; () for an organ without sub-structures.
+        single_location: keep only the part holding most of the lesion (kidney: one side; ties -> the first part).
+        display: the organ in the prompt ("the kidneys").
+        adjective: the organ in report sentences ("pancreatic lesion", "No kidney tumor.").
+        location_phrase: where a lesion is, "{}" standing for the location names joined by "/"
+            ("hepatic segment {}" -> "hepatic segment 5/8").
+        whole_organ_phrase: where a lesion in no sub-structure is ("the liver").
+        mentions: substrings that make a sentence about this organ ("hepat" covers "hepatic").
+        mention_pattern: a regex that also does ("(?<!ad)renal": renal but not adrenal); None for none.
+        words: whole words naming the organ (a sentence naming only other organs is dropped for this one).
+        word_prefixes: word beginnings that do the same ("nephr").
+        in_organ_nouns: regex alternatives for "a lesion in the <noun>" (placed in the organ, no sub-structure).
+        negation_modifiers: words allowed between "no" and "lesion" in a denial ("no focal hepatic lesion").
+        location_reader: how the parser reads locations: "words" (`location_words`) or "couinaud" (liver segments
+            in digits, roman numerals, "S7", ranges, "caudate").
+        location_words: word -> location names it stands for; a word ending in "*" also matches longer forms
+            ("bilateral*" matches "bilaterally"). Words that stand for one name can be hedged ("left or right").
+        csv: the organ's metadata-CSV columns.
+    """
+
+    name: str
+    organ_masks: tuple[str, ...]
+    lesion_mask: str
+    parts: tuple[tuple[str, str], ...] = ()
+    single_location: bool = False
+    display: str
+    adjective: str
+    location_phrase: str = "{}"
+    whole_organ_phrase: str
+    mentions: tuple[str, ...]
+    mention_pattern: str | None = None
+    words: tuple[str, ...] = ()
+    word_prefixes: tuple[str, ...] = ()
+    in_organ_nouns: str
+    negation_modifiers: tuple[str, ...] = ()
+    location_reader: str = "words"
+    location_words: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    csv: CsvColumns
+
+    def __post_init__(self) -> None:
+        if not self.name or self.name != self.name.strip().lower():
+            raise ValueError(f"OrganSpec name={self.name!r} must be a non-empty lower-case word.")
+        if not self.organ_masks:
+            raise ValueError(f"OrganSpec {self.name}: organ_masks is empty.")
+        if self.location_reader not in ("words", "couinaud"):
+            raise ValueError(f"OrganSpec {self.name}: location_reader={self.location_reader!r} is 'words' or 'couinaud'.")
+        if self.location_phrase.count("{}") != 1:
+            raise ValueError(f"OrganSpec {self.name}: location_phrase={self.location_phrase!r} needs one '{{}}'.")
+        names = set(self.location_names)
+        for word, targets in self.location_words:
+            if not set(targets) <= names:
+                raise ValueError(f"OrganSpec {self.name}: location word {word!r} names {targets}, not in {names}.")
+
+    @property
+    def location_names(self) -> tuple[str, ...]:
+        """Location vocabulary in report order ("1".."8"; "head", "body", "tail"; "left", "right")."""
+        return tuple(name for _, name in self.parts)
+
+    @property
+    def negative_findings(self) -> str:
+        """The findings of a negative row ("No focal liver lesion is identified.")."""
+        return f"No focal {self.adjective} lesion is identified."
+
+    @property
+    def negative_impression(self) -> str:
+        """The impression of a negative row ("No liver tumor.")."""
+        return f"No {self.adjective} tumor."
+
+
+_BUILT_IN: tuple[OrganSpec, ...] = (
+    OrganSpec(
+        name="liver",
+        organ_masks=("liver",),
+        lesion_mask="liver_lesion",
+        parts=tuple((f"liver_segment_{i}", str(i)) for i in range(1, 9)),
+        display="liver",
+        adjective="liver",
+        location_phrase="hepatic segment {}",
+        whole_organ_phrase="the liver",
+        mentions=("liver", "hepat", "couinaud", "caudate"),
+        words=("liver", "hepatic", "couinaud", "caudate"),
+        word_prefixes=("hepato",),
+        in_organ_nouns="liver|hepatic parenchyma",
+        negation_modifiers=("liver", "hepatic"),
+        location_reader="couinaud",
+        csv=CsvColumns.atlas("liver", "liver", "1-8"),
+    ),
+    OrganSpec(
+        name="pancreas",
+        organ_masks=("pancreas",),
+        lesion_mask="pancreatic_lesion",
+        parts=(("pancreas_head", "head"), ("pancreas_body", "body"), ("pancreas_tail", "tail")),
+        display="pancreas",
+        adjective="pancreatic",
+        location_phrase="pancreas {}",
+        whole_organ_phrase="the pancreas",
+        mentions=("pancrea", "uncinate"),
+        words=("uncinate",),
+        word_prefixes=("pancrea",),
+        in_organ_nouns="pancreas",
+        negation_modifiers=("pancreatic", "pancreas"),
+        location_words=(("head", ("head",)), ("body", ("body",)), ("tail", ("tail",)), ("uncinate", ("head",))),
+        csv=CsvColumns.atlas("pancreatic", "pancreas", "head, body, tail"),
+    ),
+    OrganSpec(
+        name="kidney",
+        organ_masks=("kidney_left", "kidney_right"),
+        lesion_mask="kidney_lesion",
+        parts=(("kidney_left", "left"), ("kidney_right", "right")),
+        single_location=True,
+        display="kidneys",
+        adjective="kidney",
+        location_phrase="{} kidney",
+        whole_organ_phrase="the kidney",
+        mentions=("kidney", "nephr"),
+        mention_pattern=r"(?<!ad)renal",
+        words=("kidney", "kidneys", "renal"),
+        word_prefixes=("nephr",),
+        in_organ_nouns="kidneys?",
+        negation_modifiers=("renal", "kidney"),
+        location_words=(
+            ("left", ("left",)),
+            ("right", ("right",)),
+            ("bilateral*", ("left", "right")),
+            ("both", ("left", "right")),
+        ),
+        csv=CsvColumns.atlas("kidney", "kidney", "left, right"),
+    ),
+)
+
+# The registry. Registration order is the organ order of every table and loop.
+ORGANS: dict[Organ, OrganSpec] = {}
+_MEMBERS: dict[str, Organ] = {}
+_VERSION = [0]  # bumped on every change, so derived caches (the parser's patterns) know when to rebuild
+
+
+def register_organ(spec: OrganSpec) -> Organ:
+    """Add an organ to the registry and return it; every table, report, parser and loop then knows it.
+
+    Raises:
+        ValueError: when an organ of that name is already registered.
+    """
+    if spec.name in _MEMBERS:
+        raise ValueError(f"organ {spec.name!r} is already registered.")
+    organ = str.__new__(Organ, spec.name)
+    _MEMBERS[spec.name] = organ
+    ORGANS[organ] = spec
+    _VERSION[0] += 1
+    return organ
+
+
+def unregister_organ(name: str) -> None:
+    """Remove an organ registered with `register_organ` (tests restore the registry this way)."""
+    organ = _MEMBERS.pop(str(name))
+    del ORGANS[organ]
+    _VERSION[0] += 1
+
+
+def registry_version() -> int:
+    """Return a number that changes whenever the registry changes."""
+    return _VERSION[0]
+
+
+def organ_spec(organ: str) -> OrganSpec:
+    """Return the spec of a registered organ (by `Organ` or name); KeyError naming the registered ones otherwise."""
+    try:
+        return ORGANS[organ]  # type: ignore[index]  # a str looks up like the Organ of that name
+    except KeyError:
+        raise KeyError(f"{organ!r} is not a registered organ; registered: {list(_MEMBERS)}.") from None
+
+
+class OrganTable(Mapping[Organ, T]):
+    """A read-only mapping organ -> a value of its spec, always current with the registry (`LOCATION_NAMES[organ]`)."""
+
+    def __init__(self, get: Callable[[OrganSpec], T]) -> None:
+        self._get = get
+
+    def __getitem__(self, organ: str) -> T:  # type: ignore[override]  # an organ name works too
+        return self._get(organ_spec(organ))
+
+    def __iter__(self) -> Iterator[Organ]:
+        return iter(Organ)
+
+    def __len__(self) -> int:
+        return len(ORGANS)
+
+
+for _spec in _BUILT_IN:
+    register_organ(_spec)
+Organ.LIVER, Organ.PANCREAS, Organ.KIDNEY = (Organ(s.name) for s in _BUILT_IN)
+
+# Lookups under the names the rest of the code used before the registry (atlas.py re-exports them).
+ORGAN_STRUCTURES: Mapping[Organ, OrganSpec] = ORGANS  # .organ_masks, .lesion_mask, .parts
+LOCATION_NAMES: OrganTable[tuple[str, ...]] = OrganTable(lambda spec: spec.location_names)
+METADATA_COLUMNS: OrganTable[dict[str, str]] = OrganTable(lambda spec: spec.csv.as_dict())
