@@ -33,7 +33,7 @@ from emrl_data.report import (
     render_prompt,
     render_report,
 )
-from emrl_data.types import Organ
+from emrl_data.types import Organ, row_values
 
 
 logger = logging.getLogger(__name__)
@@ -121,62 +121,26 @@ def _organ_row(
         cfg=cfg.frames,
     )
     organ = labels.organ
-    findings = render_findings(
-        organ,
-        has_lesion=labels.has_lesion,
-        lesion_count=labels.lesion_count,
-        long_axis_mm=labels.long_axis_mm,
-        short_axis_mm=labels.short_axis_mm,
-        volume_mm3=labels.volume_mm3,
-        location=labels.location,
-        attenuation=labels.attenuation,
-    )
-    impression = render_impression(
-        organ,
-        has_lesion=labels.has_lesion,
-        lesion_count=labels.lesion_count,
-        long_axis_mm=labels.long_axis_mm,
-        location=labels.location,
-        attenuation=labels.attenuation,
-    )
+    label_values = row_values(labels)
+    findings = render_findings(organ, **{k: label_values[k] for k in _FINDINGS_ARGUMENTS})
+    impression = render_impression(organ, **{k: label_values[k] for k in _IMPRESSION_ARGUMENTS})
     evidence = None
     if labels.has_lesion:
         assert frames.key_slice_frame is not None and frames.bbox_qwen is not None
         evidence = render_evidence(frames.key_slice_frame, frames.bbox_qwen)
-    n_frames = len(frames.frame_z_vox)
+    # Column values come from the dataclasses that declare the columns (`emrl_data.records`); the rest from here.
     return {
         "case_id": ref.case_id,
         "organ": str(organ),
         "split": split,
-        "has_lesion": labels.has_lesion,
-        "lesion_count": labels.lesion_count,
-        "long_axis_mm": labels.long_axis_mm,
-        "short_axis_mm": labels.short_axis_mm,
-        "volume_mm3": labels.volume_mm3,
-        "total_lesion_volume_mm3": labels.total_lesion_volume_mm3,
-        "organ_volume_mm3": labels.organ_volume_mm3,
-        "location": list(labels.location),
-        "attenuation": labels.attenuation,
-        "lesion_mean_hu": labels.lesion_mean_hu,
-        "parenchyma_mean_hu": labels.parenchyma_mean_hu,
-        "parenchyma_sd_hu": labels.parenchyma_sd_hu,
-        "key_slice_z_vox": labels.key_slice_z_vox,
-        "max_diameter_z_vox": labels.max_diameter_z_vox,
-        "bbox_xyxy_vox": _list(labels.bbox_xyxy_vox),
-        "lesion_box_xyzxyz_vox": _list(labels.lesion_box_xyzxyz_vox),
-        "organ_box_xyzxyz_vox": list(labels.organ_box_xyzxyz_vox),
+        **label_values,
         "spacing_mm": [float(s) for s in images.spacing_mm],
         "shape_vox": [int(s) for s in images.ct_hu.shape],
-        "frame_z_vox": list(frames.frame_z_vox),
-        "n_frames": n_frames,
-        "key_slice_frame": frames.key_slice_frame,
-        "crop_xyxy_vox": list(frames.crop_xyxy_vox),
-        "bbox_xyxy_px": _list(frames.bbox_xyxy_px),
-        "bbox_qwen": _list(frames.bbox_qwen),
+        **row_values(frames),
         "findings": findings,
         "impression": impression,
         "report": render_report(findings, impression, evidence),
-        "prompt": render_prompt(organ, n_frames),
+        "prompt": render_prompt(organ, frames.n_frames),
         **_atlas_columns(labels, meta, cfg),
         "warnings": list(images.warnings),
         "pipeline_version": __version__,
@@ -187,8 +151,10 @@ def _organ_row(
     }
 
 
-def _list(values: tuple[int, ...] | None) -> list[int] | None:
-    return None if values is None else [int(v) for v in values]
+_FINDINGS_ARGUMENTS = (
+    "has_lesion", "lesion_count", "long_axis_mm", "short_axis_mm", "volume_mm3", "location", "attenuation",
+)  # fmt: skip
+_IMPRESSION_ARGUMENTS = ("has_lesion", "lesion_count", "long_axis_mm", "location", "attenuation")
 
 
 def _atlas_columns(labels: OrganLabels, meta: AtlasOrganMeta | None, cfg: CurateConfig) -> dict[str, Any]:

@@ -17,8 +17,9 @@ Conventions:
   where a cell is undefined are left out of that cell's interval.
 
 Input rows (predictions): `organ`, `has_lesion` (truth), `long_axis_mm` (truth; None on negatives) and the
-`ReportScore` fields `existence`, `size`, `location`, `enhancement`, `k_hit`, `pred_has_lesion` (see
-`emrl_data.scoring`). `existence` decides detection; when it is missing, `pred_has_lesion == has_lesion` does.
+`ReportScore` fields `score_existence`, `score_size`, `score_location`, `score_enhancement`, `score_k_hit`,
+`pred_has_lesion` (see `emrl_data.scoring`): the columns of the `predictions` table. `score_existence` decides
+detection; when it is missing, `pred_has_lesion == has_lesion` does.
 """
 
 from __future__ import annotations
@@ -194,7 +195,7 @@ def _organ_arrays(rows: Sequence[Mapping[str, Any]]) -> _OrganArrays:
     col = {name: j for j, name in enumerate(_RATIO_METRICS)}
     for i, row in enumerate(rows):
         positive = bool(row["has_lesion"])
-        existence = _optional_float(row.get("existence"))
+        existence = _optional_float(row.get("score_existence"))
         if existence is None:
             pred = row.get("pred_has_lesion")
             existence = 0.0 if pred is None else float(bool(pred) == positive)
@@ -211,7 +212,7 @@ def _organ_arrays(rows: Sequence[Mapping[str, Any]]) -> _OrganArrays:
             den[i, col[size_bin]] = 1.0
             num[i, col[size_bin]] = correct
         for name in TABLE2_METRICS:
-            value = _optional_float(row.get(name))  # a missed lesion already scores 0 (`score_report`)
+            value = _optional_float(row.get(f"score_{name}"))  # a missed lesion already scores 0 (`score_report`)
             if value is not None:
                 den[i, col[name]] = 1.0
                 num[i, col[name]] = value >= 1.0
@@ -282,9 +283,9 @@ def evaluate(rows: Sequence[Mapping[str, Any]], *, n_bootstrap: int = 1000, seed
     Raises:
         ValueError: on an unknown organ or a negative `n_bootstrap`.
 
-    >>> rows = [{"organ": "liver", "has_lesion": True, "long_axis_mm": 15.0, "existence": 1.0, "size": 1.0,
-    ...          "location": 0.0, "enhancement": 1.0, "k_hit": 1.0},
-    ...         {"organ": "liver", "has_lesion": False, "long_axis_mm": None, "existence": 0.0}]
+    >>> rows = [{"organ": "liver", "has_lesion": True, "long_axis_mm": 15.0, "score_existence": 1.0, "score_size": 1.0,
+    ...          "score_location": 0.0, "score_enhancement": 1.0, "score_k_hit": 1.0},
+    ...         {"organ": "liver", "has_lesion": False, "long_axis_mm": None, "score_existence": 0.0}]
     >>> r = evaluate(rows, n_bootstrap=0)
     >>> r.table1["liver"]["sen"].value, r.table1["liver"]["spec"].value, r.table1["liver"]["bacc"].value
     (1.0, 0.0, 0.5)
@@ -444,15 +445,20 @@ def score_predictions(
 ) -> list[dict[str, Any]]:
     """Score raw predictions: each row holds the truth columns of the `sft` table and the model's report text.
 
-    Rows that already carry scores (an `existence` key) are passed through unchanged, so a `predictions` table
-    written by `build-rl-hardset` evaluates as it is.
+    Rows that already carry scores (a `score_existence` key: a `predictions` table written by `build-rl-hardset`) are
+    read as they are, not scored again. Rows whose inference failed (a non-null `inference_error`) have no report
+    to score and are left out, as the flow's own metrics leave them out: they are not parse failures.
 
     Returns:
         Rows ready for `evaluate`: organ, has_lesion, long_axis_mm and the `ReportScore` fields.
     """
     scored = []
+    failed = 0
     for row in rows:
-        if "existence" in row:
+        if row.get("inference_error") is not None:
+            failed += 1
+            continue
+        if "score_existence" in row:
             scored.append(dict(row))
             continue
         if text_column not in row:
@@ -462,4 +468,6 @@ def score_predictions(
             {"organ": row["organ"], "has_lesion": row["has_lesion"], "long_axis_mm": row["long_axis_mm"]}
             | score.to_row()
         )
+    if failed:
+        logger.warning("%d prediction row(s) without a report (failed inference) left out of the evaluation", failed)
     return scored

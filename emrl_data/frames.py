@@ -12,15 +12,17 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import cv2
 import numpy as np
+import pyarrow as pa
 from numpy.typing import NDArray
 
 from emrl_data.config import FrameConfig
 from emrl_data.outcome import CaseDataError, RejectReason
+from emrl_data.types import column
 
 
 logger = logging.getLogger(__name__)
@@ -275,6 +277,9 @@ def render_frames(
     return pngs
 
 
+_INT_LIST = pa.list_(pa.int32())
+
+
 @dataclass(frozen=True, slots=True)
 class FrameSet:
     """The frames of one organ row and the key-lesion evidence in frame space (SPEC §5).
@@ -286,14 +291,28 @@ class FrameSet:
         bbox_xyxy_px: half-open pixel box of the key lesion on the key frame, or None without lesion.
         bbox_qwen: `bbox_xyxy_px` on Qwen3-VL's 0-1000 grid, or None without lesion.
         pngs: one 8-bit grayscale PNG per frame, in frame order.
+
+    Fields declared with `column` are columns of the organ row (`emrl_data.records`); `n_frames` is derived.
     """
 
-    frame_z_vox: tuple[int, ...]
-    key_slice_frame: int | None
-    crop_xyxy_vox: tuple[int, int, int, int]
-    bbox_xyxy_px: tuple[int, int, int, int] | None
-    bbox_qwen: tuple[int, int, int, int] | None
-    pngs: tuple[bytes, ...]
+    frame_z_vox: tuple[int, ...] = field(
+        metadata=column(_INT_LIST, "canonical z of every frame, frames 1..N inferior -> superior")
+    )
+    n_frames: int = field(init=False, metadata=column(pa.int32(), "number of frames"))  # len(frame_z_vox)
+    key_slice_frame: int | None = field(metadata=column(pa.int32(), "1-based frame number of the key slice"))
+    crop_xyxy_vox: tuple[int, int, int, int] = field(
+        metadata=column(_INT_LIST, "in-plane square crop rendered into every frame, canonical voxels")
+    )
+    bbox_xyxy_px: tuple[int, int, int, int] | None = field(
+        metadata=column(_INT_LIST, "key-slice box in frame pixels, half-open")
+    )
+    bbox_qwen: tuple[int, int, int, int] | None = field(
+        metadata=column(_INT_LIST, "the same box on Qwen3-VL's 0-1000 grid (used in the report)")
+    )
+    pngs: tuple[bytes, ...]  # the `frames` column is built from them (`emrl_data.curate`)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "n_frames", len(self.frame_z_vox))
 
 
 def build_frames(

@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import cc3d
 import cv2
 import numpy as np
+import pyarrow as pa
 from numpy.typing import NDArray
 
-from emrl_data.atlas import LOCATION_NAMES, ORGAN_STRUCTURES
 from emrl_data.config import LabelConfig
+from emrl_data.organs import LOCATION_NAMES, ORGAN_STRUCTURES, organ_spec
 from emrl_data.outcome import CaseDataError, RejectReason
-from emrl_data.types import Attenuation, Organ
+from emrl_data.types import Attenuation, Organ, column
 
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,8 @@ class _MaskGetter(Protocol):
 
     def __call__(self, structure: str, *, keep: bool = True) -> np.ndarray | None: ...
 
+
+_INT_LIST = pa.list_(pa.int32())
 
 # A 3-D box as index slices `(x, y, z)`, half-open, step None; in the frame named where it is used.
 Box3 = tuple[slice, slice, slice]
@@ -83,7 +86,9 @@ class MaskSource(Protocol):
 class OrganLabels:
     """The labels of one organ row (SPEC §4). Positions are canonical voxel indices; boxes are half-open.
 
-    The lesion fields are about the largest lesion (by volume) and are None on a negative row.
+    The lesion fields are about the largest lesion (by volume) and are None on a negative row. Each field but `organ`
+    is a column of the organ row (`emrl_data.types.column`: Arrow type and description); the synthetic atlas's ground
+    truth (`emrl_data.synthetic`) is an `OrganLabels` too, computed independently.
 
     Attributes:
         organ: the organ of the row.
@@ -107,24 +112,42 @@ class OrganLabels:
         organ_box_xyzxyz_vox: organ 3-D box `(x0, y0, z0, x1, y1, z1)`, half-open.
     """
 
-    organ: Organ
-    has_lesion: bool
-    lesion_count: int
-    long_axis_mm: float | None
-    short_axis_mm: float | None
-    volume_mm3: float | None
-    total_lesion_volume_mm3: float
-    organ_volume_mm3: float
-    location: tuple[str, ...]
-    attenuation: str | None
-    lesion_mean_hu: float | None
-    parenchyma_mean_hu: float
-    parenchyma_sd_hu: float
-    key_slice_z_vox: int | None
-    max_diameter_z_vox: int | None
-    bbox_xyxy_vox: tuple[int, int, int, int] | None
-    lesion_box_xyzxyz_vox: tuple[int, int, int, int, int, int] | None
-    organ_box_xyzxyz_vox: tuple[int, int, int, int, int, int]
+    organ: Organ  # a key column of the row, declared in `emrl_data.records`
+    has_lesion: bool = field(metadata=column(pa.bool_(), ">= 1 lesion component survives the noise filter"))
+    lesion_count: int = field(metadata=column(pa.int32(), "26-connected components >= min_lesion_volume_mm3"))
+    long_axis_mm: float | None = field(
+        metadata=column(pa.float64(), "largest lesion: longest axial Feret diameter over its slices")
+    )
+    short_axis_mm: float | None = field(
+        metadata=column(pa.float64(), "largest lesion: extent perpendicular to the long axis on that slice")
+    )
+    volume_mm3: float | None = field(metadata=column(pa.float64(), "largest lesion volume"))
+    total_lesion_volume_mm3: float = field(metadata=column(pa.float64(), "all surviving lesion components"))
+    organ_volume_mm3: float = field(metadata=column(pa.float64(), "organ mask volume"))
+    location: tuple[str, ...] = field(
+        metadata=column(pa.list_(pa.string()), "sub-structures with > 10 % of the lesion's labelled voxels, sorted")
+    )
+    attenuation: str | None = field(
+        metadata=column(pa.string(), "hypo | iso | hyper vs parenchyma mean +- SD/10 (RadGPT)")
+    )
+    lesion_mean_hu: float | None = field(metadata=column(pa.float64(), "largest lesion mean HU"))
+    parenchyma_mean_hu: float = field(metadata=column(pa.float64(), "organ minus all lesions, mean HU"))
+    parenchyma_sd_hu: float = field(metadata=column(pa.float64(), "organ minus all lesions, SD of HU"))
+    key_slice_z_vox: int | None = field(
+        metadata=column(pa.int32(), "canonical z of the max cross-sectional area slice (ties: lowest z)")
+    )
+    max_diameter_z_vox: int | None = field(
+        metadata=column(pa.int32(), "canonical z of the longest-diameter slice (RadGPT's 'image')")
+    )
+    bbox_xyxy_vox: tuple[int, int, int, int] | None = field(
+        metadata=column(_INT_LIST, "largest lesion box on the key slice, canonical voxels, half-open")
+    )
+    lesion_box_xyzxyz_vox: tuple[int, int, int, int, int, int] | None = field(
+        metadata=column(_INT_LIST, "largest lesion 3-D box, canonical voxels, half-open")
+    )
+    organ_box_xyzxyz_vox: tuple[int, int, int, int, int, int] = field(
+        metadata=column(_INT_LIST, "organ 3-D box, canonical voxels, half-open")
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -591,7 +614,8 @@ def _location(organ: Organ, largest: _Largest, get: _MaskGetter, min_fraction: f
     Each part file present is cropped to the lesion's box right away and the full mask dropped (one full part
     mask in memory at a time; kidney sides reuse the organ masks already read). The denominator is the lesion voxels inside
     ANY part (RadGPT: voxels outside all parts do not count); a voxel in two overlapping parts counts for both.
-    Kidney keeps only the majority side (ties -> "left", the first name in `LOCATION_NAMES`).
+    An organ with `single_location` (kidney) keeps only the majority part (ties -> the first name in `LOCATION_NAMES`:
+    "left").
 
     Args:
         organ: the organ row.
@@ -618,6 +642,6 @@ def _location(organ: Organ, largest: _Largest, get: _MaskGetter, min_fraction: f
     if total == 0:
         return ()
     kept = [n for n in LOCATION_NAMES[organ] if n in counts and counts[n] / total > min_fraction]
-    if organ == Organ.KIDNEY and kept:
+    if organ_spec(organ).single_location and kept:
         kept = [max(kept, key=lambda n: counts[n])]  # max keeps the first of equals: "left" on a tie
     return tuple(kept)

@@ -172,7 +172,9 @@ class OrganSpec:
         if not self.organ_masks:
             raise ValueError(f"OrganSpec {self.name}: organ_masks is empty.")
         if self.location_reader not in ("words", "couinaud"):
-            raise ValueError(f"OrganSpec {self.name}: location_reader={self.location_reader!r} is 'words' or 'couinaud'.")
+            raise ValueError(
+                f"OrganSpec {self.name}: location_reader={self.location_reader!r} is 'words' or 'couinaud'."
+            )
         if self.location_phrase.count("{}") != 1:
             raise ValueError(f"OrganSpec {self.name}: location_phrase={self.location_phrase!r} needs one '{{}}'.")
         names = set(self.location_names)

@@ -298,9 +298,7 @@ def _organ_vocabulary(spec: OrganSpec) -> _OrganVocabulary:
         in_organ_re=re.compile(r"(?:in|of|within|involving) (?:the )?(?:" + spec.in_organ_nouns + r")\b"),
         location_order={name: i for i, name in enumerate(spec.location_names)},
         part_gate=tuple(w.rstrip("*") for w, _ in words),
-        part_re=re.compile(
-            "(?:" + "|".join(f"(?P<w{i}>{_word_re(w)})" for i, (w, _) in enumerate(words)) + r")\b"
-        )
+        part_re=re.compile("(?:" + "|".join(f"(?P<w{i}>{_word_re(w)})" for i, (w, _) in enumerate(words)) + r")\b")
         if words
         else None,
         part_names=tuple(names for _, names in words),

@@ -1,5 +1,10 @@
 """Table schemas: one explicit pyarrow schema per table (SPEC §8), with the Hub `features` each carries.
 
+Each column is declared once, with its Arrow type and description: on the dataclass that computes it
+(`labels.OrganLabels`, `frames.FrameSet`, `scoring.ReportScore`, via `emrl_data.types.column`) or below. Schemas,
+`schemas/*.schema.json`, the dataset card's column descriptions and the row dicts (`emrl_data.types.row_values`)
+all derive from these declarations.
+
 The schemas are the interface: `sft` column names are the keyword arguments the GRPO rewards receive and the
 arguments the shared scorer takes. `schemas/*.schema.json` are generated from here
 (`python -m emrl_data.records --write-schemas schemas/`) and a test checks they are up to date.
@@ -8,76 +13,86 @@ arguments the shared scorer takes. `schemas/*.schema.json` are generated from he
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-from collections.abc import Mapping
+import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
+
+from emrl_data.frames import FrameSet
+from emrl_data.labels import OrganLabels
+from emrl_data.scoring import TRUTH_COLUMNS, ReportScore
+from emrl_data.types import Organ
 
 
 IMAGE_STRUCT = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 _INT_LIST = pa.list_(pa.int32())
 
-# (name, arrow type, nullable, description). Order is the column order of the tables.
-ORGAN_ROW_COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
-    ("case_id", pa.string(), False, "BDMAP_ + 8 digits"),
-    ("organ", pa.string(), False, "liver | pancreas | kidney"),
-    ("split", pa.string(), False, "train | test (IID split files, else case-id hash)"),
-    ("has_lesion", pa.bool_(), False, ">= 1 lesion component survives the noise filter"),
-    ("lesion_count", pa.int32(), False, "26-connected components >= min_lesion_volume_mm3"),
-    ("long_axis_mm", pa.float64(), True, "largest lesion: longest axial Feret diameter over its slices"),
-    ("short_axis_mm", pa.float64(), True, "largest lesion: extent perpendicular to the long axis on that slice"),
-    ("volume_mm3", pa.float64(), True, "largest lesion volume"),
-    ("total_lesion_volume_mm3", pa.float64(), False, "all surviving lesion components"),
-    ("organ_volume_mm3", pa.float64(), False, "organ mask volume"),
-    ("location", pa.list_(pa.string()), False, "sub-structures with > 10 % of the lesion's labelled voxels, sorted"),
-    ("attenuation", pa.string(), True, "hypo | iso | hyper vs parenchyma mean +- SD/10 (RadGPT)"),
-    ("lesion_mean_hu", pa.float64(), True, "largest lesion mean HU"),
-    ("parenchyma_mean_hu", pa.float64(), False, "organ minus all lesions, mean HU"),
-    ("parenchyma_sd_hu", pa.float64(), False, "organ minus all lesions, SD of HU"),
-    ("key_slice_z_vox", pa.int32(), True, "canonical z of the max cross-sectional area slice (ties: lowest z)"),
-    ("max_diameter_z_vox", pa.int32(), True, "canonical z of the longest-diameter slice (RadGPT's 'image')"),
-    ("bbox_xyxy_vox", _INT_LIST, True, "largest lesion box on the key slice, canonical voxels, half-open"),
-    ("lesion_box_xyzxyz_vox", _INT_LIST, True, "largest lesion 3-D box, canonical voxels, half-open"),
-    ("organ_box_xyzxyz_vox", _INT_LIST, False, "organ 3-D box, canonical voxels, half-open"),
-    ("spacing_mm", pa.list_(pa.float64()), False, "voxel spacing in canonical (x, y, z) order"),
-    ("shape_vox", _INT_LIST, False, "CT shape in canonical (x, y, z) order"),
-    ("frame_z_vox", _INT_LIST, False, "canonical z of every frame, frames 1..N inferior -> superior"),
-    ("n_frames", pa.int32(), False, "number of frames"),
-    ("key_slice_frame", pa.int32(), True, "1-based frame number of the key slice"),
-    ("crop_xyxy_vox", _INT_LIST, False, "in-plane square crop rendered into every frame, canonical voxels"),
-    ("bbox_xyxy_px", _INT_LIST, True, "key-slice box in frame pixels, half-open"),
-    ("bbox_qwen", _INT_LIST, True, "the same box on Qwen3-VL's 0-1000 grid (used in the report)"),
-    ("findings", pa.string(), False, "findings text"),
-    ("impression", pa.string(), False, "impression text"),
-    ("report", pa.string(), False, "target report in the E-MRL format"),
-    ("prompt", pa.string(), False, "user prompt of the row"),
-    ("atlas_lesion_count", pa.int32(), True, "metadata CSV: number of lesion instances"),
-    ("atlas_long_axis_cm", pa.float64(), True, "metadata CSV: largest lesion diameter (cm)"),
-    ("atlas_location", pa.list_(pa.string()), True, "metadata CSV: largest lesion location"),
-    ("atlas_attenuation", pa.string(), True, "metadata CSV: largest lesion attenuation"),
-    ("atlas_organ_volume_cm3", pa.float64(), True, "metadata CSV: organ volume"),
-    ("atlas_agreement", pa.bool_(), True, "our labels agree with the CSV (null: no CSV row)"),
-    ("warnings", pa.list_(pa.string()), False, "non-fatal problems met while loading the case"),
-    ("pipeline_version", pa.string(), False, "emrl_data version that produced the row"),
-    ("config_fingerprint", pa.string(), False, "fingerprint of the curation config"),
+
+class Column(NamedTuple):
+    """One column of a table: name, Arrow type, whether it may be null, description (also the card's)."""
+
+    name: str
+    arrow: pa.DataType
+    nullable: bool
+    doc: str
+
+
+def columns_of(record_type: type, *, nullable: bool | None = None) -> list[Column]:
+    """Return the columns a dataclass declares: its fields made with `emrl_data.types.column`, in field order.
+
+    Args:
+        record_type: a dataclass (`OrganLabels`, `FrameSet`, `ReportScore`).
+        nullable: None: a field is nullable when its type admits None (`X | None`); True/False: every column is.
+    """
+    hints = typing.get_type_hints(record_type)
+    out = []
+    for f in dataclasses.fields(record_type):
+        if "arrow" not in f.metadata:
+            continue
+        optional = type(None) in typing.get_args(hints[f.name])
+        out.append(Column(f.name, f.metadata["arrow"], optional if nullable is None else nullable, f.metadata["doc"]))
+    return out
+
+
+# The columns of an organ row, in table order. A column is declared once: on the dataclass that computes it
+# (`OrganLabels`, `FrameSet`) or here; its value in a row comes from the same place (`emrl_data.curate._organ_row`).
+# Adding a column is one line: a `column(...)` field on one of those dataclasses, or a `Column(...)` here.
+ORGAN_ROW_COLUMNS: list[Column] = [
+    Column("case_id", pa.string(), False, "BDMAP_ + 8 digits"),
+    Column("organ", pa.string(), False, " | ".join(str(o) for o in Organ)),
+    Column("split", pa.string(), False, "train | test (IID split files, else case-id hash)"),
+    *columns_of(OrganLabels),
+    Column("spacing_mm", pa.list_(pa.float64()), False, "voxel spacing in canonical (x, y, z) order"),
+    Column("shape_vox", _INT_LIST, False, "CT shape in canonical (x, y, z) order"),
+    *columns_of(FrameSet),
+    Column("findings", pa.string(), False, "findings text"),
+    Column("impression", pa.string(), False, "impression text"),
+    Column("report", pa.string(), False, "target report in the E-MRL format"),
+    Column("prompt", pa.string(), False, "user prompt of the row"),
+    Column("atlas_lesion_count", pa.int32(), True, "metadata CSV: number of lesion instances"),
+    Column("atlas_long_axis_cm", pa.float64(), True, "metadata CSV: largest lesion diameter (cm)"),
+    Column("atlas_location", pa.list_(pa.string()), True, "metadata CSV: largest lesion location"),
+    Column("atlas_attenuation", pa.string(), True, "metadata CSV: largest lesion attenuation"),
+    Column("atlas_organ_volume_cm3", pa.float64(), True, "metadata CSV: organ volume"),
+    Column("atlas_agreement", pa.bool_(), True, "our labels agree with the CSV (null: no CSV row)"),
+    Column("warnings", pa.list_(pa.string()), False, "non-fatal problems met while loading the case"),
+    Column("pipeline_version", pa.string(), False, "emrl_data version that produced the row"),
+    Column("config_fingerprint", pa.string(), False, "fingerprint of the curation config"),
 ]
 
-FRAMES_COLUMN: tuple[str, pa.DataType, bool, str] = (
-    "frames",
-    pa.list_(IMAGE_STRUCT),
-    False,
-    "frames as Hub Image structs (8-bit grayscale PNG)",
-)
+FRAMES_COLUMN = Column("frames", pa.list_(IMAGE_STRUCT), False, "frames as Hub Image structs (8-bit grayscale PNG)")
 
-REJECTION_COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
-    ("case_id", pa.string(), False, "case id (or the invalid folder name)"),
-    ("organ", pa.string(), True, "organ of the rejected row; null when the whole case is rejected"),
-    ("step", pa.string(), False, "discover | metadata | load | labels | frames"),
-    ("reason", pa.string(), False, "reason code (emrl_data.outcome.RejectReason)"),
-    ("detail", pa.string(), False, "message naming the file and the problem"),
-    ("path", pa.string(), True, "offending file, relative to the atlas root"),
+REJECTION_COLUMNS: list[Column] = [
+    Column("case_id", pa.string(), False, "case id (or the invalid folder name)"),
+    Column("organ", pa.string(), True, "organ of the rejected row; null when the whole case is rejected"),
+    Column("step", pa.string(), False, "discover | metadata | load | labels | frames"),
+    Column("reason", pa.string(), False, "reason code (emrl_data.outcome.RejectReason)"),
+    Column("detail", pa.string(), False, "message naming the file and the problem"),
+    Column("path", pa.string(), True, "offending file, relative to the atlas root"),
 ]
 
 
@@ -98,7 +113,7 @@ def _hub_feature(arrow_type: pa.DataType) -> dict[str, Any]:
     return {"_type": "Value", "dtype": names[arrow_type]}
 
 
-def make_schema(columns: list[tuple[str, pa.DataType, bool, str]]) -> pa.Schema:
+def make_schema(columns: Sequence[tuple[str, pa.DataType, bool, str]]) -> pa.Schema:
     """Build a pyarrow schema whose metadata carries the Hub features (key `huggingface` -> `info` -> `features`).
 
     Fields are nullable and carry no field metadata on purpose: `datasets` applies the Hub features only when each
@@ -115,51 +130,35 @@ def hub_features(schema: pa.Schema) -> dict[str, Any]:
     return json.loads(schema.metadata[b"huggingface"])["info"]["features"]
 
 
-HARD_COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
-    (
+HARD_COLUMNS: list[Column] = [
+    Column(
         "hard_reasons",
         pa.list_(pa.string()),
         False,
         "why the row was chosen: existence | size | location | enhancement | k_hit | parse_failure",
     ),
-    ("hard_rank", pa.int32(), False, "rank within its organ by SFT reward, 1 = hardest"),
-    ("sft_prediction", pa.string(), False, "the SFT model's report"),
-    ("sft_reward", pa.float64(), False, "R of the SFT model's report (r_c not computed during mining)"),
+    Column("hard_rank", pa.int32(), False, "rank within its organ by SFT reward, 1 = hardest"),
+    Column("sft_prediction", pa.string(), False, "the SFT model's report"),
+    Column("sft_reward", pa.float64(), False, "R of the SFT model's report (r_c not computed during mining)"),
 ]
 
-PREDICTION_COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
-    ("case_id", pa.string(), False, "case id"),
-    ("organ", pa.string(), False, "liver | pancreas | kidney"),
-    ("split", pa.string(), False, "train | test"),
-    ("has_lesion", pa.bool_(), False, "truth"),
-    ("long_axis_mm", pa.float64(), True, "truth"),
-    ("location", pa.list_(pa.string()), False, "truth"),
-    ("attenuation", pa.string(), True, "truth"),
-    ("key_slice_frame", pa.int32(), True, "truth, 1-based frame"),
-    ("n_frames", pa.int32(), False, "frames shown to the model"),
-    ("prediction", pa.string(), True, "the model's report (null when inference failed)"),
-    ("inference_error", pa.string(), True, "why inference failed, null when it succeeded"),
-    ("model", pa.string(), False, "checkpoint path or endpoint model name"),
-    ("parse_failure", pa.string(), True, "parser failure reason"),
-    ("score_existence", pa.float64(), True, "existence correct (0/1)"),
-    ("score_size", pa.float64(), True, "size correct (0/1), null on true negatives"),
-    ("score_location", pa.float64(), True, "location correct (0/1), null on true negatives"),
-    ("score_enhancement", pa.float64(), True, "enhancement correct (0/1), null on true negatives"),
-    ("score_k_hit", pa.float64(), True, "key slice within +-1 frame (0/1), null on true negatives"),
-    ("r_e", pa.float64(), True, "existence reward"),
-    ("r_f", pa.float64(), True, "findings reward"),
-    ("reward", pa.float64(), True, "R (r_c not computed during mining)"),
-    ("pred_has_lesion", pa.bool_(), True, "parsed claim"),
-    ("pred_long_axis_cm", pa.float64(), True, "parsed long axis"),
-    ("pred_location", pa.list_(pa.string()), True, "parsed location"),
-    ("pred_attenuation", pa.string(), True, "parsed attenuation"),
-    ("pred_key_slice", pa.int32(), True, "parsed key frame"),
-    ("pred_bbox", _INT_LIST, True, "parsed box (0-1000 grid)"),
-    ("hard", pa.bool_(), True, "wrong existence, attribute or K-Hit"),
-    ("hard_reasons", pa.list_(pa.string()), True, "why it is hard"),
+# The organ-row columns a `predictions` row repeats: the row's key, the truth the scorer reads, the frame count.
+PREDICTION_TRUTH_COLUMNS: tuple[str, ...] = tuple(
+    c.name for c in ORGAN_ROW_COLUMNS if c.name in {"case_id", "split", "n_frames", *TRUTH_COLUMNS}
+)
+
+# A row is scored only when its inference succeeded, so every score column may be null.
+PREDICTION_COLUMNS: list[Column] = [
+    *(c for c in ORGAN_ROW_COLUMNS if c.name in PREDICTION_TRUTH_COLUMNS),
+    Column("prediction", pa.string(), True, "the model's report (null when inference failed)"),
+    Column("inference_error", pa.string(), True, "why inference failed, null when it succeeded (then not scored)"),
+    Column("model", pa.string(), False, "checkpoint path or endpoint model name"),
+    *columns_of(ReportScore, nullable=True),
+    Column("hard", pa.bool_(), True, "wrong existence, attribute or K-Hit (null when not scored)"),
+    Column("hard_reasons", pa.list_(pa.string()), True, "why it is hard"),
 ]
 
-TABLE_COLUMNS: dict[str, list[tuple[str, pa.DataType, bool, str]]] = {
+TABLE_COLUMNS: dict[str, list[Column]] = {
     "findings": ORGAN_ROW_COLUMNS,
     "sft": [*ORGAN_ROW_COLUMNS, FRAMES_COLUMN],
     "rejections": REJECTION_COLUMNS,
@@ -167,9 +166,12 @@ TABLE_COLUMNS: dict[str, list[tuple[str, pa.DataType, bool, str]]] = {
     "rl_hardset": [*ORGAN_ROW_COLUMNS, FRAMES_COLUMN, *HARD_COLUMNS],
 }
 SCHEMAS: dict[str, pa.Schema] = {name: make_schema(cols) for name, cols in TABLE_COLUMNS.items()}
-FINDINGS_SCHEMA = SCHEMAS["findings"]
 SFT_SCHEMA = SCHEMAS["sft"]
-REJECTIONS_SCHEMA = SCHEMAS["rejections"]
+
+
+def column_descriptions(table: str) -> dict[str, str]:
+    """Return column name -> description of a table (the dataset card's column descriptions)."""
+    return {c.name: c.doc for c in TABLE_COLUMNS[table]}
 
 
 def required_columns(table: str) -> list[str]:

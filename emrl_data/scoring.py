@@ -35,15 +35,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from emrl_data.parser import ParsedReport, ParseFailure, parse_free_text, parse_report
-from emrl_data.types import Organ
+from emrl_data.types import Organ, column, row_values
 
 
 __all__ = [
     "ReportScore",
+    "TRUTH_COLUMNS",
     "ScoringConfig",
     "Truth",
     "enhancement_score",
@@ -119,6 +122,10 @@ class Truth:
     location: tuple[str, ...]
     attenuation: str | None
     key_slice: int | None
+
+
+# The columns of a dataset row that `truth_from_row` reads: the truth every score and reward compares against.
+TRUTH_COLUMNS: tuple[str, ...] = ("organ", "has_lesion", "long_axis_mm", "location", "attenuation", "key_slice_frame")
 
 
 def truth_from_row(row: Mapping[str, Any]) -> Truth:
@@ -346,12 +353,13 @@ def total_reward(r_e: float, r_f: float, r_c: float | None, cfg: ScoringConfig =
 
 @dataclass(frozen=True, slots=True)
 class ReportScore:
-    """Every score of one report, and what it was parsed into (a row of the `predictions` table).
+    """Every score of one report, and what it was parsed into: these fields are columns of the `predictions` table,
+    under the same names (`score_*` scores, `pred_*` parsed claims), and the rows `evaluation.evaluate` reads.
 
     Attributes:
         parse_failure: the parse-failure reason, or None.
-        existence: 0/1.
-        size, location, enhancement, k_hit: 0/1, or None when not applicable (true negative).
+        score_existence: 0/1.
+        score_size, score_location, score_enhancement, score_k_hit: 0/1, or None when not applicable (true negative).
         r_e, r_f: rewards in [0, 1].
         r_c: in [-lambda, 1]; None on a true negative or when no verifier text was given.
         reward: R (`total_reward`).
@@ -359,30 +367,38 @@ class ReportScore:
         pred_long_axis_cm, pred_location, pred_attenuation, pred_key_slice, pred_bbox: the parsed fields.
     """
 
-    parse_failure: str | None
-    existence: float
-    size: float | None
-    location: float | None
-    enhancement: float | None
-    k_hit: float | None
-    r_e: float
-    r_f: float
-    r_c: float | None
-    reward: float
-    pred_has_lesion: bool | None
-    pred_long_axis_cm: float | None
-    pred_location: tuple[str, ...] | None
-    pred_attenuation: str | None
-    pred_key_slice: int | None
-    pred_bbox: tuple[int, int, int, int] | None
+    parse_failure: str | None = field(
+        metadata=column(pa.string(), "parser failure reason (empty, no_findings, contradiction, ...)")
+    )
+    score_existence: float = field(metadata=column(pa.float64(), "existence correct (0/1)"))
+    score_size: float | None = field(metadata=column(pa.float64(), "size correct (0/1), null on true negatives"))
+    score_location: float | None = field(
+        metadata=column(pa.float64(), "location correct (0/1), null on true negatives")
+    )
+    score_enhancement: float | None = field(
+        metadata=column(pa.float64(), "enhancement correct (0/1), null on true negatives")
+    )
+    score_k_hit: float | None = field(
+        metadata=column(pa.float64(), "key slice within +-1 frame (0/1), null on true negatives")
+    )
+    r_e: float = field(metadata=column(pa.float64(), "existence reward"))
+    r_f: float = field(metadata=column(pa.float64(), "findings reward"))
+    r_c: float | None = field(
+        metadata=column(pa.float64(), "consistency reward; null without a verifier answer (mining)")
+    )
+    reward: float = field(metadata=column(pa.float64(), "R (renormalised over r_e and r_f when r_c is null)"))
+    pred_has_lesion: bool | None = field(metadata=column(pa.bool_(), "parsed claim"))
+    pred_long_axis_cm: float | None = field(metadata=column(pa.float64(), "parsed long axis (cm)"))
+    pred_location: tuple[str, ...] | None = field(metadata=column(pa.list_(pa.string()), "parsed location"))
+    pred_attenuation: str | None = field(metadata=column(pa.string(), "parsed attenuation"))
+    pred_key_slice: int | None = field(metadata=column(pa.int32(), "parsed key frame"))
+    pred_bbox: tuple[int, int, int, int] | None = field(
+        metadata=column(pa.list_(pa.int32()), "parsed box (0-1000 grid)")
+    )
 
     def to_row(self) -> dict[str, Any]:
-        """Return the scores as a plain dict (tuples as lists) for a table row."""
-        row = asdict(self)
-        for key in ("pred_location", "pred_bbox"):
-            if row[key] is not None:
-                row[key] = list(row[key])
-        return row
+        """Return the scores as a plain dict (tuples as lists): the score columns of a `predictions` row."""
+        return row_values(self)
 
 
 def score_report(
@@ -401,7 +417,7 @@ def score_report(
     ...                  "(volume 5.4 cc).</findings> || <impression>Hypoattenuating liver mass in hepatic segment 5/8,"
     ...                  " measuring 3.1 cm.</impression> || The key lesion is in image <key_slice>14</key_slice>, "
     ...                  "<bbox>[1, 2, 3, 4]</bbox>", t)
-    >>> (s.existence, s.size, s.location, s.enhancement, s.k_hit, s.r_c, s.reward)
+    >>> (s.score_existence, s.score_size, s.score_location, s.score_enhancement, s.score_k_hit, s.r_c, s.reward)
     (1.0, 1.0, 1.0, 1.0, 0.0, None, 1.0)
     """
     pred = parse_report(report, truth.organ)
@@ -410,11 +426,11 @@ def score_report(
         zero_if = 0.0 if positive else None
         return ReportScore(
             parse_failure=pred.reason,
-            existence=0.0,
-            size=zero_if if truth.long_axis_cm is not None else None,
-            location=zero_if,
-            enhancement=zero_if if truth.attenuation is not None else None,
-            k_hit=zero_if if truth.key_slice is not None else None,
+            score_existence=0.0,
+            score_size=zero_if if truth.long_axis_cm is not None else None,
+            score_location=zero_if,
+            score_enhancement=zero_if if truth.attenuation is not None else None,
+            score_k_hit=zero_if if truth.key_slice is not None else None,
             r_e=0.0,
             r_f=0.0,
             r_c=0.0 if positive and verifier_text is not None else None,
@@ -441,11 +457,11 @@ def score_report(
     reward_c = r_c(verifier_text, pred.key_slice, truth, cfg) if verifier_text is not None else None
     return ReportScore(
         parse_failure=None,
-        existence=existence,
-        size=size,
-        location=location,
-        enhancement=enhancement,
-        k_hit=hit,
+        score_existence=existence,
+        score_size=size,
+        score_location=location,
+        score_enhancement=enhancement,
+        score_k_hit=hit,
         r_e=existence,
         r_f=reward_f,
         r_c=reward_c,
@@ -476,10 +492,10 @@ def is_hard(score: ReportScore) -> tuple[bool, tuple[str, ...]]:
     reasons: list[str] = []
     if score.parse_failure is not None:
         reasons.append("parse_failure")
-    if score.existence < 1.0:
+    if score.score_existence < 1.0:
         reasons.append("existence")
     for name in ("size", "location", "enhancement", "k_hit"):
-        value = getattr(score, name)
+        value = getattr(score, f"score_{name}")
         if value is not None and value < 1.0:
             reasons.append(name)
     return bool(reasons), tuple(reasons)

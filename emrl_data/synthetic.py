@@ -55,11 +55,12 @@ RadGPT's rule, long/short axis analytic from the lesion ellipsoid's in-plane rad
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -68,16 +69,17 @@ import isal.igzip
 import nibabel as nib
 import numpy as np
 from scipy import ndimage
+from scipy.spatial import ConvexHull
 
-from emrl_data.atlas import LOCATION_NAMES, ORGAN_STRUCTURES
 from emrl_data.config import LabelConfig
+from emrl_data.labels import OrganLabels
+from emrl_data.organs import LOCATION_NAMES, ORGAN_STRUCTURES, organ_spec
 from emrl_data.outcome import RejectReason
-from emrl_data.types import Attenuation, Organ, Split, is_valid_case_id
+from emrl_data.types import Attenuation, Organ, Split, is_valid_case_id, row_values
 
 
 logger = logging.getLogger(__name__)
 
-Layout = Literal["split", "combined"]
 Storage = Literal["RAS", "LPS"]
 
 QUIRKS: tuple[str, ...] = (
@@ -110,34 +112,9 @@ ANISOTROPIC_SPACING_MM: tuple[float, float, float] = (0.7, 0.9, 3.0)
 METADATA_CSV_NAME = "AbdomenAtlas3.0MiniWithMeta.csv"
 SPLIT_DIR_NAME = "TrainTestIDS"
 TRUTH_JSON_NAME = "synthetic_truth.json"
-TRUTH_FORMAT_VERSION = 1
+TRUTH_FORMAT_VERSION = 2  # 2: organ truth is an `OrganLabels` (adds max_diameter_z_vox and the 3-D boxes)
 
-# Metadata columns in a deliberately NON-canonical order (readers must parse by name; notes/atlas.md §2.1).
-_ATT_COLUMN = "attenuation (hyperattenuating, isoattenuating, hypoattenuating)"
-METADATA_COLUMNS: tuple[str, ...] = (
-    "number of kidney lesion instances",
-    "sex",
-    f"largest liver lesion {_ATT_COLUMN}",
-    "BDMAP ID",
-    "kidney volume (cm^3)",
-    "largest pancreatic lesion location (head, body, tail)",
-    "age",
-    "largest liver lesion diameter (cm)",
-    "pancreas volume (cm^3)",
-    "largest kidney lesion location (left, right)",
-    "number of liver lesion instances",
-    "shape",
-    f"largest pancreatic lesion {_ATT_COLUMN}",
-    "largest kidney lesion diameter (cm)",
-    "liver volume (cm^3)",
-    "spacing",
-    "number of pancreatic lesion instances",
-    "largest liver lesion location (1-8)",
-    f"largest kidney lesion {_ATT_COLUMN}",
-    "largest pancreatic lesion diameter (cm)",
-)
-_CSV_ORGAN_WORD = {Organ.LIVER: "liver", Organ.PANCREAS: "pancreatic", Organ.KIDNEY: "kidney"}
-_CSV_LOCATION_SUFFIX = {Organ.LIVER: "(1-8)", Organ.PANCREAS: "(head, body, tail)", Organ.KIDNEY: "(left, right)"}
+_CASE_CSV_COLUMNS = ("BDMAP ID", "sex", "age", "shape", "spacing")
 _CSV_ATTENUATION_WORD = {"hypo": "hypoattenuating", "iso": "isoattenuating", "hyper": "hyperattenuating"}
 
 # --- HU values (notes/atlas.md; typical portal-venous values) -------------------------------------------------
@@ -146,7 +123,6 @@ _FAT_HU = -100
 _MUSCLE_HU = 40
 _BONE_HU = 250
 _CORTEX_HU = 1100  # above the clip: exercises the ±1000 clip
-_ORGAN_HU: dict[Organ, int] = {Organ.LIVER: 60, Organ.PANCREAS: 40, Organ.KIDNEY: 150}
 _LESION_DELTA_HU: dict[str, int] = {"hypo": -40, "iso": 0, "hyper": 50}
 _NOISE_SD_HU = 8.0
 _ISO_NOISE_SD_HU = 1.0
@@ -157,13 +133,8 @@ _BODY_SEMI_FRACTION = (0.88, 0.72)  # body semi-axes as fractions of the half fi
 _MUSCLE_RING = (0.80, 0.90)  # normalised body radius range of the muscle wall
 _SPINE_CENTRE_UV = (0.0, -0.62)
 _SPINE_RADIUS_B = 0.12  # in units of B
-_ORGAN_SHAPES: dict[str, tuple[tuple[float, float, float], tuple[float, float, float]]] = {
-    # structure: (centre (u, v, w), semi-axes (u, v, w))
-    "liver": ((0.38, 0.05, 0.35), (0.34, 0.48, 0.30)),
-    "pancreas": ((0.0, 0.05, -0.12), (0.42, 0.14, 0.14)),
-    "kidney_right": ((0.42, -0.38, -0.30), (0.14, 0.16, 0.22)),
-    "kidney_left": ((-0.42, -0.38, -0.30), (0.14, 0.16, 0.22)),
-}
+# An organ mask's ellipsoid in body units: (centre (u, v, w), semi-axes (u, v, w)). The organs are in `ANATOMY`.
+Ellipsoid = tuple[tuple[float, float, float], tuple[float, float, float]]
 # Where the `lesion_outside_organ` defect puts its liver lesion: fat on the patient's left, anterior.
 _OUTSIDE_LESION_UVW = (-0.45, 0.45, 0.35)
 _OUTSIDE_LESION_RADII_MM = (5.0, 5.0, 5.0)
@@ -185,8 +156,9 @@ class LesionSpec:
 
     Attributes:
         organ: the organ row the lesion belongs to.
-        part: where it is centred: liver "1".."8", pancreas "head"/"body"/"tail", kidney "left"/"right"
-            (`emrl_data.atlas.LOCATION_NAMES`).
+        part: where it is centred: a location name of the organ (liver "1".."8", pancreas "head"/"body"/"tail",
+            kidney "left"/"right": `OrganSpec.location_names`), or "" for the centre of the whole organ (the only
+            choice for an organ without sub-structures).
         radii_mm: ellipsoid semi-axes (x, y, z) in mm, canonical axes.
         attenuation: "hypo" | "iso" | "hyper" (`emrl_data.types.Attenuation` values).
         offset: shift of the centre from the part's centroid, (x, y, z) in mm, canonical RAS axes
@@ -201,8 +173,10 @@ class LesionSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "organ", Organ(self.organ))
-        if self.part not in LOCATION_NAMES[self.organ]:
-            raise ValueError(f"part={self.part!r} is not a part of {self.organ}; valid: {LOCATION_NAMES[self.organ]}.")
+        if self.part and self.part not in LOCATION_NAMES[self.organ]:
+            raise ValueError(
+                f"part={self.part!r} is not a part of {self.organ}; valid: {LOCATION_NAMES[self.organ]} or ''."
+            )
         if len(self.radii_mm) != 3 or min(self.radii_mm) <= 0:
             raise ValueError(f"radii_mm={self.radii_mm} must be three positive lengths in mm.")
         if self.attenuation not in {a.value for a in Attenuation}:
@@ -282,85 +256,16 @@ class CaseSpec:
 # ==================================================================================================================
 
 
-@dataclass(frozen=True, slots=True)
-class OrganTruth:
-    """Ground truth of one organ row, from the canonical phantom arrays (SPEC §4 definitions).
+def _truth_to_dict(truth: OrganLabels) -> dict[str, Any]:
+    """Return an organ's truth as a JSON-ready dict (its columns and its organ)."""
+    return {"organ": str(truth.organ), **row_values(truth)}
 
-    Attributes:
-        organ: the organ.
-        has_lesion: at least one lesion component of >= 10 mm^3.
-        lesion_count: surviving 26-connected components.
-        long_axis_mm: largest lesion, analytic: 2 * max(rx, ry) of its ellipsoid (None for negatives).
-        short_axis_mm: largest lesion, analytic: 2 * min(rx, ry) (None for negatives).
-        volume_mm3: largest lesion, voxel count x voxel volume (None for negatives).
-        total_lesion_volume_mm3: all surviving components (0.0 for negatives).
-        organ_volume_mm3: organ mask (kidney: both sides) voxel count x voxel volume.
-        key_slice_z_vox: canonical z of the largest lesion's maximum-area slice, ties lowest z.
-        bbox_xyxy_vox: the largest lesion's box on the key slice, canonical voxels, half-open (x0, y0, x1, y1).
-        location: parts holding > 10 % of its part-labelled voxels, in `LOCATION_NAMES` order (kidney: majority side).
-        attenuation: "hypo" | "iso" | "hyper" by RadGPT's rule (None for negatives).
-        lesion_mean_hu: mean HU over the largest lesion (None for negatives).
-        parenchyma_mean_hu: mean HU over organ minus all lesion voxels.
-        parenchyma_sd_hu: population SD of the same voxels.
-    """
 
-    organ: Organ
-    has_lesion: bool
-    lesion_count: int
-    long_axis_mm: float | None
-    short_axis_mm: float | None
-    volume_mm3: float | None
-    total_lesion_volume_mm3: float
-    organ_volume_mm3: float
-    key_slice_z_vox: int | None
-    bbox_xyxy_vox: tuple[int, int, int, int] | None
-    location: tuple[str, ...]
-    attenuation: str | None
-    lesion_mean_hu: float | None
-    parenchyma_mean_hu: float
-    parenchyma_sd_hu: float
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready dict."""
-        return {
-            "organ": str(self.organ),
-            "has_lesion": self.has_lesion,
-            "lesion_count": self.lesion_count,
-            "long_axis_mm": self.long_axis_mm,
-            "short_axis_mm": self.short_axis_mm,
-            "volume_mm3": self.volume_mm3,
-            "total_lesion_volume_mm3": self.total_lesion_volume_mm3,
-            "organ_volume_mm3": self.organ_volume_mm3,
-            "key_slice_z_vox": self.key_slice_z_vox,
-            "bbox_xyxy_vox": list(self.bbox_xyxy_vox) if self.bbox_xyxy_vox is not None else None,
-            "location": list(self.location),
-            "attenuation": self.attenuation,
-            "lesion_mean_hu": self.lesion_mean_hu,
-            "parenchyma_mean_hu": self.parenchyma_mean_hu,
-            "parenchyma_sd_hu": self.parenchyma_sd_hu,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> OrganTruth:
-        """Inverse of `to_dict`."""
-        bbox = data["bbox_xyxy_vox"]
-        return cls(
-            organ=Organ(data["organ"]),
-            has_lesion=bool(data["has_lesion"]),
-            lesion_count=int(data["lesion_count"]),
-            long_axis_mm=data["long_axis_mm"],
-            short_axis_mm=data["short_axis_mm"],
-            volume_mm3=data["volume_mm3"],
-            total_lesion_volume_mm3=data["total_lesion_volume_mm3"],
-            organ_volume_mm3=data["organ_volume_mm3"],
-            key_slice_z_vox=data["key_slice_z_vox"],
-            bbox_xyxy_vox=cast("tuple[int, int, int, int]", tuple(int(v) for v in bbox)) if bbox is not None else None,
-            location=tuple(data["location"]),
-            attenuation=data["attenuation"],
-            lesion_mean_hu=data["lesion_mean_hu"],
-            parenchyma_mean_hu=data["parenchyma_mean_hu"],
-            parenchyma_sd_hu=data["parenchyma_sd_hu"],
-        )
+def _truth_from_dict(data: dict[str, Any]) -> OrganLabels:
+    """Inverse of `_truth_to_dict`."""
+    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    values["organ"] = Organ(data["organ"])
+    return OrganLabels(**values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -406,7 +311,8 @@ class CaseTruth:
         defect: the defect name or None.
         ct_path: the CT file, relative to the atlas root (may be absent on disk: `missing_ct`).
         mask_dir: the `segmentations/` folder, relative to the atlas root.
-        organs: organ -> truth, for all three organs (also for organs a defect makes unusable).
+        organs: organ -> truth (an `OrganLabels`, computed here independently of `emrl_data.labels`), for every
+            registered organ (also for organs a defect makes unusable).
         expected_rejections: what the defect must produce (empty for clean cases).
     """
 
@@ -421,7 +327,7 @@ class CaseTruth:
     defect: str | None
     ct_path: str
     mask_dir: str
-    organs: dict[Organ, OrganTruth]
+    organs: dict[Organ, OrganLabels]
     expected_rejections: tuple[ExpectedRejection, ...] = ()
 
     def expects_row(self, organ: Organ) -> bool:
@@ -451,7 +357,7 @@ class CaseTruth:
             "defect": self.defect,
             "ct_path": self.ct_path,
             "mask_dir": self.mask_dir,
-            "organs": {str(organ): truth.to_dict() for organ, truth in self.organs.items()},
+            "organs": {str(organ): _truth_to_dict(truth) for organ, truth in self.organs.items()},
             "expected_rejections": [r.to_dict() for r in self.expected_rejections],
         }
 
@@ -470,7 +376,7 @@ class CaseTruth:
             defect=data["defect"],
             ct_path=data["ct_path"],
             mask_dir=data["mask_dir"],
-            organs={Organ(k): OrganTruth.from_dict(v) for k, v in data["organs"].items()},
+            organs={Organ(k): _truth_from_dict(v) for k, v in data["organs"].items()},
             expected_rejections=tuple(ExpectedRejection.from_dict(r) for r in data["expected_rejections"]),
         )
 
@@ -612,19 +518,24 @@ class _Grid:
         r2 = sum(((a - c) / s) ** 2 for a, c, s in zip(axes, centre, semi_vox, strict=True))
         return _BoxMask(tuple(int(v) for v in lo), r2 <= 1.0 + 1e-9)
 
-    def organ_uvw(self, structure: str, box: _BoxMask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Normalised coordinates (u, v, w) of the box's voxels relative to the structure's base ellipsoid."""
-        centre_uvw, semi_uvw = _ORGAN_SHAPES[structure]
+    def organ_uvw(self, shape: Ellipsoid, box: _BoxMask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Normalised coordinates (u, v, w) of the box's voxels relative to an organ mask's base ellipsoid."""
+        centre_uvw, semi_uvw = shape
         centre = self.uvw_to_vox(centre_uvw)
         semi_vox = np.asarray(semi_uvw) * self.body_units_mm / np.asarray(self.spacing_mm)
         axes = np.ogrid[tuple(slice(a, b) for a, b in zip(box.start, box.stop, strict=True))]
         return tuple((a - c) / s for a, c, s in zip(axes, centre, semi_vox, strict=True))
 
 
-def _liver_segment_labels(grid: _Grid, box: _BoxMask) -> np.ndarray:
-    """Couinaud-like segment number (1..8) of every voxel of the box (int8, the box's shape; the module doc's rule)."""
-    u, v, w = (np.broadcast_to(c, box.data.shape) for c in grid.organ_uvw("liver", box))
-    labels = np.zeros(box.data.shape, dtype=np.int8)
+_LIVER_SHAPE: Ellipsoid = ((0.38, 0.05, 0.35), (0.34, 0.48, 0.30))
+_PANCREAS_SHAPE: Ellipsoid = ((0.0, 0.05, -0.12), (0.42, 0.14, 0.14))
+
+
+def _liver_segments(grid: _Grid, organ_masks: dict[str, _BoxMask]) -> dict[str, _BoxMask]:
+    """`liver_segment_1..8` inside the liver: a Couinaud-like number for every voxel (the module doc's rule)."""
+    liver = organ_masks["liver"]
+    u, v, w = (np.broadcast_to(c, liver.data.shape) for c in grid.organ_uvw(_LIVER_SHAPE, liver))
+    labels = np.zeros(liver.data.shape, dtype=np.int8)
     lateral_left = u < -0.35
     medial = (u >= -0.35) & (u < 0.05)
     right = u >= 0.05
@@ -636,30 +547,64 @@ def _liver_segment_labels(grid: _Grid, box: _BoxMask) -> np.ndarray:
     labels[right & (v >= 0) & (w >= 0)] = 8
     labels[right & (v < 0) & (w < 0)] = 6
     labels[right & (v < 0) & (w >= 0)] = 7
-    return labels
+    return {f"liver_segment_{k}": _BoxMask(liver.start, liver.data & (labels == k)) for k in range(1, 9)}
 
 
-def _pancreas_part_labels(grid: _Grid, box: _BoxMask) -> np.ndarray:
-    """Pancreas part of every voxel of the box: 1 head (patient's right, u >= 1/3), 2 body, 3 tail (u < -1/3)."""
-    u = np.broadcast_to(grid.organ_uvw("pancreas", box)[0], box.data.shape)
-    labels = np.full(box.data.shape, 2, dtype=np.int8)
+def _pancreas_thirds(grid: _Grid, organ_masks: dict[str, _BoxMask]) -> dict[str, _BoxMask]:
+    """`pancreas_head|body|tail`: thirds along x, head on the patient's right (u >= 1/3), tail u < -1/3."""
+    pancreas = organ_masks["pancreas"]
+    u = np.broadcast_to(grid.organ_uvw(_PANCREAS_SHAPE, pancreas)[0], pancreas.data.shape)
+    labels = np.full(pancreas.data.shape, 2, dtype=np.int8)
     labels[u >= 1.0 / 3.0] = 1
     labels[u < -1.0 / 3.0] = 3
-    return labels
+    names = {1: "pancreas_head", 2: "pancreas_body", 3: "pancreas_tail"}
+    return {name: _BoxMask(pancreas.start, pancreas.data & (labels == k)) for k, name in names.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class OrganAnatomy:
+    """How the synthetic atlas draws one registered organ (its files and vocabulary are in its `OrganSpec`).
+
+    Attributes:
+        hu: parenchyma HU.
+        shapes: organ mask file -> its ellipsoid in body units (every file of `OrganSpec.organ_masks`). Organs must
+            not overlap each other (they are painted in registration order).
+        parts: draws the sub-structure files inside the organ: (grid, organ mask file -> mask) -> part file -> mask.
+            None when the organ has no sub-structures or its mask files are its parts (the kidney sides).
+    """
+
+    hu: int
+    shapes: dict[str, Ellipsoid]
+    parts: Callable[[_Grid, dict[str, _BoxMask]], dict[str, _BoxMask]] | None = None
+
+
+# The synthetic anatomy of every registered organ (a new organ adds its entry here).
+ANATOMY: dict[str, OrganAnatomy] = {
+    "liver": OrganAnatomy(60, {"liver": _LIVER_SHAPE}, _liver_segments),
+    "pancreas": OrganAnatomy(40, {"pancreas": _PANCREAS_SHAPE}, _pancreas_thirds),
+    "kidney": OrganAnatomy(
+        150,
+        {
+            "kidney_right": ((0.42, -0.38, -0.30), (0.14, 0.16, 0.22)),
+            "kidney_left": ((-0.42, -0.38, -0.30), (0.14, 0.16, 0.22)),
+        },
+    ),
+}
+
+
+def _anatomy(organ: Organ) -> OrganAnatomy:
+    """Return the synthetic anatomy of a registered organ."""
+    try:
+        return ANATOMY[organ]
+    except KeyError:
+        raise KeyError(f"organ {organ!r} has no synthetic anatomy; add it to emrl_data.synthetic.ANATOMY.") from None
 
 
 def _part_masks(grid: _Grid, organ: Organ, organ_masks: dict[str, _BoxMask]) -> dict[str, _BoxMask]:
-    """Return part file name -> mask (inside the organ), for the organ's `ORGAN_STRUCTURES` parts."""
-    if organ is Organ.LIVER:
-        liver = organ_masks["liver"]
-        labels = _liver_segment_labels(grid, liver)
-        return {f"liver_segment_{k}": _BoxMask(liver.start, liver.data & (labels == k)) for k in range(1, 9)}
-    if organ is Organ.PANCREAS:
-        pancreas = organ_masks["pancreas"]
-        labels = _pancreas_part_labels(grid, pancreas)
-        names = {1: "pancreas_head", 2: "pancreas_body", 3: "pancreas_tail"}
-        return {name: _BoxMask(pancreas.start, pancreas.data & (labels == k)) for k, name in names.items()}
-    return {"kidney_left": organ_masks["kidney_left"], "kidney_right": organ_masks["kidney_right"]}
+    """Return part file -> mask for the organ's `OrganSpec.parts` (a part that is an organ mask file is that mask)."""
+    make = _anatomy(organ).parts
+    drawn = make(grid, organ_masks) if make is not None else {}
+    return {stem: drawn[stem] if stem in drawn else organ_masks[stem] for stem, _ in organ_spec(organ).parts}
 
 
 @dataclass(slots=True)
@@ -668,7 +613,7 @@ class _PlacedLesion:
     radii_mm: tuple[float, float, float]
     attenuation: str
     mask: _BoxMask
-    kidney_side: str | None  # "kidney_left"/"kidney_right" for kidney lesions
+    mask_file: str | None  # the organ mask file the lesion joins (kidney: its side); None: outside every organ
     inside_organ: bool = True  # False only for the `lesion_outside_organ` defect's lesion
 
 
@@ -678,7 +623,7 @@ class _Phantom:
     masks: dict[str, _BoxMask]  # structure file stem -> mask (lesion files only for organs with a lesion)
     lesions: list[_PlacedLesion]
     body_box: tuple[tuple[int, int], tuple[int, int]]  # half-open (x0, x1), (y0, y1) of the body ellipse
-    truth: dict[Organ, OrganTruth] = field(default_factory=dict)
+    truth: dict[Organ, OrganLabels] = field(default_factory=dict)
 
 
 def _body_slice(grid: _Grid) -> tuple[np.ndarray, tuple[tuple[int, int], tuple[int, int]]]:
@@ -704,11 +649,13 @@ def _body_slice(grid: _Grid) -> tuple[np.ndarray, tuple[tuple[int, int], tuple[i
 
 
 def _part_centroid(grid: _Grid, lesion: LesionSpec, base: dict[str, _BoxMask]) -> np.ndarray:
-    """Centroid (voxel indices) of the lesion's part on the base (lesion-free) organ."""
-    parts = _part_masks(grid, lesion.organ, base)
-    file_of = dict(ORGAN_STRUCTURES[lesion.organ].parts)
-    inverse = {name: stem for stem, name in file_of.items()}
-    part = parts[inverse[lesion.part]]
+    """Centroid (voxel indices) of the lesion's part (or of the whole organ for part "") on the base organ."""
+    spec = organ_spec(lesion.organ)
+    if lesion.part:
+        inverse = {name: stem for stem, name in spec.parts}
+        part = _part_masks(grid, lesion.organ, base)[inverse[lesion.part]]
+    else:
+        part = _union([base[stem] for stem in spec.organ_masks])
     idx = np.argwhere(part.data)
     if idx.size == 0:
         raise ValueError(f"Part {lesion.part!r} of {lesion.organ} is empty on grid {grid.shape}.")
@@ -720,13 +667,12 @@ def _place_lesion(grid: _Grid, lesion: LesionSpec, base: dict[str, _BoxMask]) ->
     centre = np.rint(centre)  # snap to a voxel centre: the lesion is symmetric about its centre slice
     if np.any(centre < 0) or np.any(centre >= np.asarray(grid.shape)):
         raise ValueError(f"{lesion} is centred off the grid (voxel {centre.tolist()}).")
-    side = f"kidney_{lesion.part}" if lesion.organ is Organ.KIDNEY else None
+    # The lesion joins its part's file when that is an organ mask (a kidney side), else the organ's first mask file.
+    spec = organ_spec(lesion.organ)
+    part_file = dict((name, stem) for stem, name in spec.parts).get(lesion.part)
+    mask_file = part_file if part_file in spec.organ_masks else spec.organ_masks[0]
     mask = grid.ellipsoid(centre, lesion.radii_mm)
-    return _PlacedLesion(lesion.organ, lesion.radii_mm, lesion.attenuation, mask, side)
-
-
-def _organ_of_structure(structure: str) -> Organ:
-    return Organ.KIDNEY if structure.startswith("kidney") else Organ(structure)
+    return _PlacedLesion(lesion.organ, lesion.radii_mm, lesion.attenuation, mask, mask_file)
 
 
 def header_spacing_mm(spec: CaseSpec) -> tuple[float, float, float]:
@@ -742,7 +688,8 @@ def _build_phantom(spec: CaseSpec) -> _Phantom:
     grid = _Grid(spec.shape, spec.spacing_mm)
     base = {
         name: grid.ellipsoid(grid.uvw_to_vox(c), np.asarray(s) * grid.body_units_mm)
-        for name, (c, s) in _ORGAN_SHAPES.items()
+        for organ in Organ
+        for name, (c, s) in _anatomy(organ).shapes.items()
     }
     lesions = [_place_lesion(grid, lesion, base) for lesion in spec.lesions]
     if spec.defect == "lesion_outside_organ":
@@ -753,19 +700,14 @@ def _build_phantom(spec: CaseSpec) -> _Phantom:
     # Organ masks = base ellipsoid united with the organ's lesions (the outside-organ defect lesion excluded).
     masks: dict[str, _BoxMask] = {}
     for name, shape in base.items():
-        own = [
-            le.mask
-            for le in lesions
-            if le.inside_organ and (le.kidney_side == name or (le.kidney_side is None and le.organ.value == name))
-        ]
+        own = [le.mask for le in lesions if le.inside_organ and le.mask_file == name]
         masks[name] = _union([shape, *own]) if own else shape
     for organ in Organ:
         organ_lesions = [le.mask for le in lesions if le.organ is organ]
         if organ_lesions:
             masks[ORGAN_STRUCTURES[organ].lesion_mask] = _union(organ_lesions)
         organ_masks = {s: masks[s] for s in ORGAN_STRUCTURES[organ].organ_masks}
-        if organ is not Organ.KIDNEY:
-            masks.update(_part_masks(grid, organ, organ_masks))
+        masks.update(_part_masks(grid, organ, organ_masks))
 
     ct, body_box = _draw_ct(spec, grid, masks, lesions)
     phantom = _Phantom(ct=ct, masks=masks, lesions=lesions, body_box=body_box)
@@ -780,11 +722,13 @@ def _draw_ct(
     body, body_box = _body_slice(grid)
     ct = np.empty(spec.shape, dtype=np.int16, order="F")
     ct[...] = body[:, :, None]
-    for name in ("pancreas", "kidney_left", "kidney_right", "liver"):
-        m = masks[name]
-        ct[m.slices()][m.data] = _ORGAN_HU[_organ_of_structure(name)]
+    for organ in Organ:
+        anatomy = _anatomy(organ)
+        for name in anatomy.shapes:
+            m = masks[name]
+            ct[m.slices()][m.data] = anatomy.hu
     for le in lesions:
-        ct[le.mask.slices()][le.mask.data] = _ORGAN_HU[le.organ] + _LESION_DELTA_HU[le.attenuation]
+        ct[le.mask.slices()][le.mask.data] = _anatomy(le.organ).hu + _LESION_DELTA_HU[le.attenuation]
 
     rng = np.random.default_rng([spec.seed, 0])
     for z0 in range(0, spec.shape[2], _NOISE_SLAB_Z):
@@ -800,7 +744,7 @@ def _draw_ct(
         if le.attenuation != "iso":
             continue
         n = le.mask.count()
-        values = _ORGAN_HU[le.organ] + _ISO_NOISE_SD_HU * iso_rng.standard_normal(n)
+        values = _anatomy(le.organ).hu + _ISO_NOISE_SD_HU * iso_rng.standard_normal(n)
         ct[le.mask.slices()][le.mask.data] = np.clip(np.rint(values), -_CT_CLIP_HU, _CT_CLIP_HU).astype(np.int16)
     return ct, body_box
 
@@ -810,10 +754,10 @@ def _draw_ct(
 # ==================================================================================================================
 
 
-def _organ_truth(organ: Organ, phantom: _Phantom, spacing_mm: tuple[float, float, float]) -> OrganTruth:
+def _organ_truth(organ: Organ, phantom: _Phantom, spacing_mm: tuple[float, float, float]) -> OrganLabels:
     """Compute an organ's truth with plain scipy/numpy on a box covering the organ and its lesions."""
     voxel_mm3 = float(np.prod(spacing_mm))
-    structures = ORGAN_STRUCTURES[organ]
+    structures = organ_spec(organ)
     organ_parts = [phantom.masks[s] for s in structures.organ_masks]
     lesion = phantom.masks.get(structures.lesion_mask)
     start, shape = _union_box(organ_parts + ([lesion] if lesion is not None else []))
@@ -825,73 +769,123 @@ def _organ_truth(organ: Organ, phantom: _Phantom, spacing_mm: tuple[float, float
     ct = np.ascontiguousarray(phantom.ct[box]).astype(np.float64)
 
     parenchyma = organ_mask & ~lesion_mask
-    par_mean = float(ct[parenchyma].mean())
-    par_sd = float(ct[parenchyma].std())
-    organ_volume = float(np.count_nonzero(organ_mask)) * voxel_mm3
-
+    negative = OrganLabels(
+        organ=organ,
+        has_lesion=False,
+        lesion_count=0,
+        long_axis_mm=None,
+        short_axis_mm=None,
+        volume_mm3=None,
+        total_lesion_volume_mm3=0.0,
+        organ_volume_mm3=float(np.count_nonzero(organ_mask)) * voxel_mm3,
+        location=(),
+        attenuation=None,
+        lesion_mean_hu=None,
+        parenchyma_mean_hu=float(ct[parenchyma].mean()),
+        parenchyma_sd_hu=float(ct[parenchyma].std()),
+        key_slice_z_vox=None,
+        max_diameter_z_vox=None,
+        bbox_xyxy_vox=None,
+        lesion_box_xyzxyz_vox=None,
+        organ_box_xyzxyz_vox=_tight_box(organ_mask, start),
+    )
     labels, n = ndimage.label(lesion_mask, structure=np.ones((3, 3, 3), dtype=bool))
     sizes = np.bincount(labels.ravel(), minlength=n + 1)[1:]
     min_voxels = LabelConfig().min_lesion_volume_mm3 / voxel_mm3
     surviving = [i + 1 for i, size in enumerate(sizes) if size >= min_voxels]
     if not surviving:
-        return OrganTruth(
-            organ, False, 0, None, None, None, 0.0, organ_volume, None, None, (), None, None, par_mean, par_sd
-        )
-
+        return negative
     # Largest by volume; ties -> lowest label = first voxel in C order of (x, y, z).
     largest = max(surviving, key=lambda lab: (sizes[lab - 1], -lab))
     comp = labels == largest
+    return replace(
+        negative,
+        has_lesion=True,
+        lesion_count=len(surviving),
+        volume_mm3=float(sizes[largest - 1]) * voxel_mm3,
+        total_lesion_volume_mm3=float(sum(sizes[lab - 1] for lab in surviving)) * voxel_mm3,
+        location=_truth_location(organ, comp, start, shape, phantom),
+        **_lesion_truth(organ, comp, ct, start, phantom, spacing_mm, negative),
+    )
+
+
+def _lesion_truth(
+    organ: Organ,
+    comp: np.ndarray,
+    ct: np.ndarray,
+    start: tuple[int, ...],
+    phantom: _Phantom,
+    spacing_mm: tuple[float, float, float],
+    organ_truth: OrganLabels,
+) -> dict[str, Any]:
+    """The largest lesion's key slice, boxes, HU, attenuation and (analytic) axes; `comp` is its mask in the box."""
     per_slice = comp.sum(axis=(0, 1))
     key_local = int(np.argmax(per_slice))  # first maximum = lowest z
     xs, ys = np.nonzero(comp[:, :, key_local])
-    bbox = (
-        int(xs.min()) + start[0],
-        int(ys.min()) + start[1],
-        int(xs.max()) + 1 + start[0],
-        int(ys.max()) + 1 + start[1],
-    )
-
     lesion_mean = float(ct[comp].mean())
-    tolerance = LabelConfig().iso_sd_fraction * par_sd
-    if abs(lesion_mean - par_mean) < tolerance:
+    par_mean, par_sd = organ_truth.parenchyma_mean_hu, organ_truth.parenchyma_sd_hu
+    if abs(lesion_mean - par_mean) < LabelConfig().iso_sd_fraction * par_sd:
         attenuation = Attenuation.ISO.value
     elif lesion_mean < par_mean:
         attenuation = Attenuation.HYPO.value
     else:
         attenuation = Attenuation.HYPER.value
-
-    location = _truth_location(organ, comp, start, shape, phantom)
-
     # Analytic axes from the placed ellipsoid that overlaps the component most.
     best = max(
         (le for le in phantom.lesions if le.organ is organ),
-        key=lambda le: int(np.count_nonzero(le.mask.embed(start, shape) & comp)),
+        key=lambda le: int(np.count_nonzero(le.mask.embed(start, comp.shape) & comp)),
     )
-    long_axis = 2.0 * max(best.radii_mm[0], best.radii_mm[1])
-    short_axis = 2.0 * min(best.radii_mm[0], best.radii_mm[1])
-    return OrganTruth(
-        organ=organ,
-        has_lesion=True,
-        lesion_count=len(surviving),
-        long_axis_mm=long_axis,
-        short_axis_mm=short_axis,
-        volume_mm3=float(sizes[largest - 1]) * voxel_mm3,
-        total_lesion_volume_mm3=float(sum(sizes[lab - 1] for lab in surviving)) * voxel_mm3,
-        organ_volume_mm3=organ_volume,
-        key_slice_z_vox=key_local + start[2],
-        bbox_xyxy_vox=bbox,
-        location=location,
-        attenuation=attenuation,
-        lesion_mean_hu=lesion_mean,
-        parenchyma_mean_hu=par_mean,
-        parenchyma_sd_hu=par_sd,
-    )
+    return {
+        "long_axis_mm": 2.0 * max(best.radii_mm[0], best.radii_mm[1]),
+        "short_axis_mm": 2.0 * min(best.radii_mm[0], best.radii_mm[1]),
+        "attenuation": attenuation,
+        "lesion_mean_hu": lesion_mean,
+        "key_slice_z_vox": key_local + start[2],
+        "max_diameter_z_vox": _longest_diameter_slice(comp, spacing_mm) + start[2],
+        "bbox_xyxy_vox": (
+            int(xs.min()) + start[0],
+            int(ys.min()) + start[1],
+            int(xs.max()) + 1 + start[0],
+            int(ys.max()) + 1 + start[1],
+        ),
+        "lesion_box_xyzxyz_vox": _tight_box(comp, start),
+    }
+
+
+def _tight_box(mask: np.ndarray, start: Sequence[int]) -> tuple[int, int, int, int, int, int]:
+    """Return the half-open box `(x0, y0, z0, x1, y1, z1)` of a non-empty mask whose voxel 0 is canonical `start`."""
+    idx = np.argwhere(mask)
+    lo, hi = idx.min(axis=0) + np.asarray(start), idx.max(axis=0) + 1 + np.asarray(start)
+    return cast("tuple[int, int, int, int, int, int]", tuple(int(v) for v in (*lo, *hi)))
+
+
+def _longest_diameter_slice(comp: np.ndarray, spacing_mm: Sequence[float]) -> int:
+    """Return the z (in `comp`'s frame) of the longest in-plane outer Feret diameter; ties -> lowest z.
+
+    Brute force with scipy's convex hull over the corners of every voxel of each slice (voxel `(x, y)` covers
+    `[x, x+1) x [y, y+1)`), distances from integer corner differences times the spacing.
+    """
+    scale = np.asarray(spacing_mm[:2], dtype=np.float64)
+    best_d2, best_z = -1.0, 0
+    for z in range(comp.shape[2]):
+        xs, ys = np.nonzero(comp[:, :, z])
+        if xs.size == 0:
+            continue
+        corners = np.unique(
+            np.concatenate([np.stack([xs + dx, ys + dy], 1) for dx in (0, 1) for dy in (0, 1)]), axis=0
+        ).astype(np.int64)
+        hull = corners[ConvexHull(corners).vertices]
+        diff = (hull[:, None, :] - hull[None, :, :]) * scale
+        d2 = float(np.einsum("ijk,ijk->ij", diff, diff).max())
+        if d2 > best_d2:
+            best_d2, best_z = d2, z
+    return best_z
 
 
 def _truth_location(
     organ: Organ, comp: np.ndarray, start: tuple[int, ...], shape: tuple[int, ...], phantom: _Phantom
 ) -> tuple[str, ...]:
-    """Parts holding > 10 % of the component's part-labelled voxels (kidney: the majority side, ties left)."""
+    """Parts holding > 10 % of the component's part-labelled voxels (`single_location`: the majority part)."""
     counts: dict[str, int] = {}
     any_part = np.zeros(shape, dtype=bool)
     for stem, name in ORGAN_STRUCTURES[organ].parts:
@@ -901,8 +895,8 @@ def _truth_location(
     denominator = int(np.count_nonzero(comp & any_part))
     if denominator == 0:
         return ()
-    if organ is Organ.KIDNEY:
-        return ("left",) if counts["left"] >= counts["right"] else ("right",)
+    if organ_spec(organ).single_location:  # the majority part; max keeps the first of equals (kidney: left)
+        return (max(LOCATION_NAMES[organ], key=lambda name: counts[name]),)
     threshold = LabelConfig().location_min_fraction
     return tuple(name for name in LOCATION_NAMES[organ] if counts[name] / denominator > threshold)
 
@@ -1201,6 +1195,13 @@ def _fmt1(value: float) -> str:
     return f"{value:.1f}"
 
 
+def metadata_columns() -> tuple[str, ...]:
+    """Return the metadata CSV's columns: the case columns and every registered organ's, in a deliberately
+    NON-canonical order (sorted by a hash of the name), as readers must parse by name (notes/atlas.md §2.1)."""
+    names = [*_CASE_CSV_COLUMNS, *(c for spec in ORGAN_STRUCTURES.values() for c in spec.csv.as_dict().values())]
+    return tuple(sorted(names, key=lambda name: hashlib.sha256(name.encode()).hexdigest()))
+
+
 def _metadata_row(spec: CaseSpec, truth: CaseTruth) -> dict[str, str]:
     """The case's metadata CSV row in the release's conventions (1 decimal, NaN -> 0 for lesion numbers)."""
     rng = np.random.default_rng([spec.seed, 1])
@@ -1212,16 +1213,15 @@ def _metadata_row(spec: CaseSpec, truth: CaseTruth) -> dict[str, str]:
         "age": str(int(rng.integers(25, 86))),
     }
     for organ, ot in truth.organs.items():
-        word = _CSV_ORGAN_WORD[organ]
-        volume_name = {Organ.LIVER: "liver", Organ.PANCREAS: "pancreas", Organ.KIDNEY: "kidney"}[organ]
-        row[f"{volume_name} volume (cm^3)"] = _fmt1(ot.organ_volume_mm3 / 1000.0)
+        columns = organ_spec(organ).csv
+        row[columns.organ_volume_cm3] = _fmt1(ot.organ_volume_mm3 / 1000.0)
         # pandas writes a NaN-filled float column: counts appear as "2.0".
-        row[f"number of {word} lesion instances"] = _fmt1(float(ot.lesion_count))
-        row[f"largest {word} lesion diameter (cm)"] = _fmt1(ot.long_axis_mm / 10.0) if ot.long_axis_mm else "0.0"
-        row[f"largest {word} lesion location {_CSV_LOCATION_SUFFIX[organ]}"] = ",".join(ot.location)
-        row[f"largest {word} lesion {_ATT_COLUMN}"] = _CSV_ATTENUATION_WORD.get(ot.attenuation or "", "")
+        row[columns.count] = _fmt1(float(ot.lesion_count))
+        row[columns.diameter_cm] = _fmt1(ot.long_axis_mm / 10.0) if ot.long_axis_mm else "0.0"
+        row[columns.location] = ",".join(ot.location)
+        row[columns.attenuation] = _CSV_ATTENUATION_WORD.get(ot.attenuation or "", "")
     if spec.defect == "bad_metadata_row":
-        row["number of liver lesion instances"] = "abc"
+        row[organ_spec(Organ.LIVER).csv.count] = "abc"
     return row
 
 
@@ -1271,7 +1271,7 @@ def write_atlas(
     if metadata_csv:
         csv_rel = METADATA_CSV_NAME
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=list(METADATA_COLUMNS), lineterminator="\n")
+        writer = csv.DictWriter(buffer, fieldnames=list(metadata_columns()), lineterminator="\n")
         writer.writeheader()
         for spec, truth in listed_pairs:
             writer.writerow(_metadata_row(spec, truth))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import field
+from dataclasses import fields
 from enum import StrEnum
 from typing import Any
 
@@ -12,7 +12,7 @@ import pyarrow as pa
 from emrl_data.organs import Organ
 
 
-__all__ = ["CASE_ID_PATTERN", "Attenuation", "Organ", "Split", "column", "is_valid_case_id"]
+__all__ = ["CASE_ID_PATTERN", "Attenuation", "Organ", "Split", "column", "is_valid_case_id", "row_values"]
 
 
 class Split(StrEnum):
@@ -38,17 +38,34 @@ def is_valid_case_id(case_id: str) -> bool:
     return bool(CASE_ID_PATTERN.fullmatch(case_id))
 
 
-def column(arrow_type: pa.DataType, doc: str, **kwargs: Any) -> Any:
-    """Declare a dataclass field as a table column: its Arrow type and its description (`emrl_data.records`).
+def column(arrow_type: pa.DataType, doc: str) -> dict[str, Any]:
+    """Return the field metadata that declares a dataclass field a table column (`emrl_data.records`).
 
-    Nullability comes from the field's type (`X | None` is nullable). Extra keyword arguments go to
-    `dataclasses.field` (a default, `init=False`, ...).
+    Use it as `field(metadata=column(pa.float64(), "lesion volume"))`. Nullability comes from the field's type
+    (`X | None` is nullable).
 
-    >>> from dataclasses import dataclass, fields
+    >>> from dataclasses import dataclass, field, fields
     >>> @dataclass
     ... class Row:
-    ...     volume_mm3: float = column(pa.float64(), "lesion volume")
+    ...     volume_mm3: float = field(metadata=column(pa.float64(), "lesion volume"))
     >>> fields(Row)[0].metadata["doc"]
     'lesion volume'
     """
-    return field(metadata={"arrow": arrow_type, "doc": doc}, **kwargs)
+    return {"arrow": arrow_type, "doc": doc}
+
+
+def row_values(record: Any) -> dict[str, Any]:
+    """Return the column fields of a dataclass instance as a table row: name -> Parquet-ready value.
+
+    Only fields declared with `column` are returned; tuples become lists and organ names plain strings.
+    """
+    return {f.name: _plain(getattr(record, f.name)) for f in fields(record) if "arrow" in f.metadata}
+
+
+def _plain(value: Any) -> Any:
+    """Return a value as Parquet and JSON take it (tuples -> lists, str subclasses -> str)."""
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, str):
+        return str(value)
+    return value

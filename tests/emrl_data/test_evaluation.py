@@ -18,14 +18,14 @@ def pos(organ: str, long_mm: float, detected: bool, size=1.0, location=1.0, enha
     """A true-positive row; a missed lesion scores 0 on every attribute (as `score_report` does)."""
     if not detected:
         size = location = enhancement = k = 0.0
-    return {"organ": organ, "has_lesion": True, "long_axis_mm": long_mm, "existence": float(detected),
-            "size": size, "location": location, "enhancement": enhancement, "k_hit": k, "pred_has_lesion": detected}  # fmt: skip
+    return {"organ": organ, "has_lesion": True, "long_axis_mm": long_mm, "score_existence": float(detected),
+            "score_size": size, "score_location": location, "score_enhancement": enhancement, "score_k_hit": k, "pred_has_lesion": detected}  # fmt: skip
 
 
 def neg(organ: str, correct: bool) -> dict[str, Any]:
     """A true-negative row."""
-    return {"organ": organ, "has_lesion": False, "long_axis_mm": None, "existence": float(correct), "size": None,
-            "location": None, "enhancement": None, "k_hit": None, "pred_has_lesion": not correct}  # fmt: skip
+    return {"organ": organ, "has_lesion": False, "long_axis_mm": None, "score_existence": float(correct),
+            "score_size": None, "score_location": None, "score_enhancement": None, "score_k_hit": None, "pred_has_lesion": not correct}  # fmt: skip
 
 
 # liver: 4 positives (2 small: 1 detected; 2 large: both detected), 4 negatives (3 correct)
@@ -152,7 +152,7 @@ def test_no_bootstrap_gives_nan_intervals() -> None:
 
 def test_unknown_organ_and_bad_bootstrap_raise() -> None:
     with pytest.raises(ValueError):
-        evaluate([{"organ": "spleen", "has_lesion": False, "existence": 1.0}])
+        evaluate([{"organ": "spleen", "has_lesion": False, "score_existence": 1.0}])
     with pytest.raises(ValueError):
         evaluate(ROWS, n_bootstrap=-1)
 

@@ -300,7 +300,14 @@ def test_total_reward(re_: float, rf: float, rc: float | None, expected: float) 
 
 def test_score_report_positive_with_verifier() -> None:
     s = score_report(report(key_slice=11), POS, verifier_text=VERIFIER_OK)
-    assert (s.parse_failure, s.existence, s.size, s.location, s.enhancement, s.k_hit) == (None, 1.0, 1, 1, 1, 1)
+    assert (
+        s.parse_failure,
+        s.score_existence,
+        s.score_size,
+        s.score_location,
+        s.score_enhancement,
+        s.score_k_hit,
+    ) == (None, 1.0, 1, 1, 1, 1)
     assert s.r_c == pytest.approx(0.85)
     assert s.reward == pytest.approx(0.3 + 0.5 + 0.2 * 0.85)
     assert (s.pred_has_lesion, s.pred_long_axis_cm, s.pred_location) == (True, 3.0, ("5", "8"))
@@ -309,7 +316,14 @@ def test_score_report_positive_with_verifier() -> None:
 
 def test_score_report_true_negative() -> None:
     s = score_report(NEG_REPORT, NEG, verifier_text="anything")
-    assert (s.existence, s.size, s.location, s.enhancement, s.k_hit, s.r_c) == (1.0, None, None, None, None, None)
+    assert (s.score_existence, s.score_size, s.score_location, s.score_enhancement, s.score_k_hit, s.r_c) == (
+        1.0,
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
     assert (s.r_e, s.r_f, s.reward) == (1.0, 1.0, 1.0)
 
 
@@ -317,15 +331,33 @@ def test_score_report_parse_failure_scores_zero_everywhere() -> None:
     s = score_report("<findings>No liver lesion.</findings> || <impression>Liver mass.</impression>", POS,
                      verifier_text=VERIFIER_OK)  # fmt: skip
     assert s.parse_failure == "contradiction"
-    assert (s.existence, s.size, s.location, s.enhancement, s.k_hit) == (0.0, 0.0, 0.0, 0.0, 0.0)
+    assert (s.score_existence, s.score_size, s.score_location, s.score_enhancement, s.score_k_hit) == (
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+    )
     assert (s.r_e, s.r_f, s.r_c, s.reward, s.pred_has_lesion) == (0.0, 0.0, 0.0, 0.0, None)
     neg = score_report("", NEG)
-    assert (neg.parse_failure, neg.existence, neg.size, neg.r_c, neg.reward) == ("empty", 0.0, None, None, 0.0)
+    assert (neg.parse_failure, neg.score_existence, neg.score_size, neg.r_c, neg.reward) == (
+        "empty",
+        0.0,
+        None,
+        None,
+        0.0,
+    )
 
 
 def test_score_report_missed_lesion() -> None:
     s = score_report(NEG_REPORT, POS, verifier_text="")
-    assert (s.existence, s.size, s.location, s.enhancement, s.k_hit) == (0.0, 0.0, 0.0, 0.0, 0.0)
+    assert (s.score_existence, s.score_size, s.score_location, s.score_enhancement, s.score_k_hit) == (
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+    )
     assert s.r_c == pytest.approx(-0.3)
     assert s.reward == pytest.approx(0.2 * -0.3)
 
