@@ -18,7 +18,6 @@ from emrl_data.outcome import RejectReason
 from emrl_data.synthetic import (
     ANISOTROPIC_SPACING_MM,
     DEFECTS,
-    METADATA_COLUMNS,
     METADATA_CSV_NAME,
     QUIRKS,
     TRUTH_JSON_NAME,
@@ -28,6 +27,7 @@ from emrl_data.synthetic import (
     _write_nifti_gz,
     bench_spec,
     demo_specs,
+    metadata_columns,
     write_atlas,
     write_case,
 )
@@ -449,7 +449,7 @@ def test_metadata_csv_and_split_files(demo: tuple[Path, list[CaseSpec], AtlasTru
     root, specs, atlas, _ = demo
     with (root / METADATA_CSV_NAME).open(newline="") as f:
         reader = csv.DictReader(f)
-        assert tuple(reader.fieldnames) == METADATA_COLUMNS and reader.fieldnames[0] != "BDMAP ID"
+        assert tuple(reader.fieldnames) == metadata_columns() and reader.fieldnames[0] != "BDMAP ID"
         rows = {r["BDMAP ID"]: r for r in reader}
     assert list(rows) == [s.case_id for s in specs]
     case = atlas.case("BDMAP_00000001")  # one 2.4 cm hypo liver lesion, other organs negative
