@@ -27,8 +27,9 @@ from emrl_data import __version__
 from emrl_data.dataset import count_rows, finish_table, row_order, write_table
 from emrl_data.evaluation import evaluate, write_evaluation
 from emrl_data.mining import select_hard_rows
-from emrl_data.records import SCHEMAS, check_required
+from emrl_data.records import PREDICTION_TRUTH_COLUMNS, SCHEMAS, check_required
 from emrl_data.scoring import ReportScore, is_hard, score_report, truth_from_row
+from emrl_data.types import Organ
 from emrl_data.shards import (
     sha256_file,
     write_json_atomic,
@@ -37,19 +38,6 @@ from emrl_data.shards import (
 )
 from flows._common import Progress, git_sha
 from inference import OpenAIBackend, ResultStore, TransformersBackend, request_from_row, run_inference
-
-
-TRUTH_COLUMNS = [
-    "case_id",
-    "organ",
-    "split",
-    "has_lesion",
-    "long_axis_mm",
-    "location",
-    "attenuation",
-    "key_slice_frame",
-    "n_frames",
-]
 
 
 def _shards(sft_dir: Path, split: str) -> list[Path]:
@@ -125,39 +113,18 @@ def _run(backend, requests, store, batch_size, bar, progress) -> dict[str, dict[
     return {rid: {"text": r.text, "error": r.error} for rid, r in done.items()}
 
 
-def _prediction_row(truth_row: Mapping[str, Any], result: Mapping[str, Any], model: str) -> tuple[dict, ReportScore]:
+def _prediction_row(
+    truth_row: Mapping[str, Any], result: Mapping[str, Any], model: str
+) -> tuple[dict, ReportScore | None]:
+    """Return a `predictions` row (truth columns, the model's text, the scorer's columns under its own names) and
+    its score; a failed inference has no report, so it is not scored (its score columns stay null, score None)."""
+    row = {c: truth_row[c] for c in PREDICTION_TRUTH_COLUMNS}
+    row |= {"prediction": result["text"], "inference_error": result["error"], "model": model}
+    if result["error"] is not None:
+        return row, None
     score = score_report(result["text"] or "", truth_from_row(truth_row))
     hard, reasons = is_hard(score)
-    row = {c: truth_row[c] for c in TRUTH_COLUMNS}
-    row |= {
-        "prediction": result["text"],
-        "inference_error": result["error"],
-        "model": model,
-        "parse_failure": score.parse_failure,
-        "score_existence": score.existence,
-        "score_size": score.size,
-        "score_location": score.location,
-        "score_enhancement": score.enhancement,
-        "score_k_hit": score.k_hit,
-        "r_e": score.r_e,
-        "r_f": score.r_f,
-        "reward": score.reward,
-        "pred_has_lesion": score.pred_has_lesion,
-        "pred_long_axis_cm": score.pred_long_axis_cm,
-        "pred_location": None if score.pred_location is None else list(score.pred_location),
-        "pred_attenuation": score.pred_attenuation,
-        "pred_key_slice": score.pred_key_slice,
-        "pred_bbox": None if score.pred_bbox is None else list(score.pred_bbox),
-        "hard": hard,
-        "hard_reasons": list(reasons),
-    }
-    return row, score
-
-
-def _eval_row(row: Mapping[str, Any], score: ReportScore) -> dict[str, Any]:
-    return {"organ": row["organ"], "has_lesion": row["has_lesion"], "long_axis_mm": row["long_axis_mm"]} | (
-        score.to_row()
-    )
+    return row | score.to_row() | {"hard": hard, "hard_reasons": list(reasons)}, score
 
 
 @flow(name="build-rl-hardset")
@@ -232,15 +199,15 @@ def build_rl_hardset_flow(
     scored: dict[str, list[tuple[dict, ReportScore]]] = {"train": [], "test": []}
     frame_bytes: dict[str, int] = {}
     for split in ("train", "test"):
-        for row in _iter_rows(sft, split, [*TRUTH_COLUMNS, "frames"]):
+        for row in _iter_rows(sft, split, [*PREDICTION_TRUTH_COLUMNS, "frames"]):
             rid = f"{row['case_id']}/{row['organ']}"
             if rid not in results:
                 continue
             frame_bytes[rid] = sum(len(f["bytes"]) for f in row["frames"])
             prediction, score = _prediction_row(row, results[rid], str(model))
             predictions.append(prediction)
-            if results[rid]["error"] is None:
-                scored[split].append((row, score))
+            if score is not None:
+                scored[split].append((prediction, score))
     failed = [p for p in predictions if p["inference_error"] is not None]
 
     # Select the hard rows of the train split.
@@ -281,7 +248,7 @@ def build_rl_hardset_flow(
     metrics_md = []
     for split in ("train", "test"):
         if scored[split]:
-            result = evaluate([_eval_row(r, s) for r, s in scored[split]], n_bootstrap=n_bootstrap)
+            result = evaluate([r for r, _ in scored[split]], n_bootstrap=n_bootstrap)
             write_evaluation(result, out / "rl_hardset" / f"metrics_{split}")
             metrics_md.append(f"### SFT model on the {split} split\n\n{result.to_markdown()}")
     metrics_text = "\n\n".join(metrics_md)
@@ -305,7 +272,7 @@ def build_rl_hardset_flow(
         "hard_in_train": sum(is_hard(s)[0] for _, s in scored["train"]),
         "train_rows_scored": len(scored["train"]),
         "rl_hardset_rows": len(chosen),
-        "rl_hardset_by_organ": {o: sum(h.organ == o for h in chosen) for o in ("liver", "pancreas", "kidney")},
+        "rl_hardset_by_organ": {str(o): sum(h.organ == o for h in chosen) for o in Organ},
         "reasons": dict(sorted(reasons.items())),
         "seconds": round(time.perf_counter() - started, 2),
         "tables": {"predictions": str(out / "predictions"), "rl_hardset": str(out / "rl_hardset")},

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from emrl_data import evaluation
-from emrl_data.evaluation import TABLE1_METRICS, TABLE2_METRICS, evaluate, write_evaluation
+from emrl_data.evaluation import TABLE1_METRICS, TABLE2_METRICS, evaluate, score_predictions, write_evaluation
 
 
 def pos(organ: str, long_mm: float, detected: bool, size=1.0, location=1.0, enhancement=1.0, k=1.0) -> dict[str, Any]:
@@ -176,3 +176,18 @@ def test_write_evaluation(tmp_path: Path) -> None:
 
 def test_docstring_examples() -> None:
     assert doctest.testmod(evaluation).failed == 0
+
+
+def test_score_predictions_reads_scores_and_leaves_out_failed_inferences() -> None:
+    truth = {"case_id": "BDMAP_00000001", "organ": "liver", "split": "test", "has_lesion": False, "long_axis_mm": None,
+             "location": [], "attenuation": None, "key_slice_frame": None, "n_frames": 8}  # fmt: skip
+    negative = "<findings>No focal liver lesion is identified.</findings> || <impression>No liver tumor.</impression>"
+    raw = {**truth, "prediction": negative, "inference_error": None}
+    failed = {**truth, "prediction": None, "inference_error": "timeout"}
+    (scored,) = score_predictions([raw, failed])
+    assert (scored["score_existence"], scored["parse_failure"], scored["reward"]) == (1.0, None, 1.0)
+    # A `predictions` row carries the scorer's own columns: read as it is, not scored again.
+    stored = {**raw, "prediction": "unparseable", "score_existence": 1.0, "parse_failure": None}
+    assert score_predictions([stored]) == [stored]
+    table = evaluate(score_predictions([raw, failed, stored]), n_bootstrap=0).table1["liver"]
+    assert (table["spec"].value, table["spec"].n) == (1.0, 2)
