@@ -29,13 +29,13 @@ from emrl_data.evaluation import evaluate, write_evaluation
 from emrl_data.mining import select_hard_rows
 from emrl_data.records import PREDICTION_TRUTH_COLUMNS, SCHEMAS, check_required
 from emrl_data.scoring import ReportScore, is_hard, score_report, truth_from_row
-from emrl_data.types import Organ
 from emrl_data.shards import (
     sha256_file,
     write_json_atomic,
     write_split_streaming,
     write_text_atomic,
 )
+from emrl_data.types import Organ
 from flows._common import Progress, git_sha
 from inference import OpenAIBackend, ResultStore, TransformersBackend, request_from_row, run_inference
 
