@@ -104,7 +104,7 @@ def build_sft_set_flow(
     root, out = Path(atlas_root).resolve(), Path(output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
 
-    plan = plan_atlas(root, limit=limit, test_fraction=test_fraction)
+    plan = plan_atlas(root, limit=limit, test_fraction=sft_cfg.test_fraction)
     refs, splits, metadata = list(plan.refs), plan.splits, plan.metadata
     rejections: list[Rejection] = list(plan.rejections)
     logger.info(

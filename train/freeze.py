@@ -9,7 +9,6 @@ The merger lives inside `model.model.visual`, so "freeze the vision tower" must 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 
 from torch import nn
 
@@ -59,15 +58,3 @@ def set_stage_trainable(model: nn.Module, stage: str) -> dict[str, int]:
     logger.info("Stage %s trainable parameters per group: %s", stage, counts)
     return counts
 
-
-def trainable_groups(model: nn.Module) -> set[str]:
-    """Return the groups that have at least one trainable parameter."""
-    return {parameter_group(n) for n, p in model.named_parameters() if p.requires_grad}
-
-
-def named_parameter_groups(names: Iterable[str]) -> dict[str, list[str]]:
-    """Return parameter names bucketed by group."""
-    out: dict[str, list[str]] = {"vit": [], "projector": [], "llm": []}
-    for n in names:
-        out[parameter_group(n)].append(n)
-    return out

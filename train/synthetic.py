@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from PIL import Image
 
 from emrl_data.report import render_evidence, render_findings, render_impression, render_prompt, render_report
+from emrl_data.organs import LOCATION_NAMES
 from emrl_data.types import Organ
 
 
@@ -59,12 +60,12 @@ def make_frames(
 
 
 def make_rows(n_rows: int, *, n_frames: int = 8, size_px: int = 64, split: str = "train", seed: int = 0) -> list[dict]:
-    """Return `n_rows` sft rows (alternating positive/negative, cycling liver, pancreas, kidney)."""
+    """Return `n_rows` sft rows (alternating positive/negative, cycling over the registered organs)."""
     rng = np.random.default_rng(seed)
     rows = []
-    organs = ["liver", "pancreas", "kidney"]
+    organs = [str(o) for o in Organ]
     for i in range(n_rows):
-        organ = organs[i % 3]
+        organ = organs[i % len(organs)]
         positive = i % 2 == 0
         key = int(rng.integers(2, n_frames)) if positive else None
         frames, box = make_frames(n_frames, size_px, key, rng)
@@ -89,7 +90,7 @@ def make_rows(n_rows: int, *, n_frames: int = 8, size_px: int = 64, split: str =
         evidence = None
         if positive:
             assert box is not None
-            loc = _LOCATIONS[organ][(i // 2) % 2]
+            loc = _LOCATIONS.get(organ, [list(LOCATION_NAMES[organ][:1])] * 2)[(i // 2) % 2]
             long_mm = float(rng.choice([12.0, 31.0, 48.0]))
             row.update(long_axis_mm=long_mm, short_axis_mm=long_mm * 0.7, volume_mm3=long_mm**3 * 0.3, location=loc)
             row["attenuation"] = ["hypo", "iso", "hyper"][(i // 2) % 3]
