@@ -17,8 +17,8 @@ import numpy as np
 from numpy.typing import NDArray
 from PIL import Image
 
-from emrl_data.report import render_evidence, render_findings, render_impression, render_prompt, render_report
 from emrl_data.organs import LOCATION_NAMES
+from emrl_data.report import render_evidence, render_findings, render_impression, render_prompt, render_report
 from emrl_data.types import Organ
 
 
