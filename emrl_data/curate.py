@@ -121,9 +121,24 @@ def _organ_row(
         cfg=cfg.frames,
     )
     organ = labels.organ
-    label_values = row_values(labels)
-    findings = render_findings(organ, **{k: label_values[k] for k in _FINDINGS_ARGUMENTS})
-    impression = render_impression(organ, **{k: label_values[k] for k in _IMPRESSION_ARGUMENTS})
+    findings = render_findings(
+        organ,
+        has_lesion=labels.has_lesion,
+        lesion_count=labels.lesion_count,
+        long_axis_mm=labels.long_axis_mm,
+        short_axis_mm=labels.short_axis_mm,
+        volume_mm3=labels.volume_mm3,
+        location=labels.location,
+        attenuation=labels.attenuation,
+    )
+    impression = render_impression(
+        organ,
+        has_lesion=labels.has_lesion,
+        lesion_count=labels.lesion_count,
+        long_axis_mm=labels.long_axis_mm,
+        location=labels.location,
+        attenuation=labels.attenuation,
+    )
     evidence = None
     if labels.has_lesion:
         assert frames.key_slice_frame is not None and frames.bbox_qwen is not None
@@ -133,7 +148,7 @@ def _organ_row(
         "case_id": ref.case_id,
         "organ": str(organ),
         "split": split,
-        **label_values,
+        **row_values(labels),
         "spacing_mm": [float(s) for s in images.spacing_mm],
         "shape_vox": [int(s) for s in images.ct_hu.shape],
         **row_values(frames),
@@ -149,12 +164,6 @@ def _organ_row(
             {"bytes": png, "path": f"{ref.case_id}_{organ}_{i:02d}.png"} for i, png in enumerate(frames.pngs, start=1)
         ],
     }
-
-
-_FINDINGS_ARGUMENTS = (
-    "has_lesion", "lesion_count", "long_axis_mm", "short_axis_mm", "volume_mm3", "location", "attenuation",
-)  # fmt: skip
-_IMPRESSION_ARGUMENTS = ("has_lesion", "lesion_count", "long_axis_mm", "location", "attenuation")
 
 
 def _atlas_columns(labels: OrganLabels, meta: AtlasOrganMeta | None, cfg: CurateConfig) -> dict[str, Any]:

@@ -144,12 +144,12 @@ HARD_COLUMNS: list[Column] = [
 
 # The organ-row columns a `predictions` row repeats: the row's key, the truth the scorer reads, the frame count.
 PREDICTION_TRUTH_COLUMNS: tuple[str, ...] = tuple(
-    c.name for c in ORGAN_ROW_COLUMNS if c.name in {"case_id", "split", "n_frames", *TRUTH_COLUMNS}
+    c[0] for c in ORGAN_ROW_COLUMNS if c[0] in {"case_id", "split", "n_frames", *TRUTH_COLUMNS}
 )
 
 # A row is scored only when its inference succeeded, so every score column may be null.
 PREDICTION_COLUMNS: list[Column] = [
-    *(c for c in ORGAN_ROW_COLUMNS if c.name in PREDICTION_TRUTH_COLUMNS),
+    *(c for c in ORGAN_ROW_COLUMNS if c[0] in PREDICTION_TRUTH_COLUMNS),
     Column("prediction", pa.string(), True, "the model's report (null when inference failed)"),
     Column("inference_error", pa.string(), True, "why inference failed, null when it succeeded (then not scored)"),
     Column("model", pa.string(), False, "checkpoint path or endpoint model name"),
@@ -159,11 +159,14 @@ PREDICTION_COLUMNS: list[Column] = [
 ]
 
 TABLE_COLUMNS: dict[str, list[Column]] = {
-    "findings": ORGAN_ROW_COLUMNS,
-    "sft": [*ORGAN_ROW_COLUMNS, FRAMES_COLUMN],
-    "rejections": REJECTION_COLUMNS,
-    "predictions": PREDICTION_COLUMNS,
-    "rl_hardset": [*ORGAN_ROW_COLUMNS, FRAMES_COLUMN, *HARD_COLUMNS],
+    name: [Column(*c) for c in columns]  # a plain (name, type, nullable, doc) tuple is a Column too
+    for name, columns in {
+        "findings": ORGAN_ROW_COLUMNS,
+        "sft": [*ORGAN_ROW_COLUMNS, FRAMES_COLUMN],
+        "rejections": REJECTION_COLUMNS,
+        "predictions": PREDICTION_COLUMNS,
+        "rl_hardset": [*ORGAN_ROW_COLUMNS, FRAMES_COLUMN, *HARD_COLUMNS],
+    }.items()
 }
 SCHEMAS: dict[str, pa.Schema] = {name: make_schema(cols) for name, cols in TABLE_COLUMNS.items()}
 SFT_SCHEMA = SCHEMAS["sft"]
