@@ -28,6 +28,7 @@ from emrl_data.organs import (
     unregister_organ,
 )
 from emrl_data.parser import ParsedReport, ParseFailure, parse_free_text, parse_report
+from emrl_data.records import TABLE_COLUMNS
 from emrl_data.report import NEGATIVE_FINDINGS, format_location, render_prompt
 from emrl_data.scoring import score_report, truth_from_row
 from emrl_data.synthetic import ANATOMY, CaseSpec, LesionSpec, OrganAnatomy, write_atlas
@@ -154,6 +155,7 @@ def test_spleen_runs_the_synthetic_pipeline_end_to_end(spleen: Organ, tmp_path: 
         rows += result.rows
         rejections += result.rejections
     assert rejections == [] and len(rows) == 3 * 4
+    assert all(list(r) == [c.name for c in TABLE_COLUMNS["sft"]] for r in rows)  # row dicts follow the declarations
     by_key = {(r["case_id"], r["organ"]): r for r in rows}
     expected_has_lesion = {"BDMAP_00000001": True, "BDMAP_00000002": True, "BDMAP_00000003": False}
     for case in truth.cases:
