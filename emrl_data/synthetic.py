@@ -45,11 +45,17 @@ Quirks (`QUIRKS`), each emitting one real-data trap (notes/atlas.md §1.4):
 Defects (`DEFECTS`) break one file (or the metadata row) of a case so that a reader must reject it with the mapped
 `RejectReason`; `CaseTruth.expected_rejections` records the reason, the organ (None for the whole case) and the file.
 
-Ground truth (`OrganTruth`) is computed by plain numpy/scipy code on the canonical arrays before they are written,
-independent of `emrl_data.labels`: 26-connected components (`scipy.ndimage.label`), components under 10 mm^3
-dropped, key slice = maximum area of the largest component (`np.argmax`, ties lowest z), its 2-D box on that slice,
-location = parts holding > 10 % of its voxels that lie in any part (kidney: majority side, ties left), attenuation by
-RadGPT's rule, long/short axis analytic from the lesion ellipsoid's in-plane radii (2 max(rx, ry), 2 min(rx, ry)).
+Ground truth (an `emrl_data.labels.OrganLabels` per organ: one definition of an organ row's labels) is computed by
+plain numpy/scipy code on the canonical arrays before they are written, independent of `emrl_data.labels.label_organ`:
+26-connected components (`scipy.ndimage.label`), components under 10 mm^3 dropped, key slice = maximum area of the
+largest component (`np.argmax`, ties lowest z), its 2-D box on that slice, the longest-diameter slice (scipy convex
+hull of the voxel corners per slice, ties lowest z), the organ's and the lesion's 3-D boxes, location = parts holding
+> 10 % of its voxels that lie in any part (`single_location` organs such as the kidney: the majority part, ties to
+the first), attenuation by RadGPT's rule, long/short axis analytic from the lesion ellipsoid's in-plane radii
+(2 max(rx, ry), 2 min(rx, ry)).
+
+Organs: every registered organ (`emrl_data.organs`) is drawn from its entry in `ANATOMY` (HU, ellipsoids in body
+units, optional sub-structure drawing); a new organ adds its `OrganAnatomy` there.
 """
 
 from __future__ import annotations
