@@ -18,7 +18,7 @@ import pyarrow as pa
 from emrl_data.card import render_dataset_card
 from emrl_data.config import SftConfig
 from emrl_data.outcome import Rejection
-from emrl_data.records import SCHEMAS, TABLE_COLUMNS, check_required, hub_features
+from emrl_data.records import SCHEMAS, check_required, column_descriptions, hub_features
 from emrl_data.shards import table_manifest, write_json_atomic, write_split_shards, write_text_atomic
 from emrl_data.types import Organ, Split
 
@@ -107,7 +107,7 @@ def finish_table(
         config_fingerprint=provenance["config_fingerprint"],
         metrics_markdown=metrics_markdown,
         splits=tuple(counts),
-        descriptions={n: desc for n, _, _, desc in TABLE_COLUMNS[name]},
+        descriptions=column_descriptions(name),
     )
     write_text_atomic(card, table_dir / "README.md")
     manifest = table_manifest(table_dir, {**provenance, "row_counts": {s: dict(c) for s, c in counts.items()}})
