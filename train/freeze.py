@@ -57,4 +57,3 @@ def set_stage_trainable(model: nn.Module, stage: str) -> dict[str, int]:
             counts[parameter_group(name)] += param.numel()
     logger.info("Stage %s trainable parameters per group: %s", stage, counts)
     return counts
-
