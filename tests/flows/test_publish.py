@@ -40,6 +40,8 @@ from emrl_data.card import render_dataset_card
 from flows import publish
 from flows.publish import (
     FileDigest,
+    HubAuthError,
+    HubUnreachableError,
     PublishError,
     TagExistsError,
     compare_files,
@@ -53,6 +55,7 @@ from tests.fakehub import FakeHub, serve_fake_hub
 
 
 SECRET = "hf_SECRET_canary_7f3a9c1e"  # a recognisable token: it must reach the Hub and nothing else
+READ_TOKEN = "hf_read_only_token"
 FEATURES = {
     "case_id": {"dtype": "string", "_type": "Value"},
     "split": {"dtype": "string", "_type": "Value"},
@@ -116,10 +119,11 @@ def write_table(root: Path, shards: dict[str, list[list[int]]]) -> Path:
 def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[FakeHub]:
     """A fresh fake Hub; HF_ENDPOINT and the caches point at it (the clients read both at import: patch them too)."""
     lfs_suffixes = getattr(request, "param", ())
-    with serve_fake_hub(lfs_suffixes=lfs_suffixes) as fake:
+    with serve_fake_hub(lfs_suffixes=lfs_suffixes, tokens={SECRET: "write", READ_TOKEN: "read"}) as fake:
         monkeypatch.setenv("HF_ENDPOINT", fake.url)
         monkeypatch.setenv("HF_TOKEN", SECRET)
         monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+        monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))  # no login
         monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
         constants = huggingface_hub.constants
         monkeypatch.setattr(constants, "ENDPOINT", fake.url)
@@ -140,7 +144,13 @@ def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, request: pytest.Fixture
 @pytest.fixture
 def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Retry the Hub tasks without waiting (the flow looks the tasks up in the module at call time)."""
-    for name in ("prepare_repo_task", "upload_table_task", "tag_release_task", "verify_hub_release_task"):
+    for name in (
+        "inspect_hub_task",
+        "prepare_repo_task",
+        "upload_table_task",
+        "tag_release_task",
+        "verify_hub_release_task",
+    ):
         monkeypatch.setattr(publish, name, getattr(publish, name).with_options(retry_delay_seconds=0))
 
 
@@ -321,8 +331,12 @@ def test_publish_hub_existing_tag_is_refused(hub: FakeHub, tmp_path: Path) -> No
     repo = "emrl/sft-refuse"
     first, _ = _run(table_dir=str(write_table(tmp_path / "sft", V1)), repo_id=repo, version="1.0.0")
     commits = _commits(repo)
-    with pytest.raises(TagExistsError, match="already has tag v1.0.0"):
+    with pytest.raises(TagExistsError) as caught:
         publish_dataset_flow(table_dir=str(write_table(tmp_path / "sft", V2)), repo_id=repo, version="1.0.0")
+    assert str(caught.value) == (
+        "emrl/sft-refuse already has tag v1.0.0 with different content (6 file(s) differ, e.g. README.md: content "
+        "differs); tags are never moved: publish a new version (e.g. 1.0.1)."
+    )
     assert _commits(repo) == commits  # nothing uploaded
     refs = {t.name: t.target_commit for t in HfApi().list_repo_refs(repo, repo_type="dataset").tags}
     assert refs == {"v1.0.0": first["commit"]}  # not moved
@@ -357,6 +371,7 @@ def test_publish_hub_retries_server_errors_only(hub: FakeHub, tmp_path: Path) ->
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
     assert {r.name.split("-")[0]: r.run_count for r in runs} == {
+        "inspect_hub_task": 1,
         "prepare_repo_task": 1,
         "upload_table_task": 3,  # Prefect retried the task twice
         "tag_release_task": 1,
@@ -364,7 +379,7 @@ def test_publish_hub_retries_server_errors_only(hub: FakeHub, tmp_path: Path) ->
     }
 
     hub.state.fail_next("GET", "/revision/main", 403)
-    with pytest.raises(HfHubHTTPError):
+    with pytest.raises(HubAuthError, match=r"^the token may not write to emrl/sft-forbidden \(HTTP 403\)"):
         publish_dataset_flow(table_dir=table_dir, repo_id="emrl/sft-forbidden", version="1.0.0")
     assert sum(r == "GET /api/datasets/emrl/sft-forbidden/revision/main" for r in hub.state.requests) == 1
 
@@ -443,7 +458,7 @@ def test_publish_local_versions_refusal_and_resume(tmp_path: Path, monkeypatch: 
     }
     assert _first_pixels(str(root / ".tags" / "v1.1.0"), None)["train"][0] == (11, 244)
 
-    with pytest.raises(TagExistsError, match="v1.0.0 already exists"):
+    with pytest.raises(TagExistsError, match="already has tag v1.0.0 with different content"):
         publish_dataset_flow(table_dir=str(tmp_path / "sft"), version="1.0.0", **common)
 
     # Interrupted after the copy, before the snapshot: the rerun copies nothing and makes the tag.
