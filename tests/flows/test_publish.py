@@ -682,3 +682,11 @@ def test_release_table_refuses_a_card_that_does_not_match_the_shards(tmp_path: P
     (table_dir / "README.md").write_text(card)  # changed after the check against the manifest
     with pytest.raises(PublishError, match=r"the card's split sizes \{'train': 4, 'test': 1\} differ from the shards"):
         release_table(table, "emrl/x", "1.0.0")
+
+
+def test_check_token_in_offline_mode_is_one_line(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(HubUnreachableError) as caught:
+        publish.check_token(publish.hub_api(), write=True)
+    assert str(caught.value) == "HF_HUB_OFFLINE=1 is set: publishing to the Hub needs the network; unset it."
+    assert hub.state.requests == []
