@@ -326,6 +326,21 @@ def release_card(card: str, *, repo_id: str, version: str) -> str:
     return stamped
 
 
+def _provenance_table(
+    repo_id: str | None, version: str | None, pipeline_version: str, git_sha: str | None, config_fingerprint: str
+) -> str:
+    """Return the provenance table: release, pipeline version, git sha, config fingerprint."""
+    rows = [
+        md_row(["field", "value"]),
+        "| --- | --- |",
+        _release_row(repo_id, version),
+        md_row(["pipeline version", f"`{md_cell(pipeline_version)}`"]),
+        md_row(["git sha", f"`{md_cell(git_sha or 'unknown')}`"]),
+        md_row(["config fingerprint", f"`{md_cell(config_fingerprint)}`"]),
+    ]
+    return "\n".join(rows)
+
+
 def _columns_table(features: Mapping[str, Any], descriptions: Mapping[str, str]) -> str:
     """Return the column table: name, type (in a code span, so `list<string>` shows), meaning (escaped)."""
     rows = [md_row(["column", "type", "meaning"]), "| --- | --- | --- |"]
@@ -396,14 +411,6 @@ def render_dataset_card(
     if not splits:
         raise ValueError("splits is empty; the card's default config needs at least one split.")
     _check_release(version, repo_id)
-    provenance = [
-        md_row(["field", "value"]),
-        "| --- | --- |",
-        _release_row(repo_id, version),
-        md_row(["pipeline version", f"`{md_cell(pipeline_version)}`"]),
-        md_row(["git sha", f"`{md_cell(git_sha or 'unknown')}`"]),
-        md_row(["config fingerprint", f"`{md_cell(config_fingerprint)}`"]),
-    ]
     body = [
         _title(table, version),
         TABLE_DESCRIPTIONS.get(table, f"The `{table}` table of the E-MRL data pipeline."),
@@ -412,7 +419,7 @@ def render_dataset_card(
         "## Loading",
         _loading(repo_id, version),
         "## Provenance",
-        "\n".join(provenance),
+        _provenance_table(repo_id, version, pipeline_version, git_sha, config_fingerprint),
         "## Row counts",
         _counts_table(row_counts, splits),
         "## Columns",
