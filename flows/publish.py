@@ -62,7 +62,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
 )
 from huggingface_hub.hf_api import RepoFile
-from huggingface_hub.utils import validate_repo_id
+from huggingface_hub.utils import get_session, hf_raise_for_status, validate_repo_id
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
@@ -440,6 +440,29 @@ def check_token(api: HfApi, *, write: bool) -> str:
     return name
 
 
+def validate_card_on_hub(api: HfApi, card_text: str) -> None:
+    """Have the Hub validate the card's YAML metadata (`POST /api/validate-yaml`, what the Hub runs on a commit).
+
+    `DatasetCard.validate` always asks huggingface.co; this asks `api.endpoint`, so `HF_ENDPOINT` is honoured.
+
+    Raises:
+        PublishError: when the Hub rejects the metadata (HTTP 400), with its first message.
+    """
+    response = get_session().post(
+        f"{api.endpoint}/api/validate-yaml",
+        json={"repoType": "dataset", "content": card_text},
+        headers=api._build_hf_headers(),
+    )
+    if response.status_code == 400:
+        try:
+            errors = response.json().get("errors") or [{"message": response.text}]
+            detail = errors[0].get("message", errors[0])
+        except ValueError:
+            detail = response.text
+        raise PublishError(f"the Hub rejects the dataset card's YAML metadata: {detail}")
+    hf_raise_for_status(response)
+
+
 @contextmanager
 def hub_errors(repo_id: str) -> Iterator[None]:
     """Turn the Hub's 401/403 answers into a one-line `HubAuthError` (never retried); let the rest through."""
@@ -764,6 +787,8 @@ def publish_hub(table: TableFolder, repo_id: str, version: str, private: bool, m
     get_run_logger().info("Hub %s: token of %s accepted.", api.endpoint, user)
     url = f"{api.endpoint}/datasets/{repo_id}/tree/{tag}"
     try:
+        with hub_errors(repo_id):
+            validate_card_on_hub(api, table.overrides[CARD].decode("utf-8"))
         tag_commit, found = inspect_hub_task(repo_id, tag)
         if tag_commit is not None:
             differences = compare_files(table.files, found)

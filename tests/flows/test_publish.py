@@ -690,3 +690,14 @@ def test_check_token_in_offline_mode_is_one_line(hub: FakeHub, monkeypatch: pyte
         publish.check_token(publish.hub_api(), write=True)
     assert str(caught.value) == "HF_HUB_OFFLINE=1 is set: publishing to the Hub needs the network; unset it."
     assert hub.state.requests == []
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_publish_hub_card_rejected_by_the_hub_stops_before_any_write(hub: FakeHub, tmp_path: Path) -> None:
+    hub.state.fail_next("POST", "/api/validate-yaml", 400)
+    with pytest.raises(PublishError, match="^the Hub rejects the dataset card's YAML metadata: "):
+        publish_dataset_flow(
+            table_dir=str(write_table(tmp_path / "sft", V1)), repo_id="emrl/sft-yaml", version="1.0.0"
+        )
+    assert hub.state.repo("dataset", "emrl/sft-yaml") is None
+    assert "POST /api/validate-yaml" in hub.state.requests
