@@ -18,6 +18,7 @@ import yaml
 
 LICENSE_NAME = "abdomenatlas-3.0"
 LICENSE_LINK = "https://huggingface.co/datasets/AbdomenAtlas/AbdomenAtlas3.0Mini"
+REPO_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 VERSION_PATTERN = re.compile(r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$")
 
 TABLE_DESCRIPTIONS: dict[str, str] = {
@@ -93,13 +94,10 @@ LABEL_DEFINITIONS: tuple[tuple[str, str], ...] = (
         "grid (the report's `<bbox>`)",
     ),
 )
-DEFAULT_LABEL_DEFINITIONS = (
-    "| label | definition |\n| --- | --- |\n"
-    + "\n".join(f"| {label} | {text} |" for label, text in LABEL_DEFINITIONS)
-    + "\n\nVolumes are in canonical RAS voxel order `(x, y, z)`, z from inferior to superior. Values from the "
-    "atlas metadata CSV are kept beside ours as `atlas_*` columns, never silently preferred."
-)
 
+EMRL_TITLE = (
+    "E-MRL: Cross-view Aligned Evidence-driven Multimodal Reinforcement Learning for Reliable 3D Tumor Analysis"
+)
 CITATIONS = """\
 ```bibtex
 @article{bassi2025radgpt,
@@ -109,11 +107,13 @@ CITATIONS = """\
   year    = {2025}
 }
 
-@misc{emrl2026,
-  note          = {E-MRL, MICCAI 2026},
+@inproceedings{li2026emrl,
+  title         = {{E-MRL}: Cross-view Aligned Evidence-driven Multimodal Reinforcement Learning for Reliable {3D} Tumor Analysis},
+  author        = {Li, Sijing and Qiu, Zhongwei and Wang, Zhuoya and Yun, Boxiang and Yi, Zhenyu and Xu, Jianwei and Zhang, Wenqiao and Xia, Yingda and Zhang, Ling},
+  booktitle     = {Medical Image Computing and Computer Assisted Intervention (MICCAI)},
+  year          = {2026},
   eprint        = {2606.23888},
-  archivePrefix = {arXiv},
-  year          = {2026}
+  archivePrefix = {arXiv}
 }
 ```"""
 
@@ -195,66 +195,60 @@ def _size_category(n_rows: int) -> str:
     return "n>1M"
 
 
+_CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.DOTALL)
+
+
+def _escape_plain(text: str) -> str:
+    """Escape what breaks a table cell or turns into HTML outside code spans: `|`, `<`, `>`."""
+    return text.replace("|", r"\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def md_cell(text: str) -> str:
+    """Return `text` safe inside one cell of a GitHub-flavoured markdown table (what the Hub renders).
+
+    `|` becomes `\\|` everywhere (GFM splits cells on a bare `|` even inside a code span, and renders `\\|` there as
+    `|`); `<` and `>` become `&lt;`/`&gt;` outside code spans, so `list<string>` is not swallowed as an HTML tag
+    (inside a code span they are literal already). Newlines become spaces: a cell is one line.
+    """
+    out: list[str] = []
+    pos = 0
+    for match in _CODE_SPAN.finditer(text):
+        out.append(_escape_plain(text[pos : match.start()]))
+        out.append(match.group(0).replace("|", r"\|"))
+        pos = match.end()
+    out.append(_escape_plain(text[pos:]))
+    return " ".join("".join(out).splitlines())
+
+
+def md_row(cells: Sequence[str]) -> str:
+    """Return one markdown table row of already escaped cells."""
+    return "| " + " | ".join(cells) + " |"
+
+
 def _counts_table(row_counts: Mapping[str, Mapping[str, int]], splits: Sequence[str]) -> str:
     """Return a markdown table: one row per group (e.g. `liver/positive`, `total` last), one column per split."""
     columns = [s for s in splits if s in row_counts] + sorted(s for s in row_counts if s not in splits)
     groups = sorted({g for counts in row_counts.values() for g in counts}, key=lambda g: (g == "total", g))
-    lines = ["| rows | " + " | ".join(f"`{c}`" for c in columns) + " |", "| --- |" + " ---: |" * len(columns)]
+    lines = [md_row(["rows", *(f"`{md_cell(c)}`" for c in columns)]), "| --- |" + " ---: |" * len(columns)]
     for group in groups:
-        cells = [str(row_counts[c].get(group, 0)) for c in columns]
-        lines.append(f"| {group} | " + " | ".join(cells) + " |")
+        lines.append(md_row([md_cell(group), *(str(row_counts[c].get(group, 0)) for c in columns)]))
     return "\n".join(lines)
 
 
+def _split_rows(counts: Mapping[str, int]) -> int:
+    """Return the rows of one split: its `total` when present, else the sum of its groups."""
+    return counts["total"] if "total" in counts else sum(counts.values())
+
+
 def _total_rows(row_counts: Mapping[str, Mapping[str, int]]) -> int:
-    """Return the number of rows over all splits (`total` per split when present, else the sum of its groups)."""
-    return sum(counts["total"] if "total" in counts else sum(counts.values()) for counts in row_counts.values())
+    """Return the number of rows over all splits."""
+    return sum(_split_rows(counts) for counts in row_counts.values())
 
 
-def render_dataset_card(
-    *,
-    table: str,
-    features: dict[str, Any],
-    row_counts: dict[str, dict[str, int]],
-    pipeline_version: str,
-    git_sha: str | None,
-    config_fingerprint: str,
-    label_definitions: str | None = None,
-    metrics_markdown: str | None = None,
-    splits: Sequence[str] = ("train", "test"),
-    version: str | None = None,
-    descriptions: Mapping[str, str] | None = None,
+def _front_matter(
+    table: str, features: dict[str, Any], row_counts: Mapping[str, Mapping[str, int]], splits: Sequence[str]
 ) -> str:
-    """Return the `README.md` text of a table folder: Hub YAML front matter, then the card body.
-
-    The front matter declares the license, one `default` config whose splits read `data/{split}-*.parquet`, and
-    `dataset_info.features` (image columns as `dtype: image` / `list: image`). The body says what the table is, the
-    label definitions, the provenance (pipeline version, git sha, config fingerprint), the row counts, Table 1/2 when
-    given, how to load a pinned version, the license and the citations.
-
-    Args:
-        table: the table name (`sft`, `findings`, `rl_hardset`, `rejections`, `predictions`, or another name).
-        features: the Hub features dict of the table (see `features_to_yaml_list`).
-        row_counts: counts per split, then per group, e.g. `{"train": {"liver/positive": 3, "total": 5}, ...}`
-            (the layout of `emrl_data.dataset.count_rows`). Shown as a table, one column per split.
-        pipeline_version: version of the pipeline that built the table.
-        git_sha: commit of the pipeline code, or None when unknown (shown as "unknown").
-        config_fingerprint: `CurateConfig.fingerprint()` of the run.
-        label_definitions: markdown for the label section; None uses SPEC §4's table.
-        metrics_markdown: Table 1/2 (or other results) as markdown; None leaves the section out.
-        splits: the splits of the `default` config; every one must have at least one shard in `data/`.
-        version: the release version `X.Y.Z` (the repo tag is `vX.Y.Z`), or None when not yet known.
-
-    Returns:
-        The card text, starting with `---` and ending with a newline.
-
-    Raises:
-        ValueError: on an empty `splits` or a `version` that is not `X.Y.Z`.
-    """
-    if not splits:
-        raise ValueError("splits is empty; the card's default config needs at least one split.")
-    if version is not None and not VERSION_PATTERN.fullmatch(version):
-        raise ValueError(f"version={version!r} is not X.Y.Z (e.g. '1.2.0'); the tag is then 'v1.2.0'.")
+    """Return the YAML front matter: license, tasks, the `default` config and `dataset_info` (features, splits)."""
     front_matter = {
         "license": "other",
         "license_name": LICENSE_NAME,
@@ -270,37 +264,166 @@ def render_dataset_card(
                 "data_files": [{"split": split, "path": f"data/{split}-*.parquet"} for split in splits],
             }
         ],
-        "dataset_info": {"features": features_to_yaml_list(features)},
+        "dataset_info": {
+            "features": features_to_yaml_list(features),
+            "splits": [{"name": split, "num_examples": _split_rows(row_counts.get(split, {}))} for split in splits],
+        },
     }
-    yaml_text = yaml.safe_dump(front_matter, sort_keys=False, allow_unicode=True, width=1000)
-    tag = f"v{version}" if version else "vX.Y.Z"
-    described = descriptions or {}
-    columns = "\n".join(
-        f"| `{name}` | {_type_string(feature)} | {described.get(name, '')} |" for name, feature in features.items()
-    )
+    return yaml.safe_dump(front_matter, sort_keys=False, allow_unicode=True, width=1000)
+
+
+# The three release-dependent parts of a card. An unreleased card (a local build) has the `None` forms; `release_card`
+# swaps them for the released forms, so a published card is byte-identical to one rendered with the release.
+def _title(table: str, version: str | None) -> str:
+    return f"# E-MRL `{table}`" + (f" v{version}" if version else "")
+
+
+def _loading(repo_id: str | None, version: str | None) -> str:
+    if repo_id is None or version is None:
+        call = 'load_dataset("path/to/this/folder")  # a local build, not released yet'
+    else:
+        call = f'load_dataset("{repo_id}", revision="v{version}")  # a pinned release; image columns decode to PIL'
+    return f"```python\nfrom datasets import load_dataset\n\nds = {call}\n```"
+
+
+def _release_row(repo_id: str | None, version: str | None) -> str:
+    if repo_id is None or version is None:
+        return md_row(["release", "not released: a local build (`emrl publish` writes the repo and tag here)"])
+    return md_row(["release", f"`v{version}` of `{repo_id}`"])
+
+
+def _check_release(version: str | None, repo_id: str | None) -> None:
+    """Raise ValueError unless `version` and `repo_id` are both None or both valid."""
+    if (version is None) != (repo_id is None):
+        raise ValueError(f"version={version!r} and repo_id={repo_id!r} go together: give both or neither.")
+    if version is not None and not VERSION_PATTERN.fullmatch(version):
+        raise ValueError(f"version={version!r} is not X.Y.Z (e.g. '1.2.0'); the tag is then 'v1.2.0'.")
+    if repo_id is not None and not REPO_ID_PATTERN.fullmatch(repo_id):
+        raise ValueError(f"repo_id={repo_id!r} is not 'owner/name'.")
+
+
+def release_card(card: str, *, repo_id: str, version: str) -> str:
+    """Return an unreleased card (rendered with `version=None, repo_id=None`) stamped as release `v{version}` of `repo_id`.
+
+    The result equals `render_dataset_card(..., version=version, repo_id=repo_id)` with the card's other inputs.
+
+    Raises:
+        ValueError: on a bad version or repo id, or a card that is not an unreleased card of this module.
+    """
+    _check_release(version, repo_id)
+    title = re.search(r"^# E-MRL `([^`\n]+)`$", card, flags=re.MULTILINE)
+    if title is None:
+        raise ValueError("the card has no '# E-MRL `<table>`' title: not an unreleased card of emrl_data.card.")
+    stamped = card[: title.start()] + _title(title.group(1), version) + card[title.end() :]
+    swaps = [
+        (_loading(None, None), _loading(repo_id, version)),
+        (_release_row(None, None), _release_row(repo_id, version)),
+    ]
+    for old, new in swaps:
+        if stamped.count(old) != 1:
+            raise ValueError("the card lacks its unreleased loading or release line: not an unreleased card.")
+        stamped = stamped.replace(old, new)
+    return stamped
+
+
+def _provenance_table(
+    repo_id: str | None, version: str | None, pipeline_version: str, git_sha: str | None, config_fingerprint: str
+) -> str:
+    """Return the provenance table: release, pipeline version, git sha, config fingerprint."""
+    rows = [
+        md_row(["field", "value"]),
+        "| --- | --- |",
+        _release_row(repo_id, version),
+        md_row(["pipeline version", f"`{md_cell(pipeline_version)}`"]),
+        md_row(["git sha", f"`{md_cell(git_sha or 'unknown')}`"]),
+        md_row(["config fingerprint", f"`{md_cell(config_fingerprint)}`"]),
+    ]
+    return "\n".join(rows)
+
+
+def _columns_table(features: Mapping[str, Any], descriptions: Mapping[str, str]) -> str:
+    """Return the column table: name, type (in a code span, so `list<string>` shows), meaning (escaped)."""
+    rows = [md_row(["column", "type", "meaning"]), "| --- | --- | --- |"]
+    for name, feature in features.items():
+        type_text = _type_string(feature).replace("|", r"\|")
+        rows.append(md_row([f"`{md_cell(name)}`", f"`{type_text}`", md_cell(descriptions.get(name, ""))]))
+    return "\n".join(rows)
+
+
+def _label_table(definitions: Sequence[tuple[str, str]]) -> str:
+    """Return the label-definition table, every cell escaped."""
+    rows = [md_row(["label", "definition"]), "| --- | --- |"]
+    rows += [md_row([md_cell(label), md_cell(text)]) for label, text in definitions]
+    return "\n".join(rows)
+
+
+DEFAULT_LABEL_DEFINITIONS = (
+    _label_table(LABEL_DEFINITIONS)
+    + "\n\nVolumes are in canonical RAS voxel order `(x, y, z)`, z from inferior to superior. Values from the "
+    "atlas metadata CSV are kept beside ours as `atlas_*` columns, never silently preferred."
+)
+
+
+def render_dataset_card(
+    *,
+    table: str,
+    features: dict[str, Any],
+    row_counts: dict[str, dict[str, int]],
+    pipeline_version: str,
+    git_sha: str | None,
+    config_fingerprint: str,
+    label_definitions: str | None = None,
+    metrics_markdown: str | None = None,
+    splits: Sequence[str] = ("train", "test"),
+    version: str | None = None,
+    repo_id: str | None = None,
+    descriptions: Mapping[str, str] | None = None,
+) -> str:
+    """Return the `README.md` text of a table folder: Hub YAML front matter, then the card body.
+
+    The front matter declares the license, one `default` config whose splits read `data/{split}-*.parquet`, and
+    `dataset_info` with the features (image columns as `dtype: image` / `list: image`) and the rows of every split
+    (`splits: [{name, num_examples}]`). The body says what the table is, how to load it, the provenance (release,
+    pipeline version, git sha, config fingerprint), the row counts, the columns, the label definitions, Table 1/2
+    when given, the license and the complete citations. Every table cell is escaped (`md_cell`).
+
+    Args:
+        table: the table name (`sft`, `findings`, `rl_hardset`, `rejections`, `predictions`, or another name).
+        features: the Hub features dict of the table (see `features_to_yaml_list`).
+        row_counts: counts per split, then per group, e.g. `{"train": {"liver/positive": 3, "total": 5}, ...}`
+            (the layout of `emrl_data.dataset.count_rows`). Shown as a table, one column per split.
+        pipeline_version: version of the pipeline that built the table.
+        git_sha: commit of the pipeline code, or None when unknown (shown as "unknown").
+        config_fingerprint: `CurateConfig.fingerprint()` of the run.
+        label_definitions: markdown for the label section; None uses SPEC §4's table.
+        metrics_markdown: Table 1/2 (or other results) as markdown; None leaves the section out.
+        splits: the splits of the `default` config; every one must have at least one shard in `data/`.
+        version: the release version `X.Y.Z` (the repo tag is `vX.Y.Z`), or None for a local build.
+        repo_id: the Hub dataset repo `owner/name` of the release; given exactly when `version` is.
+        descriptions: column name -> meaning (plain text; escaped here).
+
+    Returns:
+        The card text, starting with `---` and ending with a newline.
+
+    Raises:
+        ValueError: on an empty `splits`, a `version` that is not `X.Y.Z`, or only one of `version` and `repo_id`.
+    """
+    if not splits:
+        raise ValueError("splits is empty; the card's default config needs at least one split.")
+    _check_release(version, repo_id)
     body = [
-        f"# E-MRL `{table}`" + (f" (v{version})" if version else ""),
+        _title(table, version),
         TABLE_DESCRIPTIONS.get(table, f"The `{table}` table of the E-MRL data pipeline."),
         "Built from AbdomenAtlas 3.0 CT volumes and per-structure masks by the E-MRL data pipeline, a reference "
         "implementation of the data side of E-MRL (MICCAI 2026, arXiv 2606.23888).",
         "## Loading",
-        "```python\nfrom datasets import load_dataset\n\n"
-        f'ds = load_dataset("<repo_id>", revision="{tag}")  # pin a release tag; image columns decode to PIL\n```',
+        _loading(repo_id, version),
         "## Provenance",
-        "\n".join(
-            [
-                "| field | value |",
-                "| --- | --- |",
-                f"| release | {tag if version else 'unreleased'} |",
-                f"| pipeline version | `{pipeline_version}` |",
-                f"| git sha | `{git_sha or 'unknown'}` |",
-                f"| config fingerprint | `{config_fingerprint}` |",
-            ]
-        ),
+        _provenance_table(repo_id, version, pipeline_version, git_sha, config_fingerprint),
         "## Row counts",
         _counts_table(row_counts, splits),
         "## Columns",
-        "| column | type | meaning |\n| --- | --- | --- |\n" + columns,
+        _columns_table(features, descriptions or {}),
         "## Label definitions",
         (label_definitions if label_definitions is not None else DEFAULT_LABEL_DEFINITIONS).strip(),
     ]
@@ -312,7 +435,7 @@ def render_dataset_card(
         f"([dataset card]({LICENSE_LINK})). Check them before any use or redistribution.",
         "## Citation",
         "If you use this data, cite AbdomenAtlas 3.0 / RadGPT (Bassi et al. 2025, arXiv 2501.04678) and E-MRL "
-        "(MICCAI 2026, arXiv 2606.23888).",
+        f'(Li et al., "{EMRL_TITLE}", MICCAI 2026, arXiv 2606.23888).',
         CITATIONS,
     ]
-    return f"---\n{yaml_text}---\n\n" + "\n\n".join(body) + "\n"
+    return f"---\n{_front_matter(table, features, row_counts, splits)}---\n\n" + "\n\n".join(body) + "\n"

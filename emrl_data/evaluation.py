@@ -370,10 +370,16 @@ def evaluate(rows: Sequence[Mapping[str, Any]], *, n_bootstrap: int = 1000, seed
     )
 
 
+OUTPUT_FILE_MODE = 0o644
+ZERO_BAR_PCT = 1.5  # a 0 % bar is drawn this tall (and labelled "0"), so an all-zero model is not an empty chart
+NA_LABEL = "n/a"
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file in the same folder and a rename."""
+    """Write `data` to `path` (mode 0644) through a temporary file in the same folder and a rename."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, OUTPUT_FILE_MODE)  # mkstemp creates 0600; outputs are world-readable like the other tables
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.replace(tmp, path)
@@ -382,10 +388,25 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def _plot(result: EvaluationResult) -> bytes:
-    """Return a PNG with Table 1 and Table 2 as grouped bars per organ, with 95 % interval whiskers."""
-    import io
+def _draw_bars(ax: Any, x: np.ndarray, width: float, cells: Sequence[Metric], label: str, color: str) -> None:
+    """Draw one metric's bars at `x`: value with its 95 % interval; 0 as a short labelled stub; NaN as "n/a"."""
+    values = np.array([100 * c.value for c in cells])
+    low = np.array([100 * c.ci_low for c in cells])
+    high = np.array([100 * c.ci_high for c in cells])
+    shown = ~np.isnan(values)
+    heights = np.where(values[shown] == 0, ZERO_BAR_PCT, values[shown])
+    # Whiskers from the drawn top to the interval ends (none where the interval is undefined).
+    errors = np.nan_to_num(np.clip(np.vstack([heights - low[shown], high[shown] - heights]), 0, None))
+    ax.bar(x[shown], heights, width, color=color, yerr=errors, capsize=2, label=label)
+    for xi, value in zip(x, values, strict=True):
+        if math.isnan(value):
+            ax.text(xi, 1.5, NA_LABEL, rotation=90, ha="center", va="bottom", fontsize=9, color="dimgray")
+        elif value == 0:
+            ax.text(xi, ZERO_BAR_PCT + 0.5, "0", ha="center", va="bottom", fontsize=9, color=color)
 
+
+def _figure(result: EvaluationResult) -> Any:
+    """Return the matplotlib `Figure` of `_plot` (two panels: Table 1 and Table 2)."""
     from matplotlib.figure import Figure  # no pyplot: no global backend state; Figure renders with Agg
 
     figure = Figure(figsize=(12, 4.8), dpi=100, layout="constrained")
@@ -399,28 +420,29 @@ def _plot(result: EvaluationResult) -> bytes:
         width = 0.8 / len(metrics)
         x = np.arange(len(groups))
         for j, metric in enumerate(metrics):
-            cells = [table[g][metric] for g in groups]
-            values = np.array([100 * c.value for c in cells])
-            low = np.array([100 * (c.value - c.ci_low) if not math.isnan(c.ci_low) else 0.0 for c in cells])
-            high = np.array([100 * (c.ci_high - c.value) if not math.isnan(c.ci_high) else 0.0 for c in cells])
-            shown = ~np.isnan(values)
-            ax.bar(
-                x[shown] + (j - (len(metrics) - 1) / 2) * width,
-                values[shown],
-                width,
-                yerr=np.vstack([low[shown], high[shown]]),
-                capsize=2,
-                label=labels[metric],
-            )
+            offsets = x + (j - (len(metrics) - 1) / 2) * width
+            _draw_bars(ax, offsets, width, [table[g][metric] for g in groups], labels[metric], f"C{j}")
         ax.set_xticks(x, [str(g) for g in groups])
         ax.set_ylim(0, 105)
         ax.set_ylabel("%")
         ax.set_title(title)
         ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.08), ncols=len(metrics), frameon=False)
-    if not math.isnan(result.average_bacc.value):
-        axes[0].set_title(f"Table 1: detection (average B-Acc {100 * result.average_bacc.value:.2f} %)")
+    average = result.average_bacc.value
+    average_text = NA_LABEL if math.isnan(average) else f"{100 * average:.2f} %"
+    axes[0].set_title(f"Table 1: detection (average B-Acc {average_text})")
+    return figure
+
+
+def _plot(result: EvaluationResult) -> bytes:
+    """Return a PNG with Table 1 and Table 2 as grouped bars per organ, with 95 % interval whiskers.
+
+    Every cell is visible: a value of 0 is a short stub labelled "0" (an all-zero model is not an empty chart), and an
+    undefined cell (NaN: no rows of its kind) is written "n/a" in its slot, never left as a silent gap.
+    """
+    import io
+
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
+    _figure(result).savefig(buffer, format="png")
     return buffer.getvalue()
 
 

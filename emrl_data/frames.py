@@ -29,7 +29,6 @@ logger = logging.getLogger(__name__)
 
 AIR_HU = -1000  # padding outside the volume: air, black under any abdominal window
 QWEN_GRID = 1000  # Qwen3-VL grounds boxes on a relative 0-1000 grid (SPEC §5)
-CAPTION_STRIP_PX = 20  # black strip under each contact-sheet tile that holds its caption
 _EDGE_EPS = 1e-6  # px; absorbs float error so an exact pixel edge is not floored/ceiled one pixel outward
 
 
@@ -379,63 +378,114 @@ def build_frames(
     )
 
 
+CONTACT_GAP_PX = 8  # background margin around and between contact-sheet cells
+CONTACT_BACKGROUND_BGR = (48, 48, 48)  # dark grey: tiles (black CT borders) stand apart from it
+CAPTION_FONT = cv2.FONT_HERSHEY_SIMPLEX
+CAPTION_FONT_SCALE = 0.75  # capitals and digits 15 px tall (>= 14 px: legible at 100 %)
+CAPTION_THICKNESS = 1
+CAPTION_PAD_PX = 6  # inside the caption strip, around and between lines
+
+
+def _wrap_caption(caption: str, width_px: int) -> list[str]:
+    """Split a caption into lines that fit `width_px` at the caption font (words first, then characters)."""
+
+    def fits(text: str) -> bool:
+        return cv2.getTextSize(text, CAPTION_FONT, CAPTION_FONT_SCALE, CAPTION_THICKNESS)[0][0] <= width_px
+
+    lines: list[str] = []
+    for word in caption.split():
+        if lines and fits(f"{lines[-1]} {word}"):
+            lines[-1] = f"{lines[-1]} {word}"
+            continue
+        while not fits(word) and len(word) > 1:  # a word wider than the tile: cut it
+            cut = max(i for i in range(1, len(word)) if fits(word[:i]) or i == 1)
+            lines.append(word[:cut])
+            word = word[cut:]
+        lines.append(word)
+    return lines or [""]
+
+
+def _caption_line_px() -> tuple[int, int]:
+    """Return (text height above the baseline, line pitch) of the caption font in pixels."""
+    (_, height), baseline = cv2.getTextSize("Ag", CAPTION_FONT, CAPTION_FONT_SCALE, CAPTION_THICKNESS)
+    return height, height + baseline + CAPTION_PAD_PX
+
+
+def _tile_cell(
+    png: bytes, bbox_px: tuple[int, int, int, int] | None, lines: list[str], tile_px: int, cell_h: int
+) -> NDArray[np.uint8]:
+    """Return one cell: the frame scaled to `tile_px` with its box in red, the caption lines in white below it."""
+    frame = cv2.imdecode(np.frombuffer(png, dtype=np.uint8), cv2.IMREAD_COLOR)
+    if frame is None:
+        raise ValueError(f"Tile {' '.join(lines)!r} is not a decodable image.")
+    h, w = frame.shape[:2]
+    interpolation = cv2.INTER_AREA if (w > tile_px or h > tile_px) else cv2.INTER_LINEAR
+    cell = np.zeros((cell_h, tile_px, 3), dtype=np.uint8)
+    cell[:tile_px] = cv2.resize(frame, (tile_px, tile_px), interpolation=interpolation)
+    if bbox_px is not None:
+        c0, r0, c1, r1 = bbox_px
+        sx, sy = tile_px / w, tile_px / h
+        # Half-open box -> inclusive corner pixels for cv2.rectangle.
+        p0 = (math.floor(c0 * sx), math.floor(r0 * sy))
+        p1 = (max(math.ceil(c1 * sx) - 1, p0[0]), max(math.ceil(r1 * sy) - 1, p0[1]))
+        cv2.rectangle(cell, p0, p1, color=(0, 0, 255), thickness=1)
+    text_h, pitch = _caption_line_px()
+    for j, line in enumerate(lines):
+        origin = (CAPTION_PAD_PX, tile_px + CAPTION_PAD_PX + text_h + j * pitch)
+        cv2.putText(
+            cell, line, origin, CAPTION_FONT, CAPTION_FONT_SCALE, (255, 255, 255), CAPTION_THICKNESS, cv2.LINE_AA
+        )
+    return cell
+
+
 def draw_contact_sheet(
     tiles: Sequence[tuple[bytes, tuple[int, int, int, int] | None, str]], *, tile_px: int = 224, columns: int = 6
 ) -> bytes:
     """Draw a QA contact sheet: key frames in a grid, each with its lesion box in red and a caption in white.
 
-    Each cell is the frame scaled to `tile_px` square with a `CAPTION_STRIP_PX` black strip below it holding the
-    caption (clipped to the cell). The grid has `min(columns, len(tiles))` columns and as many rows as needed;
-    unused cells of the last row stay black. Sheet size: `(rows * (tile_px + CAPTION_STRIP_PX), n_cols * tile_px)`.
+    Each cell is the frame scaled to `tile_px` square with a black caption strip below it; cells are separated from
+    each other and from the sheet's edge by `CONTACT_GAP_PX` of grey background. Captions use a font whose capitals
+    are 15 px tall and wrap onto as many lines as the longest caption needs (words that do not fit are cut), so no
+    caption is clipped. The grid has `min(columns, len(tiles))` columns and as many rows as needed; unused cells of
+    the last row stay background. See `contact_sheet_shape` for the sheet size.
 
     Args:
         tiles: `(png, bbox_xyxy_px, caption)` per tile: the PNG of a key frame (any size, grey or colour), the
             half-open pixel box in that frame's pixels or None, and a caption such as "BDMAP_00000003 liver k=7".
-        tile_px: side of each scaled frame in pixels.
+        tile_px: side of each scaled frame in pixels (at least 32: room for a caption line).
         columns: maximum number of tiles per row.
 
     Returns:
         The sheet as an RGB PNG (deterministic bytes).
 
     Raises:
-        ValueError: if there are no tiles, `tile_px` or `columns` is below 1, or a PNG cannot be decoded.
+        ValueError: if there are no tiles, `tile_px` is below 32 or `columns` below 1, or a PNG cannot be decoded.
     """
     if not tiles:
         raise ValueError("draw_contact_sheet needs at least one tile.")
-    if tile_px < 1 or columns < 1:
-        raise ValueError(f"tile_px={tile_px} and columns={columns} must be >= 1.")
-    n_cols = min(columns, len(tiles))
-    n_rows = math.ceil(len(tiles) / n_cols)
-    cell_h = tile_px + CAPTION_STRIP_PX
-    sheet = np.zeros((n_rows * cell_h, n_cols * tile_px, 3), dtype=np.uint8)  # BGR, as cv2 draws and encodes
-    for i, (png, bbox_px, caption) in enumerate(tiles):
-        frame = cv2.imdecode(np.frombuffer(png, dtype=np.uint8), cv2.IMREAD_COLOR)
-        if frame is None:
-            raise ValueError(f"Tile {i} ({caption!r}) is not a decodable image.")
-        h, w = frame.shape[:2]
-        interpolation = cv2.INTER_AREA if (w > tile_px or h > tile_px) else cv2.INTER_LINEAR
-        cell = np.zeros((cell_h, tile_px, 3), dtype=np.uint8)
-        cell[:tile_px] = cv2.resize(frame, (tile_px, tile_px), interpolation=interpolation)
-        if bbox_px is not None:
-            c0, r0, c1, r1 = bbox_px
-            sx, sy = tile_px / w, tile_px / h
-            # Half-open box -> inclusive corner pixels for cv2.rectangle.
-            p0 = (math.floor(c0 * sx), math.floor(r0 * sy))
-            p1 = (max(math.ceil(c1 * sx) - 1, p0[0]), max(math.ceil(r1 * sy) - 1, p0[1]))
-            cv2.rectangle(cell, p0, p1, color=(0, 0, 255), thickness=1)
-        cv2.putText(
-            cell,
-            caption,
-            (2, cell_h - 6),
-            cv2.FONT_HERSHEY_SIMPLEX,
-            0.4,
-            (255, 255, 255),
-            thickness=1,
-            lineType=cv2.LINE_AA,
-        )
+    if tile_px < 32 or columns < 1:
+        raise ValueError(f"tile_px={tile_px} must be >= 32 and columns={columns} >= 1.")
+    wrapped = [_wrap_caption(caption, tile_px - 2 * CAPTION_PAD_PX) for _, _, caption in tiles]
+    height, width, n_cols, cell_h = contact_sheet_shape(len(tiles), tile_px, columns, max(map(len, wrapped)))
+    sheet = np.empty((height, width, 3), dtype=np.uint8)  # BGR, as cv2 draws and encodes
+    sheet[:] = CONTACT_BACKGROUND_BGR
+    for i, ((png, bbox_px, _), lines) in enumerate(zip(tiles, wrapped, strict=True)):
         row, col = divmod(i, n_cols)
-        sheet[row * cell_h : (row + 1) * cell_h, col * tile_px : (col + 1) * tile_px] = cell
+        top = CONTACT_GAP_PX + row * (cell_h + CONTACT_GAP_PX)
+        left = CONTACT_GAP_PX + col * (tile_px + CONTACT_GAP_PX)
+        sheet[top : top + cell_h, left : left + tile_px] = _tile_cell(png, bbox_px, lines, tile_px, cell_h)
     ok, buf = cv2.imencode(".png", sheet, [cv2.IMWRITE_PNG_COMPRESSION, 1])
     if not ok:
         raise RuntimeError("cv2.imencode failed for the contact sheet.")
     return buf.tobytes()
+
+
+def contact_sheet_shape(n_tiles: int, tile_px: int, columns: int, caption_lines: int) -> tuple[int, int, int, int]:
+    """Return `(height, width, n_cols, cell_h)` of a contact sheet; `caption_lines` is the longest caption's lines."""
+    n_cols = min(columns, n_tiles)
+    n_rows = math.ceil(n_tiles / n_cols)
+    _, pitch = _caption_line_px()
+    cell_h = tile_px + CAPTION_PAD_PX + caption_lines * pitch
+    height = n_rows * cell_h + (n_rows + 1) * CONTACT_GAP_PX
+    width = n_cols * tile_px + (n_cols + 1) * CONTACT_GAP_PX
+    return height, width, n_cols, cell_h

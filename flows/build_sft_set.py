@@ -18,7 +18,7 @@ from typing import Any
 import cv2
 import numpy as np
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from tqdm import tqdm
@@ -261,19 +261,26 @@ def _contact_sheet(
     return path
 
 
-def _contact_sheet_artifact(path: Path, max_width_px: int = 1024) -> None:
-    """Show the contact sheet in the Prefect UI: an image artifact holding a JPEG data URL (no file server needed)."""
+def _contact_sheet_artifact(path: Path, thumbnail_width_px: int = 480) -> None:
+    """Show the contact sheet in the Prefect UI: a markdown artifact with a small JPEG thumbnail and the file's path.
+
+    An image artifact would print its whole data URL under the picture; a markdown image shows only the picture.
+    The thumbnail (at most `thumbnail_width_px` wide, about 20-40 KB) is for a glance; the PNG at `path` is for reading.
+    """
     image = cv2.imdecode(np.frombuffer(path.read_bytes(), np.uint8), cv2.IMREAD_COLOR)
-    if image.shape[1] > max_width_px:
-        scale = max_width_px / image.shape[1]
-        image = cv2.resize(image, (max_width_px, round(image.shape[0] * scale)), interpolation=cv2.INTER_AREA)
-    ok, jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 80])
+    if image.shape[1] > thumbnail_width_px:
+        scale = thumbnail_width_px / image.shape[1]
+        size = (thumbnail_width_px, round(image.shape[0] * scale))
+        image = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
+    ok, jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 75])
     if not ok:
         raise RuntimeError(f"could not encode {path} as JPEG")
-    create_image_artifact(
-        image_url="data:image/jpeg;base64," + base64.b64encode(jpeg.tobytes()).decode(),
+    thumbnail = "data:image/jpeg;base64," + base64.b64encode(jpeg.tobytes()).decode()
+    create_markdown_artifact(
         key="build-sft-set-contact-sheet",
-        description=f"key frames of SFT positives with their boxes ({path})",
+        markdown=f"Key frames of SFT positives with their boxes (thumbnail; full size: `{path}`)\n\n"
+        f"![contact sheet thumbnail]({thumbnail})\n",
+        description=f"contact sheet: {path}",
     )
 
 

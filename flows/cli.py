@@ -13,7 +13,6 @@ It lives in `flows/` because it runs the Prefect flows; `emrl_data` stays free o
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import subprocess
@@ -90,8 +89,11 @@ def _publish(args: argparse.Namespace) -> dict:
         target="local" if args.local_root else "hub",
         local_root=None if args.local_root is None else str(args.local_root),
         private=not args.public,
+        dry_run=args.dry_run,
     )
-    print(json.dumps({k: v for k, v in result.items() if k != "files"}, indent=2, default=str))
+    for entry in result["plan"] if args.dry_run else []:
+        print(f"{entry['action']:>9}  {entry['bytes']:>12}  {entry['path']}")
+    print(result["message"])
     return result
 
 
@@ -216,6 +218,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("version", help="X.Y.Z (tagged vX.Y.Z; an existing tag is never moved)")
     p.add_argument("--local-root", type=Path, default=None, help="publish to this folder instead of the Hub")
     p.add_argument("--public", action="store_true", help="create the Hub repo public (default private)")
+    p.add_argument(
+        "--dry-run", action="store_true", help="check token, table and tag; list what would be uploaded; write nothing"
+    )
     p.set_defaults(func=_publish)
 
     p = sub.add_parser("eval", help="Table 1/2 (paper) with bootstrap CIs from a predictions file")

@@ -7,6 +7,7 @@ only when a `TransformersBackend` is built, so the HTTP backend and the store st
 
 from inference.backends import (
     VLLM_VIDEO_EXTRA_BODY,
+    EndpointAuthError,
     InferenceBackend,
     InferenceRequest,
     InferenceResult,
@@ -19,6 +20,7 @@ from inference.store import ResultStore, run_inference
 
 __all__ = [
     "VLLM_VIDEO_EXTRA_BODY",
+    "EndpointAuthError",
     "InferenceBackend",
     "InferenceRequest",
     "InferenceResult",

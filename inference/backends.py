@@ -10,6 +10,10 @@ result with `text=None` and `error` set, so the caller (`inference.store.run_inf
   the four vision tokens are suppressed (`training.md` §6.5); the text is decoded with `skip_special_tokens=True`.
 * `OpenAIBackend`: an OpenAI-compatible `/v1/chat/completions` endpoint such as `vllm serve`. Requests run on a bounded
   thread pool; each has a timeout and is retried with exponential backoff on connection errors, HTTP 5xx and 429 only.
+  HTTP 401/403 (a missing or wrong API key) is the exception to "one failure never fails the batch": it raises
+  `EndpointAuthError` with a one-line message on the first occurrence, and the requests not yet sent are cancelled,
+  since every other row would fail the same way. (Why a hand-written client and not the `openai` SDK:
+  `docs/decisions.md`, "OpenAI-compatible client".)
 
 How the frames are sent to an OpenAI-compatible server (`frames_as`):
 
@@ -281,6 +285,13 @@ class TransformersBackend:
         return self.processor.batch_decode(new_tokens, skip_special_tokens=True)
 
 
+class EndpointAuthError(RuntimeError):
+    """The endpoint refused the API key (HTTP 401 or 403). `str(err)` is one line naming the fix."""
+
+
+AUTH_STATUSES = frozenset({401, 403})
+
+
 def _is_retryable_status(status: int) -> bool:
     return status == 429 or 500 <= status <= 599
 
@@ -349,7 +360,9 @@ class OpenAIBackend:
         self.extra_body = dict(default_extra if extra_body is None else extra_body)
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
+        self.api_key_env = api_key_env
         self._api_key = os.environ.get(api_key_env) or None
+        self._auth_failure: str | None = None  # set on the first 401/403: later requests are not sent
         self._client = httpx.Client(
             timeout=httpx.Timeout(self.timeout_s),
             limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
@@ -398,11 +411,19 @@ class OpenAIBackend:
         return body
 
     def generate(self, requests: Sequence[InferenceRequest]) -> list[InferenceResult]:
-        """Send the requests with at most `max_concurrency` in flight; return the results in request order."""
+        """Send the requests with at most `max_concurrency` in flight; return the results in request order.
+
+        Raises:
+            EndpointAuthError: on the first HTTP 401/403; requests not yet sent are cancelled, not tried.
+        """
         if not requests:
             return []
-        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(requests))) as pool:
-            return list(pool.map(self._one, requests))
+        pool = ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(requests)))
+        futures = [pool.submit(self._one, request) for request in requests]
+        try:
+            return [future.result() for future in futures]
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)  # after an auth error: drop the queued requests
 
     def _delay(self, attempt: int, resp: httpx.Response | None) -> float:
         if resp is not None and (after := resp.headers.get("retry-after")):
@@ -414,6 +435,8 @@ class OpenAIBackend:
         return base * random.uniform(0.5, 1.0)
 
     def _one(self, request: InferenceRequest) -> InferenceResult:
+        if self._auth_failure is not None:  # the key was refused already: do not send more
+            raise EndpointAuthError(self._auth_failure)
         start = time.perf_counter()
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         body = self.payload(request)
@@ -433,6 +456,9 @@ class OpenAIBackend:
                 if resp.status_code == 200:
                     return self._parse(request, resp, start, attempt)
                 error = f"HTTP {resp.status_code}: {_error_message(resp)}"
+                if resp.status_code in AUTH_STATUSES:
+                    self._auth_failure = self._auth_message(error)
+                    raise EndpointAuthError(self._auth_failure)
                 if not _is_retryable_status(resp.status_code):
                     return self._result(request, None, error, start, attempt)
             if attempt <= self.retries:
@@ -442,6 +468,17 @@ class OpenAIBackend:
                 )
                 time.sleep(delay)
         return self._result(request, None, error, start, attempt)
+
+    def _auth_message(self, error: str) -> str:
+        """Return the one-line message of an auth failure (the key itself never appears)."""
+        if self._api_key is None:
+            fix = f"${self.api_key_env} is not set: set it to the endpoint's API key"
+        else:
+            fix = f"the key in ${self.api_key_env} was refused: set it to a valid key for this endpoint"
+        text = f"{self.url} refused the request ({error}); {fix}."
+        if self._api_key:
+            text = text.replace(self._api_key, "***")  # a server may echo the key back
+        return " ".join(text.split())[:400]
 
     def _parse(self, request: InferenceRequest, resp: httpx.Response, start: float, attempt: int) -> InferenceResult:
         try:

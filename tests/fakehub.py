@@ -10,7 +10,12 @@ How it avoids Xet and LFS: `/preupload` answers `uploadMode: "regular"` for ever
 through the legacy LFS "basic" batch API served here; clients must then run with `HF_HUB_DISABLE_XET=1`, since this
 server does not speak Xet.
 
-What it does not do: check tokens or visibility, validate cards like the Hub, run the viewer. Unknown routes are
+Auth is enforced as on the Hub: `state.tokens` maps each known token to its role (`write` or `read`). A request with an
+unknown bearer token gets 401 on every route; `whoami` and every write (create, preupload, commit, tag, branch, LFS
+batch) need a token (401 without one) with the `write` role (403 with a `read` token); a private repo is not readable
+without a token (401, error code `RepoNotFound`, like the Hub). Default tokens: `hf_fake` (write), `hf_fake_read` (read).
+
+What it does not do: validate cards like the Hub, run the viewer. Unknown routes are
 recorded in `state.unknown`, every request in `state.requests` and every `Authorization` header in
 `state.authorizations`; `state.fail_next(...)` makes the next matching request fail with a status (to test retries).
 
@@ -37,6 +42,11 @@ import uvicorn
 import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+
+
+DEFAULT_TOKENS = {"hf_fake": "write", "hf_fake_read": "read"}
+# POST routes that only read; every other POST, PUT or DELETE writes.
+READ_ONLY_POSTS = ("/api/validate-yaml", "/paths-info/")
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -77,6 +87,7 @@ class HubState:
     """Everything the fake Hub holds. Blobs are keyed by git sha1 (regular files) or sha256 (LFS objects)."""
 
     lfs_suffixes: tuple[str, ...] = ()
+    tokens: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_TOKENS))
     blobs: dict[str, bytes] = field(default_factory=dict)
     lfs_blobs: set[str] = field(default_factory=set)
     repos: dict[tuple[str, str], Repo] = field(default_factory=dict)
@@ -143,6 +154,41 @@ def _split_repo(path: str) -> tuple[str, str]:
     return "/".join(parts[:2]), "/".join(parts[2:])
 
 
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    return header[len("Bearer ") :] if header.startswith("Bearer ") else None
+
+
+def _path_repo(state: HubState, path: str) -> Repo | None:
+    """Return the repo a `/api/datasets/ns/name/...` or `/datasets/ns/name/...` path is about, or None."""
+    parts = path.strip("/").split("/")
+    if parts and parts[0] == "api":
+        parts = parts[1:]
+    if len(parts) >= 3 and parts[0] in ("datasets", "spaces", "models"):
+        return state.repo(parts[0], f"{parts[1]}/{parts[2]}")
+    return None
+
+
+def _auth_failure(state: HubState, request: Request) -> JSONResponse | None:
+    """Return the Hub's 401/403 answer when the request's token does not allow it, else None."""
+    path = request.url.path
+    if path.startswith("/_fakehub/"):  # LFS object storage: pre-signed URLs, no token (as on S3)
+        return None
+    token = _bearer(request)
+    role = state.tokens.get(token) if token else None
+    if token and role is None:
+        return _err(401, "Invalid credentials in Authorization header")
+    writes = request.method in ("POST", "PUT", "DELETE") and not any(s in path for s in READ_ONLY_POSTS)
+    if (writes or path == "/api/whoami-v2") and role is None:
+        return _err(401, "Invalid username or password.")
+    if writes and role != "write":
+        return _err(403, "You don't have the rights to write here: the token is read-only.")
+    repo = _path_repo(state, path)
+    if repo is not None and repo.private and role is None:
+        return _err(401, "Repository not found", code="RepoNotFound")
+    return None
+
+
 def make_app(state: HubState) -> FastAPI:
     """Return the ASGI app serving `state`."""
     app = FastAPI()
@@ -155,7 +201,7 @@ def make_app(state: HubState) -> FastAPI:
             if request.method == method and needle in request.url.path:
                 del state.faults[i]
                 return _err(status, f"fakehub: injected {status}")
-        return await call_next(request)
+        return _auth_failure(state, request) or await call_next(request)
 
     def info(repo: Repo, commit: Commit) -> dict[str, Any]:
         readme = commit.files.get("README.md")
@@ -190,8 +236,9 @@ def make_app(state: HubState) -> FastAPI:
         return {"type": "file", "path": path, "size": len(data), "oid": key}
 
     @app.get("/api/whoami-v2")
-    def whoami() -> dict[str, Any]:
-        return {"type": "user", "name": "tester", "auth": {"accessToken": {"role": "write"}}, "orgs": []}
+    def whoami(request: Request) -> dict[str, Any]:
+        role = state.tokens[_bearer(request) or ""]  # the middleware let only known tokens through
+        return {"type": "user", "name": "tester", "auth": {"accessToken": {"role": role}}, "orgs": []}
 
     @app.post("/api/validate-yaml")
     async def validate_yaml(request: Request) -> Any:
@@ -454,9 +501,12 @@ class FakeHub:
 
 
 @contextmanager
-def serve_fake_hub(lfs_suffixes: tuple[str, ...] = ()) -> Iterator[FakeHub]:
-    """Run a fresh fake Hub on a free 127.0.0.1 port in a thread; stop it on exit, also when the body raises."""
-    state = HubState(lfs_suffixes=lfs_suffixes)
+def serve_fake_hub(lfs_suffixes: tuple[str, ...] = (), tokens: dict[str, str] | None = None) -> Iterator[FakeHub]:
+    """Run a fresh fake Hub on a free 127.0.0.1 port in a thread; stop it on exit, also when the body raises.
+
+    `tokens` maps the accepted tokens to their role (`write` or `read`); default `DEFAULT_TOKENS`.
+    """
+    state = HubState(lfs_suffixes=lfs_suffixes, tokens=dict(DEFAULT_TOKENS if tokens is None else tokens))
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

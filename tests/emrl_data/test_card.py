@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from datasets import ClassLabel, Features, Image, LargeList, List, Value
+from huggingface_hub import DatasetCard, DatasetCardData
 from PIL import Image as PILImage
 
-from emrl_data.card import DEFAULT_LABEL_DEFINITIONS, features_to_yaml_list, render_dataset_card
+from emrl_data.card import DEFAULT_LABEL_DEFINITIONS, features_to_yaml_list, md_cell, release_card, render_dataset_card
 
 
 SFT_LIKE = Features(
@@ -120,19 +122,125 @@ def test_render_dataset_card_row_counts_table_exact() -> None:
 
 
 def test_render_dataset_card_provenance_and_version() -> None:
-    card = _card(version="1.2.0")
-    assert "| release | v1.2.0 |" in card
+    card = _card(version="1.2.0", repo_id="my-org/emrl-sft")
+    assert "| release | `v1.2.0` of `my-org/emrl-sft` |" in card
     assert "| pipeline version | `0.1.0` |" in card
     assert "| git sha | `0123abc` |" in card
     assert "| config fingerprint | `fedcba9876543210` |" in card
-    assert 'load_dataset("<repo_id>", revision="v1.2.0")' in card
-    assert "# E-MRL `sft` (v1.2.0)" in card
+    assert 'ds = load_dataset("my-org/emrl-sft", revision="v1.2.0")' in card
+    assert "\n# E-MRL `sft` v1.2.0\n" in card
+    for placeholder in ("unreleased", "not released", "<repo_id>", "vX.Y.Z", "path/to/this/folder"):
+        assert placeholder not in card
 
 
 def test_render_dataset_card_unknown_git_sha_and_no_version() -> None:
     card = _card(git_sha=None)
     assert "| git sha | `unknown` |" in card
-    assert "| release | unreleased |" in card
+    assert "| release | not released: a local build (`emrl publish` writes the repo and tag here) |" in card
+    assert 'ds = load_dataset("path/to/this/folder")  # a local build, not released yet' in card
+    assert "\n# E-MRL `sft`\n" in card
+
+
+def test_release_card_equals_a_card_rendered_with_the_release() -> None:
+    stamped = release_card(_card(), repo_id="my-org/emrl-sft", version="1.2.0")
+    assert stamped == _card(version="1.2.0", repo_id="my-org/emrl-sft")
+
+
+@pytest.mark.parametrize(
+    ("card", "kwargs", "message"),
+    [
+        (None, {"repo_id": "my-org/x", "version": "1.0"}, "is not X.Y.Z"),
+        (None, {"repo_id": "no-namespace", "version": "1.0.0"}, "is not 'owner/name'"),
+        ("released", {"repo_id": "my-org/x", "version": "1.0.1"}, "not an unreleased card"),  # stamped twice
+        ("# something else\n", {"repo_id": "my-org/x", "version": "1.0.0"}, "not an unreleased card"),
+    ],
+)
+def test_release_card_refuses_bad_input(card: str | None, kwargs: dict[str, str], message: str) -> None:
+    text = {None: _card(), "released": _card(version="1.0.0", repo_id="my-org/x")}.get(card, card)
+    with pytest.raises(ValueError, match=message):
+        release_card(text, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("text", "cell"),
+    [
+        ("liver | pancreas | kidney", r"liver \| pancreas \| kidney"),
+        ("list<string>", "list&lt;string&gt;"),
+        ("a `<bbox>` tag", "a `<bbox>` tag"),  # literal inside a code span
+        ("`a|b` or c", r"`a\|b` or c"),  # GFM splits on | even inside a code span
+        ("two\nlines", "two lines"),
+        ("plain", "plain"),
+    ],
+)
+def test_md_cell_table(text: str, cell: str) -> None:
+    assert md_cell(text) == cell
+
+
+def _table_rows(markdown: str) -> list[list[str]]:
+    """Return the tables of a markdown text, each as its lines (consecutive lines starting with '|')."""
+    tables: list[list[str]] = []
+    previous = False
+    for line in markdown.splitlines():
+        is_row = line.startswith("|")
+        if is_row and not previous:
+            tables.append([])
+        if is_row:
+            tables[-1].append(line)
+        previous = is_row
+    return tables
+
+
+def _cells(row: str) -> int:
+    return len(re.split(r"(?<!\\)\|", row.strip())) - 2  # leading and trailing pipes
+
+
+def test_every_table_row_has_as_many_cells_as_its_header() -> None:
+    descriptions = {"case_id": "BDMAP id", "location": "liver | pancreas | kidney", "frames": "a | b <c>"}
+    card = _card(descriptions=descriptions, version="1.0.0", repo_id="my-org/x")
+    tables = _table_rows(DatasetCard(card).text)
+    assert len(tables) == 4  # provenance, row counts, columns, label definitions
+    for table in tables:
+        header = _cells(table[0])
+        assert header >= 2
+        assert [_cells(row) for row in table] == [header] * len(table), table
+    assert "| `location` | `list<string>` | liver \\| pancreas \\| kidney |" in card
+    assert "| `frames` | `list<image>` | a \\| b &lt;c&gt; |" in card
+
+
+def test_card_parses_with_huggingface_hub_dataset_card() -> None:
+    card = DatasetCard(_card(version="1.0.0", repo_id="my-org/x"))
+    data = card.data.to_dict()
+    assert isinstance(card.data, DatasetCardData)
+    assert data["dataset_info"]["splits"] == [
+        {"name": "train", "num_examples": 5},
+        {"name": "test", "num_examples": 1},
+    ]
+    assert data["configs"][0]["data_files"] == [
+        {"split": "train", "path": "data/train-*.parquet"},
+        {"split": "test", "path": "data/test-*.parquet"},
+    ]
+    assert data["license"] == "other" and data["pretty_name"] == "E-MRL sft"
+    assert card.text.startswith("\n# E-MRL `sft` v1.0.0\n")
+
+
+def test_split_sizes_count_groups_when_there_is_no_total() -> None:
+    front = _front_matter(_card(row_counts={"train": {"a/x": 2, "b/y": 3}}, splits=("train",)))
+    assert front["dataset_info"]["splits"] == [{"name": "train", "num_examples": 5}]
+
+
+def test_emrl_bibtex_is_complete() -> None:
+    card = _card()
+    assert (
+        "title         = {{E-MRL}: Cross-view Aligned Evidence-driven Multimodal Reinforcement Learning for "
+        "Reliable {3D} Tumor Analysis}," in card
+    )
+    authors = (
+        "author        = {Li, Sijing and Qiu, Zhongwei and Wang, Zhuoya and Yun, Boxiang and Yi, Zhenyu and "
+        "Xu, Jianwei and Zhang, Wenqiao and Xia, Yingda and Zhang, Ling},"
+    )
+    assert authors in card
+    assert "booktitle     = {Medical Image Computing and Computer Assisted Intervention (MICCAI)}," in card
+    assert "eprint        = {2606.23888}," in card and "year          = {2026}," in card
 
 
 def test_render_dataset_card_sections() -> None:
@@ -145,8 +253,8 @@ def test_render_dataset_card_sections() -> None:
     assert "## Label definitions\n\nCustom labels.\n" in custom
     assert DEFAULT_LABEL_DEFINITIONS not in custom
     assert "## Results\n\n| organ | B-Acc |" in custom
-    assert "| `frames` | list<image> |" in default
-    assert "| `location` | list<string> |" in default
+    assert "| `frames` | `list<image>` |" in default
+    assert "| `location` | `list<string>` |" in default
     for citation in ("2501.04678", "2606.23888", "Bassi"):
         assert citation in default
 
@@ -154,9 +262,11 @@ def test_render_dataset_card_sections() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"version": "v1.0.0"}, "is not X.Y.Z"),  # the tag given as the version
-        ({"version": "1.0"}, "is not X.Y.Z"),  # two parts
+        ({"version": "v1.0.0", "repo_id": "o/n"}, "is not X.Y.Z"),  # the tag given as the version
+        ({"version": "1.0", "repo_id": "o/n"}, "is not X.Y.Z"),  # two parts
         ({"splits": ()}, "splits is empty"),  # no split
+        ({"version": "1.0.0"}, "go together"),  # a version without a repo
+        ({"repo_id": "my-org/x"}, "go together"),  # a repo without a version
     ],
 )
 def test_render_dataset_card_bad_arguments_raise(overrides: dict[str, Any], message: str) -> None:

@@ -1,4 +1,4 @@
-"""Tests of emrl_data.frames: frame selection, crop, voxel -> pixel mapping, rendering, contact sheet."""
+"""Tests of emrl_data.frames: frame selection, crop, voxel -> pixel mapping, rendering."""
 
 from __future__ import annotations
 
@@ -10,13 +10,11 @@ import pytest
 
 from emrl_data.config import FrameConfig
 from emrl_data.frames import (
-    CAPTION_STRIP_PX,
     FrameSet,
     box_px_to_qwen,
     box_vox_to_px,
     build_frames,
     crop_box_xy,
-    draw_contact_sheet,
     render_frames,
     select_frame_z,
     vox_to_px,
@@ -333,43 +331,4 @@ def test_build_frames_lesion_box_outside_crop_is_a_case_error() -> None:
     assert err.value.reason is RejectReason.LESION_OUTSIDE_ORGAN
 
 
-# --- draw_contact_sheet -----------------------------------------------------------------------------------------
-
-
-def _tile_png(value: int, size: int = 448) -> bytes:
-    ok, buf = cv2.imencode(".png", np.full((size, size), value, dtype=np.uint8))
-    assert ok
-    return buf.tobytes()
-
-
-@pytest.mark.parametrize(
-    ("n_tiles", "columns", "tile_px", "shape"),
-    [
-        (7, 3, 100, (3 * (100 + CAPTION_STRIP_PX), 300, 3)),  # 3 columns, 3 rows (last row partly empty)
-        (2, 6, 224, (224 + CAPTION_STRIP_PX, 448, 3)),  # fewer tiles than columns: one row of 2
-        (6, 6, 50, (50 + CAPTION_STRIP_PX, 300, 3)),  # exactly one full row
-    ],
-)
-def test_draw_contact_sheet_size(n_tiles: int, columns: int, tile_px: int, shape: tuple[int, int, int]) -> None:
-    tiles = [(_tile_png(60), None, f"BDMAP_0000000{i} liver k=7") for i in range(n_tiles)]
-    png = draw_contact_sheet(tiles, tile_px=tile_px, columns=columns)
-    assert _ihdr_depth_and_colour(png) == (8, 2)  # 8-bit RGB
-    sheet = cv2.imdecode(np.frombuffer(png, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
-    assert sheet.shape == shape
-
-
-def test_draw_contact_sheet_box_red_caption_white_deterministic() -> None:
-    tiles = [
-        (_tile_png(60), (112, 224, 336, 448), "BDMAP_00000003 liver k=7"),
-        (_tile_png(60), None, "BDMAP_00000004 kidney"),
-    ]
-    png = draw_contact_sheet(tiles, tile_px=224, columns=2)
-    assert png == draw_contact_sheet(tiles, tile_px=224, columns=2)
-    bgr = cv2.imdecode(np.frombuffer(png, dtype=np.uint8), cv2.IMREAD_COLOR)
-    red = (bgr[:, :, 2] == 255) & (bgr[:, :, 1] == 0) & (bgr[:, :, 0] == 0)
-    rows, cols = np.nonzero(red)
-    # box scaled by 0.5: half-open (56, 112, 168, 224) -> inclusive corners (56, 112)..(167, 223), first tile only
-    assert (cols.min(), rows.min(), cols.max(), rows.max()) == (56, 112, 167, 223)
-    strip = bgr[224:, :]
-    assert (strip == 255).all(axis=2).any()  # white caption text in the strip
-    assert (bgr[:224, 224:] == 60).all()  # second tile: untouched grey, no box
+# draw_contact_sheet: tests/emrl_data/test_contact_sheet.py

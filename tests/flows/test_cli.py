@@ -61,5 +61,8 @@ def test_publish_command_to_a_local_folder_and_refusal_to_move_a_tag(prefect_har
 
     release = tmp_path / "pub" / "emrl" / "rejections" / ".tags" / "v1.2.3"
     assert (release / "README.md").is_file() and (release / "data" / "train-00000-of-00001.parquet").is_file()
-    with pytest.raises(Exception, match="v1.2.3"):
+    # The same content again: a no-op that says so; other content under the same tag: refused.
+    main(["publish", str(table), "emrl/rejections", "1.2.3", "--local-root", str(tmp_path / "pub")])
+    write_table("rejections", {"train": rows * 2}, tmp_path / "out", provenance=provenance)
+    with pytest.raises(Exception, match="already has tag v1.2.3 with different content"):
         main(["publish", str(table), "emrl/rejections", "1.2.3", "--local-root", str(tmp_path / "pub")])

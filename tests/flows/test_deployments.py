@@ -255,8 +255,10 @@ def test_publish_dataset_deployment(served: tuple[ops.ServerState, str], built: 
     )
     assert _rows(release) == _rows(built / "sft")
 
-    again = _run_deployment(state, "publish-dataset/publish-dataset", params)  # the tag exists: refused, not moved
-    assert again.returncode == 1 and _last_state(state, "publish-dataset/publish-dataset") == "FAILED"
+    mtimes = {p: p.stat().st_mtime_ns for p in release.rglob("*")}
+    again = _run_deployment(state, "publish-dataset/publish-dataset", params)  # the same content: a no-op
+    assert again.returncode == 0 and _last_state(state, "publish-dataset/publish-dataset") == "COMPLETED"
+    assert {p: p.stat().st_mtime_ns for p in release.rglob("*")} == mtimes  # the release was not touched
 
 
 class _NegativeReportHandler(BaseHTTPRequestHandler):

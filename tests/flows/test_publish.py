@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import shutil
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ from emrl_data.card import render_dataset_card
 from flows import publish
 from flows.publish import (
     FileDigest,
+    HubAuthError,
+    HubUnreachableError,
     PublishError,
     TagExistsError,
     compare_files,
@@ -47,12 +50,14 @@ from flows.publish import (
     local_release_dir,
     publish_dataset_flow,
     read_table,
+    release_table,
     version_tag,
 )
 from tests.fakehub import FakeHub, serve_fake_hub
 
 
 SECRET = "hf_SECRET_canary_7f3a9c1e"  # a recognisable token: it must reach the Hub and nothing else
+READ_TOKEN = "hf_read_only_token"
 FEATURES = {
     "case_id": {"dtype": "string", "_type": "Value"},
     "split": {"dtype": "string", "_type": "Value"},
@@ -116,10 +121,11 @@ def write_table(root: Path, shards: dict[str, list[list[int]]]) -> Path:
 def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[FakeHub]:
     """A fresh fake Hub; HF_ENDPOINT and the caches point at it (the clients read both at import: patch them too)."""
     lfs_suffixes = getattr(request, "param", ())
-    with serve_fake_hub(lfs_suffixes=lfs_suffixes) as fake:
+    with serve_fake_hub(lfs_suffixes=lfs_suffixes, tokens={SECRET: "write", READ_TOKEN: "read"}) as fake:
         monkeypatch.setenv("HF_ENDPOINT", fake.url)
         monkeypatch.setenv("HF_TOKEN", SECRET)
         monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+        monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))  # no login
         monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
         constants = huggingface_hub.constants
         monkeypatch.setattr(constants, "ENDPOINT", fake.url)
@@ -140,7 +146,13 @@ def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, request: pytest.Fixture
 @pytest.fixture
 def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Retry the Hub tasks without waiting (the flow looks the tasks up in the module at call time)."""
-    for name in ("prepare_repo_task", "upload_table_task", "tag_release_task", "verify_hub_release_task"):
+    for name in (
+        "inspect_hub_task",
+        "prepare_repo_task",
+        "upload_table_task",
+        "tag_release_task",
+        "verify_hub_release_task",
+    ):
         monkeypatch.setattr(publish, name, getattr(publish, name).with_options(retry_delay_seconds=0))
 
 
@@ -321,8 +333,12 @@ def test_publish_hub_existing_tag_is_refused(hub: FakeHub, tmp_path: Path) -> No
     repo = "emrl/sft-refuse"
     first, _ = _run(table_dir=str(write_table(tmp_path / "sft", V1)), repo_id=repo, version="1.0.0")
     commits = _commits(repo)
-    with pytest.raises(TagExistsError, match="already has tag v1.0.0"):
+    with pytest.raises(TagExistsError) as caught:
         publish_dataset_flow(table_dir=str(write_table(tmp_path / "sft", V2)), repo_id=repo, version="1.0.0")
+    assert str(caught.value) == (
+        "emrl/sft-refuse already has tag v1.0.0 with different content (6 file(s) differ, e.g. README.md: content "
+        "differs); tags are never moved: publish a new version (e.g. 1.0.1)."
+    )
     assert _commits(repo) == commits  # nothing uploaded
     refs = {t.name: t.target_commit for t in HfApi().list_repo_refs(repo, repo_type="dataset").tags}
     assert refs == {"v1.0.0": first["commit"]}  # not moved
@@ -357,6 +373,7 @@ def test_publish_hub_retries_server_errors_only(hub: FakeHub, tmp_path: Path) ->
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
     assert {r.name.split("-")[0]: r.run_count for r in runs} == {
+        "inspect_hub_task": 1,
         "prepare_repo_task": 1,
         "upload_table_task": 3,  # Prefect retried the task twice
         "tag_release_task": 1,
@@ -364,7 +381,7 @@ def test_publish_hub_retries_server_errors_only(hub: FakeHub, tmp_path: Path) ->
     }
 
     hub.state.fail_next("GET", "/revision/main", 403)
-    with pytest.raises(HfHubHTTPError):
+    with pytest.raises(HubAuthError, match=r"^the token may not write to emrl/sft-forbidden \(HTTP 403\)"):
         publish_dataset_flow(table_dir=table_dir, repo_id="emrl/sft-forbidden", version="1.0.0")
     assert sum(r == "GET /api/datasets/emrl/sft-forbidden/revision/main" for r in hub.state.requests) == 1
 
@@ -443,7 +460,7 @@ def test_publish_local_versions_refusal_and_resume(tmp_path: Path, monkeypatch: 
     }
     assert _first_pixels(str(root / ".tags" / "v1.1.0"), None)["train"][0] == (11, 244)
 
-    with pytest.raises(TagExistsError, match="v1.0.0 already exists"):
+    with pytest.raises(TagExistsError, match="already has tag v1.0.0 with different content"):
         publish_dataset_flow(table_dir=str(tmp_path / "sft"), version="1.0.0", **common)
 
     # Interrupted after the copy, before the snapshot: the rerun copies nothing and makes the tag.
@@ -475,3 +492,212 @@ def _raise_interrupted(*args: Any, **kwargs: Any) -> None:
 def test_local_release_dir_rejects_unsafe_repo_ids(tmp_path: Path, repo_id: str) -> None:
     with pytest.raises(ValueError):
         local_release_dir(tmp_path, repo_id)
+
+
+# ------------------------------------------------------------------------------------------------ idempotence, dry run
+@pytest.mark.usefixtures("prefect_harness")
+def test_publish_hub_same_version_same_content_is_a_noop(hub: FakeHub, tmp_path: Path) -> None:
+    repo = "emrl/sft-again"
+    table_dir = str(write_table(tmp_path / "sft", V1))
+    first, _ = _run(table_dir=table_dir, repo_id=repo, version="1.0.0")
+    assert first["status"] == "published"
+    assert first["message"] == (
+        f'Published {repo} v1.0.0 (commit {first["commit"][:12]}): load_dataset("{repo}", revision="v1.0.0").'
+    )
+    commits = _commits(repo)
+    again, _ = _run(table_dir=table_dir, repo_id=repo, version="1.0.0")
+    assert again["status"] == "already_published" and again["uploaded"] is False
+    assert again["commit"] == first["commit"]
+    assert again["message"] == (
+        f"{repo} v1.0.0 already holds exactly this table (commit {first['commit'][:12]}): nothing to do."
+    )
+    assert {p["action"] for p in again["plan"]} == {"unchanged"}
+    assert _commits(repo) == commits
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_publish_hub_card_and_manifest_name_the_release(hub: FakeHub, tmp_path: Path) -> None:
+    repo = "emrl/sft-card"
+    table_dir = write_table(tmp_path / "sft", V1)
+    local_card = (table_dir / "README.md").read_text()
+    _run(table_dir=str(table_dir), repo_id=repo, version="2.3.4")
+    card = Path(HfApi().hf_hub_download(repo, "README.md", repo_type="dataset", revision="v2.3.4")).read_text()
+    manifest = json.loads(
+        Path(HfApi().hf_hub_download(repo, "manifest.json", repo_type="dataset", revision="v2.3.4")).read_text()
+    )
+    assert f'ds = load_dataset("{repo}", revision="v2.3.4")' in card
+    assert f"| release | `v2.3.4` of `{repo}` |" in card
+    for placeholder in ("unreleased", "not released", "<repo_id>", "vX.Y.Z", "path/to/this/folder"):
+        assert placeholder not in card
+    assert manifest["release"] == {"repo_id": repo, "version": "2.3.4", "tag": "v2.3.4"}
+    assert manifest["files"]["README.md"] == {
+        "sha256": hashlib.sha256(card.encode()).hexdigest(),
+        "bytes": len(card.encode()),
+    }
+    assert (table_dir / "README.md").read_text() == local_card  # the table folder is not changed
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_publish_hub_dry_run_lists_the_plan_and_writes_nothing(hub: FakeHub, tmp_path: Path) -> None:
+    repo = "emrl/sft-dry"
+    v1 = str(write_table(tmp_path / "v1", V1))
+    dry, _ = _run(table_dir=v1, repo_id=repo, version="1.0.0", dry_run=True)
+    assert hub.state.repo("dataset", repo) is None  # not even created
+    assert dry["status"] == "dry_run" and dry["commit"] is None and dry["uploaded"] is False
+    assert [(p["path"], p["action"]) for p in dry["plan"]] == [
+        ("README.md", "add"),
+        ("data/test-00000-of-00001.parquet", "add"),
+        ("data/train-00000-of-00002.parquet", "add"),
+        ("data/train-00001-of-00002.parquet", "add"),
+        ("manifest.json", "add"),
+    ]
+    assert dry["message"].startswith(f"Dry run, nothing written: publishing {repo} v1.0.0 to {hub.url} would upload 5")
+    _run(table_dir=v1, repo_id=repo, version="1.0.0")
+    commits = _commits(repo)
+    dry2, _ = _run(table_dir=str(write_table(tmp_path / "v2", V2)), repo_id=repo, version="1.1.0", dry_run=True)
+    assert [(p["path"], p["action"]) for p in dry2["plan"]] == [
+        ("README.md", "replace"),
+        ("data/test-00000-of-00001.parquet", "replace"),
+        ("data/train-00000-of-00001.parquet", "add"),
+        ("manifest.json", "replace"),
+        ("data/train-00000-of-00002.parquet", "delete"),
+        ("data/train-00001-of-00002.parquet", "delete"),
+    ]
+    assert "delete 2 stale shard(s), keep 0 unchanged, then tag v1.1.0." in dry2["message"]
+    assert _commits(repo) == commits
+    assert [t.name for t in HfApi().list_repo_refs(repo, repo_type="dataset").tags] == ["v1.0.0"]
+    dry3, _ = _run(table_dir=v1, repo_id=repo, version="1.0.0", dry_run=True)  # the existing, identical release
+    assert dry3["status"] == "already_published"
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_publish_local_same_version_is_a_noop_and_dry_run_writes_nothing(tmp_path: Path) -> None:
+    common = {"repo_id": "emrl/sft-local", "target": "local", "local_root": str(tmp_path / "releases")}
+    table_dir = str(write_table(tmp_path / "sft", V1))
+    dry, _ = _run(table_dir=table_dir, version="1.0.0", dry_run=True, **common)
+    assert dry["status"] == "dry_run" and not (tmp_path / "releases").exists()
+    assert {p["action"] for p in dry["plan"]} == {"add"}
+    first, _ = _run(table_dir=table_dir, version="1.0.0", **common)
+    assert first["status"] == "published"
+    again, _ = _run(table_dir=table_dir, version="1.0.0", **common)
+    assert again["status"] == "already_published"
+    assert again["message"].endswith("emrl/sft-local/.tags/v1.0.0 already holds exactly this table: nothing to do.")
+    card = (tmp_path / "releases" / "emrl" / "sft-local" / ".tags" / "v1.0.0" / "README.md").read_text()
+    assert 'ds = load_dataset("emrl/sft-local", revision="v1.0.0")' in card
+
+
+# ------------------------------------------------------------------------------------------------ auth and network
+@pytest.mark.parametrize(
+    ("token", "dry_run", "error", "message"),
+    [
+        (None, False, HubAuthError, "no Hugging Face token found: set HF_TOKEN to a write token"),
+        ("hf_wrong", False, HubAuthError, "rejected the Hugging Face token (HTTP 401): set HF_TOKEN"),
+        ("hf_wrong", True, HubAuthError, "rejected the Hugging Face token (HTTP 401)"),  # also before a dry run
+        (READ_TOKEN, False, HubAuthError, "the Hugging Face token of tester is read-only"),
+    ],
+)
+@pytest.mark.usefixtures("prefect_harness")
+def test_publish_hub_checks_the_token_first(
+    hub: FakeHub,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    token: str | None,
+    dry_run: bool,
+    error: type[Exception],
+    message: str,
+) -> None:
+    if token is None:
+        monkeypatch.delenv("HF_TOKEN")
+    else:
+        monkeypatch.setenv("HF_TOKEN", token)
+    table_dir = str(write_table(tmp_path / "sft", V1))
+    with pytest.raises(error) as caught:
+        publish_dataset_flow(table_dir=table_dir, repo_id="emrl/sft-auth", version="1.0.0", dry_run=dry_run)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    assert [r for r in hub.state.requests if r != "GET /api/whoami-v2"] == []  # nothing else was tried
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_publish_hub_read_token_may_dry_run(hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", READ_TOKEN)
+    result, _ = _run(
+        table_dir=str(write_table(tmp_path / "sft", V1)), repo_id="emrl/sft-ro", version="1.0.0", dry_run=True
+    )
+    assert result["status"] == "dry_run"
+
+
+def test_fake_hub_enforces_auth(hub: FakeHub) -> None:
+    """The test server answers like the Hub: 401 without or with a wrong token, 403 for a write with a read token."""
+    headers = {
+        "without": {},
+        "wrong": {"authorization": "Bearer hf_wrong"},
+        "read": {"authorization": f"Bearer {READ_TOKEN}"},
+    }
+    create = {"type": "dataset", "name": "x", "organization": "emrl"}
+    statuses = {
+        who: (
+            httpx.get(f"{hub.url}/api/whoami-v2", headers=h).status_code,
+            httpx.post(f"{hub.url}/api/repos/create", json=create, headers=h).status_code,
+        )
+        for who, h in headers.items()
+    }
+    assert statuses == {"without": (401, 401), "wrong": (401, 401), "read": (200, 403)}
+    with pytest.raises(HfHubHTTPError) as caught:
+        HfApi(endpoint=hub.url, token="hf_wrong").list_repo_refs("emrl/none", repo_type="dataset")
+    assert caught.value.response.status_code == 401
+    HfApi(endpoint=hub.url, token=SECRET).create_repo("emrl/private", repo_type="dataset", private=True)
+    with pytest.raises(RepositoryNotFoundError):  # a private repo is invisible without a token
+        HfApi(endpoint=hub.url, token=False).list_repo_refs("emrl/private", repo_type="dataset")
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_publish_hub_401_after_the_token_check_is_one_line_and_not_retried(hub: FakeHub, tmp_path: Path) -> None:
+    hub.state.fail_next("GET", "/refs", 401)  # e.g. the token was revoked meanwhile
+    with pytest.raises(HubAuthError) as caught:
+        publish_dataset_flow(table_dir=str(write_table(tmp_path / "sft", V1)), repo_id="emrl/sft-401", version="1.0.0")
+    assert str(caught.value) == (
+        "the Hub answered 401 for emrl/sft-401: the token is invalid or cannot see the repo; set HF_TOKEN to a write "
+        "token with access to it."
+    )
+    assert sum("/refs" in r for r in hub.state.requests) == 1
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_publish_hub_unreachable_fails_fast_in_one_line(
+    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    monkeypatch.setenv("HF_ENDPOINT", dead)
+    with pytest.raises(HubUnreachableError) as caught:
+        publish_dataset_flow(table_dir=str(write_table(tmp_path / "sft", V1)), repo_id="emrl/sft-off", version="1.0.0")
+    assert str(caught.value) == f"cannot reach {dead} (ConnectError): check the network connection or HF_ENDPOINT."
+
+
+def test_release_table_refuses_a_card_that_does_not_match_the_shards(tmp_path: Path) -> None:
+    table_dir = write_table(tmp_path / "sft", V1)
+    table = read_table(table_dir)
+    card = (table_dir / "README.md").read_text().replace("num_examples: 3", "num_examples: 4")
+    (table_dir / "README.md").write_text(card)  # changed after the check against the manifest
+    with pytest.raises(PublishError, match=r"the card's split sizes \{'train': 4, 'test': 1\} differ from the shards"):
+        release_table(table, "emrl/x", "1.0.0")
+
+
+def test_check_token_in_offline_mode_is_one_line(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(HubUnreachableError) as caught:
+        publish.check_token(publish.hub_api(), write=True)
+    assert str(caught.value) == "HF_HUB_OFFLINE=1 is set: publishing to the Hub needs the network; unset it."
+    assert hub.state.requests == []
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_publish_hub_card_rejected_by_the_hub_stops_before_any_write(hub: FakeHub, tmp_path: Path) -> None:
+    hub.state.fail_next("POST", "/api/validate-yaml", 400)
+    with pytest.raises(PublishError, match="^the Hub rejects the dataset card's YAML metadata: "):
+        publish_dataset_flow(
+            table_dir=str(write_table(tmp_path / "sft", V1)), repo_id="emrl/sft-yaml", version="1.0.0"
+        )
+    assert hub.state.repo("dataset", "emrl/sft-yaml") is None
+    assert "POST /api/validate-yaml" in hub.state.requests

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from inference.backends import InferenceRequest, OpenAIBackend, TransformersBackend
+from inference.backends import EndpointAuthError, InferenceRequest, OpenAIBackend, TransformersBackend
 from inference.store import ResultStore, run_inference
 from tests.inference.openai_server import API_KEY_ENV
 
@@ -115,11 +115,38 @@ def test_payload_shape(server, make_backend, requests3):
     assert "media_io_kwargs" not in images
 
 
-def test_wrong_key_is_401_and_not_retried(server, control, make_backend, requests3, monkeypatch):
-    monkeypatch.setenv("EMRL_WRONG_KEY", "sk-wrong")
-    backend = make_backend(api_key_env="EMRL_WRONG_KEY")
-    result = backend.generate(requests3[:1])[0]
-    assert result.error.startswith("HTTP 401") and result.attempts == 1 and _stats(server)["requests"] == 1
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        (
+            "sk-wrong",
+            "{url} refused the request (HTTP 401: Incorrect API key provided.); the key in $EMRL_AUTH_KEY was "
+            "refused: set it to a valid key for this endpoint.",
+        ),
+        (
+            None,
+            "{url} refused the request (HTTP 401: Incorrect API key provided.); $EMRL_AUTH_KEY is not set: set it "
+            "to the endpoint's API key.",
+        ),
+    ],
+)
+def test_auth_error_fails_fast_on_the_first_401(server, control, make_backend, requests3, monkeypatch, key, message):
+    if key is None:
+        monkeypatch.delenv("EMRL_AUTH_KEY", raising=False)
+    else:
+        monkeypatch.setenv("EMRL_AUTH_KEY", key)
+    backend = make_backend(api_key_env="EMRL_AUTH_KEY", max_concurrency=1)
+    with pytest.raises(EndpointAuthError) as caught:
+        backend.generate(requests3)  # three rows: only the first is sent, the others are cancelled
+    assert str(caught.value) == message.format(url=f"{server}/v1/chat/completions")
+    assert _stats(server)["requests"] == 1
+
+
+def test_403_is_an_auth_error_too(server, control, make_backend, requests3):
+    control(faults=[403])
+    with pytest.raises(EndpointAuthError, match=r"\(HTTP 403: injected fault 403\); the key in \$EMRL_KEY_FOR_TESTS"):
+        make_backend(max_concurrency=1).generate(requests3)
+    assert _stats(server)["requests"] == 1
 
 
 @pytest.mark.parametrize(
