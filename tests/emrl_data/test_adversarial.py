@@ -1,0 +1,480 @@
+"""Adversarial inputs (issue 9): every hostile or messy input ends as a row or a rejection naming the file.
+
+Files that cannot be read are made with symlink loops, dangling links and folders where files belong: these raise a
+real OSError even for root, which chmod 000 does not. The mode-000 tests run only where chmod really blocks reads
+(they skip, saying so, under root).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+from emrl_data.atlas import (
+    NoCasesError,
+    discover_cases,
+    plan_atlas,
+    read_metadata,
+    read_split_files,
+)
+from emrl_data.config import CurateConfig
+from emrl_data.curate import CaseResult, CaseStore, case_cache_key, curate_case, file_checksum
+from emrl_data.outcome import Rejection, RejectReason
+from emrl_data.synthetic import CaseSpec, LesionSpec, write_atlas
+from emrl_data.types import Organ, Split
+
+
+CFG = CurateConfig()
+SHAPE = (96, 80, 32)
+LIVER_LESION = LesionSpec(Organ.LIVER, "5", (12.0, 10.0, 10.0), "hypo")
+KIDNEY_LESION = LesionSpec(Organ.KIDNEY, "left", (8.0, 8.0, 8.0), "hyper")
+ID1, ID2, ID3 = "BDMAP_00000001", "BDMAP_00000002", "BDMAP_00000003"
+
+
+def _atlas(root: Path, ids: tuple[str, ...] = (ID1,), **kwargs) -> Path:
+    write_atlas(root, [CaseSpec(i, shape=SHAPE, lesions=(LIVER_LESION, KIDNEY_LESION)) for i in ids], **kwargs)
+    return root
+
+
+def _curate(root: Path) -> tuple[list[dict], list[Rejection], set[str]]:
+    """Plan and curate every case; return rows, rejections and the ids accounted for."""
+    plan = plan_atlas(root)
+    rows, rejections = [], list(plan.rejections)
+    for ref in plan.refs:
+        result = curate_case(ref, split=plan.splits[ref.case_id], cfg=CFG, metadata=plan.metadata.get(ref.case_id))
+        rows += result.rows
+        rejections += result.rejections
+    return rows, rejections, {r["case_id"] for r in rows} | {r.case_id for r in rejections}
+
+
+def _loop(path: Path) -> None:
+    """Replace `path` by a symlink to itself: open() raises OSError (ELOOP) for every user, root included."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+    path.symlink_to(path.name)
+
+
+def _chmod_blocks_reads(tmp_path: Path) -> bool:
+    probe = tmp_path / "probe"
+    probe.write_bytes(b"x")
+    probe.chmod(0)
+    try:
+        probe.read_bytes()
+    except PermissionError:
+        return True
+    finally:
+        probe.chmod(0o644)
+    return False
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Discovery: every case-like entry is a ref or a rejection
+
+
+def _touch(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"")
+
+
+def test_discovery_accounts_for_loops_files_wrong_case_and_misplaced_folders(tmp_path: Path) -> None:
+    _touch(tmp_path / "image_only" / ID1 / "ct.nii.gz")
+    _touch(tmp_path / "mask_only" / ID1 / "segmentations/liver.nii.gz")
+    (tmp_path / "image_only/BDMAP_00000002").symlink_to("BDMAP_00000002")  # a symlink to itself
+    (tmp_path / "image_only/BDMAP_00000003").symlink_to(".")  # a symlink to its own parent
+    _touch(tmp_path / "image_only/BDMAP_00000004")  # a file where a folder belongs
+    _touch(tmp_path / "image_only/bdmap_00000005/ct.nii.gz")  # lower-case prefix
+    _touch(tmp_path / "BDMAP_00000006/ct.nii.gz")  # a case folder outside image_only/ (mixed layouts)
+    _touch(tmp_path / "image_only/notes/readme.txt")  # not case-like: a warning
+
+    found = discover_cases(tmp_path)
+
+    assert found.layout == "split"
+    assert [r.case_id for r in found.refs] == [ID1]
+    assert [(r.case_id, r.reason, r.path) for r in found.rejections] == [
+        ("BDMAP_00000002", RejectReason.NOT_A_CASE, "image_only/BDMAP_00000002"),
+        ("BDMAP_00000003", RejectReason.NOT_A_CASE, "image_only/BDMAP_00000003"),
+        ("BDMAP_00000004", RejectReason.NOT_A_CASE, "image_only/BDMAP_00000004"),
+        ("BDMAP_00000006", RejectReason.NOT_A_CASE, "BDMAP_00000006"),
+        ("bdmap_00000005", RejectReason.INVALID_CASE_ID, "image_only/bdmap_00000005"),
+    ]
+    details = [r.detail for r in found.rejections]
+    assert "does not resolve" in details[0] and "own parent" in details[1] and "a file where" in details[2]
+    assert "mixed layouts" in details[3] and "did you mean 'BDMAP_00000005'" in details[4]
+    assert found.warnings == ("image_only/notes: not a case folder (name does not start with BDMAP), ignored",)
+
+
+def test_combined_layout_beside_an_empty_stray_image_only_is_found_with_a_warning(tmp_path: Path) -> None:
+    _touch(tmp_path / ID1 / "ct.nii.gz")
+    (tmp_path / "image_only").mkdir()
+
+    found = discover_cases(tmp_path)
+
+    assert found.layout == "combined" and [r.case_id for r in found.refs] == [ID1]
+    assert found.warnings == ("image_only/ hold no case folder: ignored (combined layout)",)
+
+
+def test_an_atlas_without_cases_fails_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "image_only").mkdir()
+    with pytest.raises(NoCasesError) as excinfo:
+        discover_cases(tmp_path)
+    assert "\n" not in str(excinfo.value) and "no case under" in str(excinfo.value)
+    _touch(tmp_path / "image_only/BDMAP_12x/ct.nii.gz")
+    with pytest.raises(NoCasesError, match=r"1 case-like entry rejected \(first: folder 'image_only/BDMAP_12x'"):
+        discover_cases(tmp_path)
+
+
+def test_every_hostile_entry_ends_as_a_row_or_a_rejection(tmp_path: Path) -> None:
+    root = _atlas(tmp_path, (ID1, ID2))
+    (root / "image_only/BDMAP_00000007").symlink_to("BDMAP_00000007")
+    _touch(root / "image_only/BDMAP_00000008")
+    _touch(root / "image_only/bdmap_00000009/ct.nii.gz")
+
+    rows, rejections, seen = _curate(root)
+
+    assert seen == {ID1, ID2, "BDMAP_00000007", "BDMAP_00000008", "bdmap_00000009"}
+    assert len(rows) == 6
+    assert sorted((r.case_id, str(r.reason)) for r in rejections) == [
+        ("BDMAP_00000007", "not_a_case"),
+        ("BDMAP_00000008", "not_a_case"),
+        ("bdmap_00000009", "invalid_case_id"),
+    ]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Per-case error boundary: unreadable files cost their case (CT) or their organ (mask), never the run
+
+
+@pytest.mark.parametrize("kind", ["loop", "folder", "dangling"])
+def test_an_unreadable_ct_rejects_its_case_naming_the_file(tmp_path: Path, kind: str) -> None:
+    root = _atlas(tmp_path, (ID1, ID2))
+    ct = root / "image_only" / ID2 / "ct.nii.gz"
+    if kind == "loop":
+        _loop(ct)
+    elif kind == "folder":
+        ct.unlink()
+        ct.mkdir()
+    else:
+        ct.unlink()
+        ct.symlink_to("nowhere.nii.gz")
+    plan = plan_atlas(root)
+    ref = plan.refs[1]
+    assert case_cache_key(ref, CFG, "train") != case_cache_key(plan.refs[0], CFG, "train")  # never raises
+
+    rows, rejections, _ = _curate(root)
+
+    assert [(r.case_id, r.organ, r.step, r.reason, r.path) for r in rejections] == [
+        (ID2, None, "load", RejectReason.UNREADABLE_FILE, f"image_only/{ID2}/ct.nii.gz")
+    ]
+    assert rejections[0].detail.startswith(f"image_only/{ID2}/ct.nii.gz: ")
+    assert [r["case_id"] for r in rows] == [ID1] * 3
+
+
+def test_an_unreadable_mask_costs_only_its_organ(tmp_path: Path) -> None:
+    root = _atlas(tmp_path)
+    _loop(root / "mask_only" / ID1 / "segmentations/pancreas.nii.gz")
+
+    rows, rejections, _ = _curate(root)
+
+    assert [(r.organ, r.step, r.reason, r.path) for r in rejections] == [
+        ("pancreas", "labels", RejectReason.UNREADABLE_FILE, f"mask_only/{ID1}/segmentations/pancreas.nii.gz")
+    ]
+    assert [r["organ"] for r in rows] == ["liver", "kidney"]
+    assert rows[0]["has_lesion"] and rows[1]["has_lesion"]
+
+
+def test_an_unreadable_segmentations_folder_rejects_every_organ_but_not_the_run(tmp_path: Path) -> None:
+    root = _atlas(tmp_path, (ID1, ID2))
+    segmentations = root / "mask_only" / ID2 / "segmentations"
+    _loop(segmentations)
+
+    rows, rejections, _ = _curate(root)
+
+    assert [(r.case_id, r.organ, r.reason) for r in rejections] == [
+        (ID2, "liver", RejectReason.UNREADABLE_FILE),
+        (ID2, "pancreas", RejectReason.UNREADABLE_FILE),
+        (ID2, "kidney", RejectReason.UNREADABLE_FILE),
+    ]
+    assert all(r.path and r.path.startswith(f"mask_only/{ID2}/segmentations") for r in rejections)
+    assert {r["case_id"] for r in rows} == {ID1}
+
+
+@pytest.mark.parametrize("target", ["ct", "mask", "case_folder"])
+def test_mode_000_files_are_unreadable_file_rejections(tmp_path: Path, target: str) -> None:
+    if not _chmod_blocks_reads(tmp_path):
+        pytest.skip("running as root: chmod 000 does not block reads here (the symlink-loop tests cover OSError)")
+    root = _atlas(tmp_path / "atlas", (ID1, ID2))
+    path = {
+        "ct": root / "image_only" / ID2 / "ct.nii.gz",
+        "mask": root / "mask_only" / ID2 / "segmentations/liver.nii.gz",
+        "case_folder": root / "image_only" / ID2,
+    }[target]
+    path.chmod(0)
+    try:
+        rows, rejections, seen = _curate(root)
+    finally:
+        path.chmod(0o755)
+    assert seen == {ID1, ID2}
+    assert {r.reason for r in rejections} == {RejectReason.UNREADABLE_FILE}
+    assert {r["case_id"] for r in rows} >= {ID1}
+
+
+def test_an_organ_level_error_keeps_the_other_organs(tmp_path: Path) -> None:
+    root = _atlas(tmp_path)
+    pancreas = root / "mask_only" / ID1 / "segmentations/pancreas.nii.gz"
+    image = nib.load(str(pancreas))
+    data = np.zeros(image.shape, dtype=np.int8)
+    data[:4, :4, :4] = 1  # the mask sits in air: mean HU -1000
+    nib.save(nib.Nifti1Image(data, image.affine, image.header), str(pancreas))
+
+    rows, rejections, _ = _curate(root)
+
+    (rejection,) = rejections
+    assert rejection.organ == "pancreas" and rejection.case_id == ID1
+    assert str(rejection.reason) in {"mask_grid_mismatch", "implausible_organ_hu"}
+    assert "pancreas.nii.gz" in (rejection.path or "")
+    assert [r["organ"] for r in rows] == ["liver", "kidney"]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Metadata CSV and split files from many sources
+
+
+HEADER = ["BDMAP ID", "number of liver lesion instances", "liver volume (cm^3)", "narrative report"]
+
+
+def _write_csv(path: Path, lines: list[list[str]], delimiter: str = ",", encoding: str = "utf-8") -> None:
+    text = "\n".join(delimiter.join(cells) for cells in [HEADER, *lines]) + "\n"
+    path.write_bytes(text.encode(encoding))
+
+
+@pytest.mark.parametrize("delimiter", [",", ";", "\t"])
+def test_metadata_delimiters_are_sniffed(tmp_path: Path, delimiter: str) -> None:
+    path = tmp_path / "meta.csv"
+    _write_csv(path, [[ID1, "2.0", "1291.3", "Liver; two lesions, hypoattenuating"]], delimiter)
+    # the report cell holds commas and semicolons: quoted, as a real exporter writes it
+    path.write_text(path.read_text().replace("Liver; two lesions, hypoattenuating", '"Liver; two, three"'))
+
+    rows, problems = read_metadata(path)
+
+    assert problems == {}
+    assert rows[ID1][Organ.LIVER].lesion_count == 2 and rows[ID1][Organ.LIVER].organ_volume_cm3 == 1291.3
+
+
+def test_metadata_bad_cells_encodings_long_cells_and_duplicates(tmp_path: Path) -> None:
+    path = tmp_path / "meta.csv"
+    lines = [
+        [ID1, "inf", "1200.0", "x"],  # non-finite
+        [ID2, "1.0", "nan", "x" * 300_000],  # nan = absent (pandas); a cell over the csv module's default limit
+        [ID3, "1.0", "900.0", "a"],
+        [ID3, "2.0", "900.0", "a"],  # conflicting duplicate
+        ["BDMAP_00000004", "0.0", "800.0", "b"],
+        ["BDMAP_00000004", "0.0", "800.0", "b"],  # identical duplicate: one row
+        ["BDMAP_00000005", "0.0", "-3.0", "c"],  # negative volume
+        ["BDMAP_00000006", "0.0", "700.0"],  # a cell short
+    ]
+    _write_csv(path, lines)
+    raw = path.read_bytes()
+    raw += b"BDMAP_00000007,0.0,600.0,caf\xe9\n"  # cp1252 (Windows export): decoded
+    raw += b"BDMAP_00000008,0.0,600.0,bad \x81 byte\n"  # neither UTF-8 nor cp1252: that row is rejected
+    path.write_bytes(raw)
+
+    rows, problems = read_metadata(path)
+
+    assert sorted(rows) == [ID2, "BDMAP_00000004", "BDMAP_00000007"]
+    assert rows[ID2][Organ.LIVER].organ_volume_cm3 is None
+    assert rows["BDMAP_00000007"][Organ.LIVER].organ_volume_cm3 == 600.0
+    assert sorted(problems) == [ID1, ID3, "BDMAP_00000005", "BDMAP_00000006", "BDMAP_00000008"]
+    assert "'inf', not a finite non-negative number" in problems[ID1]
+    assert problems[ID3] == f"meta.csv lines 4 and 5: two rows for {ID3} with different values (neither is used)"
+    assert "'-3.0'" in problems["BDMAP_00000005"]
+    assert "3 cells where the header has 4" in problems["BDMAP_00000006"]
+    assert problems["BDMAP_00000008"] == "meta.csv line 11: line 11 holds bytes that are neither UTF-8 nor cp1252"
+
+
+def test_a_bad_metadata_row_is_a_rejection_and_the_case_still_runs(tmp_path: Path) -> None:
+    root = _atlas(tmp_path, (ID1, ID2))
+    csv_path = root / "AbdomenAtlas3.0MiniWithMeta.csv"
+    with csv_path.open(newline="") as fh:
+        records = list(csv.DictReader(fh))
+    conflicting = {**records[1], "number of liver lesion instances": "7.0"}  # ID2 again, another count
+    with csv_path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(records[0]), delimiter=";")  # and a `;` export
+        writer.writeheader()
+        writer.writerows([*records, conflicting])
+
+    rows, rejections, _ = _curate(root)
+
+    assert [(r.case_id, r.reason, r.step) for r in rejections] == [(ID2, RejectReason.BAD_METADATA_ROW, "metadata")]
+    assert len(rows) == 6
+    assert [r["atlas_lesion_count"] for r in rows] == [1, 0, 1, None, None, None]
+
+
+def test_an_id_in_two_split_files_is_a_split_conflict_never_a_leak(tmp_path: Path) -> None:
+    root = _atlas(tmp_path, (ID1, ID2))
+    (root / "TrainTestIDS/IID_train.csv").write_text(f"BDMAP ID\n{ID1}\n{ID2}\n")
+    (root / "TrainTestIDS/IID_test.csv").write_bytes(f"BDMAP ID;note\n{ID2};caf\x81\n".encode("latin-1"))
+
+    listing = read_split_files(root)
+    assert listing is not None
+    assert listing.splits == {ID1: Split.TRAIN}
+    assert listing.conflicts == {ID2: ("TrainTestIDS/IID_train.csv", "TrainTestIDS/IID_test.csv")}
+    plan = plan_atlas(root)
+    assert [r.case_id for r in plan.refs] == [ID1]
+    assert [(r.case_id, r.reason, r.path) for r in plan.rejections] == [
+        (ID2, RejectReason.SPLIT_CONFLICT, "TrainTestIDS/IID_train.csv")
+    ]
+    assert "train/test leak" in plan.rejections[0].detail
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Lesion files: the rule when <organ>_lesion is absent
+
+
+def _rename(root: Path, old: str, *new: str) -> None:
+    folder = root / "mask_only" / ID1 / "segmentations"
+    data = (folder / f"{old}.nii.gz").read_bytes()
+    (folder / f"{old}.nii.gz").unlink()
+    for name in new:
+        (folder / f"{name}.nii.gz").write_bytes(data)
+
+
+@pytest.mark.parametrize(
+    ("files", "expected_files", "has_lesion"),
+    [
+        (("liver_tumor",), ["liver_tumor"], True),
+        (("liver_cyst", "liver_tumor"), ["liver_tumor", "liver_cyst"], True),
+        (("hepatic_lesion",), ["hepatic_lesion"], True),
+        (("liver_lesion", "liver_tumor"), ["liver_lesion"], True),
+        (("liver_mass",), [], False),
+    ],
+)
+def test_lesion_file_rule(tmp_path: Path, files: tuple[str, ...], expected_files: list[str], has_lesion: bool) -> None:
+    root = _atlas(tmp_path / "atlas")
+    reference = _atlas(tmp_path / "reference")
+    _rename(root, "liver_lesion", *files)
+
+    rows, rejections, _ = _curate(root)
+    ref_rows, _, _ = _curate(reference)
+
+    assert rejections == []
+    liver, ref_liver = rows[0], ref_rows[0]
+    assert liver["lesion_files"] == expected_files and liver["has_lesion"] is has_lesion
+    if has_lesion:
+        for key in ("lesion_count", "long_axis_mm", "volume_mm3", "bbox_xyxy_vox", "location", "attenuation"):
+            assert liver[key] == ref_liver[key], key
+        assert "unrecognised_lesion_file" not in liver["qa_flags"]
+    else:
+        assert "unrecognised_lesion_file" in liver["qa_flags"]
+        assert liver["warnings"] == [
+            "liver_mass.nii*: lesion-like file(s) no rule reads, not used; lesion files used: none (the row says "
+            "no lesion)"
+        ]
+    assert rows[2]["lesion_files"] == ["kidney_lesion"] and rows[1]["lesion_files"] == []
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Case key: a real checksum; case store: no pickle, corrupt entries recomputed
+
+
+def test_uncompressed_nifti_edited_in_the_middle_changes_the_key(tmp_path: Path) -> None:
+    root = _atlas(tmp_path)
+    ct_gz = root / "image_only" / ID1 / "ct.nii.gz"
+    ct = ct_gz.with_name("ct.nii")
+    ct.write_bytes(gzip.decompress(ct_gz.read_bytes()))
+    ct_gz.unlink()
+    (ref,) = plan_atlas(root).refs
+    assert ref.ct_path == ct
+    before = case_cache_key(ref, CFG, "train")
+    data = bytearray(ct.read_bytes())
+    data[len(data) // 2] ^= 0x01  # same size, same head, same tail
+    ct.write_bytes(bytes(data))
+    assert case_cache_key(ref, CFG, "train") != before
+    assert file_checksum(ct).startswith("xxh3:")
+
+
+def test_gzip_trailer_is_used_only_when_it_covers_the_whole_payload(tmp_path: Path) -> None:
+    root = _atlas(tmp_path)
+    ct = root / "image_only" / ID1 / "ct.nii.gz"
+    assert file_checksum(ct).startswith("gz:")  # one member, ISIZE = the NIfTI payload size
+    payload = gzip.decompress(ct.read_bytes())
+    two = tmp_path / "two.nii.gz"
+    half = len(payload) // 2
+    two.write_bytes(gzip.compress(payload[:half], mtime=0) + gzip.compress(payload[half:], mtime=0))
+    edited = tmp_path / "edited.nii.gz"
+    changed = bytearray(payload[:half])
+    changed[half // 2 + 1000] ^= 0x01  # same length, first member only: its trailer is not the file's last 8 bytes
+    edited.write_bytes(gzip.compress(bytes(changed), mtime=0) + gzip.compress(payload[half:], mtime=0))
+    padded = tmp_path / "padded.nii.gz"
+    padded.write_bytes(ct.read_bytes() + b"\0" * 1024)
+
+    assert file_checksum(two).startswith("xxh3:") and file_checksum(padded).startswith("xxh3:")
+    assert file_checksum(two) != file_checksum(edited)
+
+
+def _result() -> CaseResult:
+    row = {
+        "case_id": ID1,
+        "organ": "liver",
+        "long_axis_mm": 12.5,
+        "location": ["5"],
+        "bbox_xyxy_vox": None,
+        "frames": [{"bytes": b"\x89PNG1", "path": "a.png"}, {"bytes": b"\x89PNG22", "path": "b.png"}],
+    }
+    rejection = Rejection(ID1, "kidney", "labels", RejectReason.UNREADABLE_FILE, "x: cannot be read", "x")
+    return CaseResult(ID1, [row], [rejection], {"ct.nii.gz": "ab"})
+
+
+def test_case_store_round_trips_without_pickle(tmp_path: Path) -> None:
+    store = CaseStore(tmp_path)
+    store.save("k", _result())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.case.json", "k.frames.arrow"]
+    light = store.load_rows("k")
+    assert light is not None
+    assert light.rows == [
+        {"case_id": ID1, "organ": "liver", "long_axis_mm": 12.5, "location": ["5"], "bbox_xyxy_vox": None,
+         "frames_bytes": 11}
+    ]  # fmt: skip
+    assert light.rejections == _result().rejections and light.file_digests == {"ct.nii.gz": "ab"}
+    assert store.load_frames("k") == {"liver": _result().rows[0]["frames"]}
+
+
+@pytest.mark.parametrize("damage", ["zero_json", "truncated_json", "tampered_json", "zero_arrow", "missing_arrow"])
+def test_a_damaged_case_store_entry_is_recomputed_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
+) -> None:
+    store = CaseStore(tmp_path)
+    store.save("k", _result())
+    json_path, arrow_path = tmp_path / "k.case.json", tmp_path / "k.frames.arrow"
+    if damage == "zero_json":
+        json_path.write_bytes(b"")
+    elif damage == "truncated_json":
+        json_path.write_bytes(json_path.read_bytes()[:50])
+    elif damage == "tampered_json":
+        json_path.write_text(json_path.read_text().replace("12.5", "99.5"))
+    elif damage == "zero_arrow":
+        arrow_path.write_bytes(b"")
+    else:
+        arrow_path.unlink()
+    with caplog.at_level(logging.WARNING, logger="emrl_data.curate"):
+        assert not store.has("k")
+        assert store.load_rows("k") is None
+    assert "is unusable" in caplog.text and "curated again" in caplog.text
+    store.save("k", _result())  # the rerun overwrites it
+    assert store.has("k")
+
+
+def test_a_pickle_in_the_store_is_never_read(tmp_path: Path) -> None:
+    store = CaseStore(tmp_path)
+    (tmp_path / "k.rows.pkl").write_bytes(b"cos\nsystem\n(S'touch pwned'\ntR.")  # the old format's name
+    assert not store.has("k")
+    assert not os.path.exists("pwned")
