@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,11 +150,11 @@ def build_qa_report(
 
 def qa_markdown(report: QaReport, *, max_ids: int = 20) -> str:
     """Render the report as markdown (`qa.md` and the Prefect artifact)."""
-    cell: Callable[[Sequence[str]], str] = (
-        lambda ids: (  # noqa: E731
-            ", ".join(ids[:max_ids]) + (f" ... and {len(ids) - max_ids} more" if len(ids) > max_ids else "")
-        )
-    )
+
+    def cell(ids: Sequence[str]) -> str:
+        more = f" ... and {len(ids) - max_ids} more" if len(ids) > max_ids else ""
+        return ", ".join(ids[:max_ids]) + more
+
     lines = [
         "# QA report",
         "",
