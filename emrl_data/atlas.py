@@ -136,6 +136,11 @@ def probe_file(path: Path, rel: str) -> bool:
     return True
 
 
+def printable(text: str) -> str:
+    """Return `text` safe for tables and markdown: undecodable file-name bytes (surrogates) as `\\udcXX` escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _os_reason(err: OSError) -> str:
     """One-line reason of an OSError (strerror with the errno name)."""
     name = errno.errorcode.get(err.errno or 0, "")
@@ -217,7 +222,7 @@ def unrecognised_lesion_files(ref: CaseRef, organ: Organ, stems: Sequence[str] |
         if stem in known or not bare.startswith(structures.lesion_prefixes):
             continue
         if _LESION_WORDS.search(bare):
-            found.append(stem)
+            found.append(printable(stem))
     return tuple(found)
 
 
@@ -342,6 +347,7 @@ def discover_cases(root: Path) -> Discovery:
             + found
             + (f" (first: {rejections[0].detail})" if rejections else "")
         )
+    warnings = [printable(w) for w in warnings]
     for message in warnings:
         logger.warning("atlas %s: %s", root, message)
     return Discovery(layout, tuple(refs), tuple(sorted(rejections, key=_rejection_order)), tuple(warnings))
@@ -373,7 +379,7 @@ def _case_ref(
 
 
 def _discovery_rejection(name: str, reason: RejectReason, detail: str, path: str) -> Rejection:
-    return Rejection(name, None, "discover", reason, detail, path)
+    return Rejection(printable(name), None, "discover", reason, printable(detail), printable(path))
 
 
 def _nifti(stem: Path) -> Path:
@@ -502,15 +508,15 @@ def read_split_files(root: Path) -> SplitListing | None:
     Raises:
         AtlasError: a split file exists but cannot be read.
     """
-    files = {split: root / SPLIT_DIR / name for split, name in SPLIT_FILES.items()}
-    if not any(p.is_file() for p in files.values()):
+    files = {
+        split: root / SPLIT_DIR / name for split, name in SPLIT_FILES.items() if _plan_file(root / SPLIT_DIR / name)
+    }
+    if not files:
         return None
     listed: dict[str, list[tuple[Split, str]]] = {}
     problems: list[tuple[str, str]] = []
     warnings: list[str] = []
     for split, path in files.items():
-        if not path.is_file():
-            continue
         rel = f"{SPLIT_DIR}/{path.name}"
         try:
             table = read_csv_table(path)
@@ -533,6 +539,14 @@ def read_split_files(root: Path) -> SplitListing | None:
     splits = {cid: entries[0][0] for cid, entries in listed.items() if len(entries) == 1}
     conflicts = {cid: tuple(rel for _, rel in entries) for cid, entries in listed.items() if len(entries) > 1}
     return SplitListing(splits, conflicts, tuple(problems), tuple(warnings))
+
+
+def _plan_file(path: Path) -> bool:
+    """True when a run-level file (metadata CSV, split file) exists; AtlasError when it exists but cannot be used."""
+    try:
+        return probe_file(path, path.name)
+    except CaseDataError as err:
+        raise AtlasError(f"cannot use {err.detail} (fix or remove it: it decides splits or weak labels)") from None
 
 
 def hash_split(case_id: str, *, test_fraction: float = 0.10) -> Split:
@@ -753,12 +767,14 @@ def plan_atlas(root: Path, *, limit: int | None = None, test_fraction: float = 0
 def _plan_metadata(root: Path, wanted: set[str]) -> tuple[dict[str, dict[Organ, AtlasOrganMeta]], list[Rejection]]:
     """Read the metadata CSV when present: (rows of the wanted cases, bad_metadata_row rejections)."""
     path = root / METADATA_FILE
-    if not path.is_file():
+    if not _plan_file(path):
         return {}, []
     try:
         metadata, problems = read_metadata(path)
     except OSError as err:
         raise AtlasError(f"cannot read the metadata CSV {METADATA_FILE}: {_os_reason(err)}") from None
+    except ValueError as err:
+        raise AtlasError(str(err)) from None
     rejections = [
         Rejection(case_id, None, "metadata", RejectReason.BAD_METADATA_ROW, problem, METADATA_FILE)
         for case_id, problem in sorted(problems.items())

@@ -33,6 +33,7 @@ from emrl_data.atlas import (
     AtlasOrganMeta,
     CaseRef,
     lesion_files,
+    printable,
     probe_file,
     unrecognised_lesion_files,
 )
@@ -340,7 +341,7 @@ def _structure_rel(ref: CaseRef, structure: str) -> str:
 def _unreadable(ref: CaseRef, organ: Organ | None, step: str, err: OSError) -> Rejection:
     """`unreadable_file` for an OSError met while reading a case file (permission, I/O error, vanished file)."""
     name = err.filename if isinstance(err.filename, str | bytes | os.PathLike) else None
-    rel = ref.relative(Path(os.fsdecode(name))) if name is not None else ref.case_id
+    rel = printable(ref.relative(Path(os.fsdecode(name)))) if name is not None else ref.case_id
     code = errno.errorcode.get(err.errno or 0)
     reason = f"{err.strerror or err}" + (f", {code}" if code else "")
     detail = f"{rel}: cannot be read ({reason})"
@@ -352,7 +353,7 @@ def _unexpected(ref: CaseRef, organ: Organ | None, step: str, err: Exception) ->
     logger.exception("unexpected error on %s (%s, %s)", ref.case_id, organ, step)
     tb = "".join(traceback.format_exception_only(type(err), err)).strip()
     where = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
-    detail = f"{tb}" + (f" at {Path(where.filename).name}:{where.lineno}" if where else "")
+    detail = printable(f"{tb}" + (f" at {Path(where.filename).name}:{where.lineno}" if where else ""))
     return Rejection(ref.case_id, None if organ is None else str(organ), step, RejectReason.UNEXPECTED_ERROR, detail)
 
 
@@ -385,7 +386,7 @@ def case_cache_key(ref: CaseRef, cfg: CurateConfig, split: str, metadata_key: st
             fingerprint = file_checksum(path) if os.path.lexists(path) else "absent"
         except OSError as err:
             fingerprint = f"error {err.errno}"
-        digest.update(f"|{rel}|{fingerprint}".encode())
+        digest.update(f"|{rel}|{fingerprint}".encode("utf-8", "surrogateescape"))
     return digest.hexdigest()[:32]
 
 

@@ -49,6 +49,7 @@ class QaReport:
     agreements: tuple[Agreement, ...]
     implausible: tuple[tuple[str, float, str], ...]  # (case_id/organ, score, why), worst first
     warnings: tuple[str, ...] = field(default=())
+    duplicate_cts: tuple[tuple[str, ...], ...] = ()  # case ids sharing byte-identical CT files (a leak risk)
 
 
 def _compare(row: Mapping[str, Any], attribute: str) -> bool | None:
@@ -107,6 +108,7 @@ def build_qa_report(
     *,
     plausible_volume_cm3: Mapping[Organ, tuple[float, float]],
     warnings: Sequence[str] = (),
+    file_digests: Mapping[str, str] | None = None,
     top_n: int = 20,
 ) -> QaReport:
     """Compute the QA report of a run.
@@ -116,6 +118,8 @@ def build_qa_report(
         rejections: every rejection of the run.
         plausible_volume_cm3: organ -> (low, high) plausible volume (`emrl_data.curate.PLAUSIBLE_ORGAN_VOLUME_CM3`).
         warnings: run-level warnings (discovery, CSV decoding).
+        file_digests: "<case_id>/<path relative to the atlas root>" -> sha256 of the file, for the files read; CT
+            files (named `ct.nii*`) shared by several case ids are listed as duplicates.
         top_n: how many of the most implausible rows to list.
 
     Returns:
@@ -145,7 +149,18 @@ def build_qa_report(
         agreements=tuple(agreements),
         implausible=tuple((key, round(score, 2), why) for key, score, why in worst),
         warnings=tuple(warnings),
+        duplicate_cts=_duplicate_cts(file_digests or {}),
     )
+
+
+def _duplicate_cts(file_digests: Mapping[str, str]) -> tuple[tuple[str, ...], ...]:
+    """Groups of case ids whose CT files are byte-identical (one source's case re-released under another id)."""
+    cases_of: dict[str, set[str]] = {}
+    for key, digest in file_digests.items():
+        case_id, _, rel = key.partition("/")
+        if rel.rsplit("/", 1)[-1].startswith("ct.nii"):
+            cases_of.setdefault(digest, set()).add(case_id)
+    return tuple(sorted(tuple(sorted(ids)) for ids in cases_of.values() if len(ids) > 1))
 
 
 def qa_markdown(report: QaReport, *, max_ids: int = 20) -> str:
@@ -180,6 +195,9 @@ def qa_markdown(report: QaReport, *, max_ids: int = 20) -> str:
         "|---|---|---|",
     ]
     lines += [f"| {key} | {score} | {why} |" for key, score, why in report.implausible] or ["| none | 0 | |"]
+    if report.duplicate_cts:
+        lines += ["", "## Byte-identical CT files under different case ids", ""]
+        lines += [f"- {', '.join(ids)}" for ids in report.duplicate_cts]
     if report.warnings:
         lines += ["", "## Run warnings", ""] + [f"- {w}" for w in report.warnings]
     return "\n".join(lines) + "\n"

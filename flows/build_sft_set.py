@@ -188,7 +188,13 @@ def build_sft_set_flow(
         raise RuntimeError(f"Cases with neither a row nor a rejection (a bug): {missing[:10]}")
 
     unexpected = [r for r in rejections if r.reason == RejectReason.UNEXPECTED_ERROR]
-    qa = build_qa_report(rows, rejections, plausible_volume_cm3=PLAUSIBLE_ORGAN_VOLUME_CM3, warnings=plan.warnings)
+    qa = build_qa_report(
+        rows,
+        rejections,
+        plausible_volume_cm3=PLAUSIBLE_ORGAN_VOLUME_CM3,
+        warnings=plan.warnings,
+        file_digests=digests,
+    )
     qa_md = qa_markdown(qa)
     summary = {
         **{k: v for k, v in provenance.items() if k != "config"},

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import nibabel as nib
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from emrl_data.atlas import (
@@ -28,6 +29,7 @@ from emrl_data.atlas import (
 from emrl_data.config import CurateConfig
 from emrl_data.curate import CaseResult, CaseStore, case_cache_key, curate_case, file_checksum
 from emrl_data.outcome import Rejection, RejectReason
+from emrl_data.records import REJECTIONS_SCHEMA
 from emrl_data.synthetic import CaseSpec, LesionSpec, write_atlas
 from emrl_data.types import Organ, Split
 
@@ -148,6 +150,22 @@ def test_every_hostile_entry_ends_as_a_row_or_a_rejection(tmp_path: Path) -> Non
         ("BDMAP_00000008", "not_a_case"),
         ("bdmap_00000009", "invalid_case_id"),
     ]
+
+
+def test_undecodable_file_names_reach_the_tables_escaped(tmp_path: Path) -> None:
+    root = _atlas(tmp_path, (ID1,))
+    os.mkdir(os.fsencode(root / "image_only") + b"/BDMAP_0000000\xff")  # not UTF-8: a surrogate in Python
+    mask_dir = os.fsencode(root / "mask_only" / ID1 / "segmentations")
+    shutil.copy(root / "mask_only" / ID1 / "segmentations/liver_lesion.nii.gz", mask_dir + b"/liver_\xffmass.nii.gz")
+
+    rows, rejections, _ = _curate(root)
+
+    (rejection,) = rejections
+    assert rejection.case_id == "BDMAP_0000000\\udcff" and rejection.reason == RejectReason.INVALID_CASE_ID
+    assert "unrecognised_lesion_file" in rows[0]["qa_flags"]
+    assert rows[0]["warnings"][0].startswith("liver_\\udcffmass.nii*: lesion-like")
+    pa.Table.from_pylist([r.to_row() for r in rejections], schema=REJECTIONS_SCHEMA)  # encodable
+    pa.Table.from_pylist([{k: v for k, v in r.items() if k != "frames"} for r in rows])
 
 
 # --------------------------------------------------------------------------------------------------------------------
