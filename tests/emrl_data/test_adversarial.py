@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import csv
 import gzip
+import json
 import logging
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import nibabel as nib
@@ -226,24 +228,75 @@ def test_an_unreadable_segmentations_folder_rejects_every_organ_but_not_the_run(
     assert {r["case_id"] for r in rows} == {ID1}
 
 
-@pytest.mark.parametrize("target", ["ct", "mask", "case_folder"])
+def _curate_as_nobody(root: Path) -> tuple[list[tuple], list[tuple]]:
+    """Run `_curate` in a forked child that dropped root to uid/gid 65534, where chmod 000 really blocks reads."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 0
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            rows, rejections, _ = _curate(root)
+            out = {
+                "rows": [(r["case_id"], r["organ"]) for r in rows],
+                "rejections": [(r.case_id, r.organ, r.step, str(r.reason), r.path) for r in rejections],
+            }
+            os.write(write_end, json.dumps(out).encode())
+        except BaseException as err:  # report anything to the parent
+            os.write(write_end, json.dumps({"error": repr(err)}).encode())
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as fh:
+        data = json.loads(fh.read() or b'{"error": "child wrote nothing"}')
+    os.waitpid(pid, 0)
+    assert "error" not in data, data["error"]
+    return [tuple(r) for r in data["rows"]], [tuple(r) for r in data["rejections"]]
+
+
+@pytest.mark.parametrize("target", ["ct", "mask", "segmentations", "case_folder"])
 def test_mode_000_files_are_unreadable_file_rejections(tmp_path: Path, target: str) -> None:
-    if not _chmod_blocks_reads(tmp_path):
-        pytest.skip("running as root: chmod 000 does not block reads here (the symlink-loop tests cover OSError)")
-    root = _atlas(tmp_path / "atlas", (ID1, ID2))
-    path = {
-        "ct": root / "image_only" / ID2 / "ct.nii.gz",
-        "mask": root / "mask_only" / ID2 / "segmentations/liver.nii.gz",
-        "case_folder": root / "image_only" / ID2,
-    }[target]
-    path.chmod(0)
+    """The issue's own examples: a CT, a mask, `segmentations/` or a case folder with mode 000."""
+    if os.geteuid() != 0 and not _chmod_blocks_reads(tmp_path):
+        pytest.skip("chmod 000 does not block reads for this user (the symlink-loop tests cover OSError)")
+    base = Path(tempfile.mkdtemp(prefix="emrl-mode000-"))  # traversable by uid 65534, unlike pytest's tmp_path
     try:
-        rows, rejections, seen = _curate(root)
-    finally:
+        base.chmod(0o755)
+        root = _atlas(base / "atlas", (ID1, ID2))
+        path = {
+            "ct": root / "image_only" / ID2 / "ct.nii.gz",
+            "mask": root / "mask_only" / ID2 / "segmentations/liver.nii.gz",
+            "segmentations": root / "mask_only" / ID2 / "segmentations",
+            "case_folder": root / "image_only" / ID2,
+        }[target]
+        path.chmod(0)
+        if os.geteuid() == 0:
+            rows, rejections = _curate_as_nobody(root)
+        else:
+            found_rows, found, _ = _curate(root)
+            rows = [(r["case_id"], r["organ"]) for r in found_rows]
+            rejections = [(r.case_id, r.organ, r.step, str(r.reason), r.path) for r in found]
         path.chmod(0o755)
-    assert seen == {ID1, ID2}
-    assert {r.reason for r in rejections} == {RejectReason.UNREADABLE_FILE}
-    assert {r["case_id"] for r in rows} >= {ID1}
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    mask_dir = f"mask_only/{ID2}/segmentations"
+    expected = {
+        "ct": [(ID2, None, "load", "unreadable_file", f"image_only/{ID2}/ct.nii.gz")],
+        "case_folder": [(ID2, None, "load", "unreadable_file", f"image_only/{ID2}/ct.nii.gz")],
+        "mask": [(ID2, "liver", "labels", "unreadable_file", f"{mask_dir}/liver.nii.gz")],
+        "segmentations": [
+            (ID2, "liver", "labels", "unreadable_file", f"{mask_dir}/liver_lesion.nii.gz"),
+            (ID2, "pancreas", "labels", "unreadable_file", f"{mask_dir}/pancreatic_lesion.nii.gz"),
+            (ID2, "kidney", "labels", "unreadable_file", f"{mask_dir}/kidney_lesion.nii.gz"),
+        ],
+    }[target]
+    assert rejections == expected
+    kept = {"mask": [(ID2, "pancreas"), (ID2, "kidney")]}.get(target, [])
+    assert rows == [(ID1, "liver"), (ID1, "pancreas"), (ID1, "kidney"), *kept]
 
 
 def test_an_organ_level_error_keeps_the_other_organs(tmp_path: Path) -> None:
