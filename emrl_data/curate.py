@@ -506,7 +506,7 @@ class CaseStore:
             "file_digests": dict(result.file_digests),
             "frames_sha256": hashlib.sha256(arrow_bytes).hexdigest(),
         }
-        body = json.dumps(payload, sort_keys=True, allow_nan=True)
+        body = json.dumps(payload, sort_keys=True, allow_nan=True, default=_json_scalar)
         document = json.dumps({"sha256": hashlib.sha256(body.encode()).hexdigest(), "payload": body})
         _write_atomic(arrow_bytes, self._arrow(key))
         _write_atomic(document.encode(), self._json(key))
@@ -560,6 +560,13 @@ class CaseStore:
         ):
             frames[organ].append({"bytes": data, "path": name})
         return frames
+
+
+def _json_scalar(value: Any) -> Any:
+    """numpy scalars and arrays in a row -> Python values (what the Parquet writer would store anyway)."""
+    if isinstance(value, np.generic | np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable in a case store row")
 
 
 def _frame_bytes(row: Mapping[str, Any]) -> int:

@@ -1,8 +1,8 @@
 """Adversarial inputs (issue 9): every hostile or messy input ends as a row or a rejection naming the file.
 
-Files that cannot be read are made with symlink loops, dangling links and folders where files belong: these raise a
-real OSError even for root, which chmod 000 does not. The mode-000 tests run only where chmod really blocks reads
-(they skip, saying so, under root).
+Files that cannot be read are made with symlink loops, dangling links and folders where files belong (a real OSError
+even for root) and with chmod 000; under root, which chmod 000 does not stop, the mode-000 tests curate in a forked
+child that dropped to uid 65534.
 """
 
 from __future__ import annotations
@@ -499,6 +499,7 @@ def _result() -> CaseResult:
         "long_axis_mm": 12.5,
         "location": ["5"],
         "bbox_xyxy_vox": None,
+        "lesion_count": np.int64(2),  # numpy scalars are stored as Python values
         "frames": [{"bytes": b"\x89PNG1", "path": "a.png"}, {"bytes": b"\x89PNG22", "path": "b.png"}],
     }
     rejection = Rejection(ID1, "kidney", "labels", RejectReason.UNREADABLE_FILE, "x: cannot be read", "x")
@@ -513,7 +514,7 @@ def test_case_store_round_trips_without_pickle(tmp_path: Path) -> None:
     assert light is not None
     assert light.rows == [
         {"case_id": ID1, "organ": "liver", "long_axis_mm": 12.5, "location": ["5"], "bbox_xyxy_vox": None,
-         "frames_bytes": 11}
+         "lesion_count": 2, "frames_bytes": 11}
     ]  # fmt: skip
     assert light.rejections == _result().rejections and light.file_digests == {"ct.nii.gz": "ab"}
     assert store.load_frames("k") == {"liver": _result().rows[0]["frames"]}
