@@ -535,6 +535,8 @@ def read_split_files(root: Path) -> SplitListing | None:
         for _, cells in lines:
             if len(cells) > col and cells[col] and (split, rel) not in listed.get(cells[col], []):
                 listed.setdefault(cells[col], []).append((split, rel))
+        if not any(len(cells) > col and is_valid_case_id(cells[col]) for _, cells in lines):
+            warnings.append(f"{rel} lists no valid case id (column {table.header[col] if table.header else 0!r})")
         warnings += [table.encoding_note] if table.encoding_note else []
     splits = {cid: entries[0][0] for cid, entries in listed.items() if len(entries) == 1}
     conflicts = {cid: tuple(rel for _, rel in entries) for cid, entries in listed.items() if len(entries) > 1}
@@ -752,7 +754,7 @@ def plan_atlas(root: Path, *, limit: int | None = None, test_fraction: float = 0
         )
         for r in refs
     }
-    metadata, meta_rejections = _plan_metadata(root, {r.case_id for r in refs})
+    metadata, meta_rejections = _plan_metadata(root, {r.case_id for r in refs}, warnings)
     return AtlasPlan(
         discovery.layout,
         tuple(refs),
@@ -764,17 +766,24 @@ def plan_atlas(root: Path, *, limit: int | None = None, test_fraction: float = 0
     )
 
 
-def _plan_metadata(root: Path, wanted: set[str]) -> tuple[dict[str, dict[Organ, AtlasOrganMeta]], list[Rejection]]:
-    """Read the metadata CSV when present: (rows of the wanted cases, bad_metadata_row rejections)."""
+def _plan_metadata(
+    root: Path, wanted: set[str], warnings: list[str]
+) -> tuple[dict[str, dict[Organ, AtlasOrganMeta]], list[Rejection]]:
+    """Read the metadata CSV when present: (rows of the wanted cases, bad_metadata_row rejections).
+
+    A CSV that cannot be used at all (unreadable, no `BDMAP ID` column) is a run warning, not a failure: it holds
+    weak labels only, so the run goes on without `atlas_*` values and says so in the summary and `qa.md`.
+    """
     path = root / METADATA_FILE
-    if not _plan_file(path):
-        return {}, []
     try:
+        if not _plan_file(path):
+            return {}, []
         metadata, problems = read_metadata(path)
-    except OSError as err:
-        raise AtlasError(f"cannot read the metadata CSV {METADATA_FILE}: {_os_reason(err)}") from None
-    except ValueError as err:
-        raise AtlasError(str(err)) from None
+    except (AtlasError, ValueError, OSError) as err:
+        reason = _os_reason(err) if isinstance(err, OSError) else str(err).rstrip(".")
+        warnings.append(f"{METADATA_FILE} not used: {reason}; no atlas_* values in this run")
+        logger.warning("%s", warnings[-1])
+        return {}, []
     rejections = [
         Rejection(case_id, None, "metadata", RejectReason.BAD_METADATA_ROW, problem, METADATA_FILE)
         for case_id, problem in sorted(problems.items())

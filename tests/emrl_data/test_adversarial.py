@@ -22,6 +22,7 @@ import pyarrow as pa
 import pytest
 
 from emrl_data.atlas import (
+    AtlasError,
     NoCasesError,
     discover_cases,
     plan_atlas,
@@ -405,6 +406,36 @@ def test_an_id_in_two_split_files_is_a_split_conflict_never_a_leak(tmp_path: Pat
         (ID2, RejectReason.SPLIT_CONFLICT, "TrainTestIDS/IID_train.csv")
     ]
     assert "train/test leak" in plan.rejections[0].detail
+
+
+@pytest.mark.parametrize("damage", ["no_id_column", "folder", "empty"])
+def test_an_unusable_metadata_csv_is_a_run_warning_not_a_failure(tmp_path: Path, damage: str) -> None:
+    root = _atlas(tmp_path)
+    path = root / "AbdomenAtlas3.0MiniWithMeta.csv"
+    if damage == "no_id_column":
+        path.write_text("case;liver volume (cm^3)\nBDMAP_00000001;1200\n")
+    elif damage == "folder":
+        path.unlink()
+        path.mkdir()
+    else:
+        path.write_bytes(b"")
+
+    plan = plan_atlas(root)
+
+    assert plan.metadata == {} and plan.rejections == () and [r.case_id for r in plan.refs] == [ID1]
+    (warning,) = [w for w in plan.warnings if "IID_test.csv lists no valid case id" not in w]  # 1 case: all train
+    assert warning.startswith("AbdomenAtlas3.0MiniWithMeta.csv not used: ")
+    assert warning.endswith("; no atlas_* values in this run")
+
+
+def test_split_files_that_cannot_be_used_stop_the_plan_in_one_line(tmp_path: Path) -> None:
+    root = _atlas(tmp_path)
+    (root / "TrainTestIDS/IID_test.csv").write_bytes(b"")
+    assert plan_atlas(root).warnings == ("TrainTestIDS/IID_test.csv lists no valid case id (column 0)",)
+    (root / "TrainTestIDS/IID_test.csv").unlink()
+    (root / "TrainTestIDS/IID_test.csv").mkdir()  # a split decides train vs test: never guessed around
+    with pytest.raises(AtlasError, match=r"^cannot use IID_test.csv: a folder where a NIfTI file belongs"):
+        plan_atlas(root)
 
 
 # --------------------------------------------------------------------------------------------------------------------
