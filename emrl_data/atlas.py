@@ -320,9 +320,7 @@ def discover_cases(root: Path) -> Discovery:
             where = f"{name!r} is a case folder outside image_only/ and mask_only/ (mixed layouts)"
             rejections.append(_discovery_rejection(name, RejectReason.NOT_A_CASE, problem or where, name))
         for d, entries in split.items():
-            warnings += [
-                f"{d}/{n}: not a case folder (name does not start with BDMAP), ignored" for n in entries.others
-            ]
+            warnings += _stray_warnings(f"{d}/", entries.others)
         names = sorted({n for e in split.values() for n in e.cases})
         for name in names:
             problems = [(f"{d}/{name}", e.cases[name]) for d, e in split.items() if name in e.cases]
@@ -351,6 +349,19 @@ def discover_cases(root: Path) -> Discovery:
     for message in warnings:
         logger.warning("atlas %s: %s", root, message)
     return Discovery(layout, tuple(refs), tuple(sorted(rejections, key=_rejection_order)), tuple(warnings))
+
+
+def _stray_warnings(prefix: str, names: list[str]) -> list[str]:
+    """One warning per stray entry of a layout folder; hidden ones (`.DS_Store`, `._BDMAP…`) summed in one line."""
+    hidden = [n for n in names if n.startswith(".")]
+    lines = [
+        f"{prefix}{n}: not a case folder (name does not start with BDMAP), ignored" for n in names if n not in hidden
+    ]
+    if hidden:
+        lines.append(
+            f"{prefix}: {len(hidden)} hidden entr{'y' if len(hidden) == 1 else 'ies'} ignored ({hidden[0]}, ...)"
+        )
+    return lines
 
 
 def _rejection_order(r: Rejection) -> tuple[str, str]:

@@ -14,6 +14,8 @@ import json
 import logging
 import math
 import os
+import shutil
+import stat
 import struct
 import threading
 import traceback
@@ -528,14 +530,14 @@ class CaseStore:
         if not path.is_file():
             return None
         try:
-            document = json.loads(path.read_bytes())
+            document = json.loads(_read_bounded(path, _MAX_JSON_BYTES))
             body = document["payload"]
             if hashlib.sha256(body.encode()).hexdigest() != document["sha256"]:
                 raise ValueError("checksum mismatch")
             payload: dict[str, Any] = json.loads(body)
             if payload.get("format") != STORE_FORMAT:
                 raise ValueError(f"format {payload.get('format')!r}, expected {STORE_FORMAT}")
-            arrow = self._arrow(key).read_bytes()
+            arrow = _read_bounded(self._arrow(key), _MAX_ARROW_BYTES)
             if hashlib.sha256(arrow).hexdigest() != payload["frames_sha256"]:
                 raise ValueError(f"{self._arrow(key).name}: checksum mismatch")
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
@@ -573,7 +575,24 @@ def _frame_bytes(row: Mapping[str, Any]) -> int:
     return sum(len(f["bytes"]) for f in row["frames"])
 
 
+_MAX_JSON_BYTES = 64 << 20  # rows of one case without frames: a few KiB
+_MAX_ARROW_BYTES = 4 << 30  # frames of one case: a few MiB
+
+
+def _read_bounded(path: Path, limit: int) -> bytes:
+    """Read a store file that must be a regular file of at most `limit` bytes (a planted link to a device or a huge
+    file is refused before reading)."""
+    with path.open("rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            raise ValueError(f"{path.name}: not a regular file of at most {limit} bytes")
+        return fh.read()
+
+
 def _write_atomic(data: bytes, path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():  # something planted where an entry belongs: replace it
+        logger.warning("case store: %s is a folder where an entry belongs; replaced", path)
+        shutil.rmtree(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     with tmp.open("wb") as fh:
         fh.write(data)

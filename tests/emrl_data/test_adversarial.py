@@ -100,6 +100,8 @@ def test_discovery_accounts_for_loops_files_wrong_case_and_misplaced_folders(tmp
     _touch(tmp_path / "image_only/bdmap_00000005/ct.nii.gz")  # lower-case prefix
     _touch(tmp_path / "BDMAP_00000006/ct.nii.gz")  # a case folder outside image_only/ (mixed layouts)
     _touch(tmp_path / "image_only/notes/readme.txt")  # not case-like: a warning
+    _touch(tmp_path / "image_only/.DS_Store")  # hidden entries: one summed warning
+    _touch(tmp_path / "image_only/._BDMAP_00000001")
 
     found = discover_cases(tmp_path)
 
@@ -115,7 +117,10 @@ def test_discovery_accounts_for_loops_files_wrong_case_and_misplaced_folders(tmp
     details = [r.detail for r in found.rejections]
     assert "does not resolve" in details[0] and "own parent" in details[1] and "a file where" in details[2]
     assert "mixed layouts" in details[3] and "did you mean 'BDMAP_00000005'" in details[4]
-    assert found.warnings == ("image_only/notes: not a case folder (name does not start with BDMAP), ignored",)
+    assert found.warnings == (
+        "image_only/notes: not a case folder (name does not start with BDMAP), ignored",
+        "image_only/: 2 hidden entries ignored (.DS_Store, ...)",
+    )
 
 
 def test_combined_layout_beside_an_empty_stray_image_only_is_found_with_a_warning(tmp_path: Path) -> None:
@@ -574,6 +579,19 @@ def test_a_damaged_case_store_entry_is_recomputed_with_a_warning(
     assert "is unusable" in caplog.text and "curated again" in caplog.text
     store.save("k", _result())  # the rerun overwrites it
     assert store.has("k")
+
+
+def test_planted_store_entries_are_refused_without_reading_and_replaced(tmp_path: Path) -> None:
+    store = CaseStore(tmp_path)
+    (tmp_path / "a.case.json").symlink_to("/dev/zero")  # reading it would never end
+    (tmp_path / "b.case.json").mkdir()  # a folder where the entry belongs
+    store.save("c", _result())
+    (tmp_path / "c.frames.arrow").unlink()
+    (tmp_path / "c.frames.arrow").symlink_to("/dev/zero")
+    assert not store.has("a") and not store.has("b") and not store.has("c")
+    for key in ("a", "b", "c"):
+        store.save(key, _result())
+        assert store.has(key) and store.load_frames(key) == {"liver": _result().rows[0]["frames"]}
 
 
 def test_a_pickle_in_the_store_is_never_read(tmp_path: Path) -> None:
