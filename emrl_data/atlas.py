@@ -438,43 +438,76 @@ def read_csv_table(path: Path, *, key_column: str = "BDMAP ID") -> CsvTable:
         OSError: the file cannot be read.
     """
     raw = path.read_bytes()
-    if raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
-    text_lines: list[str] = []
-    undecodable: set[int] = set()
-    cp1252: list[int] = []
-    for number, line in enumerate(raw.splitlines(keepends=True), start=1):
-        try:
-            text_lines.append(line.decode("utf-8"))
-        except UnicodeDecodeError:
-            try:
-                text_lines.append(line.decode("cp1252"))
-                cp1252.append(number)
-            except UnicodeDecodeError:
-                text_lines.append(line.decode("utf-8", errors="replace"))
-                undecodable.add(number)
+    text_lines, undecodable, cp1252 = _decode_lines(raw[3:] if raw.startswith(b"\xef\xbb\xbf") else raw)
     delimiter = _sniff_delimiter(text_lines[0] if text_lines else "", key_column)
     # Process-wide and only ever raised (threads may read CSVs at once; restoring it would race).
     csv.field_size_limit(max(csv.field_size_limit(), _FIELD_LIMIT))
     reader = csv.reader(text_lines, delimiter=delimiter)
     parsed: list[tuple[int, int, tuple[str, ...]]] = []
     first = 1
-    for row in reader:
-        parsed.append((first, reader.line_num, tuple(c.strip() for c in row)))
-        first = reader.line_num + 1
+    try:
+        for row in reader:
+            parsed.append((first, reader.line_num, tuple(c.strip() for c in row)))
+            first = reader.line_num + 1
+    except csv.Error as err:
+        raise ValueError(f"{path.name} line {reader.line_num}: not CSV ({err})") from None
     header = parsed[0][2] if parsed else ()
     records: list[tuple[int, tuple[str, ...]]] = []
     bad: list[tuple[int, str, tuple[str, ...]]] = []
     for first, last, cells in parsed[1:]:
         lines = [n for n in range(first, last + 1) if n in undecodable]
+        swallowed = _swallowed_rows(text_lines[first:last], first + 1, header, delimiter, key_column)
         if lines:
-            bad.append((first, f"line {lines[0]} holds bytes that are neither UTF-8 nor cp1252", cells))
+            bad.append((first, f"line {lines[0]} holds bytes that are neither UTF-8 nor cp1252 (or NUL)", cells))
+        elif swallowed:
+            problem = f"a quote opened on line {first} is not closed before line {swallowed[0][0]}"
+            bad += [(first, problem, cells)] + [
+                (n, f"{problem}: swallowed into line {first}", c) for n, c in swallowed
+            ]
         elif any(cells):
             records.append((first, cells))
     note = None
     if cp1252:
         note = f"{path.name}: {len(cp1252)} line(s) not UTF-8, decoded as cp1252 (first: line {cp1252[0]})"
     return CsvTable(header, tuple(records), tuple(bad), note, delimiter)
+
+
+def _decode_lines(raw: bytes) -> tuple[list[str], set[int], list[int]]:
+    """Physical lines decoded as UTF-8, else cp1252: (lines, numbers of undecodable or NUL lines, cp1252 lines)."""
+    text_lines: list[str] = []
+    undecodable: set[int] = set()
+    cp1252: list[int] = []
+    for number, line in enumerate(raw.splitlines(keepends=True), start=1):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            try:
+                text = line.decode("cp1252")
+                cp1252.append(number)
+            except UnicodeDecodeError:
+                text = line.decode("utf-8", errors="replace")
+                undecodable.add(number)
+        if "\x00" in text:  # the csv module refuses NUL; a NUL line is garbage for us too
+            text = text.replace("\x00", "\ufffd")
+            undecodable.add(number)
+        text_lines.append(text)
+    return text_lines, undecodable, cp1252
+
+
+def _swallowed_rows(
+    lines: Sequence[str], first_number: int, header: Sequence[str], delimiter: str, key_column: str
+) -> list[tuple[int, tuple[str, ...]]]:
+    """The continuation lines of a multi-line record that parse alone as a full row with a case id: rows an
+    unterminated quote swallowed (a multi-line report cell never looks like that)."""
+    if key_column not in header:
+        return []
+    col = list(header).index(key_column)
+    found = []
+    for number, line in enumerate(lines, start=first_number):
+        cells = tuple(c.strip() for c in next(csv.reader([line], delimiter=delimiter), []))
+        if len(cells) == len(header) and is_valid_case_id(cells[col]):
+            found.append((number, cells))
+    return found
 
 
 def _sniff_delimiter(header_line: str, key_column: str) -> str:
@@ -533,6 +566,8 @@ def read_split_files(root: Path) -> SplitListing | None:
             table = read_csv_table(path)
         except OSError as err:
             raise AtlasError(f"cannot read the split file {rel}: {_os_reason(err)}") from None
+        except ValueError as err:
+            raise AtlasError(f"cannot use the split file {rel}: {err}") from None
         col = table.header.index("BDMAP ID") if "BDMAP ID" in table.header else 0
         lines = list(table.records)
         if table.header and len(table.header) > col and is_valid_case_id(table.header[col]):  # a header-less file

@@ -375,7 +375,33 @@ def test_metadata_bad_cells_encodings_long_cells_and_duplicates(tmp_path: Path) 
     assert problems[ID3] == f"meta.csv lines 4 and 5: two rows for {ID3} with different values (neither is used)"
     assert "'-3.0'" in problems["BDMAP_00000005"]
     assert "3 cells where the header has 4" in problems["BDMAP_00000006"]
-    assert problems["BDMAP_00000008"] == "meta.csv line 11: line 11 holds bytes that are neither UTF-8 nor cp1252"
+    assert problems["BDMAP_00000008"] == (
+        "meta.csv line 11: line 11 holds bytes that are neither UTF-8 nor cp1252 (or NUL)"
+    )
+
+
+def test_an_unclosed_quote_or_a_nul_byte_never_swallows_rows_silently(tmp_path: Path) -> None:
+    path = tmp_path / "m.csv"
+    path.write_bytes(
+        b"BDMAP ID,number of liver lesion instances,narrative report\n"
+        b'BDMAP_00000001,1.0,"a report\non two lines"\n'  # a legal multi-line cell
+        b'BDMAP_00000002,1.0,"unclosed\n'
+        b"BDMAP_00000003,2.0,fine\n"
+        b'BDMAP_00000004,0.0,"closes the quote here"\n'
+        b"BDMAP_00000005,0.0,x\n"
+        b"BDMAP_00000006,1\x00.0,y\n"
+    )
+
+    rows, problems = read_metadata(path)
+
+    assert sorted(rows) == [ID1, "BDMAP_00000005"]
+    opened = "a quote opened on line 4 is not closed before line 5"
+    assert problems == {
+        ID2: f"m.csv line 4: {opened}",
+        ID3: f"m.csv line 5: {opened}: swallowed into line 4",
+        "BDMAP_00000004": f"m.csv line 6: {opened}: swallowed into line 4",
+        "BDMAP_00000006": "m.csv line 8: line 8 holds bytes that are neither UTF-8 nor cp1252 (or NUL)",
+    }
 
 
 def test_a_bad_metadata_row_is_a_rejection_and_the_case_still_runs(tmp_path: Path) -> None:
