@@ -8,23 +8,42 @@ at the end when there are more than it tolerates.
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import json
 import logging
+import math
 import os
-import pickle
+import shutil
+import stat
+import struct
 import threading
 import traceback
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import xxhash
+
 from emrl_data import __version__
-from emrl_data.atlas import ORGAN_STRUCTURES, AtlasOrganMeta, CaseRef
+from emrl_data.atlas import (
+    ORGAN_STRUCTURES,
+    AtlasOrganMeta,
+    CaseRef,
+    lesion_files,
+    printable,
+    probe_file,
+    unrecognised_lesion_files,
+)
 from emrl_data.config import CurateConfig
 from emrl_data.frames import build_frames
 from emrl_data.labels import OrganLabels, label_organ
 from emrl_data.nifti import CaseImages, open_case
+from emrl_data.organs import PLAUSIBLE_ORGAN_VOLUME_CM3  # noqa: F401 - re-exported (flows, qa)
 from emrl_data.outcome import CaseDataError, Rejection, RejectReason
 from emrl_data.report import (
     render_evidence,
@@ -49,6 +68,13 @@ class CaseResult:
     file_digests: dict[str, str] = field(default_factory=dict)
 
 
+# Reasons that condemn the whole case when raised without an organ: the grid or geometry itself is wrong, so every
+# mask of the case is suspect (SPEC §2). With `organ` set, any reason costs only that organ's row.
+_CASE_LEVEL_REASONS = frozenset(
+    {"mask_grid_mismatch", "mask_orientation_conflict", "geometry_conflict", "implausible_spacing"}
+)
+
+
 def curate_case(
     ref: CaseRef,
     *,
@@ -56,7 +82,11 @@ def curate_case(
     cfg: CurateConfig,
     metadata: Mapping[Organ, AtlasOrganMeta] | None = None,
 ) -> CaseResult:
-    """Curate one case into up to three organ rows; never raises for a problem of this case's data.
+    """Curate one case into up to three organ rows; never raises for a problem of this case's data or files.
+
+    The error boundary: a `CaseDataError` becomes a rejection (of its organ when it names one, of the whole case for
+    a grid/geometry reason without an organ, else of the organ being labelled); an `OSError` on a case file becomes
+    `unreadable_file` naming the file; any other exception is a bug (`unexpected_error`).
 
     Args:
         ref: where the case's files are.
@@ -69,38 +99,90 @@ def curate_case(
     """
     result = CaseResult(ref.case_id)
     try:
+        probe_file(ref.ct_path, ref.relative(ref.ct_path))
         images = open_case(ref, cfg=cfg.load)
     except CaseDataError as err:
         result.rejections.append(_rejection(ref, None, "load", err))
+        return result
+    except OSError as err:
+        result.rejections.append(_unreadable(ref, None, "load", err))
         return result
     except Exception as err:  # a bug: recorded per case, fails the flow at the end
         result.rejections.append(_unexpected(ref, None, "load", err))
         return result
     for organ in Organ:
+        step, files = "labels", tuple[str, ...]()
         try:
-            labels = label_organ(images, organ, cfg=cfg.labels)
+            files = lesion_files(ref, organ)
+            labels = label_organ(_OrganSource(images, organ, files), organ, cfg=cfg.labels)
+            step = "frames"
+            row = _organ_row(ref, images, labels, split=split, cfg=cfg, meta=(metadata or {}).get(organ))
+            extra, warnings = _lesion_columns(ref, organ, files, labels)
+            result.rows.append({**row, **extra, "warnings": row["warnings"] + warnings})
         except CaseDataError as err:
-            if err.reason == RejectReason.MASK_GRID_MISMATCH:
-                # SPEC §2: a mask that cannot be placed on the CT grid rejects the whole case (its other masks
-                # share the same provenance and cannot be trusted either).
+            if err.organ is None and str(err.reason) in _CASE_LEVEL_REASONS:
                 result.rows.clear()
-                result.rejections = [r for r in result.rejections if r.reason == RejectReason.UNEXPECTED_ERROR] + [
-                    _rejection(ref, None, "load", err, keep_organ=False)
-                ]
-                return result
-            result.rejections.append(_rejection(ref, organ, "labels", err))
-            continue
+                result.rejections = [r for r in result.rejections if r.reason == RejectReason.UNEXPECTED_ERROR]
+                result.rejections.append(_rejection(ref, None, "load", err))
+                break
+            result.rejections.append(_rejection(ref, organ, step, err, files))
+        except OSError as err:
+            result.rejections.append(_unreadable(ref, organ, step, err))
         except Exception as err:
-            result.rejections.append(_unexpected(ref, organ, "labels", err))
-            continue
-        try:
-            result.rows.append(_organ_row(ref, images, labels, split=split, cfg=cfg, meta=(metadata or {}).get(organ)))
-        except CaseDataError as err:
-            result.rejections.append(_rejection(ref, organ, "frames", err))
-        except Exception as err:
-            result.rejections.append(_unexpected(ref, organ, "frames", err))
+            result.rejections.append(_unexpected(ref, organ, step, err))
     result.file_digests = dict(images.file_digests)
     return result
+
+
+class _OrganSource:
+    """The case's images as `label_organ` reads them, with the organ's lesion mask made by the lesion-file rule."""
+
+    def __init__(self, images: CaseImages, organ: Organ, files: tuple[str, ...]) -> None:
+        self._images = images
+        self._lesion = ORGAN_STRUCTURES[organ].lesion_mask
+        self._files = files
+
+    @property
+    def ct_hu(self) -> np.ndarray:
+        return self._images.ct_hu
+
+    @property
+    def spacing_mm(self) -> tuple[float, float, float]:
+        return self._images.spacing_mm
+
+    def has(self, structure: str) -> bool:
+        return bool(self._files) if structure == self._lesion else self._images.has(structure)
+
+    def mask(self, structure: str) -> np.ndarray | None:
+        if structure != self._lesion:
+            return self._images.mask(structure)
+        union: np.ndarray | None = None
+        for name in self._files:
+            part = self._images.mask(name)
+            if part is not None:
+                union = part if union is None else np.logical_or(union, part)
+        return union
+
+
+def _lesion_columns(
+    ref: CaseRef, organ: Organ, files: tuple[str, ...], labels: OrganLabels
+) -> tuple[dict[str, Any], list[str]]:
+    """(`lesion_files` and `qa_flags` columns, warnings about lesion-like files no rule reads)."""
+    unknown = unrecognised_lesion_files(ref, organ)
+    flags = []
+    low, high = PLAUSIBLE_ORGAN_VOLUME_CM3[organ]
+    volume_cm3 = labels.organ_volume_mm3 / 1000.0
+    if volume_cm3 < low:
+        flags.append("organ_volume_low")
+    elif volume_cm3 > high:
+        flags.append("organ_volume_high")
+    warnings = []
+    if unknown:
+        flags.append("unrecognised_lesion_file")
+        used = ", ".join(files) if files else "none (the row says no lesion)"
+        names = ", ".join(f"{n}.nii*" for n in unknown)
+        warnings.append(f"{names}: lesion-like file(s) no rule reads, not used; lesion files used: {used}")
+    return {"lesion_files": list(files), "qa_flags": flags}, warnings
 
 
 def _organ_row(
@@ -203,24 +285,46 @@ def _atlas_columns(labels: OrganLabels, meta: AtlasOrganMeta | None, cfg: Curate
 
 
 def _rejection(
-    ref: CaseRef, organ: Organ | None, step: str, err: CaseDataError, *, keep_organ: bool = True
+    ref: CaseRef, organ: Organ | None, step: str, err: CaseDataError, lesion: tuple[str, ...] = ()
 ) -> Rejection:
+    """The rejection of `err`: of `err.organ` when set, else of `organ` (None = the whole case), naming the file."""
     organ_name = err.organ if err.organ is not None else (None if organ is None else str(organ))
-    organ_name = str(organ_name) if keep_organ and organ_name is not None else None
     detail, path = err.detail, err.path
-    if path is None and organ is not None:  # label errors know the organ, not the file: name the file here
-        structures = ORGAN_STRUCTURES[organ]
-        names = [structures.lesion_mask] if err.reason == RejectReason.LESION_OUTSIDE_ORGAN else structures.organ_masks
-        path = ", ".join(ref.relative(ref.structure_path(n) or ref.mask_dir / f"{n}.nii.gz") for n in names)
+    if path is None and organ_name in {str(o) for o in Organ}:  # label errors know the organ, not the file
+        structures = ORGAN_STRUCTURES[Organ(organ_name)]
+        if err.reason == RejectReason.LESION_OUTSIDE_ORGAN:
+            names: tuple[str, ...] = lesion or (structures.lesion_mask,)
+        else:
+            names = structures.organ_masks
+        path = ", ".join(_structure_rel(ref, n) for n in names)
         detail = f"{detail} [{path}]"
     return Rejection(ref.case_id, organ_name, step, err.reason, detail, path)
+
+
+def _structure_rel(ref: CaseRef, structure: str) -> str:
+    try:
+        path = ref.structure_path(structure)
+    except CaseDataError as err:
+        return err.path or structure
+    return ref.relative(path or ref.mask_dir / f"{structure}.nii.gz")
+
+
+def _unreadable(ref: CaseRef, organ: Organ | None, step: str, err: OSError) -> Rejection:
+    """`unreadable_file` for an OSError met while reading a case file (permission, I/O error, vanished file)."""
+    name = err.filename if isinstance(err.filename, str | bytes | os.PathLike) else None
+    rel = printable(ref.relative(Path(os.fsdecode(name)))) if name is not None else ref.case_id
+    code = errno.errorcode.get(err.errno or 0)
+    reason = f"{err.strerror or err}" + (f", {code}" if code else "")
+    detail = f"{rel}: cannot be read ({reason})"
+    organ_name = None if organ is None else str(organ)
+    return Rejection(ref.case_id, organ_name, step, RejectReason.UNREADABLE_FILE, detail, rel if name else None)
 
 
 def _unexpected(ref: CaseRef, organ: Organ | None, step: str, err: Exception) -> Rejection:
     logger.exception("unexpected error on %s (%s, %s)", ref.case_id, organ, step)
     tb = "".join(traceback.format_exception_only(type(err), err)).strip()
     where = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
-    detail = f"{tb}" + (f" at {Path(where.filename).name}:{where.lineno}" if where else "")
+    detail = printable(f"{tb}" + (f" at {Path(where.filename).name}:{where.lineno}" if where else ""))
     return Rejection(ref.case_id, None if organ is None else str(organ), step, RejectReason.UNEXPECTED_ERROR, detail)
 
 
@@ -231,79 +335,234 @@ def _unexpected(ref: CaseRef, organ: Organ | None, step: str, err: Exception) ->
 def case_cache_key(ref: CaseRef, cfg: CurateConfig, split: str, metadata_key: str = "") -> str:
     """Return a key that changes when any of the case's files, the config, the split or the code version changes.
 
-    It is keyed on file CONTENT, cheaply: per file its name, size, the sha256 of its first 64 KiB and its last
-    8 bytes (for gzip: the CRC32 and size of the whole uncompressed payload). Paths do not enter the key, so a moved
-    atlas reuses its cache.
+    Per file a real checksum of its content (`file_checksum`). Paths do not enter the key, so a moved atlas reuses
+    its cache. Never raises for a file problem: an unreadable file or folder enters the key as its error, so the case
+    is curated (and rejected as `unreadable_file`) and is curated again once the file can be read.
     """
     digest = hashlib.sha256()
     digest.update(f"{__version__}|{cfg.fingerprint()}|{ref.case_id}|{split}|{metadata_key}".encode())
-    files = [ref.ct_path] if ref.ct_path.is_file() else []
-    if ref.mask_dir.is_dir():
-        files += sorted(p for p in ref.mask_dir.iterdir() if p.is_file())
-    for path in files:
-        size = path.stat().st_size
-        with path.open("rb") as fh:
-            head = fh.read(65536)
-            fh.seek(max(size - 8, 0))
-            tail = fh.read(8)
-        rel = "ct" if path == ref.ct_path else path.name
-        digest.update(f"|{rel}|{size}|".encode() + hashlib.sha256(head).digest() + tail)
+    entries = [("ct", ref.ct_path)]
+    try:
+        names = sorted(os.listdir(ref.mask_dir))
+    except (FileNotFoundError, NotADirectoryError):
+        names = []
+    except OSError as err:
+        names, entries = [], [*entries, ("segmentations/", ref.mask_dir)]
+        digest.update(f"|segmentations/|error {err.errno}".encode())
+    entries += [(name, ref.mask_dir / name) for name in names]
+    for rel, path in entries:
+        if rel == "segmentations/":
+            continue
+        try:
+            fingerprint = file_checksum(path) if os.path.lexists(path) else "absent"
+        except OSError as err:
+            fingerprint = f"error {err.errno}"
+        digest.update(f"|{rel}|{fingerprint}".encode("utf-8", "surrogateescape"))
     return digest.hexdigest()[:32]
+
+
+_HEAD_BYTES = 65536
+_CHUNK_BYTES = 1 << 20
+
+
+def file_checksum(path: Path) -> str:
+    """Return a checksum of a file's content: `gz:`-prefixed for a trusted gzip trailer, else `xxh3:` of every byte.
+
+    A gzip file's trailer (CRC32 and ISIZE of its payload) is a checksum of the payload when the file is ONE gzip
+    member: the loader verifies that CRC while inflating, so the trailer cannot disagree with what is read. It is
+    used (with the size and the sha256 of the first 64 KiB) only when ISIZE equals the payload size the NIfTI header
+    in the first bytes implies; a multi-member stream, trailing padding or any other doubt falls back to xxh3-128 of
+    the whole file, as does every uncompressed file.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        head = fh.read(_HEAD_BYTES)
+        if head[:2] == b"\x1f\x8b" and size >= 18:
+            fh.seek(size - 8)
+            tail = fh.read(8)
+            expected = _nifti_payload_size(head)
+            if expected is not None and struct.unpack("<I", tail[4:])[0] == expected % 2**32:
+                return f"gz:{size}:{hashlib.sha256(head).hexdigest()}:{tail.hex()}"
+        fh.seek(0)
+        hasher = xxhash.xxh3_128()
+        while chunk := fh.read(_CHUNK_BYTES):
+            hasher.update(chunk)
+    return f"xxh3:{size}:{hasher.hexdigest()}"
+
+
+def _nifti_payload_size(head: bytes) -> int | None:
+    """The uncompressed size (vox_offset + voxel bytes) the NIfTI-1/2 header in a gzip head implies; None if unsure."""
+    try:
+        header = zlib.decompressobj(wbits=31).decompress(head, 544)
+    except zlib.error:
+        return None
+    for endian in "<>":
+        if len(header) >= 348 and struct.unpack(f"{endian}i", header[:4])[0] == 348:
+            dims = struct.unpack(f"{endian}8h", header[40:56])
+            bitpix, vox_offset = (
+                struct.unpack(f"{endian}h", header[72:74])[0],
+                struct.unpack(f"{endian}f", header[108:112])[0],
+            )
+        elif len(header) >= 540 and struct.unpack(f"{endian}i", header[:4])[0] == 540:
+            dims = struct.unpack(f"{endian}8q", header[16:80])
+            bitpix, vox_offset = (
+                struct.unpack(f"{endian}h", header[14:16])[0],
+                struct.unpack(f"{endian}q", header[168:176])[0],
+            )
+        else:
+            continue
+        ndim = dims[0]
+        if not 1 <= ndim <= 7 or bitpix <= 0 or bitpix % 8 or not math.isfinite(vox_offset) or vox_offset < 0:
+            return None
+        if any(d <= 0 for d in dims[1 : ndim + 1]):
+            return None
+        return int(vox_offset) + math.prod(dims[1 : ndim + 1]) * bitpix // 8
+    return None
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # The per-case work store: what makes runs resumable
 
 
-class CaseStore:
-    """Finished cases on disk, one entry per content key: `<key>.rows.pkl` (rows without frames, rejections,
-    digests) and `<key>.frames.pkl` (frames per organ). Written atomically; an entry exists only when complete.
+STORE_FORMAT = 1
 
-    Pickle is fine here: the store is a private cache of this pipeline, never published or read from elsewhere.
+
+class CaseStore:
+    """Finished cases on disk, one entry per content key; a format that cannot run code.
+
+    `<key>.frames.arrow` (Arrow IPC: organ, index, PNG bytes, path per frame) is written first, then
+    `<key>.case.json` (rows without frames, rejections, digests, the sha256 of the frames file, and the sha256 of its
+    own payload), which marks completion. Both are written atomically. An entry that is missing, truncated, empty or
+    fails a checksum is "not there" (`load_rows` returns None, with a warning), so the case is curated again.
     """
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
 
+    def _json(self, key: str) -> Path:
+        return self.root / f"{key}.case.json"
+
+    def _arrow(self, key: str) -> Path:
+        return self.root / f"{key}.frames.arrow"
+
     def has(self, key: str) -> bool:
-        """True when the case with this key is finished."""
-        return (self.root / f"{key}.rows.pkl").is_file()
+        """True when the case with this key is finished and its entry passes its checksums."""
+        return self.load_rows(key) is not None
 
     def save(self, key: str, result: CaseResult) -> None:
-        """Store a finished case (frames first, so the rows file marks completion)."""
-        frames = {row["organ"]: row["frames"] for row in result.rows}
-        light = CaseResult(
-            result.case_id,
-            rows=[
+        """Store a finished case (frames first, so the JSON file marks completion)."""
+        frames = pa.table(
+            {
+                "organ": pa.array([row["organ"] for row in result.rows for _ in row["frames"]], pa.string()),
+                "bytes": pa.array([f["bytes"] for row in result.rows for f in row["frames"]], pa.binary()),
+                "path": pa.array([f["path"] for row in result.rows for f in row["frames"]], pa.string()),
+            }
+        )
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, frames.schema) as writer:
+            writer.write_table(frames)
+        arrow_bytes = sink.getvalue().to_pybytes()
+        payload = {
+            "format": STORE_FORMAT,
+            "case_id": result.case_id,
+            "rows": [
                 {**{k: v for k, v in row.items() if k != "frames"}, "frames_bytes": _frame_bytes(row)}
                 for row in result.rows
             ],
-            rejections=list(result.rejections),
-            file_digests=dict(result.file_digests),
-        )
-        _dump_atomic(frames, self.root / f"{key}.frames.pkl")
-        _dump_atomic(light, self.root / f"{key}.rows.pkl")
+            "rejections": [r.to_row() for r in result.rejections],
+            "file_digests": dict(result.file_digests),
+            "frames_sha256": hashlib.sha256(arrow_bytes).hexdigest(),
+        }
+        body = json.dumps(payload, sort_keys=True, allow_nan=True, default=_json_scalar)
+        document = json.dumps({"sha256": hashlib.sha256(body.encode()).hexdigest(), "payload": body})
+        _write_atomic(arrow_bytes, self._arrow(key))
+        _write_atomic(document.encode(), self._json(key))
 
-    def load_rows(self, key: str) -> CaseResult:
-        """Return the case without frames (each row has `frames_bytes`, the PNG bytes of its frames)."""
-        with (self.root / f"{key}.rows.pkl").open("rb") as fh:
-            result: CaseResult = pickle.load(fh)
-        return result
+    def load_rows(self, key: str) -> CaseResult | None:
+        """Return the case without frames (each row has `frames_bytes`), or None when the entry is absent or broken."""
+        found = self._payload(key)
+        if found is None:
+            return None
+        payload = found[0]
+        rejections = [
+            Rejection(r["case_id"], r["organ"], r["step"], RejectReason(r["reason"]), r["detail"], r["path"])
+            for r in payload["rejections"]
+        ]
+        return CaseResult(payload["case_id"], list(payload["rows"]), rejections, dict(payload["file_digests"]))
+
+    def _payload(self, key: str) -> tuple[dict[str, Any], bytes] | None:
+        path = self._json(key)
+        if not path.is_file():
+            return None
+        try:
+            document = json.loads(_read_bounded(path, _MAX_JSON_BYTES))
+            body = document["payload"]
+            if hashlib.sha256(body.encode()).hexdigest() != document["sha256"]:
+                raise ValueError("checksum mismatch")
+            payload: dict[str, Any] = json.loads(body)
+            if payload.get("format") != STORE_FORMAT:
+                raise ValueError(f"format {payload.get('format')!r}, expected {STORE_FORMAT}")
+            arrow = _read_bounded(self._arrow(key), _MAX_ARROW_BYTES)
+            if hashlib.sha256(arrow).hexdigest() != payload["frames_sha256"]:
+                raise ValueError(f"{self._arrow(key).name}: checksum mismatch")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            logger.warning("case store entry %s is unusable (%s): the case is curated again", path.name, err)
+            return None
+        return payload, arrow
 
     def load_frames(self, key: str) -> dict[str, list[dict[str, Any]]]:
-        """Return the frames of a case per organ."""
-        with (self.root / f"{key}.frames.pkl").open("rb") as fh:
-            frames: dict[str, list[dict[str, Any]]] = pickle.load(fh)
+        """Return the frames of a case per organ.
+
+        Raises:
+            ValueError: the frames file does not match the checksum its entry recorded (changed since `has`).
+        """
+        found = self._payload(key)
+        if found is None:
+            raise ValueError(f"case store entry {key} is missing or corrupt")
+        payload, arrow = found
+        table = pa.ipc.open_file(pa.py_buffer(arrow)).read_all()
+        frames: dict[str, list[dict[str, Any]]] = {row["organ"]: [] for row in payload["rows"]}
+        for organ, data, name in zip(
+            table["organ"].to_pylist(), table["bytes"].to_pylist(), table["path"].to_pylist(), strict=True
+        ):
+            frames[organ].append({"bytes": data, "path": name})
         return frames
+
+
+def _json_scalar(value: Any) -> Any:
+    """numpy scalars and arrays in a row -> Python values (what the Parquet writer would store anyway)."""
+    if isinstance(value, np.generic | np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable in a case store row")
 
 
 def _frame_bytes(row: Mapping[str, Any]) -> int:
     return sum(len(f["bytes"]) for f in row["frames"])
 
 
-def _dump_atomic(obj: Any, path: Path) -> None:
+_MAX_JSON_BYTES = 64 << 20  # rows of one case without frames: a few KiB
+_MAX_ARROW_BYTES = 4 << 30  # frames of one case: a few MiB
+
+
+def _read_bounded(path: Path, limit: int) -> bytes:
+    """Read a store file that must be a regular file of at most `limit` bytes (a planted link to a device or a huge
+    file is refused before reading)."""
+    with path.open("rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            raise ValueError(f"{path.name}: not a regular file of at most {limit} bytes")
+        return fh.read()
+
+
+def _write_atomic(data: bytes, path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():  # something planted where an entry belongs: replace it
+        logger.warning("case store: %s is a folder where an entry belongs; replaced", path)
+        shutil.rmtree(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     with tmp.open("wb") as fh:
-        pickle.dump(obj, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        fh.write(data)
     os.replace(tmp, path)

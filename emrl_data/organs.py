@@ -15,6 +15,7 @@ compares, hashes and serialises as its name.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, TypeVar
@@ -29,6 +30,7 @@ __all__ = [
     "Organ",
     "OrganSpec",
     "OrganTable",
+    "PLAUSIBLE_ORGAN_VOLUME_CM3",
     "organ_spec",
     "register_organ",
     "registry_version",
@@ -126,7 +128,13 @@ class OrganSpec:
     Attributes:
         name: the organ's name in the tables ("liver").
         organ_masks: mask files (stems, as released) whose union is the organ (both kidneys for "kidney").
-        lesion_mask: the organ's lesion file; an absent file with a present organ means "no lesion".
+        lesion_mask: the organ's lesion file; an absent file with a present organ means "no lesion" (unless
+            `lesion_fallbacks` exist).
+        lesion_aliases: other names of the lesion file (RadGPT's `hepatic_*`/`renal_*` aliases), tried in order
+            after `lesion_mask`.
+        lesion_fallbacks: used only when no lesion file exists: their union is the lesion mask (the AbdomenAtlas
+            3.0 class map's `*_tumor`/`*_cyst` (+ pancreatic `pdac`/`pnet`) files, notes/atlas.md §1.3).
+        lesion_prefixes: file-name prefixes of the organ, for spotting unrecognised lesion-like files.
         parts: sub-structure file -> location name, in report order; () for an organ without sub-structures.
         single_location: keep only the part holding most of the lesion (kidney: one side; ties -> the first part).
         display: the organ in the prompt ("the kidneys").
@@ -145,11 +153,16 @@ class OrganSpec:
         location_words: word -> location names it stands for; a word ending in "*" also matches longer forms
             ("bilateral*" matches "bilaterally"). Words that stand for one name can be hedged ("left or right").
         csv: the organ's metadata-CSV columns.
+        plausible_volume_cm3: plausible adult organ volume (low, high); outside -> a `qa_flags` entry, never a
+            rejection (docs/decisions.md). Default: no bounds.
     """
 
     name: str
     organ_masks: tuple[str, ...]
     lesion_mask: str
+    lesion_aliases: tuple[str, ...] = ()
+    lesion_fallbacks: tuple[str, ...] = ()
+    lesion_prefixes: tuple[str, ...] = ()
     parts: tuple[tuple[str, str], ...] = ()
     single_location: bool = False
     display: str
@@ -165,6 +178,7 @@ class OrganSpec:
     location_reader: str = "words"
     location_words: tuple[tuple[str, tuple[str, ...]], ...] = ()
     csv: CsvColumns
+    plausible_volume_cm3: tuple[float, float] = (0.0, math.inf)
 
     def __post_init__(self) -> None:
         if not self.name or self.name != self.name.strip().lower():
@@ -203,6 +217,10 @@ _BUILT_IN: tuple[OrganSpec, ...] = (
         name="liver",
         organ_masks=("liver",),
         lesion_mask="liver_lesion",
+        lesion_aliases=("hepatic_lesion",),
+        lesion_fallbacks=("liver_tumor", "liver_cyst", "hepatic_tumor", "hepatic_cyst"),
+        lesion_prefixes=("liver", "hepatic"),
+        plausible_volume_cm3=(500.0, 5000.0),
         parts=tuple((f"liver_segment_{i}", str(i)) for i in range(1, 9)),
         display="liver",
         adjective="liver",
@@ -220,6 +238,19 @@ _BUILT_IN: tuple[OrganSpec, ...] = (
         name="pancreas",
         organ_masks=("pancreas",),
         lesion_mask="pancreatic_lesion",
+        lesion_aliases=("pancreas_lesion",),
+        lesion_fallbacks=(
+            "pancreatic_tumor",
+            "pancreatic_cyst",
+            "pancreatic_pdac",
+            "pancreatic_pnet",
+            "pancreas_tumor",
+            "pancreas_cyst",
+            "pancreas_pdac",
+            "pancreas_pnet",
+        ),
+        lesion_prefixes=("pancreas", "pancreatic"),
+        plausible_volume_cm3=(15.0, 300.0),
         parts=(("pancreas_head", "head"), ("pancreas_body", "body"), ("pancreas_tail", "tail")),
         display="pancreas",
         adjective="pancreatic",
@@ -237,6 +268,10 @@ _BUILT_IN: tuple[OrganSpec, ...] = (
         name="kidney",
         organ_masks=("kidney_left", "kidney_right"),
         lesion_mask="kidney_lesion",
+        lesion_aliases=("renal_lesion",),
+        lesion_fallbacks=("kidney_tumor", "kidney_cyst", "renal_tumor", "renal_cyst"),
+        lesion_prefixes=("kidney", "renal"),
+        plausible_volume_cm3=(60.0, 900.0),  # both kidneys together; one kidney (nephrectomy) stays above 60
         parts=(("kidney_left", "left"), ("kidney_right", "right")),
         single_location=True,
         display="kidneys",
@@ -323,4 +358,5 @@ Organ.LIVER, Organ.PANCREAS, Organ.KIDNEY = (Organ(s.name) for s in _BUILT_IN)
 # Lookups under the names the rest of the code used before the registry (atlas.py re-exports them).
 ORGAN_STRUCTURES: Mapping[Organ, OrganSpec] = ORGANS  # .organ_masks, .lesion_mask, .parts
 LOCATION_NAMES: OrganTable[tuple[str, ...]] = OrganTable(lambda spec: spec.location_names)
+PLAUSIBLE_ORGAN_VOLUME_CM3: OrganTable[tuple[float, float]] = OrganTable(lambda spec: spec.plausible_volume_cm3)
 METADATA_COLUMNS: OrganTable[dict[str, str]] = OrganTable(lambda spec: spec.csv.as_dict())

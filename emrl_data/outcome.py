@@ -27,6 +27,9 @@ class RejectReason(StrEnum):
     LESION_OUTSIDE_ORGAN = "lesion_outside_organ"  # most of the lesion lies outside its organ
     MASK_GRID_MISMATCH = "mask_grid_mismatch"  # a mask cannot be placed on the CT grid
     BAD_METADATA_ROW = "bad_metadata_row"  # the case's metadata CSV row cannot be parsed (the case still runs)
+    SPLIT_CONFLICT = "split_conflict"  # the case is listed in more than one split file (a train/test leak)
+    UNREADABLE_FILE = "unreadable_file"  # a case file or folder exists but cannot be read (permission, I/O, loop)
+    NOT_A_CASE = "not_a_case"  # a discovery entry named like a case that cannot be one (file, loop, wrong place)
     UNEXPECTED_ERROR = "unexpected_error"  # a bug, not a data defect: fails the flow at the end
 
 

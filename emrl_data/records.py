@@ -80,6 +80,18 @@ ORGAN_ROW_COLUMNS: list[Column] = [
     Column("atlas_organ_volume_cm3", pa.float64(), True, "metadata CSV: organ volume"),
     Column("atlas_agreement", pa.bool_(), True, "our labels agree with the CSV (null: no CSV row)"),
     Column("warnings", pa.list_(pa.string()), False, "non-fatal problems met while loading the case"),
+    Column(
+        "lesion_files",
+        pa.list_(pa.string()),
+        False,
+        "mask files whose union is the lesion mask: <organ>_lesion, else its *_tumor/*_cyst files; [] = none",
+    ),
+    Column(
+        "qa_flags",
+        pa.list_(pa.string()),
+        False,
+        "plausibility flags, never a rejection: organ_volume_low | organ_volume_high | unrecognised_lesion_file",
+    ),
     Column("pipeline_version", pa.string(), False, "emrl_data version that produced the row"),
     Column("config_fingerprint", pa.string(), False, "fingerprint of the curation config"),
 ]

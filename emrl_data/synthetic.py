@@ -66,6 +66,7 @@ import io
 import json
 import logging
 import math
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -112,6 +113,9 @@ DEFECTS: dict[str, RejectReason] = {
     "mask_grid_mismatch": RejectReason.MASK_GRID_MISMATCH,  # liver.nii.gz on a cropped grid with a rotated affine
     "invalid_case_id": RejectReason.INVALID_CASE_ID,  # the case folder is named e.g. "BDMAP_12x"
     "bad_metadata_row": RejectReason.BAD_METADATA_ROW,  # "abc" in the row's liver lesion count; the case is fine
+    "split_conflict": RejectReason.SPLIT_CONFLICT,  # the case is listed in both IID_train.csv and IID_test.csv
+    "unreadable_file": RejectReason.UNREADABLE_FILE,  # ct.nii.gz is a symlink to itself (unreadable even as root)
+    "not_a_case": RejectReason.NOT_A_CASE,  # the case's image folder (combined: case folder) is a regular file
 }
 
 ANISOTROPIC_SPACING_MM: tuple[float, float, float] = (0.7, 0.9, 3.0)
@@ -1046,6 +1050,9 @@ def _write_ct(path: Path, spec: CaseSpec, ct: np.ndarray, affine: np.ndarray) ->
         for i in range(middle, middle + 16):
             corrupted[i] ^= 0xFF
         path.write_bytes(bytes(corrupted))
+    elif defect == "unreadable_file":
+        path.unlink()
+        path.symlink_to(path.name)  # ELOOP on open: an OSError that chmod 000 cannot give a root user
 
 
 def _mask_grid(spec: CaseSpec, phantom: _Phantom) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -1131,6 +1138,8 @@ def _expected_rejections(spec: CaseSpec, ct_rel: str, mask_rel: str, folder_rel:
         "mask_grid_mismatch": (None, f"{mask_rel}/liver.nii.gz"),  # SPEC §2: rejects the whole case
         "invalid_case_id": (None, folder_rel),
         "bad_metadata_row": (None, METADATA_CSV_NAME),
+        "split_conflict": (None, f"{SPLIT_DIR_NAME}/IID_train.csv"),
+        "not_a_case": (None, folder_rel),
     }
     organ, path = where.get(spec.defect, (None, ct_rel))
     return (ExpectedRejection(reason, organ, path),)
@@ -1177,6 +1186,9 @@ def write_case(root: Path, spec: CaseSpec, *, layout: str = "split") -> CaseTrut
     def rel(path: Path) -> str:
         return path.relative_to(root).as_posix()
 
+    if spec.defect == "not_a_case":  # a regular file where the case's (image) folder belongs
+        shutil.rmtree(ct_path.parent)
+        ct_path.parent.write_bytes(b"not a case folder\n")
     folder_rel = rel(ct_path.parent)
     truth = CaseTruth(
         case_id=spec.case_id,
@@ -1269,6 +1281,8 @@ def write_atlas(
         rejections = truth.expected_rejections
         if not metadata_csv:
             rejections = tuple(r for r in rejections if r.reason is not RejectReason.BAD_METADATA_ROW)
+        if not split_files:
+            rejections = tuple(r for r in rejections if r.reason is not RejectReason.SPLIT_CONFLICT)
         split = spec.split.value if (split_files and listed) else None
         truths.append(replace(truth, split=split, expected_rejections=rejections))
 
@@ -1287,7 +1301,9 @@ def write_atlas(
         (root / SPLIT_DIR_NAME).mkdir(exist_ok=True)
         for split in (Split.TRAIN, Split.TEST):
             rel_path = f"{SPLIT_DIR_NAME}/IID_{split.value}.csv"
-            lines = ["BDMAP ID"] + [s.case_id for s, _ in listed_pairs if s.split is split]
+            lines = ["BDMAP ID"] + [
+                s.case_id for s, _ in listed_pairs if s.split is split or s.defect == "split_conflict"
+            ]
             (root / rel_path).write_text("\n".join(lines) + "\n", encoding="utf-8")
             split_rels += (rel_path,)
     atlas = AtlasTruth(layout=layout, cases=tuple(truths), metadata_csv=csv_rel, split_files=split_rels)

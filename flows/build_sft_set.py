@@ -26,10 +26,11 @@ from tqdm import tqdm
 from emrl_data import __version__
 from emrl_data.atlas import AtlasOrganMeta, CaseRef, plan_atlas
 from emrl_data.config import CurateConfig, SftConfig
-from emrl_data.curate import CaseResult, CaseStore, case_cache_key, curate_case
+from emrl_data.curate import PLAUSIBLE_ORGAN_VOLUME_CM3, CaseResult, CaseStore, case_cache_key, curate_case
 from emrl_data.dataset import count_rejections, count_rows, finish_table, row_order, select_sft_rows, write_table
 from emrl_data.frames import draw_contact_sheet
 from emrl_data.outcome import Rejection, RejectReason
+from emrl_data.qa import build_qa_report, qa_markdown
 from emrl_data.records import SFT_SCHEMA, check_required
 from emrl_data.shards import write_json_atomic, write_split_streaming
 from emrl_data.types import Organ, Split
@@ -151,7 +152,9 @@ def build_sft_set_flow(
     rows: list[dict[str, Any]] = []
     digests: dict[str, str] = {}
     for ref in refs:
-        result: CaseResult = store.load_rows(keys[ref.case_id])
+        result: CaseResult | None = store.load_rows(keys[ref.case_id])
+        if result is None:
+            raise RuntimeError(f"case store entry of {ref.case_id} vanished or broke during the run: {store.root}")
         rows += result.rows
         rejections += result.rejections
         digests.update({f"{ref.case_id}/{k}": v for k, v in result.file_digests.items()})
@@ -185,6 +188,14 @@ def build_sft_set_flow(
         raise RuntimeError(f"Cases with neither a row nor a rejection (a bug): {missing[:10]}")
 
     unexpected = [r for r in rejections if r.reason == RejectReason.UNEXPECTED_ERROR]
+    qa = build_qa_report(
+        rows,
+        rejections,
+        plausible_volume_cm3=PLAUSIBLE_ORGAN_VOLUME_CM3,
+        warnings=plan.warnings,
+        file_digests=digests,
+    )
+    qa_md = qa_markdown(qa)
     summary = {
         **{k: v for k, v in provenance.items() if k != "config"},
         "atlas_root": str(root),
@@ -195,6 +206,8 @@ def build_sft_set_flow(
         "sft_rows": count_rows(sft_rows),
         "rejections": count_rejections(rejections),
         "unexpected_errors": len(unexpected),
+        "qa_flags": qa.flag_counts,
+        "warnings": list(plan.warnings),
         "input_files": digests,
         "seconds": round(time.perf_counter() - started, 2),
         "tables": {name: str(out / name) for name in ("findings", "sft", "rejections")},
@@ -203,7 +216,11 @@ def build_sft_set_flow(
     sheet = _contact_sheet(sft_rows, store, keys, out / "contact_sheet.png")
     summary_md = _summary_markdown(summary, sheet)
     (out / "summary.md").write_text(summary_md)
+    (out / "qa.md").write_text(qa_md)
     _artifacts(summary, rejections, summary_md)
+    create_markdown_artifact(
+        key="build-sft-set-qa", markdown=qa_md, description="QA: flags, CSV agreement, worst rows"
+    )
     if sheet is not None:
         _contact_sheet_artifact(sheet)
     logger.info("build-sft-set done in %.1f s: %s", summary["seconds"], out)
@@ -302,7 +319,12 @@ def _summary_markdown(summary: Mapping[str, Any], sheet: Path | None) -> str:
             lines.append(f"| {table} | {split} | **{counts['total']}**: {detail} |")
     lines += ["", "| rejection (step/reason) | cases |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in summary["rejections"].items()] or ["| none | 0 |"]
+    if summary["qa_flags"]:
+        lines += ["", "QA flags (see qa.md): " + ", ".join(f"{k} {v}" for k, v in summary["qa_flags"].items())]
+    if summary["warnings"]:
+        lines += ["", f"Atlas warnings ({len(summary['warnings'])}, see qa.md): {summary['warnings'][0]}"]
     lines += ["", "Outputs:", ""] + [f"- `{name}`: {path}" for name, path in summary["tables"].items()]
+    lines.append(f"- QA report: {Path(summary['output_dir']) / 'qa.md'}")
     if sheet is not None:
         lines.append(f"- contact sheet (key frames with boxes): {sheet}")
     return "\n".join(lines) + "\n"

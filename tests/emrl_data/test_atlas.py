@@ -70,7 +70,7 @@ def test_read_split_files_by_column_name(tmp_path: Path) -> None:
     (tmp_path / "TrainTestIDS/IID_train.csv").write_text("other,BDMAP ID\nx,BDMAP_00000001\ny,BDMAP_00000002\n")
     (tmp_path / "TrainTestIDS/IID_test.csv").write_text("BDMAP ID\nBDMAP_00000003\n")
 
-    assert read_split_files(tmp_path) == {
+    assert read_split_files(tmp_path).splits == {
         "BDMAP_00000001": Split.TRAIN,
         "BDMAP_00000002": Split.TRAIN,
         "BDMAP_00000003": Split.TEST,

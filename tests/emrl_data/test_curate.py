@@ -156,3 +156,38 @@ def test_case_store_round_trip(tmp_path: Path) -> None:
     frames = store.load_frames("k")
     assert frames["liver"] == result.rows[0]["frames"]
     assert light.rows[0]["frames_bytes"] == sum(len(f["bytes"]) for f in frames["liver"])
+
+
+@pytest.mark.parametrize(
+    ("organ_in_error", "reason", "expected"),
+    [
+        # organ set: only that organ, whatever the reason (the HU check, nifti's implausible_organ_hu, ...)
+        ("pancreas", RejectReason.MASK_GRID_MISMATCH, [("pancreas", "mask_grid_mismatch")]),
+        # no organ, a grid reason: the whole case (SPEC §2: the grid itself is wrong)
+        (None, RejectReason.MASK_GRID_MISMATCH, [(None, "mask_grid_mismatch")]),
+        # no organ, another reason while labelling the pancreas: the pancreas
+        (None, RejectReason.BAD_MASK_VALUES, [("pancreas", "bad_mask_values")]),
+    ],
+)
+def test_case_data_errors_cost_their_organ_or_the_case(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, organ_in_error, reason, expected
+) -> None:
+    from emrl_data import curate as curate_module
+    from emrl_data.outcome import CaseDataError
+
+    write_atlas(tmp_path, [CaseSpec("BDMAP_00000001", shape=(96, 80, 32), lesions=LESIONS)])
+    (ref,) = plan_atlas(tmp_path).refs
+    real = curate_module.label_organ
+
+    def label(source, organ, *, cfg):
+        if organ == Organ.PANCREAS:
+            raise CaseDataError(reason, "planted", path="mask_only/x/pancreas.nii.gz", organ=organ_in_error)
+        return real(source, organ, cfg=cfg)
+
+    monkeypatch.setattr(curate_module, "label_organ", label)
+    result = curate_case(ref, split="train", cfg=CFG)
+
+    assert [(r.organ, str(r.reason)) for r in result.rejections] == expected
+    assert all(r.path == "mask_only/x/pancreas.nii.gz" for r in result.rejections)
+    organs = [r["organ"] for r in result.rows]
+    assert organs == ([] if expected[0][0] is None else ["liver", "kidney"])

@@ -386,6 +386,15 @@ def test_defect_writes_its_broken_file(tmp_path: Path, defect: str) -> None:
         assert rows[0]["number of liver lesion instances"] == "abc"
         assert ct_path.read_bytes() == clean_ct  # the case itself is fine
         assert case.expects_row(Organ.LIVER)
+    elif defect == "split_conflict":
+        for name in ("IID_train.csv", "IID_test.csv"):
+            assert "BDMAP_00000012" in (root / "TrainTestIDS" / name).read_text().split()
+    elif defect == "unreadable_file":
+        assert ct_path.is_symlink() and os.readlink(ct_path) == ct_path.name
+        with pytest.raises(OSError):
+            ct_path.read_bytes()
+    elif defect == "not_a_case":
+        assert ct_path.parent.is_file() and case.expected_rejections[0].path == "image_only/BDMAP_00000012"
     else:  # pragma: no cover - a new defect needs its own check here
         pytest.fail(f"no check for {defect}")
 

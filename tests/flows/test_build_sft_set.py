@@ -84,6 +84,12 @@ def test_flow_end_to_end(prefect_harness, atlas, tmp_path: Path) -> None:
     assert {"build-sft-set-counts", "build-sft-set-rejections", "build-sft-set-summary"} <= keys
     assert "build-sft-set-contact-sheet" in keys
     assert "build-sft-set" in (out / "summary.md").read_text()
+    # The QA report beside the summary and as an artifact: every rejection reason counted, CSV agreement rates.
+    assert "build-sft-set-qa" in keys
+    qa = (out / "qa.md").read_text()
+    assert "## Agreement with the atlas CSV" in qa and "| lesion_count |" in qa
+    for reason in {str(e.reason) for c in truth.cases for e in c.expected_rejections}:
+        assert f"| rejection | {reason} |" in qa
 
 
 def test_flow_is_deterministic_and_resumable(
