@@ -27,6 +27,10 @@ class RejectReason(StrEnum):
     LESION_OUTSIDE_ORGAN = "lesion_outside_organ"  # most of the lesion lies outside its organ
     MASK_GRID_MISMATCH = "mask_grid_mismatch"  # a mask cannot be placed on the CT grid
     BAD_METADATA_ROW = "bad_metadata_row"  # the case's metadata CSV row cannot be parsed (the case still runs)
+    IMPLAUSIBLE_SPACING = "implausible_spacing"  # a voxel size outside LoadConfig.spacing_range_mm
+    GEOMETRY_CONFLICT = "geometry_conflict"  # sform / qform / pixdim of one file disagree beyond tolerance
+    MASK_ORIENTATION_CONFLICT = "mask_orientation_conflict"  # a mask's mirror image fits the CT, the stored one not
+    IMPLAUSIBLE_ORGAN_HU = "implausible_organ_hu"  # an organ's mean HU is outside its window (organ-level)
     UNEXPECTED_ERROR = "unexpected_error"  # a bug, not a data defect: fails the flow at the end
 
 

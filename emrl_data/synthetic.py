@@ -104,6 +104,10 @@ DEFECTS: dict[str, RejectReason] = {
     "mask_grid_mismatch": RejectReason.MASK_GRID_MISMATCH,  # liver.nii.gz on a cropped grid with a rotated affine
     "invalid_case_id": RejectReason.INVALID_CASE_ID,  # the case folder is named e.g. "BDMAP_12x"
     "bad_metadata_row": RejectReason.BAD_METADATA_ROW,  # "abc" in the row's liver lesion count; the case is fine
+    "implausible_spacing": RejectReason.IMPLAUSIBLE_SPACING,  # the CT's affine and pixdim scaled 1000x (metres)
+    "geometry_conflict": RejectReason.GEOMETRY_CONFLICT,  # the CT's pixdim 10x its sform's voxel size
+    "mask_orientation_conflict": RejectReason.MASK_ORIENTATION_CONFLICT,  # liver.nii.gz voxels mirrored along x
+    "implausible_organ_hu": RejectReason.IMPLAUSIBLE_ORGAN_HU,  # the CT reads 400 HU over the pancreas mask
 }
 
 ANISOTROPIC_SPACING_MM: tuple[float, float, float] = (0.7, 0.9, 3.0)
@@ -1016,9 +1020,14 @@ def _write_ct(path: Path, spec: CaseSpec, ct: np.ndarray, affine: np.ndarray) ->
         ct: int16 (X, Y, Z) canonical RAS HU.
         affine: (4, 4) RAS affine of the canonical grid.
     """
+    if spec.defect == "implausible_organ_hu":
+        ct = _painted_pancreas(spec, ct, hu=400)
     stored, stored_affine = _to_storage(ct, affine, spec.storage)
     defect = spec.defect
     if defect == "missing_ct":
+        return
+    if defect in ("implausible_spacing", "geometry_conflict"):
+        _write_ct_geometry_defect(path, defect, stored, stored_affine)
         return
     if defect == "not_nifti":
         _write_gzip(path, [b"This is not a NIfTI image; it is a text file named ct.nii.gz.\n" * 64])
@@ -1046,6 +1055,33 @@ def _write_ct(path: Path, spec: CaseSpec, ct: np.ndarray, affine: np.ndarray) ->
         for i in range(middle, middle + 16):
             corrupted[i] ^= 0xFF
         path.write_bytes(bytes(corrupted))
+
+
+def _painted_pancreas(spec: CaseSpec, ct: np.ndarray, *, hu: int) -> np.ndarray:
+    """A copy of the canonical CT with the pancreas' base ellipsoid painted at `hu` (`implausible_organ_hu`)."""
+    grid = _Grid(spec.shape, spec.spacing_mm)
+    centre, semi = _ORGAN_SHAPES["pancreas"]
+    pancreas = grid.ellipsoid(grid.uvw_to_vox(centre), np.asarray(semi) * grid.body_units_mm)
+    painted = ct.copy(order="F")
+    painted[pancreas.slices()][pancreas.data] = hu
+    return painted
+
+
+def _write_ct_geometry_defect(path: Path, defect: str, stored: np.ndarray, affine: np.ndarray) -> None:
+    """Write the CT with a 1000x voxel size (`implausible_spacing`) or pixdim 10x its sform (`geometry_conflict`)."""
+    if defect == "implausible_spacing":
+        scaled = affine.copy()
+        scaled[:3, :3] *= 1000.0
+        _write_nifti_gz(path, stored, scaled)
+        return
+    block = bytearray(_nifti_header_block(stored, affine))
+    header = nib.Nifti1Header(bytes(block[:348]))
+    pixdim = header["pixdim"].copy()
+    pixdim[1:4] *= 10.0
+    header["pixdim"] = pixdim
+    block[:348] = header.binaryblock
+    data = np.asfortranarray(stored)
+    _write_gzip(path, [bytes(block), data.T.data.cast("B")])
 
 
 def _mask_grid(spec: CaseSpec, phantom: _Phantom) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -1113,6 +1149,8 @@ def _write_mask(
         idx = np.argwhere(canonical)
         x, y, z = idx[len(idx) // 2]
         canonical[x : x + 2, y : y + 2, z] = 2
+    if spec.defect == "mask_orientation_conflict" and structure == "liver":
+        canonical[...] = canonical[::-1].copy()  # mirrored voxels under the correct affine
     if "flipped_affine_mask" in spec.quirks and structure == "kidney_right":
         _write_nifti_gz(path, data, _LPS_FLIP @ stored_affine, code=1)
     else:
@@ -1129,6 +1167,8 @@ def _expected_rejections(spec: CaseSpec, ct_rel: str, mask_rel: str, folder_rel:
         "empty_organ_mask": (Organ.PANCREAS, f"{mask_rel}/pancreas.nii.gz"),
         "lesion_outside_organ": (Organ.LIVER, f"{mask_rel}/liver_lesion.nii.gz"),
         "mask_grid_mismatch": (None, f"{mask_rel}/liver.nii.gz"),  # SPEC §2: rejects the whole case
+        "mask_orientation_conflict": (Organ.LIVER, f"{mask_rel}/liver.nii.gz"),
+        "implausible_organ_hu": (Organ.PANCREAS, f"{mask_rel}/pancreas.nii.gz"),
         "invalid_case_id": (None, folder_rel),
         "bad_metadata_row": (None, METADATA_CSV_NAME),
     }
