@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import cc3d
 import numpy as np
-from scipy import ndimage
 
 from emrl_data.outcome import CaseDataError, RejectReason
 
@@ -51,7 +50,7 @@ STRUCTURE_SIDE: dict[str, str] = {
 _MINI_CLIP_HU = 1000
 _MINI_BAND_HU = (-100, 100)  # exclusive bounds, as OncoKit's `standardization`
 _BODY_AIR_HU = -500  # the verification body: not air, hole-filled per axial slice
-_GRID_TARGET = 128  # the verification grid has about this many samples per in-plane axis
+_GRID_TARGET = 64  # the verification grid has about this many samples per axis (512 x 512 x 300 -> stride 8, 8, 4)
 _MIN_SAMPLES = 64  # a mask with fewer sampled voxels is sampled at full resolution
 _SIDE_MARGIN_MM = 10.0  # a centroid closer than this to the body's midline has no side (no evidence either way)
 
@@ -110,15 +109,12 @@ class BodyEvidence:
         """Build from the CT (int16 HU, storage order) and its voxel -> world affine."""
         self.ct = ct
         self.affine = affine
-        self.stride = tuple(max(1, n // _GRID_TARGET) for n in ct.shape[:2]) + (max(1, ct.shape[2] // _GRID_TARGET),)
+        self.stride = tuple(max(1, n // _GRID_TARGET) for n in ct.shape)
         sub = ct[:: self.stride[0], :: self.stride[1], :: self.stride[2]]
         tissue = np.asfortranarray(sub > _BODY_AIR_HU)
         body = cc3d.largest_k(tissue, k=1, connectivity=26).astype(bool) if tissue.any() else tissue
-        in_plane = np.zeros((3, 3, 3), dtype=bool)
-        in_plane[:, :, 1] = ndimage.generate_binary_structure(2, 1)
-        body = ndimage.binary_fill_holes(body, structure=in_plane)
-        # One sample of tolerance around the body: the subsampled surface is up to a stride off.
-        self.body = ndimage.binary_dilation(body, structure=in_plane)
+        body = _fill_holes_per_slice(body)
+        self.body = _grow_in_plane(body)  # one sample of tolerance: the subsampled surface is up to a stride off
         idx = np.nonzero(body)
         centre = [float(np.mean(i)) * s for i, s in zip(idx, self.stride, strict=True)] if idx[0].size else None
         self.midline_x_mm = float((affine[:3, :3] @ np.asarray(centre) + affine[:3, 3])[0]) if centre else math.nan
@@ -147,15 +143,44 @@ class BodyEvidence:
         )
 
     def _sample(self, mask: np.ndarray) -> list[np.ndarray] | None:
-        """Voxel indices of the mask on the verification grid (full resolution for small masks)."""
-        sub = mask[:: self.stride[0], :: self.stride[1], :: self.stride[2]]
-        idx = np.nonzero(sub)
-        if idx[0].size >= _MIN_SAMPLES:
-            return [i.astype(np.int64) * s for i, s in zip(idx, self.stride, strict=True)]
-        idx = np.nonzero(mask)
+        """Voxel indices of a sample of the mask: on the verification grid, finer for small masks (down to every
+        voxel), so that at least `_MIN_SAMPLES` voxels are looked at when the mask has that many."""
+        stride = self.stride
+        while True:
+            idx = np.nonzero(np.asfortranarray(mask[:: stride[0], :: stride[1], :: stride[2]]))  # 4x faster copied
+            if idx[0].size >= _MIN_SAMPLES or stride == (1, 1, 1):
+                break
+            stride = tuple(max(1, s // 2) for s in stride)
         if not idx[0].size:
             return None
-        return [i.astype(np.int64) for i in idx]
+        return [i.astype(np.int64) * s for i, s in zip(idx, stride, strict=True)]
+
+
+def _fill_holes_per_slice(body: np.ndarray) -> np.ndarray:
+    """Fill, in every axial slice, the background regions that do not touch the slice's border (lungs, gas).
+
+    One 3-D labelling of the background with empty slices interleaved (so nothing connects across z) instead of a
+    per-slice loop or scipy's iterative `binary_fill_holes` (~10x slower here).
+    """
+    nx, ny, nz = body.shape
+    background = np.zeros((nx, ny, 2 * nz), dtype=bool, order="F")
+    background[:, :, ::2] = ~body
+    labels = cc3d.connected_components(background, connectivity=6)[:, :, ::2]
+    border = np.concatenate([labels[0].ravel(), labels[-1].ravel(), labels[:, 0].ravel(), labels[:, -1].ravel()])
+    outside = np.zeros(int(labels.max()) + 1, dtype=bool)
+    outside[border] = True
+    outside[0] = True  # label 0 is the body itself
+    return body | ~outside[labels]
+
+
+def _grow_in_plane(body: np.ndarray) -> np.ndarray:
+    """Dilate by one sample along x and y (4-connected in-plane), without wrapping around."""
+    grown = body.copy()
+    grown[1:] |= body[:-1]
+    grown[:-1] |= body[1:]
+    grown[:, 1:] |= body[:, :-1]
+    grown[:, :-1] |= body[:, 1:]
+    return grown
 
 
 def verify_organ_mask(

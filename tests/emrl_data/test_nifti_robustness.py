@@ -170,14 +170,22 @@ import json, resource
 from pathlib import Path
 from emrl_data.nifti import read_nifti
 from emrl_data.outcome import CaseDataError
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+def peak_mb():
+    # VmHWM: ru_maxrss can be inherited from the (large) pytest parent across fork+exec
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+before = peak_mb()
 try:
     vol = read_nifti(Path({str(path)!r}), role={role!r})
     out = {{"reason": None, "shape": list(vol.data.shape)}}
 except CaseDataError as err:
     out = {{"reason": str(err.reason), "detail": err.detail}}
-out["import_mb"] = before / 1024
-out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+out["import_mb"] = before
+out["peak_mb"] = peak_mb()
 print(json.dumps(out))
 """
     proc = subprocess.run(
