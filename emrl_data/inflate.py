@@ -26,7 +26,9 @@ import sys
 import threading
 import zlib
 from collections.abc import Callable
+from io import BufferedReader
 from pathlib import Path
+from typing import Any
 
 import deflate
 import numpy as np
@@ -238,7 +240,9 @@ def read_payload(
         return _read_gzip(f, head, size, name, payload_size)
 
 
-def _read_plain(f, head: bytes, size: int, name: str, payload_size: Callable[[bytes], int]) -> tuple[np.ndarray, str]:  # type: ignore[no-untyped-def]
+def _read_plain(
+    f: BufferedReader, head: bytes, size: int, name: str, payload_size: Callable[[bytes], int]
+) -> tuple[np.ndarray, str]:
     expected = payload_size(head[:HEADER_PREFIX_BYTES])
     if size != expected:
         what = "truncated" if size < expected else f"{size - expected} bytes after the image"
@@ -260,7 +264,9 @@ def _read_plain(f, head: bytes, size: int, name: str, payload_size: Callable[[by
     return out, hashlib.sha256(out).hexdigest()  # type: ignore[arg-type]
 
 
-def _read_gzip(f, head: bytes, size: int, name: str, payload_size: Callable[[bytes], int]) -> tuple[np.ndarray, str]:  # type: ignore[no-untyped-def]
+def _read_gzip(
+    f: BufferedReader, head: bytes, size: int, name: str, payload_size: Callable[[bytes], int]
+) -> tuple[np.ndarray, str]:
     if size < _GZIP_MIN_BYTES:
         raise CaseDataError(RejectReason.CORRUPT_GZIP, f"{name}: {size} bytes is too short for gzip", path=name)
     expected = payload_size(_inflate_prefix(head, name))
@@ -281,6 +287,7 @@ def _read_gzip(f, head: bytes, size: int, name: str, payload_size: Callable[[byt
     out = pool.acquire(expected)
     _inflate_members(src, out, name, more_follows=size > bound)
     del src
+    f.seek(bound)
     _check_zero_tail(f, size - bound, digest, name)
     return out, digest.hexdigest()
 
@@ -334,7 +341,7 @@ def _inflate_members(src: np.ndarray, out: np.ndarray, name: str, *, more_follow
     return pos_in
 
 
-def _check_zero_tail(f, nbytes: int, digest, name: str) -> None:  # type: ignore[no-untyped-def]
+def _check_zero_tail(f: BufferedReader, nbytes: int, digest: Any, name: str) -> None:
     """Read the rest of the file in chunks (bounded memory); it must be zero padding."""
     left = nbytes
     chunk = thread_pool().acquire(min(_CHUNK_BYTES, nbytes)) if nbytes else None

@@ -522,24 +522,7 @@ def _parse_header(prefix: bytes, name: str, cfg: LoadConfig) -> _Header:
         raise fail(RejectReason.NOT_NIFTI, f"spatial unit code {unit_code} is not a NIfTI length unit")
     to_mm = _SPATIAL_UNIT_TO_MM[unit_code]
 
-    try:
-        sform, sform_code = hdr.get_sform(coded=True)
-        qform, qform_code = hdr.get_qform(coded=True)
-    except (HeaderDataError, ValueError) as err:
-        raise fail(RejectReason.NOT_NIFTI, f"invalid orientation fields: {err}") from err
-    if sform_code > 0:
-        affine = np.asarray(sform, dtype=np.float64)
-    elif qform_code > 0:
-        affine = np.asarray(qform, dtype=np.float64)
-    else:
-        affine = np.diag([*zooms, 1.0])
-    affine = affine.copy()
-    affine[:3, :] *= to_mm
-    if not (np.isfinite(affine).all() and abs(np.linalg.det(affine[:3, :3])) > 1e-12):
-        raise fail(RejectReason.NOT_NIFTI, "affine is singular or not finite")
-    qform_mm = np.asarray(qform, dtype=np.float64) * np.array([[to_mm]] * 3 + [[1.0]])
-    _check_geometry(affine, qform_mm if sform_code > 0 and qform_code > 0 else None, zooms * to_mm, shape, cfg, fail)
-
+    affine = _best_affine(hdr, zooms, to_mm, shape, cfg, fail)
     return _Header(
         shape=shape,
         dtype=dtype,
@@ -549,6 +532,38 @@ def _parse_header(prefix: bytes, name: str, cfg: LoadConfig) -> _Header:
         affine=affine,
         zooms_mm=(float(zooms[0] * to_mm), float(zooms[1] * to_mm), float(zooms[2] * to_mm)),
     )
+
+
+def _best_affine(
+    hdr: nib.Nifti1Header,
+    zooms: np.ndarray,
+    to_mm: float,
+    shape: tuple[int, int, int],
+    cfg: LoadConfig,
+    fail: Callable[[RejectReason, str], CaseDataError],
+) -> np.ndarray:
+    """Return nibabel's best affine in mm (sform if coded, else qform if coded, else pixdim) after the geometry
+    checks of `_check_geometry`."""
+    try:
+        sform, sform_code = hdr.get_sform(coded=True)
+        qform, qform_code = hdr.get_qform(coded=True)
+    except (HeaderDataError, ValueError) as err:
+        raise fail(RejectReason.NOT_NIFTI, f"invalid orientation fields: {err}") from err
+    if sform_code > 0:
+        affine = np.array(sform, dtype=np.float64)
+    elif qform_code > 0:
+        affine = np.array(qform, dtype=np.float64)
+    else:
+        affine = np.diag([*zooms, 1.0])
+    affine[:3, :] *= to_mm
+    if not (np.isfinite(affine).all() and abs(np.linalg.det(affine[:3, :3])) > 1e-12):
+        raise fail(RejectReason.NOT_NIFTI, "affine is singular or not finite")
+    other = None
+    if sform_code > 0 and qform_code > 0:
+        other = np.array(qform, dtype=np.float64)
+        other[:3, :] *= to_mm
+    _check_geometry(affine, other, zooms * to_mm, shape, cfg, fail)
+    return affine
 
 
 def _check_geometry(

@@ -498,3 +498,10 @@ def test_buffer_pool_is_per_thread_and_can_be_disabled(tmp_path: Path) -> None:
         assert inflate.thread_pool().retained_bytes() == 0
     finally:
         inflate.configure_buffer_pool(inflate.DEFAULT_POOL_MAX_BYTES)
+
+
+def test_non_zero_byte_far_into_a_long_padding_is_corrupt(tmp_path: Path) -> None:
+    # The padding is longer than the compressed bytes held in memory: it is checked in chunks, to its last byte.
+    path = tmp_path / "ct.nii.gz"
+    path.write_bytes(gzip.compress(_nifti_bytes(_volume()), mtime=0) + bytes(3 << 20) + b"\x01" + bytes(10))
+    assert "non-zero bytes after the gzip stream" in _reject(path, RejectReason.CORRUPT_GZIP).detail
