@@ -41,6 +41,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 HEADER_PREFIX_BYTES = 544  # NIfTI-2 header (540) + the 4-byte extension flag
 _GZIP_MIN_BYTES = 18  # 10-byte member header + 8-byte trailer (CRC32, ISIZE)
 _PREFIX_MAX_COMPRESSED = 1 << 20  # a NIfTI header must appear within the first 1 MiB of compressed bytes
+_MAX_DEFLATE_RATIO = 1032  # deflate's ceiling: a 258-byte match per 2 bits at best
 _CHUNK_BYTES = 1 << 22  # reads of zero padding and of the header prefix go in 4 MiB chunks
 _INFLATE_ERRORS: tuple[type[BaseException], ...] = (isal_zlib.error, zlib.error)  # type: ignore[assignment]
 DEFAULT_POOL_MAX_BYTES = 768 << 20
@@ -270,6 +271,13 @@ def _read_gzip(
     if size < _GZIP_MIN_BYTES:
         raise CaseDataError(RejectReason.CORRUPT_GZIP, f"{name}: {size} bytes is too short for gzip", path=name)
     expected = payload_size(_inflate_prefix(head, name))
+    if expected > _MAX_DEFLATE_RATIO * size + (1 << 20):
+        raise CaseDataError(
+            RejectReason.ABSURD_SIZE,
+            f"{name}: header implies {expected} bytes, but {size} bytes of deflate can hold at most "
+            f"{_MAX_DEFLATE_RATIO * size} (truncated file or forged header); refused before allocating",
+            path=name,
+        )
     # The largest valid encoding of `expected` bytes: stored blocks (5 bytes per 65535) plus member headers.
     bound = min(size, expected + expected // 8192 + (1 << 20))
     pool = thread_pool()

@@ -505,3 +505,18 @@ def test_non_zero_byte_far_into_a_long_padding_is_corrupt(tmp_path: Path) -> Non
     path = tmp_path / "ct.nii.gz"
     path.write_bytes(gzip.compress(_nifti_bytes(_volume()), mtime=0) + bytes(3 << 20) + b"\x01" + bytes(10))
     assert "non-zero bytes after the gzip stream" in _reject(path, RejectReason.CORRUPT_GZIP).detail
+
+
+def test_header_larger_than_any_inflate_of_the_file_is_refused_before_allocating(tmp_path: Path) -> None:
+    # 512 x 512 x 2048 int16 (1 GiB, within max_voxels) claimed by a 4 kB file: deflate cannot expand 1032:1 beyond.
+    hdr = nib.Nifti1Header()
+    hdr.set_data_shape((512, 512, 2048))
+    hdr.set_data_dtype(np.int16)
+    hdr.set_sform(RAS, code=2)
+    hdr.set_zooms(ZOOMS)
+    hdr.set_data_offset(352)
+    path = tmp_path / "ct.nii.gz"
+    path.write_bytes(gzip.compress(hdr.binaryblock + bytes(4) + bytes(1 << 20), mtime=0))
+    out = _peak_rss_mb(path)
+    assert out["reason"] == "absurd_size" and "can hold at most" in out["detail"]
+    assert out["peak_mb"] < 300, out
