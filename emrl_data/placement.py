@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import cc3d
 import numpy as np
+from nibabel.orientations import io_orientation
 
 from emrl_data.outcome import CaseDataError, RejectReason
 
@@ -113,8 +114,11 @@ class BodyEvidence:
         sub = ct[:: self.stride[0], :: self.stride[1], :: self.stride[2]]
         tissue = np.asfortranarray(sub > _BODY_AIR_HU)
         body = cc3d.largest_k(tissue, k=1, connectivity=26).astype(bool) if tissue.any() else tissue
-        body = _fill_holes_per_slice(body)
-        self.body = _grow_in_plane(body)  # one sample of tolerance: the subsampled surface is up to a stride off
+        # Axial slices: the stored axis closest to world z goes last for the per-slice steps.
+        axial = int(np.flatnonzero(io_orientation(affine)[:, 0] == 2)[0])
+        body = np.moveaxis(_fill_holes_per_slice(np.moveaxis(body, axial, 2)), 2, axial)
+        grown = _grow_in_plane(np.moveaxis(body, axial, 2))  # one sample of tolerance: the surface is a stride off
+        self.body = np.moveaxis(grown, 2, axial)
         idx = np.nonzero(body)
         centre = [float(np.mean(i)) * s for i, s in zip(idx, self.stride, strict=True)] if idx[0].size else None
         self.midline_x_mm = float((affine[:3, :3] @ np.asarray(centre) + affine[:3, 3])[0]) if centre else math.nan

@@ -520,3 +520,22 @@ def test_header_larger_than_any_inflate_of_the_file_is_refused_before_allocating
     out = _peak_rss_mb(path)
     assert out["reason"] == "absurd_size" and "can hold at most" in out["detail"]
     assert out["peak_mb"] < 300, out
+
+
+def test_evidence_holds_for_a_case_stored_with_z_first(phantom: tuple[Path, CaseRef], tmp_path: Path) -> None:
+    # Stored axes (z, y, x): the per-slice body steps must follow world z, not the last stored axis.
+    ref = _copy_case(phantom[1], tmp_path)
+    perm = np.array([[0.0, 0, 1, 0], [0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 1]])
+    img = nib.load(str(ref.ct_path))
+    nib.Nifti1Image(np.asanyarray(img.dataobj).transpose(2, 1, 0), img.affine @ perm).to_filename(str(ref.ct_path))
+    for name in ORGAN_FILES:
+        data, affine = _mask_data(ref.mask_dir / f"{name}.nii.gz")
+        stored = data[::-1] if name == "liver" else data  # the liver mirrored (patient's left-right)
+        _write_mask(ref.mask_dir / f"{name}.nii.gz", stored.transpose(2, 1, 0), affine @ perm)
+    case = open_case(ref)
+    for name in ORGAN_FILES[1:]:
+        assert case.mask(name) is not None
+    with pytest.raises(CaseDataError) as excinfo:
+        case.mask("liver")
+    assert (excinfo.value.reason, excinfo.value.organ) == (RejectReason.MASK_ORIENTATION_CONFLICT, "liver")
+    assert "mirror image along stored axis 2 fits" in excinfo.value.detail
