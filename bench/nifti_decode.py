@@ -4,7 +4,7 @@ bounded) against plain fresh-buffer inflates of the same files, plus the cost of
 Every round runs every method once, in turn (interleaved), in one warm process; medians of the rounds after a
 warm-up round. Peak RSS of each method is measured in its own fresh process.
 
-    PYTHONPATH=$PWD python bench/nifti_decode.py [--rounds 5] [--workdir /tmp/emrl-nifti-bench]
+    PYTHONPATH=$PWD python bench/nifti_decode.py [--rounds 5] [--workdir /tmp/emrl-nifti-bench] [--methods a,b]
 """
 
 from __future__ import annotations
@@ -142,12 +142,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/emrl-nifti-bench"))
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of the methods")
     args = parser.parse_args()
+    methods = {n: METHODS[n] for n in args.methods.split(",")}
     ref = _case(args.workdir)
     sizes = {p.name: p.stat().st_size for p in _files(ref)}
-    times: dict[str, list[float]] = {n: [] for n in METHODS}
+    times: dict[str, list[float]] = {n: [] for n in methods}
     for rnd in range(args.rounds + 1):
-        for name, fn in METHODS.items():
+        for name, fn in methods.items():
             t = time.perf_counter()
             fn(ref)
             if rnd:
@@ -157,7 +159,7 @@ def main() -> None:
         "compressed_mb": round(sum(sizes.values()) / 1e6, 1),
         "median_s": {n: round(statistics.median(v), 3) for n, v in times.items()},
         "min_s": {n: round(min(v), 3) for n, v in times.items()},
-        "peak_rss_mb": {n: round(_peak(n, args.workdir)) for n in METHODS},
+        "peak_rss_mb": {n: round(_peak(n, args.workdir)) for n in methods},
         "this_process_peak_rss_mb": round(vm_hwm_mb()),
     }
     print(json.dumps(result, indent=1))
