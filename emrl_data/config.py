@@ -20,9 +20,6 @@ class LabelConfig:
     iso_sd_fraction: float = 0.10
     # A lesion with less than this share of its voxels inside its organ (dilated by one voxel) is rejected.
     min_lesion_inside_fraction: float = 0.5
-    # Mean parenchyma HU outside this range means the mask is not on the organ (notes/atlas.md §1.4 sanity check).
-    # Wide on purpose: severe steatosis goes below 0 HU, excretory-phase kidneys well above 200 HU.
-    organ_mean_hu_range: tuple[float, float] = (-200.0, 500.0)
 
     def __post_init__(self) -> None:
         if self.min_lesion_volume_mm3 < 0:
@@ -33,9 +30,6 @@ class LabelConfig:
             raise ValueError(f"iso_sd_fraction={self.iso_sd_fraction} must be >= 0.")
         if not 0 <= self.min_lesion_inside_fraction <= 1:
             raise ValueError(f"min_lesion_inside_fraction={self.min_lesion_inside_fraction} must be in [0, 1].")
-        low, high = self.organ_mean_hu_range
-        if not low < high:
-            raise ValueError(f"organ_mean_hu_range={self.organ_mean_hu_range} must be (low, high) with low < high.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +65,23 @@ class LoadConfig:
 
     max_voxels: int = 1024 * 1024 * 2048  # 2 Gi voxels: far above any CT (512 x 512 x 2000 = 0.5 Gi)
     max_dim: int = 4096
+    # Every voxel size (mm) must lie in this range; outside it the file is refused (`implausible_spacing`).
+    spacing_range_mm: tuple[float, float] = (0.1, 20.0)
+    # sform vs pixdim voxel sizes may differ by this fraction; sform vs qform grid corners by this many voxels.
+    geometry_rtol: float = 0.01
+    # Share of an organ mask's voxels that must lie on the (hole-filled) body (placement evidence).
+    min_body_fraction: float = 0.99
 
     def __post_init__(self) -> None:
         if self.max_voxels < 1 or self.max_dim < 1:
             raise ValueError(f"max_voxels={self.max_voxels} and max_dim={self.max_dim} must be positive.")
+        low, high = self.spacing_range_mm
+        if not 0 < low < high:
+            raise ValueError(f"spacing_range_mm={self.spacing_range_mm} must be (low, high) with 0 < low < high.")
+        if not 0 < self.geometry_rtol < 1:
+            raise ValueError(f"geometry_rtol={self.geometry_rtol} must be in (0, 1).")
+        if not 0 <= self.min_body_fraction <= 1:
+            raise ValueError(f"min_body_fraction={self.min_body_fraction} must be in [0, 1].")
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 from emrl_data.config import LabelConfig
 from emrl_data.organs import LOCATION_NAMES, ORGAN_STRUCTURES, organ_spec
 from emrl_data.outcome import CaseDataError, RejectReason
+from emrl_data.placement import organ_hu_window
 from emrl_data.types import Attenuation, Organ, column
 
 
@@ -190,7 +191,8 @@ def label_organ(
         CaseDataError: `MISSING_ORGAN_MASK` when no organ mask file exists, `EMPTY_ORGAN_MASK` when the organ
             mask has no voxel (or no voxel outside the lesions), `LESION_OUTSIDE_ORGAN` when less than
             `cfg.min_lesion_inside_fraction` of the lesion voxels lie inside the organ dilated by one voxel,
-            `MASK_GRID_MISMATCH` when the mean HU of the parenchyma is outside `cfg.organ_mean_hu_range`.
+            `IMPLAUSIBLE_ORGAN_HU` (organ-level, naming the organ's files) when the mean HU of the parenchyma is
+            outside the organ's window (`emrl_data.placement.ORGAN_MEAN_HU_WINDOWS`).
         ValueError: the CT is not 3-D, a spacing is not positive, or a mask is not on the CT grid.
     """
     ct = source.ct_hu
@@ -257,15 +259,7 @@ def label_organ(
         )
     parenchyma_mean_hu, parenchyma_sd_hu = _hu_stats(ct_organ.ravel("K")[parenchyma.ravel("K")])
     del parenchyma, organ_crop, ct_organ
-    low_hu, high_hu = cfg.organ_mean_hu_range
-    if not low_hu <= parenchyma_mean_hu <= high_hu:
-        # notes/atlas.md §1.4: always sanity-check the HU inside the organ; a mask on air or bone is misplaced.
-        raise CaseDataError(
-            RejectReason.MASK_GRID_MISMATCH,
-            f"mean HU inside the {organ} mask is {parenchyma_mean_hu:.0f}, outside the plausible range "
-            f"[{low_hu:.0f}, {high_hu:.0f}]: the mask does not lie on the organ (misaligned grid?)",
-            organ=str(organ),
-        )
+    _check_organ_hu(source, organ, structures.organ_masks, parenchyma_mean_hu)
 
     organ_box_t = _box_xyzxyz(organ_box)
     if largest is None:
@@ -323,6 +317,29 @@ def label_organ(
     )
     logger.debug("%s: %d lesion(s), largest %d voxels", organ, labels.lesion_count, largest.voxel_count)
     return labels
+
+
+def _check_organ_hu(source: MaskSource, organ: Organ, files: tuple[str, ...], parenchyma_mean_hu: float) -> None:
+    """Refuse this organ (only) when its parenchyma's mean HU is outside the organ's window.
+
+    notes/atlas.md §1.4: always sanity-check the HU inside the organ. The window table is
+    `emrl_data.placement.ORGAN_MEAN_HU_WINDOWS`, the one the placement evidence uses too.
+
+    Raises:
+        CaseDataError: `IMPLAUSIBLE_ORGAN_HU` with `organ` set and `path` naming the organ's mask file(s).
+    """
+    low_hu, high_hu = organ_hu_window(str(organ))
+    if low_hu <= parenchyma_mean_hu <= high_hu:
+        return
+    path_of = getattr(source, "relative_path", None)
+    paths = [p for p in (path_of(f) for f in files) if p] if path_of else []
+    raise CaseDataError(
+        RejectReason.IMPLAUSIBLE_ORGAN_HU,
+        f"{', '.join(paths) or organ}: mean HU of the {organ} parenchyma is {parenchyma_mean_hu:.0f}, outside the "
+        f"{organ} window [{low_hu:.0f}, {high_hu:.0f}]: the mask does not lie on the organ",
+        path=", ".join(paths) or None,
+        organ=str(organ),
+    )
 
 
 def _mask_box(mask: np.ndarray) -> Box3 | None:

@@ -6,44 +6,47 @@ places every mask on the CT grid on demand (`CaseImages.mask`). Deep code raises
 driver turns it into a rejection row.
 
 Why the gzip stream is validated here and not by a library: SimpleITK 2.5.7 reads a truncated `.nii.gz` without
-error and zero-fills the missing part (SPEC §2). The header is parsed from the first inflated bytes and checked
-against the gzip trailer's ISIZE *before* the image buffer is allocated, then the whole member is inflated once
-with ISA-L into a buffer of the exact size (notes/performance.md §2: fastest and lowest peak memory).
+error and zero-fills the missing part (SPEC §2). `emrl_data.inflate` parses the header from the first inflated
+bytes and refuses it *before* the image buffer is allocated, then inflates every gzip member with libdeflate (CRC32
+and ISIZE checked) into a reused per-thread buffer of exactly the size the header implies.
 
-Arrays returned by this module are read-only: the zero-copy ones are views over `bytes`, and the converted ones are
-marked read-only for consistency. Copy the (small) crop you need to modify.
+Geometry (SPEC §2): the affine is nibabel's (sform if sform_code > 0, else qform if qform_code > 0, else pixdim);
+sform/qform/pixdim that disagree beyond `LoadConfig.geometry_rtol` are refused (`geometry_conflict`), voxel sizes
+outside `LoadConfig.spacing_range_mm` too (`implausible_spacing`). Mask placement is decided and verified by
+evidence (`emrl_data.placement`).
+
+Arrays returned by this module are read-only: the zero-copy ones are views over a pooled decode buffer (never
+reused while the view is alive), and the converted ones are marked read-only for consistency. Copy the (small)
+crop you need to modify.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
-import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import nibabel as nib
 import numpy as np
-from isal import isal_zlib
 from nibabel.orientations import inv_ornt_aff, io_orientation
 from nibabel.spatialimages import HeaderDataError
 
-from emrl_data.atlas import CaseRef
+from emrl_data.atlas import ORGAN_STRUCTURES, CaseRef
 from emrl_data.config import LoadConfig
+from emrl_data.inflate import read_payload
 from emrl_data.outcome import CaseDataError, RejectReason
+from emrl_data.placement import BodyEvidence, mini_body_box, verify_organ_mask
 
 
 logger = logging.getLogger(__name__)
 
 Role = Literal["ct", "mask"]
 
-_GZIP_MAGIC = b"\x1f\x8b"
-_GZIP_MIN_BYTES = 18  # 10-byte member header + 8-byte trailer (CRC32, ISIZE)
 _NIFTI1_SIZEOF_HDR = 348
 _NIFTI2_SIZEOF_HDR = 540
-_HEADER_PREFIX_BYTES = 544  # NIfTI-2 header (540) + the 4-byte extension flag
 _NIFTI1_MAGIC = b"n+1\x00"  # single-file NIfTI-1 (`ni1` is the .hdr/.img pair, not a .nii)
 _NIFTI2_MAGIC = b"n+2\x00\r\n\x1a\n"
 _AFFINE_ATOL = 1e-3  # affines "agree" (SPEC §2 alignment rule)
@@ -54,7 +57,8 @@ _MAX_LISTED_VALUES = 10
 # NIfTI xyzt_units spatial codes -> factor to millimetres (0 = unknown, taken as mm like ITK does).
 _SPATIAL_UNIT_TO_MM = {0: 1.0, 1: 1000.0, 2: 1.0, 3: 0.001}
 _INT16_MIN, _INT16_MAX = -32768, 32767
-_INFLATE_ERRORS: tuple[type[BaseException], ...] = (isal_zlib.error, zlib.error)  # type: ignore[assignment]  # stub types `error` as an instance
+# Organ mask file -> the organ row it belongs to: these masks are verified against the CT's evidence when placed.
+_ORGAN_OF_MASK: dict[str, str] = {m: str(o) for o, s in ORGAN_STRUCTURES.items() for m in s.organ_masks}
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,15 +69,18 @@ class NiftiVolume:
         data: 3-D array, shape `(I, J, K)` as stored (Fortran-ordered view over the inflated buffer where no
             conversion was needed), read-only. role="ct": int16 HU; role="mask": bool.
         affine: (4, 4) float64 voxel -> world (mm) affine: the sform if sform_code > 0, else the qform if
-            qform_code > 0, else `diag(zooms_mm)` (NIfTI "method 1").
-        zooms_mm: voxel size along the stored axes `(I, J, K)`, in mm.
+            qform_code > 0, else `diag(zooms_mm)` (NIfTI "method 1"), as nibabel's `get_best_affine`.
+        zooms_mm: voxel size along the stored axes `(I, J, K)`, in mm (pixdim; agrees with the affine's within
+            `LoadConfig.geometry_rtol`).
         path: the file that was read.
+        digest: sha256 hex of the file's bytes.
     """
 
     data: np.ndarray
     affine: np.ndarray
     zooms_mm: tuple[float, float, float]
     path: Path
+    digest: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,13 +113,13 @@ def read_nifti(path: Path, *, role: Role, cfg: LoadConfig = LoadConfig()) -> Nif
         The volume in storage order, with its affine and voxel size.
 
     Raises:
-        CaseDataError: NOT_NIFTI, CORRUPT_GZIP, BAD_NDIM, ABSURD_SIZE, NON_FINITE_VOXELS or BAD_MASK_VALUES; the
-            detail names the file and `path` is set.
-        FileNotFoundError: `path` does not exist.
+        CaseDataError: NOT_NIFTI, CORRUPT_GZIP, BAD_NDIM, ABSURD_SIZE, IMPLAUSIBLE_SPACING, GEOMETRY_CONFLICT,
+            NON_FINITE_VOXELS or BAD_MASK_VALUES; the detail names the file and `path` is set.
+        OSError: `path` cannot be opened or read (FileNotFoundError when it does not exist).
         ValueError: `role` is not "ct" or "mask".
     """
     path = Path(path)
-    return _decode(path.read_bytes(), path, str(path), role=role, cfg=cfg)
+    return _decode(path, str(path), role=role, cfg=cfg)
 
 
 class CaseImages:
@@ -143,47 +150,49 @@ class CaseImages:
         "file_digests",
         "_ref",
         "_cfg",
-        "_ct_affine",
-        "_ct_shape",
+        "_ct",
         "_orientation",
+        "_evidence",
+        "_mini_box",
     )
 
-    def __init__(
-        self,
-        *,
-        ref: CaseRef,
-        ct: NiftiVolume,
-        digest: str,
-        cfg: LoadConfig,
-    ) -> None:
+    def __init__(self, *, ref: CaseRef, ct: NiftiVolume, cfg: LoadConfig, digest: str = "") -> None:
         """Build from an already validated CT (use `open_case`)."""
         self.case_id = ref.case_id
         self._ref = ref
         self._cfg = cfg
-        self._ct_affine = ct.affine
-        self._ct_shape: tuple[int, int, int] = tuple(ct.data.shape)  # type: ignore[assignment]
-        self._orientation = _Orientation.from_affine(ct.affine, self._ct_shape)
+        self._ct = ct
+        shape: tuple[int, int, int] = tuple(ct.data.shape)  # type: ignore[assignment]
+        self._orientation = _Orientation.from_affine(ct.affine, shape)
         self.ct_hu = self._orientation.apply(ct.data)
         self.spacing_mm = self._orientation.permute(ct.zooms_mm)
         self.affine_ras = self._orientation.affine_ras(ct.affine)
         self.warnings: list[str] = []
-        self.file_digests: dict[str, str] = {ref.relative(ct.path): digest}
-        voxel_sizes = np.sqrt((ct.affine[:3, :3] ** 2).sum(axis=0))
-        if not np.allclose(voxel_sizes, ct.zooms_mm, rtol=1e-3, atol=1e-4):
-            self._warn(
-                f"{ct.path.name}: voxel sizes in the header {_fmt(ct.zooms_mm)} disagree with the affine's "
-                f"{_fmt(voxel_sizes)}; using the header's"
-            )
+        self.file_digests: dict[str, str] = {ref.relative(ct.path): digest or ct.digest}
+        self._evidence: BodyEvidence | None = None
+        self._mini_box: tuple[tuple[slice, slice, slice] | None] | None = None  # computed once, when needed
+
+    def relative_path(self, structure: str) -> str | None:
+        """Return the file of `structure` relative to the atlas root, or None when the case has none."""
+        path = self._ref.structure_path(structure)
+        return None if path is None else self._ref.relative(path)
 
     def has(self, structure: str) -> bool:
         """Return True when the case has a file for `structure` (e.g. "liver_lesion"); reads nothing."""
         return self._ref.structure_path(structure) is not None
 
     def mask(self, structure: str) -> np.ndarray | None:
-        """Read one structure's mask and place it on the CT grid.
+        """Read one structure's mask, place it on the CT grid by evidence, and verify organ masks.
+
+        Placement (SPEC §2, revised 2026-11-30): the same shape as the CT -> voxel for voxel; another grid whose
+        affine maps onto the CT's by a signed axis permutation and an integer offset -> by the headers; the CT's
+        affine and a smaller shape -> at the CT's reproduced Mini body crop, only if that box has exactly the
+        mask's shape. Organ masks (liver, pancreas, kidney_left/right, ...) are then checked against the CT
+        (`emrl_data.placement.verify_organ_mask`: on the body, mean HU in the organ's window, expected side).
 
         Not cached (a 512x512x300 case must stay under ~1 GB peak RSS): every call reads the file again, so keep
-        the result while you need it.
+        the result while you need it. A zero-copy result is a view over a pooled decode buffer that is reused
+        only after every view of it is gone.
 
         Args:
             structure: the released structure name, e.g. "liver", "kidney_lesion".
@@ -193,29 +202,71 @@ class CaseImages:
             the case has no file for `structure`.
 
         Raises:
-            CaseDataError: any `read_nifti` reason for the mask file, or MASK_GRID_MISMATCH when the mask cannot be
-                placed on the CT grid; the detail names the file.
+            CaseDataError: any `read_nifti` reason for the mask file; MASK_GRID_MISMATCH (whole case) when it
+                cannot be placed or lies off the body; MASK_ORIENTATION_CONFLICT or IMPLAUSIBLE_ORGAN_HU (with
+                `organ` set) when an organ mask fails the CT's evidence. The detail and `path` name the file.
         """
         path = self._ref.structure_path(structure)
         if path is None:
             return None
         rel = self._ref.relative(path)
-        raw = path.read_bytes()
-        self.file_digests[rel] = hashlib.sha256(raw).hexdigest()
-        vol = _decode(raw, path, rel, role="mask", cfg=self._cfg)
-        del raw
-        if vol.data.shape == self._ct_shape:
-            if not np.allclose(vol.affine, self._ct_affine, atol=_AFFINE_ATOL):
-                self._warn(f"{path.name}: affine disagrees with the CT's; taken voxel for voxel")
-            stored = vol.data
+        vol = _decode(path, rel, role="mask", cfg=self._cfg)
+        self.file_digests[rel] = vol.digest
+        ct_shape: tuple[int, int, int] = tuple(self._ct.data.shape)  # type: ignore[assignment]
+        same_affine = np.allclose(vol.affine, self._ct.affine, atol=_AFFINE_ATOL)
+        if vol.data.shape == ct_shape:
+            if not same_affine:
+                self._warn(f"{path.name}: affine disagrees with the CT's over the same shape; taken voxel for voxel")
+            stored, how = vol.data, "voxel for voxel"
+        elif same_affine:
+            stored, how = self._place_at_mini_crop(vol.data, rel), "at the CT's Mini body crop"
         else:
-            if np.allclose(vol.affine, self._ct_affine, atol=_AFFINE_ATOL):
-                self._warn(
-                    f"{path.name}: shape {vol.data.shape} differs from the CT's {self._ct_shape} but the affines "
-                    "are identical; placed at voxel offset (0, 0, 0)"
-                )
-            stored = _place_on_grid(vol.data, vol.affine, self._ct_shape, self._ct_affine, rel)
+            stored, how = _place_on_grid(vol.data, vol.affine, ct_shape, self._ct.affine, rel), "by the headers"
+        del vol
+        organ = _ORGAN_OF_MASK.get(structure)
+        if organ is not None:
+            if self._evidence is None:
+                self._evidence = BodyEvidence(self._ct.data, self._ct.affine)
+            verify_organ_mask(
+                stored,
+                self._evidence,
+                organ=organ,
+                structure=structure,
+                name=rel,
+                how=how,
+                min_body_fraction=self._cfg.min_body_fraction,
+            )
         return self._orientation.apply(stored)
+
+    def _place_at_mini_crop(self, mask: np.ndarray, name: str) -> np.ndarray:
+        """Place a mask that shares the CT's affine but is smaller at the CT's reproduced Mini body crop."""
+        ct_shape = self._ct.data.shape
+        where = f"mask shape {mask.shape} vs CT shape {ct_shape} with identical affines"
+        if any(m > c for m, c in zip(mask.shape, ct_shape, strict=True)):
+            raise CaseDataError(
+                RejectReason.MASK_GRID_MISMATCH,
+                f"{name}: {where}; the mask is larger than the CT along an axis, so the CT's crop origin is unknown",
+                path=name,
+            )
+        if self._mini_box is None:
+            self._mini_box = (mini_body_box(self._ct.data),)
+        box = self._mini_box[0]
+        box_shape = None if box is None else tuple(s.stop - s.start for s in box)
+        if box is None or box_shape != mask.shape:
+            raise CaseDataError(
+                RejectReason.MASK_GRID_MISMATCH,
+                f"{name}: {where}; the CT's reproduced Mini body crop has shape {box_shape}, not the mask's, so the "
+                "mask's origin on the CT grid is unknown",
+                path=name,
+            )
+        placed = np.zeros(ct_shape, dtype=np.bool_, order="F")
+        placed[box] = mask
+        placed.flags.writeable = False
+        self._warn(
+            f"{name.rsplit('/', 1)[-1]}: {where}; placed at the CT's Mini body crop origin "
+            f"{tuple(s.start for s in box)}"
+        )
+        return placed
 
     def _warn(self, message: str) -> None:
         self.warnings.append(message)
@@ -227,22 +278,20 @@ def open_case(ref: CaseRef, *, cfg: LoadConfig = LoadConfig()) -> CaseImages:  #
 
     Args:
         ref: where the case's files are (`emrl_data.atlas`).
-        cfg: size limits for every file of the case.
+        cfg: size limits and geometry checks for every file of the case.
 
     Returns:
         The case's images; `ct_hu` is a view over the CT file's inflated bytes (no full-volume copy).
 
     Raises:
         CaseDataError: MISSING_CT when `ref.ct_path` does not exist, or any `read_nifti` reason for the CT.
+        OSError: a file exists but cannot be read.
     """
     rel = ref.relative(ref.ct_path)
     if not ref.ct_path.is_file():
         raise CaseDataError(RejectReason.MISSING_CT, f"{rel}: no CT file at the expected path", path=rel)
-    raw = ref.ct_path.read_bytes()
-    digest = hashlib.sha256(raw).hexdigest()
-    ct = _decode(raw, ref.ct_path, rel, role="ct", cfg=cfg)
-    del raw
-    return CaseImages(ref=ref, ct=ct, digest=digest, cfg=cfg)
+    ct = _decode(ref.ct_path, rel, role="ct", cfg=cfg)
+    return CaseImages(ref=ref, ct=ct, cfg=cfg)
 
 
 # --- orientation -----------------------------------------------------------------------------------------------
@@ -387,74 +436,25 @@ def _count_outside(view: np.ndarray, inside: list[slice]) -> int:
 # --- decoding --------------------------------------------------------------------------------------------------
 
 
-def _decode(raw: bytes, path: Path, name: str, *, role: Role, cfg: LoadConfig) -> NiftiVolume:
-    """Validate and decode a file's raw bytes; `name` is how messages and `CaseDataError.path` call the file."""
+def _decode(path: Path, name: str, *, role: Role, cfg: LoadConfig) -> NiftiVolume:
+    """Read, validate and decode one file; `name` is how messages and `CaseDataError.path` call the file."""
     if role not in ("ct", "mask"):
         raise ValueError(f"role={role!r} must be 'ct' or 'mask'.")
-    is_gzip = raw[:2] == _GZIP_MAGIC
-    if not is_gzip and path.name.endswith(".gz"):
-        raise CaseDataError(RejectReason.NOT_NIFTI, f"{name}: not a gzip stream", path=name)
-    prefix = _inflate_prefix(raw, name) if is_gzip else raw[:_HEADER_PREFIX_BYTES]
-    hdr = _parse_header(prefix, name, cfg)
-    expected = hdr.vox_offset + hdr.nbytes
-    if is_gzip:
-        isize = int.from_bytes(raw[-4:], "little")
-        if expected % 2**32 != isize:
-            raise CaseDataError(
-                RejectReason.CORRUPT_GZIP,
-                f"{name}: gzip payload size {isize} (ISIZE, mod 2**32) disagrees with header ({hdr.vox_offset} "
-                f"header bytes + {hdr.nbytes} voxel bytes = {expected}); truncated or corrupt",
-                path=name,
-            )
-        try:
-            buf = isal_zlib.decompress(raw, wbits=31, bufsize=expected)
-        except _INFLATE_ERRORS as err:
-            raise CaseDataError(
-                RejectReason.CORRUPT_GZIP, f"{name}: gzip stream is corrupt: {err}", path=name
-            ) from err
-        if len(buf) != expected:  # a second gzip member, or ISIZE matching only modulo 2**32
-            raise CaseDataError(
-                RejectReason.CORRUPT_GZIP,
-                f"{name}: first gzip member inflates to {len(buf)} bytes, header needs {expected}",
-                path=name,
-            )
-    else:
-        buf = raw
-        if len(buf) < expected:
-            raise CaseDataError(
-                RejectReason.ABSURD_SIZE,
-                f"{name}: file has {len(buf)} bytes, header needs {expected} (truncated)",
-                path=name,
-            )
-    data = np.frombuffer(buf, dtype=hdr.dtype, count=math.prod(hdr.shape), offset=hdr.vox_offset)
-    data = data.reshape(hdr.shape, order="F")
+    parsed: list[_Header] = []
+
+    def payload_size(prefix: bytes) -> int:
+        parsed.append(_parse_header(prefix, name, cfg))
+        return parsed[0].vox_offset + parsed[0].nbytes
+
+    buf, digest = read_payload(path, name, payload_size, force_gzip=path.name.endswith(".gz"))
+    hdr = parsed[0]
+    data = buf[hdr.vox_offset :].view(hdr.dtype).reshape(hdr.shape, order="F")
+    del buf
+    data.flags.writeable = False
     scaled = math.isfinite(hdr.slope) and hdr.slope != 0 and (hdr.slope, hdr.inter) != (1.0, 0.0)
     slope, inter = (hdr.slope, hdr.inter) if scaled else (1.0, 0.0)
     data = _to_ct(data, slope, inter, name) if role == "ct" else _to_mask(data, slope, inter, name)
-    return NiftiVolume(data=data, affine=hdr.affine, zooms_mm=hdr.zooms_mm, path=path)
-
-
-def _inflate_prefix(raw: bytes, name: str) -> bytes:
-    """Inflate only the first bytes of a gzip stream (enough for a NIfTI-2 header), feeding small input chunks."""
-    if len(raw) < _GZIP_MIN_BYTES:
-        raise CaseDataError(RejectReason.CORRUPT_GZIP, f"{name}: {len(raw)} bytes is too short for gzip", path=name)
-    dec = isal_zlib.decompressobj(wbits=31)
-    view = memoryview(raw)
-    out = bytearray()
-    pos = 0
-    chunk: bytes | memoryview
-    try:
-        while len(out) < _HEADER_PREFIX_BYTES and not dec.eof:
-            if dec.unconsumed_tail:
-                chunk = dec.unconsumed_tail
-            elif pos < len(raw):
-                chunk, pos = view[pos : pos + 4096], pos + 4096
-            else:
-                break
-            out += dec.decompress(chunk, _HEADER_PREFIX_BYTES - len(out))
-    except _INFLATE_ERRORS as err:
-        raise CaseDataError(RejectReason.CORRUPT_GZIP, f"{name}: gzip stream is corrupt: {err}", path=name) from err
-    return bytes(out)
+    return NiftiVolume(data=data, affine=hdr.affine, zooms_mm=hdr.zooms_mm, path=path, digest=digest)
 
 
 def _parse_header(prefix: bytes, name: str, cfg: LoadConfig) -> _Header:
@@ -522,22 +522,7 @@ def _parse_header(prefix: bytes, name: str, cfg: LoadConfig) -> _Header:
         raise fail(RejectReason.NOT_NIFTI, f"spatial unit code {unit_code} is not a NIfTI length unit")
     to_mm = _SPATIAL_UNIT_TO_MM[unit_code]
 
-    try:
-        sform, sform_code = hdr.get_sform(coded=True)
-        qform, qform_code = hdr.get_qform(coded=True)
-    except (HeaderDataError, ValueError) as err:
-        raise fail(RejectReason.NOT_NIFTI, f"invalid orientation fields: {err}") from err
-    if sform_code > 0:
-        affine = np.asarray(sform, dtype=np.float64)
-    elif qform_code > 0:
-        affine = np.asarray(qform, dtype=np.float64)
-    else:
-        affine = np.diag([*zooms, 1.0])
-    affine = affine.copy()
-    affine[:3, :] *= to_mm
-    if not (np.isfinite(affine).all() and abs(np.linalg.det(affine[:3, :3])) > 1e-12):
-        raise fail(RejectReason.NOT_NIFTI, "affine is singular or not finite")
-
+    affine = _best_affine(hdr, zooms, to_mm, shape, cfg, fail)
     return _Header(
         shape=shape,
         dtype=dtype,
@@ -547,6 +532,90 @@ def _parse_header(prefix: bytes, name: str, cfg: LoadConfig) -> _Header:
         affine=affine,
         zooms_mm=(float(zooms[0] * to_mm), float(zooms[1] * to_mm), float(zooms[2] * to_mm)),
     )
+
+
+def _best_affine(
+    hdr: nib.Nifti1Header,
+    zooms: np.ndarray,
+    to_mm: float,
+    shape: tuple[int, int, int],
+    cfg: LoadConfig,
+    fail: Callable[[RejectReason, str], CaseDataError],
+) -> np.ndarray:
+    """Return nibabel's best affine in mm (sform if coded, else qform if coded, else pixdim) after the geometry
+    checks of `_check_geometry`."""
+    try:
+        sform, sform_code = hdr.get_sform(coded=True)
+        qform, qform_code = hdr.get_qform(coded=True)
+    except (HeaderDataError, ValueError) as err:
+        raise fail(RejectReason.NOT_NIFTI, f"invalid orientation fields: {err}") from err
+    if sform_code > 0:
+        affine = np.array(sform, dtype=np.float64)
+    elif qform_code > 0:
+        affine = np.array(qform, dtype=np.float64)
+    else:
+        affine = np.diag([*zooms, 1.0])
+    affine[:3, :] *= to_mm
+    if not (np.isfinite(affine).all() and abs(np.linalg.det(affine[:3, :3])) > 1e-12):
+        raise fail(RejectReason.NOT_NIFTI, "affine is singular or not finite")
+    other = None
+    if sform_code > 0 and qform_code > 0:
+        other = np.array(qform, dtype=np.float64)
+        other[:3, :] *= to_mm
+    _check_geometry(affine, other, zooms * to_mm, shape, cfg, fail)
+    return affine
+
+
+def _check_geometry(
+    affine: np.ndarray,
+    qform: np.ndarray | None,
+    zooms_mm: np.ndarray,
+    shape: tuple[int, int, int],
+    cfg: LoadConfig,
+    fail: Callable[[RejectReason, str], CaseDataError],
+) -> None:
+    """Refuse a header whose geometry fields disagree, or whose voxel size is implausible.
+
+    Args:
+        affine: the chosen affine in mm (sform, else qform, else pixdim).
+        qform: the qform in mm when both sform and qform are coded (they must then describe the same grid), else
+            None.
+        zooms_mm: pixdim[1:4] in mm.
+        shape: the image shape, for the grid corners.
+        cfg: `geometry_rtol` and `spacing_range_mm`.
+        fail: builds the error naming the file.
+
+    Raises:
+        CaseDataError: GEOMETRY_CONFLICT when the affine's voxel sizes differ from pixdim by more than
+            `geometry_rtol` (relative), or the qform puts a grid corner more than `geometry_rtol * 100` voxels
+            (1 voxel at the default 0.01) away from where the sform puts it; IMPLAUSIBLE_SPACING when a voxel size
+            is outside `spacing_range_mm`.
+    """
+    sizes = np.sqrt((affine[:3, :3] ** 2).sum(axis=0))
+    if not np.allclose(sizes, zooms_mm, rtol=cfg.geometry_rtol, atol=0.0):
+        raise fail(
+            RejectReason.GEOMETRY_CONFLICT,
+            f"voxel sizes in pixdim {_fmt(zooms_mm)} mm disagree with the affine's {_fmt(sizes)} mm "
+            f"(tolerance {100 * cfg.geometry_rtol:g} %); refusing to pick one",
+        )
+    if qform is not None:
+        corners = np.array(
+            [[i, j, k, 1.0] for i in (0, shape[0] - 1) for j in (0, shape[1] - 1) for k in (0, shape[2] - 1)]
+        )
+        gap_mm = float(np.abs((affine - qform) @ corners.T)[:3].max())
+        tol_mm = 100 * cfg.geometry_rtol * float(sizes.max())
+        if gap_mm > tol_mm:
+            raise fail(
+                RejectReason.GEOMETRY_CONFLICT,
+                f"sform and qform place the grid up to {gap_mm:.3g} mm apart (tolerance {tol_mm:.3g} mm); "
+                "refusing to pick one",
+            )
+    low, high = cfg.spacing_range_mm
+    if not ((sizes >= low) & (sizes <= high)).all():
+        raise fail(
+            RejectReason.IMPLAUSIBLE_SPACING,
+            f"voxel size {_fmt(sizes)} mm is outside the plausible range [{low:g}, {high:g}] mm",
+        )
 
 
 def _slab_step(shape: tuple[int, ...]) -> int:

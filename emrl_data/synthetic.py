@@ -116,6 +116,10 @@ DEFECTS: dict[str, RejectReason] = {
     "split_conflict": RejectReason.SPLIT_CONFLICT,  # the case is listed in both IID_train.csv and IID_test.csv
     "unreadable_file": RejectReason.UNREADABLE_FILE,  # ct.nii.gz is a symlink to itself (unreadable even as root)
     "not_a_case": RejectReason.NOT_A_CASE,  # the case's image folder (combined: case folder) is a regular file
+    "implausible_spacing": RejectReason.IMPLAUSIBLE_SPACING,  # the CT's affine and pixdim scaled 1000x (metres)
+    "geometry_conflict": RejectReason.GEOMETRY_CONFLICT,  # the CT's pixdim 10x its sform's voxel size
+    "mask_orientation_conflict": RejectReason.MASK_ORIENTATION_CONFLICT,  # liver.nii.gz voxels mirrored along x
+    "implausible_organ_hu": RejectReason.IMPLAUSIBLE_ORGAN_HU,  # the CT reads 400 HU over the pancreas mask
 }
 
 ANISOTROPIC_SPACING_MM: tuple[float, float, float] = (0.7, 0.9, 3.0)
@@ -1020,9 +1024,14 @@ def _write_ct(path: Path, spec: CaseSpec, ct: np.ndarray, affine: np.ndarray) ->
         ct: int16 (X, Y, Z) canonical RAS HU.
         affine: (4, 4) RAS affine of the canonical grid.
     """
+    if spec.defect == "implausible_organ_hu":
+        ct = _painted_pancreas(spec, ct, hu=400)
     stored, stored_affine = _to_storage(ct, affine, spec.storage)
     defect = spec.defect
     if defect == "missing_ct":
+        return
+    if defect in ("implausible_spacing", "geometry_conflict"):
+        _write_ct_geometry_defect(path, defect, stored, stored_affine)
         return
     if defect == "not_nifti":
         _write_gzip(path, [b"This is not a NIfTI image; it is a text file named ct.nii.gz.\n" * 64])
@@ -1053,6 +1062,33 @@ def _write_ct(path: Path, spec: CaseSpec, ct: np.ndarray, affine: np.ndarray) ->
     elif defect == "unreadable_file":
         path.unlink()
         path.symlink_to(path.name)  # ELOOP on open: an OSError that chmod 000 cannot give a root user
+
+
+def _painted_pancreas(spec: CaseSpec, ct: np.ndarray, *, hu: int) -> np.ndarray:
+    """A copy of the canonical CT with the pancreas' base ellipsoid painted at `hu` (`implausible_organ_hu`)."""
+    grid = _Grid(spec.shape, spec.spacing_mm)
+    centre, semi = _ORGAN_SHAPES["pancreas"]
+    pancreas = grid.ellipsoid(grid.uvw_to_vox(centre), np.asarray(semi) * grid.body_units_mm)
+    painted = ct.copy(order="F")
+    painted[pancreas.slices()][pancreas.data] = hu
+    return painted
+
+
+def _write_ct_geometry_defect(path: Path, defect: str, stored: np.ndarray, affine: np.ndarray) -> None:
+    """Write the CT with a 1000x voxel size (`implausible_spacing`) or pixdim 10x its sform (`geometry_conflict`)."""
+    if defect == "implausible_spacing":
+        scaled = affine.copy()
+        scaled[:3, :3] *= 1000.0
+        _write_nifti_gz(path, stored, scaled)
+        return
+    block = bytearray(_nifti_header_block(stored, affine))
+    header = nib.Nifti1Header(bytes(block[:348]))
+    pixdim = header["pixdim"].copy()
+    pixdim[1:4] *= 10.0
+    header["pixdim"] = pixdim
+    block[:348] = header.binaryblock
+    data = np.asfortranarray(stored)
+    _write_gzip(path, [bytes(block), data.T.data.cast("B")])
 
 
 def _mask_grid(spec: CaseSpec, phantom: _Phantom) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -1120,6 +1156,8 @@ def _write_mask(
         idx = np.argwhere(canonical)
         x, y, z = idx[len(idx) // 2]
         canonical[x : x + 2, y : y + 2, z] = 2
+    if spec.defect == "mask_orientation_conflict" and structure == "liver":
+        canonical[...] = canonical[::-1].copy()  # mirrored voxels under the correct affine
     if "flipped_affine_mask" in spec.quirks and structure == "kidney_right":
         _write_nifti_gz(path, data, _LPS_FLIP @ stored_affine, code=1)
     else:
@@ -1136,6 +1174,8 @@ def _expected_rejections(spec: CaseSpec, ct_rel: str, mask_rel: str, folder_rel:
         "empty_organ_mask": (Organ.PANCREAS, f"{mask_rel}/pancreas.nii.gz"),
         "lesion_outside_organ": (Organ.LIVER, f"{mask_rel}/liver_lesion.nii.gz"),
         "mask_grid_mismatch": (None, f"{mask_rel}/liver.nii.gz"),  # SPEC §2: rejects the whole case
+        "mask_orientation_conflict": (Organ.LIVER, f"{mask_rel}/liver.nii.gz"),
+        "implausible_organ_hu": (Organ.PANCREAS, f"{mask_rel}/pancreas.nii.gz"),
         "invalid_case_id": (None, folder_rel),
         "bad_metadata_row": (None, METADATA_CSV_NAME),
         "split_conflict": (None, f"{SPLIT_DIR_NAME}/IID_train.csv"),

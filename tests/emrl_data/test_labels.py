@@ -622,10 +622,11 @@ def test_label_organ_accepts_int8_masks() -> None:
     ("organ_hu", "rejected"),
     [
         (-1000, True),  # the mask lies on air: misplaced
-        (-201, True),  # just below the plausible range
-        (-200, False),  # severe steatosis is still plausible
+        (-61, True),  # just below the liver window (emrl_data.placement.ORGAN_MEAN_HU_WINDOWS)
+        (-60, False),  # severe steatosis is still plausible
         (60, False),  # an ordinary liver
-        (500, False),  # upper edge (excretory-phase kidneys)
+        (250, False),  # upper edge of the liver window
+        (251, True),  # just above it
         (700, True),  # the mask lies on bone
     ],
 )
@@ -636,5 +637,6 @@ def test_label_organ_rejects_a_mask_that_does_not_lie_on_the_organ(organ_hu: int
         return
     with pytest.raises(CaseDataError) as err:
         label_organ(source, Organ.LIVER)
-    assert err.value.reason == RejectReason.MASK_GRID_MISMATCH
-    assert f"mean HU inside the liver mask is {organ_hu}" in err.value.detail
+    assert err.value.reason == RejectReason.IMPLAUSIBLE_ORGAN_HU
+    assert err.value.organ == "liver"
+    assert f"mean HU of the liver parenchyma is {organ_hu}, outside the liver window [-60, 250]" in err.value.detail

@@ -205,19 +205,20 @@ def test_read_nifti_reads_nifti2(tmp_path: Path) -> None:
         (0, 1.0),
         # 2 = mm
         (2, 1.0),
-        # 1 = metre: converted to mm
+        # 1 = metre: converted to mm (values stored in metres, so the mm spacing is the same)
         (1, 1000.0),
         # 3 = micron: converted to mm
         (3, 0.001),
     ],
 )
 def test_read_nifti_converts_spatial_units_to_mm(tmp_path: Path, unit_code: int, factor: float) -> None:
-    hdr = _header(SHAPE, np.int16)
+    stored = RAS.copy()
+    stored[:3, :] /= factor  # the same grid, written in the header's unit
+    hdr = _header(SHAPE, np.int16, stored)
     hdr["xyzt_units"] = unit_code
     vol = read_nifti(_save_raw(tmp_path / "ct.nii.gz", hdr, _volume().tobytes(order="F")), role="ct")
-    assert vol.zooms_mm == pytest.approx(tuple(z * factor for z in ZOOMS))
-    expected = RAS.copy()
-    expected[:3, :] *= factor
+    assert vol.zooms_mm == pytest.approx(ZOOMS)
+    expected = RAS
     np.testing.assert_allclose(vol.affine, expected)
 
 
@@ -686,15 +687,16 @@ def test_mask_overhanging_ct_grid_with_only_zeros_outside_is_accepted(tmp_path: 
     np.testing.assert_array_equal(mask, expected)
 
 
-def test_mask_with_same_affine_but_smaller_grid_is_placed_at_origin_with_warning(tmp_path: Path) -> None:
+def test_mask_with_same_affine_but_smaller_grid_unlike_the_body_crop_is_refused(tmp_path: Path) -> None:
+    # SPEC §2 (revised): identical affines + a smaller mask are placed only at the CT's reproduced Mini body crop;
+    # this CT's band (-100 < HU < 100) covers the whole grid, so the box is (6, 5, 4), not the mask's (3, 2, 2).
     ref = _case(tmp_path)
-    crop = np.ones((3, 2, 2), bool)
-    _save_mask(ref, "spleen", crop, RAS)
+    _save_mask(ref, "spleen", np.ones((3, 2, 2), bool), RAS)
     case = open_case(ref)
-    expected = np.zeros(SHAPE, bool)
-    expected[:3, :2, :2] = True
-    np.testing.assert_array_equal(case.mask("spleen"), expected)
-    assert len(case.warnings) == 1 and case.warnings[0].startswith("spleen.nii.gz: shape (3, 2, 2)")
+    with pytest.raises(CaseDataError) as excinfo:
+        case.mask("spleen")
+    _assert_rejected(excinfo, RejectReason.MASK_GRID_MISMATCH, "spleen.nii.gz")
+    assert "Mini body crop has shape (6, 5, 4)" in excinfo.value.detail
 
 
 def _rotation_z(deg: float) -> np.ndarray:

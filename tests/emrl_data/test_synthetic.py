@@ -337,6 +337,7 @@ def test_defect_writes_its_broken_file(tmp_path: Path, defect: str) -> None:
         "missing_organ_mask",
         "empty_organ_mask",
         "bad_metadata_row",
+        "implausible_organ_hu",
     }
 
     if defect == "missing_ct":
@@ -395,6 +396,24 @@ def test_defect_writes_its_broken_file(tmp_path: Path, defect: str) -> None:
             ct_path.read_bytes()
     elif defect == "not_a_case":
         assert ct_path.parent.is_file() and case.expected_rejections[0].path == "image_only/BDMAP_00000012"
+    elif defect == "implausible_spacing":
+        assert np.allclose(
+            _load(ct_path).header.get_zooms(),
+            1000 * np.asarray(_load(tmp_path / "clean" / clean.ct_path).header.get_zooms()),
+        )
+    elif defect == "geometry_conflict":
+        ct = _load(ct_path)
+        sform_sizes = np.sqrt((ct.get_sform()[:3, :3] ** 2).sum(axis=0))
+        assert np.allclose(ct.header.get_zooms(), 10 * sform_sizes)
+    elif defect == "mask_orientation_conflict":
+        liver, clean_liver = (
+            _data(mask_dir / "liver.nii.gz"),
+            _data(tmp_path / "clean" / clean.mask_dir / "liver.nii.gz"),
+        )
+        assert np.array_equal(liver, clean_liver[::-1]) and not np.array_equal(liver, clean_liver)
+    elif defect == "implausible_organ_hu":
+        pancreas = _data(mask_dir / "pancreas.nii.gz").astype(bool)
+        assert (np.asanyarray(_load(ct_path).dataobj)[pancreas] == 400).mean() > 0.9
     else:  # pragma: no cover - a new defect needs its own check here
         pytest.fail(f"no check for {defect}")
 
