@@ -1067,7 +1067,7 @@ def _write_ct(path: Path, spec: CaseSpec, ct: np.ndarray, affine: np.ndarray) ->
 def _painted_pancreas(spec: CaseSpec, ct: np.ndarray, *, hu: int) -> np.ndarray:
     """A copy of the canonical CT with the pancreas' base ellipsoid painted at `hu` (`implausible_organ_hu`)."""
     grid = _Grid(spec.shape, spec.spacing_mm)
-    centre, semi = _ORGAN_SHAPES["pancreas"]
+    centre, semi = _PANCREAS_SHAPE
     pancreas = grid.ellipsoid(grid.uvw_to_vox(centre), np.asarray(semi) * grid.body_units_mm)
     painted = ct.copy(order="F")
     painted[pancreas.slices()][pancreas.data] = hu
