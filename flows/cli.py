@@ -54,7 +54,7 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
     """Show each option's default, except where it is None or a flag's False (the help says what happens)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default is None or action.default is False or action.default is argparse.SUPPRESS:
+        if action.default in (None, argparse.SUPPRESS) or isinstance(action.default, bool):  # flags say it
             return action.help or ""
         return super()._get_help_string(action) or ""
 
@@ -434,7 +434,7 @@ def _add_build_sft_set(sub: Any, common: list[argparse.ArgumentParser]) -> None:
         "--task-runner-address",
         metavar="URL",
         default=None,
-        help="an existing Dask scheduler (tcp://host:8786) or Ray cluster (ray://head:10001)",
+        help="an existing Dask scheduler (tcp://host:8786) or Ray cluster (ray://head:10001) (default: a local one)",
     )
     p.add_argument(
         "--limit", metavar="N", type=_positive(), default=None, help="only the first N cases by id (default: all)"
@@ -490,13 +490,17 @@ def _add_build_rl_hardset(sub: Any, common: list[argparse.ArgumentParser]) -> No
     p.add_argument("out", type=Path, help="output folder for predictions/ and rl_hardset/ (usually OUT)")
     who = p.add_mutually_exclusive_group(required=True)
     who.add_argument(
-        "--model", metavar="DIR", type=Path, default=None, help="local SFT checkpoint folder (transformers backend)"
+        "--model",
+        metavar="DIR",
+        type=Path,
+        default=None,
+        help="local SFT checkpoint folder (transformers backend; one of --model, --endpoint)",
     )
     who.add_argument(
         "--endpoint",
         metavar="URL",
         default=None,
-        help="OpenAI-compatible base URL including /v1 (e.g. `vllm serve`); key: $OPENAI_API_KEY",
+        help="OpenAI-compatible base URL including /v1, e.g. of `vllm serve` (one of --model, --endpoint; key: $OPENAI_API_KEY)",
     )
     p.add_argument(
         "--endpoint-model",
@@ -526,7 +530,11 @@ def _add_build_rl_hardset(sub: Any, common: list[argparse.ArgumentParser]) -> No
         help="fail when more rows than this got no prediction (a rerun retries only them)",
     )
     p.add_argument(
-        "--limit", metavar="N", type=_positive(), default=None, help="only the first N rows of each split (smoke runs)"
+        "--limit",
+        metavar="N",
+        type=_positive(),
+        default=None,
+        help="only the first N rows of each split, for smoke runs (default: all)",
     )
     p.set_defaults(func=_build_rl_hardset, check=_check_build_rl_hardset, prefect=True)
 
@@ -543,7 +551,11 @@ def _add_publish(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     p.add_argument("repo_id", help="Hub dataset repo, e.g. my-org/emrl-sft")
     p.add_argument("version", help="X.Y.Z (tagged vX.Y.Z; an existing tag is never moved)")
     p.add_argument(
-        "--local-root", metavar="DIR", type=Path, default=None, help="publish to this folder instead of the Hub"
+        "--local-root",
+        metavar="DIR",
+        type=Path,
+        default=None,
+        help="publish to this folder instead of the Hub (default: the Hub)",
     )
     p.add_argument("--public", action="store_true", help="create the Hub repo public (default: private)")
     p.set_defaults(func=_publish, check=_check_publish, prefect=True)
@@ -655,7 +667,7 @@ def _add_server(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     status = actions.add_parser("status", parents=[where], help="is it running; is PREFECT_API_URL set right")
     status.add_argument("--json", action="store_true", help="print the report as JSON")
     for action in actions.choices.values():
-        action.formatter_class = _Formatter
+        action.formatter_class, action.epilog = _Formatter, CREDENTIALS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -735,8 +747,10 @@ def _run(args: argparse.Namespace) -> Any:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `emrl` command; exits 2 on a usage mistake, 1 on a failure, 130 on Ctrl-C."""
     configure_prefect_environment()  # before anything imports prefect
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    args.debug = args.debug or os.environ.get("EMRL_DEBUG", "") not in ("", "0")
+    # `emrl --debug CMD` too (a subcommand's own default would otherwise reset it), and EMRL_DEBUG=1
+    args.debug = args.debug or "--debug" in argv or os.environ.get("EMRL_DEBUG", "") not in ("", "0")
     if not getattr(args, "prefect", False):  # Prefect sets up its own console logging (basicConfig would replace it)
         logging.basicConfig(level=os.environ.get("EMRL_LOG_LEVEL", "WARNING"))
     in_main_thread = threading.current_thread() is threading.main_thread()
