@@ -180,6 +180,31 @@ def _check_publish(args: argparse.Namespace) -> None:
     table = Path(args.table_dir)
     if not (table / "data").is_dir():
         raise UsageError(f"{table} is not a table folder (no data/)", "pass e.g. OUT/sft, written by build-sft-set")
+    if args.local_root is None and not getattr(args, "dry_run", False):
+        _check_hub()
+
+
+def _check_hub() -> None:
+    """One `whoami` call: no network, no token or a refused token fail here, in seconds, not after upload retries."""
+    import httpx
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError
+
+    fix_token = "export HF_TOKEN=<a write token> (or run `hf auth login`)"
+    try:
+        HfApi(endpoint=constants.ENDPOINT).whoami()
+    except LocalTokenNotFoundError:
+        raise UsageError("no Hugging Face token", fix_token) from None
+    except HfHubHTTPError as exc:
+        status = getattr(exc.response, "status_code", None)
+        if status in (401, 403):
+            raise UsageError(f"the Hub refused the token (HTTP {status})", fix_token) from None
+        raise UsageError(f"the Hub answered HTTP {status}", "retry later, or check HF_ENDPOINT") from None
+    except (httpx.HTTPError, OSError) as exc:
+        raise UsageError(
+            f"cannot reach the Hub at {constants.ENDPOINT} ({type(exc).__name__})",
+            "check the network (or HF_ENDPOINT), or publish to a folder with --local-root DIR",
+        ) from None
 
 
 # The commands -------------------------------------------------------------------------------------------------------

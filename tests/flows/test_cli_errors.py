@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -289,3 +293,122 @@ def test_eval_accepts_the_predictions_folder(tmp_path: Path, capsys: pytest.Capt
     assert metrics["counts"]["liver"]["negatives"] == 2  # both answered rows, the failed one left out
     main(["eval", str(tmp_path / "predictions"), "--out", str(tmp_path / "eval"), "--split", "test"])
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["counts"]["liver"]["negatives"] == 1
+
+
+# Hub checks before Prefect ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> Path:
+    (tmp_path / "sft" / "data").mkdir(parents=True)
+    return tmp_path / "sft"
+
+
+def test_publish_without_network_fails_in_seconds(
+    table: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    err = _fails(["publish", str(table), "org/name", "1.0.0"], capsys)
+    assert "cannot reach the Hub at http://127.0.0.1:9 (ConnectError)" in err and "--local-root DIR" in err
+
+
+class _Hub(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802
+        payload = b'{"error": "Invalid credentials in Authorization header"}'
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_publish_with_a_refused_token(
+    table: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import constants
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{httpd.server_address[1]}")
+        monkeypatch.setenv("HF_TOKEN", "hf_wrong")
+        err = _fails(["publish", str(table), "org/name", "1.0.0"], capsys)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert "the Hub refused the token (HTTP 401)" in err and "export HF_TOKEN=" in err
+
+
+# Failures inside the flows: the real engine -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sft_out(prefect_harness, atlas: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from flows.build_sft_set import build_sft_set_flow
+
+    out = tmp_path_factory.mktemp("out")
+    build_sft_set_flow(
+        atlas_root=str(atlas), output_dir=str(out), config={"frames": {"frame_size_px": 32, "max_frames": 4}}
+    )
+    return out
+
+
+def test_a_key_refused_mid_run_stops_at_the_first_batch(
+    sft_out: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for url in _serve(chat_status=401):  # /models answers (no auth there), chat completions refuse the key
+        handler_posts = _Stub.__subclasses__()[-1].posts
+        args = ["build-rl-hardset", str(sft_out / "sft"), str(tmp_path), "--endpoint", url, "--endpoint-model",
+                "stub-model", "--batch-size", "2", "--concurrency", "2"]  # fmt: skip
+        with pytest.raises(SystemExit) as exited:
+            main(args)
+    out, err = capsys.readouterr()
+    assert exited.value.code == 1 and "Traceback" not in out + err
+    assert err.splitlines()[-2:] == [
+        "emrl build-rl-hardset: failed: the endpoint refused the API key: HTTP 401: Invalid API key",
+        "  fix: export OPENAI_API_KEY=<a key the endpoint accepts>, then rerun (finished rows are kept)",
+    ]
+    assert len(handler_posts) == 2  # the first batch only, not every row
+    stored = [line for p in (tmp_path / ".work").glob("predictions-*.jsonl") for line in p.read_text().splitlines()]
+    assert stored == []  # the refused rows are not stored: a rerun with a good key does them
+
+
+def test_ctrl_c_stops_mining_promptly_and_the_rerun_resumes(
+    sft_out: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from prefect.settings import PREFECT_API_URL
+
+    for url in _serve(delay_s=1.0):
+        stub = _Stub.__subclasses__()[-1]
+        args = ["build-rl-hardset", str(sft_out / "sft"), str(tmp_path), "--endpoint", url, "--endpoint-model",
+                "stub-model", "--batch-size", "1", "--concurrency", "1", "--bootstrap", "10"]  # fmt: skip
+        env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(ROOT)}
+        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+        lines = []
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if "SFT model predictions: " in line:  # a progress line: mining is under way
+                break
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        rest, _ = proc.communicate(timeout=60)
+        waited_s = time.monotonic() - sent
+        output = "".join(lines) + rest
+        assert proc.returncode == 130, output
+        assert "Traceback" not in output and "ConnectError" not in output
+        assert "emrl build-rl-hardset: interrupted. Finished work is kept: rerun the same command to resume." in output
+        assert waited_s < 30, output  # the row in flight finishes (1 s), nothing more is sent
+        done_before = len(stub.posts)
+
+        stub.delay_s = 0.0
+        main(args)
+    total = json.loads((tmp_path / "rl_hardset" / "summary.json").read_text())["predictions"]
+    assert len(stub.posts) == total  # the rerun asked only for the rows the first run had not finished
+    assert 1 <= done_before < total
