@@ -237,6 +237,7 @@ def server_down(*, project_root: Path = PROJECT_ROOT, home: Path | None = None, 
     with contextlib.suppress(httpx.HTTPError):  # force: the worker that would report them is gone
         for run_id in runs:
             _api(state.api_url, "POST", f"/flow_runs/{run_id}/set_state", {"state": cancel, "force": True})
+        runs = [r for r in runs if _api(state.api_url, "GET", f"/flow_runs/{r}")["state_type"] == "CANCELLED"]
     stopped += [f"{len(runs)} flow run(s), marked Cancelled"] if runs else []
     pid_file = home / "server.pid"
     server_pid = int(pid_file.read_text()) if pid_file.is_file() and pid_file.read_text().strip().isdigit() else None
