@@ -53,7 +53,8 @@ def process_tree(pid: int) -> list[tuple[int, int]]:
     found = {p for p, s in stats.items() if s[2] == pid}
     stack = [pid, *found]
     while stack:
-        children = {p for p, s in stats.items() if s[1] == stack.pop()} - found
+        parent = stack.pop()
+        children = {p for p, s in stats.items() if s[1] == parent} - found
         found |= children
         stack += children
     return sorted((p, stats[p][3]) for p in found)

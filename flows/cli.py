@@ -678,8 +678,7 @@ def _add_server(sub: Any, common: list[argparse.ArgumentParser]) -> None:
                        description="A local Prefect server (UI included), the emrl-local process pool, the "
                        "deployments of prefect.yaml and a worker; state in .prefect-home/server/.")  # fmt: skip
     p.set_defaults(func=_server)
-    actions = p.add_subparsers(dest="server_action", required=True, metavar="ACTION")
-    actions._parser_class = _Parser  # noqa: SLF001
+    actions = p.add_subparsers(dest="server_action", required=True, metavar="ACTION", parser_class=_Parser)
     where = argparse.ArgumentParser(add_help=False, parents=common)
     where.add_argument("--home", type=Path, default=None, help="its PREFECT_HOME (default: .prefect-home/server)")
     where.add_argument("--project-root", type=Path, default=PROJECT_ROOT, help="the checkout with prefect.yaml")
@@ -706,8 +705,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=common,
     )
     parser.set_defaults(debug=False)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub._parser_class = _Parser  # noqa: SLF001 (argparse's documented hook for subparser classes is this attribute)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     for add in (
         _add_synth,
         _add_build_sft_set,

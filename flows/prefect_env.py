@@ -129,24 +129,29 @@ def kill_temporary_servers() -> None:
         _RUNNING.remove(proc)
 
 
-class _NoTraceback(logging.Filter):
-    """Drop the traceback from console log records (the message stays)."""
+class _NoTraceback(logging.Formatter):
+    """Format a record with the wrapped formatter, without its traceback (the record itself is left unchanged)."""
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.exc_info = None
-        record.exc_text = None
-        record.stack_info = None
-        return True
+    def __init__(self, inner: logging.Formatter | None) -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        try:
+            return self.inner.format(record)
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
 
 
 def hide_console_tracebacks() -> None:
-    """Keep tracebacks out of Prefect's console handlers (API handlers, hence the UI, keep them)."""
+    """Keep tracebacks out of Prefect's console output (its API log handler, hence the UI, keeps them)."""
     loggers = [logging.getLogger(), *(logging.getLogger(name) for name in list(logging.root.manager.loggerDict))]
     for logger in loggers:
         for handler in getattr(logger, "handlers", []):
-            if type(handler).__name__ != "APILogHandler" and isinstance(handler, logging.StreamHandler):
-                if not any(isinstance(f, _NoTraceback) for f in handler.filters):
-                    handler.addFilter(_NoTraceback())
+            if type(handler).__name__ == "PrefectConsoleHandler" and not isinstance(handler.formatter, _NoTraceback):
+                handler.setFormatter(_NoTraceback(handler.formatter))
 
 
 @contextlib.contextmanager

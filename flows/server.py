@@ -38,6 +38,8 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 POOL, HOST, STATE_NAME, ENV_NAME = "emrl-local", "127.0.0.1", "emrl-server.json", "env.sh"
 _DROPPED_ENV = ("PREFECT_API_KEY", "PREFECT_PROFILE", "PREFECT_PROFILES_PATH", "PREFECT_API_AUTH_STRING")
 _ACTIVE = ["RUNNING", "PENDING", "CANCELLING"]
+# Off by default in Prefect 3.9: `prefect deployment run --watch` would show state events but no log lines.
+_LOG_STREAM = {f"PREFECT_SERVER_LOGS_STREAM_{k}_ENABLED": "true" for k in ("OUT", "PUBLISHING")}
 
 
 class ServerError(RuntimeError):
@@ -66,16 +68,14 @@ class ServerState:
         """The value of `PREFECT_API_URL` for this server."""
         return f"http://{self.host}:{self.port}/api"
 
-    @property
-    def ui_url(self) -> str:
-        """The UI address."""
-        return f"http://{self.host}:{self.port}"
+    ui_url = property(lambda self: f"http://{self.host}:{self.port}", doc="The UI address.")
 
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """`base` (default `os.environ`) without redirecting Prefect settings, plus this server's URL and home."""
         env = {k: v for k, v in (os.environ if base is None else base).items() if k not in _DROPPED_ENV}
         env.update(PREFECT_API_URL=self.api_url, PREFECT_HOME=self.prefect_home, EMRL_PROJECT_ROOT=self.project_root,
-                   PREFECT_SERVER_EPHEMERAL_ENABLED="false", PREFECT_SERVER_ANALYTICS_ENABLED="false")  # fmt: skip
+                   PREFECT_SERVER_EPHEMERAL_ENABLED="false", PREFECT_SERVER_ANALYTICS_ENABLED="false",
+                   **_LOG_STREAM)  # fmt: skip
         return env
 
 
