@@ -1,11 +1,12 @@
 """Local Prefect operations behind `emrl server up|down|status` (`make serve`, `make serve-stop`).
 
-`server_up` (own `PREFECT_HOME`, default `.prefect-home/server/`) prints each step: `prefect server start --background`
-on loopback (Prefect keeps the PID in `<home>/server.pid`), the process pool `emrl-local`, `prefect deploy --all`
-(`EMRL_PROJECT_ROOT` baked into the pull step), a worker from this venv in its own session (recorded with its start
-time in `<home>/emrl-server.json`). `server_down` marks the pool's active flow runs Cancelled, stops the worker's
+`server_up` (own `PREFECT_HOME`, default `.prefect-home/server/`) prints each step: `prefect server start` on
+loopback, the process pool `emrl-local`, `prefect deploy --all` (`EMRL_PROJECT_ROOT` baked into the pull step), a
+worker from this venv; server and worker each in its own session with its log in `<home>/logs/`, recorded with their
+start times in `<home>/emrl-server.json`. (Not `prefect server start --background`: its server keeps writing to pipes
+whose reader, the CLI, has exited, so its log is lost; see docs/decisions.md.) `server_down` marks the pool's active flow runs Cancelled, stops the worker's
 group and the flow-run processes it left in other sessions (SIGTERM, then SIGKILL; a reused PID is never signalled),
-then `prefect server stop`. Ephemeral-mode guard: every command started here gets `PREFECT_API_URL` and
+then the server. Ephemeral-mode guard: every command started here gets `PREFECT_API_URL` and
 `PREFECT_SERVER_EPHEMERAL_ENABLED=false`, `<home>/env.sh` exports them (and the venv on PATH), `require_api_url`
 refuses a missing URL (a run created on a throwaway temporary server never runs).
 """
@@ -16,7 +17,6 @@ import contextlib
 import json
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import sys
@@ -60,7 +60,7 @@ class ServerState:
     project_root: str
     pool: str = POOL
     started_at: str = ""
-    processes: dict[str, ProcessRecord] = field(default_factory=dict)  # "worker" -> record (the server: server.pid)
+    processes: dict[str, ProcessRecord] = field(default_factory=dict)  # "server", "worker" -> record
     deployments: list[str] = field(default_factory=list)  # FLOW/DEPLOYMENT in prefect.yaml (pipeline) order
 
     @property
@@ -191,14 +191,16 @@ def server_up(*, project_root: Path = PROJECT_ROOT, home: Path | None = None, po
         free.bind((HOST, port or 0))
         port = int(free.getsockname()[1])
     state = ServerState(HOST, port, str(home), str(project_root), started_at=datetime.now(UTC).isoformat()[:19])
-    (home / "server.pid").unlink(missing_ok=True)  # stale (checked above): `prefect server start` would refuse
     started = time.monotonic()
     try:
         _say(f"[1/4] starting the Prefect server on {state.ui_url} (PREFECT_HOME={home})")
         _write_state(state)
-        run_prefect(state, ["server", "start", "--background", "--host", HOST, "--port", str(port),
-                            "--analytics-off"], timeout_s=timeout_s, start_new_session=True)  # fmt: skip
-        _wait("Prefect server", lambda: api_healthy(state.api_url), timeout_s)
+        prefect = str(Path(sys.executable).with_name("prefect"))
+        argv = [prefect, "server", "start", "--host", HOST, "--port", str(port), "--analytics-off"]
+        server = state.processes["server"] = spawn(argv, state.env(), project_root, home / "logs" / "server.log")
+        _write_state(state)
+        _wait(f"Prefect server (log {server.log})", lambda: api_healthy(state.api_url), timeout_s,
+              lambda: is_running(server.pid, server.start_ticks))  # fmt: skip
         _say(f"      healthy after {time.monotonic() - started:.0f} s\n[2/4] work pool {state.pool} (process)")
         run_prefect(state, ["work-pool", "create", state.pool, "--type", "process", "--overwrite"])
         if deploy:
@@ -208,7 +210,7 @@ def server_up(*, project_root: Path = PROJECT_ROOT, home: Path | None = None, po
         if worker:
             _say(f"[4/4] starting a worker on {state.pool} and waiting for it to report in")
             env = {**state.env(), "PREFECT_WORKER_QUERY_SECONDS": "5", "PREFECT_LOGGING_LEVEL": "INFO"}
-            argv = [str(Path(sys.executable).with_name("prefect")), "worker", "start", "--pool", state.pool]
+            argv = [prefect, "worker", "start", "--pool", state.pool]
             record = state.processes["worker"] = spawn(argv, env, project_root, home / "logs" / "worker.log")
             _write_state(state)
             _wait(f"worker (log {record.log})", lambda: pool_status(state.api_url, state.pool) == "READY", timeout_s,
@@ -232,23 +234,16 @@ def server_down(*, project_root: Path = PROJECT_ROOT, home: Path | None = None, 
     query = {"flow_runs": {"state": {"type": {"any_": _ACTIVE}}}, "work_pools": {"name": {"any_": [state.pool]}}}
     with contextlib.suppress(httpx.HTTPError):  # the runs the worker is executing, before it goes
         runs = [r["id"] for r in _api(state.api_url, "POST", "/flow_runs/filter", query)]
-    stopped = [f"worker (pid {r.pid})" for r in state.processes.values() if stop_process(r, timeout_s)]
+    worker, server = state.processes.get("worker"), state.processes.get("server")
+    stopped = [f"worker (pid {worker.pid})"] if worker and stop_process(worker, timeout_s) else []
     cancel = {"type": "CANCELLED", "name": "Cancelled", "message": "stopped by `emrl server down`; a rerun resumes"}
     with contextlib.suppress(httpx.HTTPError):  # force: the worker that would report them is gone
         for run_id in runs:
             _api(state.api_url, "POST", f"/flow_runs/{run_id}/set_state", {"state": cancel, "force": True})
         runs = [r for r in runs if _api(state.api_url, "GET", f"/flow_runs/{r}")["state_type"] == "CANCELLED"]
     stopped += [f"{len(runs)} flow run(s), marked Cancelled"] if runs else []
-    pid_file = home / "server.pid"
-    server_pid = int(pid_file.read_text()) if pid_file.is_file() and pid_file.read_text().strip().isdigit() else None
-    if server_pid is not None and is_running(server_pid, None):
-        run_prefect(state, ["server", "stop"], check=False)
-        with contextlib.suppress(ServerError):
-            _wait("server stop", lambda: not is_running(server_pid, None), timeout_s)
-        if is_running(server_pid, None):
-            os.kill(server_pid, signal.SIGKILL)
-        stopped.append(f"server (pid {server_pid})")
-    for path in (pid_file, state_path(home), home / ENV_NAME):
+    stopped += [f"server (pid {server.pid})"] if server and stop_process(server, timeout_s) else []
+    for path in (state_path(home), home / ENV_NAME):
         path.unlink(missing_ok=True)
     return stopped
 

@@ -134,15 +134,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ops.Serve
         yield state, up.stdout
     finally:
         recorded = ops.read_state(home) or state  # what up recorded, even if it died half-way
-        server_pid = int((home / "server.pid").read_text()) if (home / "server.pid").is_file() else None
         ops.server_down(home=home)  # (the last test may have stopped it already)
         if recorded is not None:
             for name, record in recorded.processes.items():
                 assert not _procs.is_running(record.pid, record.start_ticks), f"{name} still running after down"
                 assert not _procs.process_tree(record.pid), f"{name}'s process group or descendants survived down"
-        assert server_pid is None or not _procs.is_running(server_pid, None), "the server survived down"
         assert ops.read_state(home) is None
-        assert not (home / ops.ENV_NAME).exists() and not (home / "server.pid").exists()
+        assert not (home / ops.ENV_NAME).exists()
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +206,7 @@ def built(served: tuple[ops.ServerState, str], atlas: Path, tmp_path_factory: py
 
 def test_up_prints_addresses_and_exact_run_lines(served: tuple[ops.ServerState, str]) -> None:
     state, printed = served
-    assert state.host == "127.0.0.1" and set(state.processes) == {"worker"}  # the server: prefect's server.pid
+    assert state.host == "127.0.0.1" and set(state.processes) == {"server", "worker"}
     steps = [line.split("]")[0] + "]" for line in printed.splitlines() if line.startswith("[")]
     assert steps == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]  # each step printed as it happens
     assert f"UI:   http://127.0.0.1:{state.port}\n" in printed
@@ -225,7 +223,7 @@ def test_status_fails_loudly_without_the_api_url(served: tuple[ops.ServerState, 
     state, _ = served
     good = ops.server_status(home=Path(state.prefect_home), environ={"PREFECT_API_URL": state.api_url})
     assert good["ok"] and good["running"] and good["problems"] == []
-    assert good["alive"] == {"worker": True} and good["pool_status"] == "READY"
+    assert good["alive"] == {"server": True, "worker": True} and good["pool_status"] == "READY"
 
     unset = ops.server_status(home=Path(state.prefect_home), environ={})
     assert unset["running"] and not unset["ok"]
