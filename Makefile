@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Keep Prefect's state inside the project, never in ~/.prefect.
+# Keep Prefect's state inside the project, never in ~/.prefect (the `emrl` CLI uses the same defaults on its own).
 export PREFECT_HOME ?= $(CURDIR)/.prefect-home
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
@@ -51,12 +51,17 @@ train-smoke: venv
 clean:
 	rm -rf demo-output .prefect-home .pytest_cache
 
-# A local Prefect server + work pool + deployments + worker (state, logs and DB in .prefect-home/server/);
-# prints the UI address, the API URL and the exact `prefect deployment run FLOW/DEPLOYMENT` lines.
-# PORT=4200 picks the port (default: a free one). `make serve-stop` stops exactly what it started, by PID.
-.PHONY: serve serve-stop
+# A local Prefect server + work pool + deployments + worker (state, logs and DB in .prefect-home/server/). Prints each
+# step as it happens, then the UI address and the `prefect deployment run FLOW/DEPLOYMENT --watch` lines in pipeline
+# order; `source .prefect-home/server/env.sh` puts the API URL and the venv's `prefect` on PATH for a shell.
+# PORT=4200 picks the port (default: a free one). `make serve-stop` stops exactly what it started (by PID) and marks
+# the flow runs it interrupted as Cancelled.
+.PHONY: serve serve-stop serve-status
 serve: venv
 	$(BIN)/python -m flows.server up $(if $(PORT),--port $(PORT))
 
 serve-stop: venv
 	$(BIN)/python -m flows.server down
+
+serve-status: venv
+	$(BIN)/python -m flows.server status

@@ -36,7 +36,7 @@ from emrl_data.shards import (
     write_text_atomic,
 )
 from emrl_data.types import Organ
-from flows._common import Progress, git_sha
+from flows._common import FailFastOnAuth, Progress, git_sha
 from inference import OpenAIBackend, ResultStore, TransformersBackend, request_from_row, run_inference
 
 
@@ -63,8 +63,10 @@ def _make_backend(
     if backend == "openai":
         if not endpoint_url or not endpoint_model:
             raise ValueError("backend='openai' needs endpoint_url (…/v1) and endpoint_model.")
-        return OpenAIBackend(
-            endpoint_url, endpoint_model, max_concurrency=kw["max_concurrency"], max_tokens=kw["max_new_tokens"]
+        return FailFastOnAuth(  # a refused key stops at the first batch, not after every row
+            OpenAIBackend(
+                endpoint_url, endpoint_model, max_concurrency=kw["max_concurrency"], max_tokens=kw["max_new_tokens"]
+            )
         )
     raise ValueError(f"backend={backend!r}; expected 'transformers' or 'openai'.")
 
@@ -77,7 +79,7 @@ def predict_task(
     logger = get_run_logger()
     sft = Path(sft_dir)
     total = sum(min(pq.ParquetFile(p).metadata.num_rows, limit or 10**12) for s in splits for p in _shards(sft, s))
-    progress = Progress(total, f"build-rl-hardset: {total} predictions")
+    progress = Progress(total, "SFT model predictions", unit="rows")
     backend = _make_backend(**backend_kwargs)
     results: dict[str, dict[str, Any]] = {}
     with (
@@ -102,13 +104,13 @@ def predict_task(
 
 
 def _run(backend, requests, store, batch_size, bar, progress) -> dict[str, dict[str, Any]]:
-    def tick(n: int) -> None:
+    def tick(n: int, resumed: int = 0) -> None:
         bar.update(n)
-        progress.advance(n)
+        progress.advance(n, resumed=resumed)
 
     already = len(requests) - len(store.pending(requests))
     if already:
-        tick(already)
+        tick(already, resumed=already)
     done = run_inference(backend, requests, store, batch_size=batch_size, progress=tick)
     return {rid: {"text": r.text, "error": r.error} for rid, r in done.items()}
 

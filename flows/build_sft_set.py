@@ -108,6 +108,8 @@ def build_sft_set_flow(
     plan = plan_atlas(root, limit=limit, test_fraction=sft_cfg.test_fraction)
     refs, splits, metadata = list(plan.refs), plan.splits, plan.metadata
     rejections: list[Rejection] = list(plan.rejections)
+    if not refs:
+        raise ValueError(f"No cases in {root}: expected BDMAP_######## folders (in image_only/ and mask_only/).")
     logger.info(
         "%d cases in %s (%s layout), split from %s, metadata: %s",
         len(refs),
@@ -119,7 +121,7 @@ def build_sft_set_flow(
 
     store = CaseStore(out / ".work" / "cases")
     batches = batched(refs, batch_size)
-    progress = Progress(len(refs), f"build-sft-set: curating {len(refs)} cases")
+    progress = Progress(len(refs), "curating cases", unit="cases")
     keys: dict[str, str] = {}
     n_cached = 0
     with (
@@ -146,7 +148,7 @@ def build_sft_set_flow(
                 keys[case_id] = key
                 n_cached += cached
             bar.update(len(done))
-            progress.advance(len(done))
+            progress.advance(len(done), resumed=sum(cached for _, _, cached in done))
 
     # Gather the light rows (no frames) in case order.
     rows: list[dict[str, Any]] = []

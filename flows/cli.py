@@ -1,27 +1,213 @@
 """The `emrl` command line: synthetic atlas, the flows, evaluation, and the one-command demo.
 
     emrl synth OUT [--cases 32] [--layout split|combined]
-    emrl build-sft-set ATLAS OUT [--batch-size 8] [--workers 2] [--limit N]
+    emrl build-sft-set ATLAS OUT [--batch-size 8] [--workers 2] [--limit N] [--frame-size 448] [--max-frames 32]
     emrl build-rl-hardset OUT/sft OUT (--model SFT_DIR | --endpoint URL --endpoint-model NAME)
     emrl publish OUT/sft ORG/NAME X.Y.Z [--local-root DIR]
-    emrl eval PREDICTIONS [--out eval-output]
+    emrl eval OUT/predictions [--out eval-output]
     emrl demo [--out demo-output]
 
 It lives in `flows/` because it runs the Prefect flows; `emrl_data` stays free of Prefect.
+
+A user's mistake ends in a short message naming the problem and the fix (exit 2), a failure in one or two lines
+(exit 1), Ctrl-C in "interrupted; rerun to resume" (exit 130); `--debug` (or `EMRL_DEBUG=1`) shows tracebacks.
+Cheap checks (paths, numbers, the endpoint's answer to its API key) run before Prefect starts. Prefect's settings
+are made before `prefect` is imported (`flows.prefect_env`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+import textwrap
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from flows.prefect_env import (
+    PROJECT_ROOT,
+    UsageError,
+    configure_prefect_environment,
+    kill_temporary_servers,
+    prefect_session,
+)
 
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+CREDENTIALS = """\
+credentials and settings (environment):
+  HF_TOKEN             Hugging Face token for `emrl publish` to the Hub (or log in once with `hf auth login`)
+  OPENAI_API_KEY       bearer key sent to an OpenAI-compatible --endpoint (`vllm serve --api-key ...`)
+  PREFECT_API_URL      use this running Prefect server (`make serve` prints it); unset: a temporary one starts
+  PREFECT_HOME         Prefect's database and results (default: .prefect-home/ in the checkout)
+  EMRL_DEBUG=1         show tracebacks (same as --debug); EMRL_LOG_LEVEL=INFO for library logs
+"""
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Show each option's default, except where it is None or a flag's False (the help says what happens)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, argparse.SUPPRESS) or isinstance(action.default, bool):  # flags say it
+            return action.help or ""
+        return super()._get_help_string(action) or ""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a two-line error (the problem and where the help is) instead of the whole usage block."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("description"):
+            kwargs["description"] = textwrap.fill(kwargs["description"], 100)
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> Any:  # noqa: D102 (argparse's API)
+        self.exit(2, f"{self.prog}: error: {message}\n  see `{self.prog} --help`\n")
+
+
+def _positive(kind: type = int, minimum: float = 1) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
+        return value
+
+    return parse
+
+
+# Cheap checks, before Prefect starts --------------------------------------------------------------------------------
+
+
+def _check_output(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"the output path {out} is a file", "pass a folder (it is created when missing)")
+    parent = next((p for p in out.absolute().parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise UsageError(f"{parent} (in the output path {out}) is a file", "pass a folder path")
+
+
+def _check_synth(args: argparse.Namespace) -> None:
+    _check_output(args.out)
+
+
+def _check_build_sft_set(args: argparse.Namespace) -> None:
+    from emrl_data.atlas import discover_cases
+
+    atlas = Path(args.atlas)
+    if not atlas.is_dir():
+        what = "is a file" if atlas.exists() else "does not exist"
+        raise UsageError(
+            f"the atlas folder {atlas} {what}",
+            "pass the AbdomenAtlas root (image_only/ + mask_only/, or BDMAP_* folders); `emrl synth DIR` writes one",
+        )
+    found = discover_cases(atlas)
+    if not found.refs:
+        raise UsageError(
+            f"no cases in {atlas}: no valid BDMAP_######## folders ({len(found.rejections)} invalid ones)",
+            "point at the atlas root that holds image_only/ and mask_only/ (or the BDMAP_* folders)",
+        )
+    _check_output(args.out)
+
+
+def _check_build_rl_hardset(args: argparse.Namespace) -> None:
+    sft = Path(args.sft_dir)
+    if not sorted((sft / "data").glob("train-*-of-*.parquet")):
+        hint = f"pass {sft / 'sft'}" if (sft / "sft" / "data").is_dir() else "run `emrl build-sft-set ATLAS OUT` first"
+        raise UsageError(f"no SFT set in {sft} (no data/train-*.parquet)", f"{hint}, then pass OUT/sft")
+    if args.endpoint and not args.endpoint_model:
+        raise UsageError(
+            "--endpoint needs --endpoint-model", "add --endpoint-model NAME (the model the server serves)"
+        )
+    if args.endpoint_model and not args.endpoint:
+        raise UsageError("--endpoint-model is only used with --endpoint", "add --endpoint URL/v1, or drop it")
+    if args.model is not None and not Path(args.model).is_dir():
+        raise UsageError(f"the model folder {args.model} does not exist", "pass a local checkpoint folder (--model)")
+    _check_output(args.out)
+    if args.endpoint:
+        _check_endpoint(args.endpoint, args.endpoint_model)
+
+
+def _check_endpoint(base_url: str, model: str, timeout_s: float = 10.0) -> None:
+    """Ask the endpoint for its models once: a refused key or an unreachable server fails here, before any row."""
+    import httpx
+
+    key = os.environ.get("OPENAI_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        response = httpx.get(base_url.rstrip("/") + "/models", headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise UsageError(
+            f"cannot reach the endpoint {base_url} ({type(exc).__name__})",
+            "start the server (e.g. `vllm serve MODEL`) or fix --endpoint (the base URL including /v1)",
+        ) from exc
+    if response.status_code in (401, 403):
+        state = "is not set" if not key else "was refused"
+        raise UsageError(
+            f"the endpoint answered HTTP {response.status_code}: OPENAI_API_KEY {state}",
+            "export OPENAI_API_KEY=<a key the server accepts> (vllm: the value of --api-key)",
+        )
+    if response.status_code == 200:
+        try:
+            served = [m["id"] for m in response.json().get("data", [])]
+        except (ValueError, AttributeError, KeyError, TypeError):
+            return  # not the OpenAI models list: the first request will tell
+        if served and model not in served:
+            raise UsageError(
+                f"the endpoint serves {', '.join(served[:5])}, not {model!r}", f"--endpoint-model {served[0]}"
+            )
+
+
+def _check_demo(args: argparse.Namespace) -> None:
+    _check_output(args.out)
+
+
+def _check_eval(args: argparse.Namespace) -> None:
+    _prediction_files(Path(args.predictions))
+    _check_output(args.out)
+
+
+def _check_publish(args: argparse.Namespace) -> None:
+    table = Path(args.table_dir)
+    if not (table / "data").is_dir():
+        raise UsageError(f"{table} is not a table folder (no data/)", "pass e.g. OUT/sft, written by build-sft-set")
+    if args.local_root is None and not getattr(args, "dry_run", False):
+        _check_hub()
+
+
+def _check_hub() -> None:
+    """One `whoami` call: no network, no token or a refused token fail here, in seconds, not after upload retries."""
+    import httpx
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError
+
+    fix_token = "export HF_TOKEN=<a write token> (or run `hf auth login`)"
+    try:
+        HfApi(endpoint=constants.ENDPOINT).whoami()
+    except LocalTokenNotFoundError:
+        raise UsageError("no Hugging Face token", fix_token) from None
+    except HfHubHTTPError as exc:
+        status = getattr(exc.response, "status_code", None)
+        if status in (401, 403):
+            raise UsageError(f"the Hub refused the token (HTTP {status})", fix_token) from None
+        raise UsageError(f"the Hub answered HTTP {status}", "retry later, or check HF_ENDPOINT") from None
+    except (httpx.HTTPError, OSError) as exc:
+        raise UsageError(
+            f"cannot reach the Hub at {constants.ENDPOINT} ({type(exc).__name__})",
+            "check the network (or HF_ENDPOINT), or publish to a folder with --local-root DIR",
+        ) from None
+
+
+# The commands -------------------------------------------------------------------------------------------------------
 
 
 def _synth(args: argparse.Namespace) -> Path:
@@ -42,6 +228,12 @@ def _synth(args: argparse.Namespace) -> Path:
     return out
 
 
+def _frame_overrides(args: argparse.Namespace) -> dict[str, Any] | None:
+    frames = {"frame_size_px": args.frame_size, "max_frames": args.max_frames}
+    frames = {k: v for k, v in frames.items() if v is not None}
+    return {"frames": frames} if frames else None
+
+
 def _build_sft_set(args: argparse.Namespace) -> dict:
     from flows.build_sft_set import build_sft_set_flow
 
@@ -52,6 +244,12 @@ def _build_sft_set(args: argparse.Namespace) -> dict:
         max_workers=args.workers,
         limit=args.limit,
         negatives_per_positive=args.negatives_per_positive,
+        seed=args.seed,
+        test_fraction=args.test_fraction,
+        max_unexpected_errors=args.max_unexpected_errors,
+        config=_frame_overrides(args),
+        task_runner=args.task_runner,
+        task_runner_address=args.task_runner_address,
     )
     print()
     print((Path(args.out) / "summary.md").read_text())
@@ -71,7 +269,10 @@ def _build_rl_hardset(args: argparse.Namespace) -> dict:
         target_size=args.target_size,
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens,
+        max_concurrency=args.concurrency,
         device=args.device,
+        max_failed_predictions=args.max_failed_predictions,
+        n_bootstrap=args.bootstrap,
         limit=args.limit,
     )
     print()
@@ -97,13 +298,42 @@ def _publish(args: argparse.Namespace) -> dict:
     return result
 
 
+def _prediction_files(path: Path) -> list[Path]:
+    """The Parquet/JSONL files of a predictions file or table folder (`OUT/predictions`, its `data/`)."""
+    if path.is_file():
+        if path.suffix not in (".parquet", ".jsonl", ".ndjson"):
+            raise UsageError(f"{path} is not a .parquet or .jsonl file", "pass OUT/predictions or a predictions file")
+        return [path]
+    if not path.is_dir():
+        raise UsageError(f"{path} does not exist", "pass OUT/predictions (written by build-rl-hardset) or a file")
+    for folder in (path / "data", path):
+        files = sorted(folder.glob("*.parquet")) or sorted([*folder.glob("*.jsonl"), *folder.glob("*.ndjson")])
+        if files:
+            return files
+    raise UsageError(f"no .parquet or .jsonl files in {path} or {path / 'data'}", "pass OUT/predictions or a file")
+
+
 def _eval(args: argparse.Namespace) -> None:
     import polars as pl
 
     from emrl_data.evaluation import evaluate, score_predictions, write_evaluation
 
-    path = Path(args.predictions)
-    frame = pl.read_ndjson(path) if path.suffix in (".jsonl", ".ndjson") else pl.read_parquet(path)
+    frames = [
+        pl.read_ndjson(f) if f.suffix in (".jsonl", ".ndjson") else pl.read_parquet(f)
+        for f in _prediction_files(Path(args.predictions))
+    ]
+    frame = pl.concat(frames, how="diagonal_relaxed")
+    if args.split != "all":
+        if "split" not in frame.columns:
+            raise UsageError(f"--split {args.split}: the predictions have no split column", "use --split all")
+        frame = frame.filter(pl.col("split") == args.split)
+    if "inference_error" in frame.columns:  # rows the model never answered: left out, as build-rl-hardset does
+        failed = frame.filter(pl.col("inference_error").is_not_null()).height
+        frame = frame.filter(pl.col("inference_error").is_null())
+        if failed:
+            print(f"  {failed} row(s) without a prediction (inference errors) left out")
+    if frame.height == 0:
+        raise UsageError(f"no prediction rows in {args.predictions} (split {args.split})", "check the path/--split")
     rows = score_predictions(frame.to_dicts(), text_column=args.text_column)
     result = evaluate(rows, n_bootstrap=args.bootstrap, seed=args.seed)
     paths = write_evaluation(result, Path(args.out))
@@ -177,73 +407,405 @@ def _print_outputs(out: Path, started: float) -> None:
     print(f"\n  load: datasets.load_dataset('parquet', data_dir='{out / 'sft' / 'data'}')")
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of the `emrl` command."""
-    parser = argparse.ArgumentParser(prog="emrl", description="E-MRL data: AbdomenAtlas 3.0 -> E-MRL training data.")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _debug_parent() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks (also EMRL_DEBUG=1)"
+    )
+    return parent
 
-    p = sub.add_parser("synth", help="write a synthetic atlas in the real on-disk layout")
-    p.add_argument("out", type=Path)
-    p.add_argument("--cases", type=int, default=32)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--layout", choices=["split", "combined"], default="split")
-    p.set_defaults(func=_synth)
 
-    p = sub.add_parser("build-sft-set", help="run the build-sft-set flow")
-    p.add_argument("atlas", type=Path, help="atlas root")
-    p.add_argument("out", type=Path, help="output folder")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--limit", type=int, default=None)
-    p.add_argument("--negatives-per-positive", type=float, default=1.0)
-    p.set_defaults(func=_build_sft_set)
+def _add_synth(sub: Any, common: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "synth",
+        parents=common,
+        help="write a synthetic atlas in the real on-disk layout",
+        description="Write a synthetic AbdomenAtlas 3.0 (NIfTI CTs, masks, metadata CSV, IID split "
+        "files) with known lesions, plus synthetic_truth.json.",
+    )
+    p.add_argument("out", type=Path, help="folder to write (created)")
+    p.add_argument("--cases", metavar="N", type=_positive(), default=32, help="number of cases")
+    p.add_argument("--seed", metavar="N", type=int, default=0, help="seed of the synthetic anatomy and lesions")
+    p.add_argument(
+        "--layout",
+        choices=["split", "combined"],
+        default="split",
+        help="split: image_only/ + mask_only/ (AbdomenAtlas 3.0); combined: one folder per case",
+    )
+    p.set_defaults(func=_synth, check=_check_synth)
 
-    p = sub.add_parser("build-rl-hardset", help="run the build-rl-hardset flow (SFT model -> hard set)")
-    p.add_argument("sft_dir", type=Path, help="the sft table folder (OUT/sft)")
-    p.add_argument("out", type=Path, help="output folder (usually OUT)")
+
+def _add_build_sft_set(sub: Any, common: list[argparse.ArgumentParser]) -> None:
+    from emrl_data.config import FrameConfig
+
+    frames = FrameConfig()
+    p = sub.add_parser(
+        "build-sft-set",
+        parents=common,
+        help="run the build-sft-set flow (atlas -> SFT set)",
+        description="Curate an AbdomenAtlas-layout folder into the findings, sft and rejections tables "
+        "(Hub layout). Resumable: a rerun with the same settings reuses finished cases.",
+    )
+    p.add_argument("atlas", type=Path, help="atlas root (image_only/ + mask_only/, or BDMAP_* folders)")
+    p.add_argument("out", type=Path, help="output folder (findings/, sft/, rejections/, manifest.json)")
+    p.add_argument("--batch-size", metavar="N", type=_positive(), default=8, help="cases per Prefect task")
+    p.add_argument(
+        "--workers", metavar="N", type=_positive(), default=2, help="tasks running at once (threads or processes)"
+    )
+    p.add_argument(
+        "--task-runner",
+        choices=["thread", "process", "dask", "ray"],
+        default="thread",
+        help="where tasks run (docs/scaling.md); process/dask/ray are true CPU parallelism",
+    )
+    p.add_argument(
+        "--task-runner-address",
+        metavar="URL",
+        default=None,
+        help="an existing Dask scheduler (tcp://host:8786) or Ray cluster (ray://head:10001) (default: a local one)",
+    )
+    p.add_argument(
+        "--limit", metavar="N", type=_positive(), default=None, help="only the first N cases by id (default: all)"
+    )
+    p.add_argument(
+        "--frame-size",
+        metavar="PX",
+        type=_positive(minimum=8),
+        default=None,
+        help=f"frame edge in px (default: {frames.frame_size_px}, the E-MRL setting)",
+    )
+    p.add_argument(
+        "--max-frames",
+        metavar="N",
+        type=_positive(),
+        default=None,
+        help=f"frames per organ at most (default: {frames.max_frames})",
+    )
+    p.add_argument(
+        "--negatives-per-positive",
+        metavar="X",
+        type=_positive(float, 0),
+        default=1.0,
+        help="train negatives sampled per organ, as a ratio of its positives",
+    )
+    p.add_argument("--seed", metavar="N", type=int, default=0, help="seed of the negative sampling")
+    p.add_argument(
+        "--test-fraction",
+        metavar="X",
+        type=_positive(float, 0),
+        default=0.10,
+        help="test share of the case-id hash split (when the atlas has no IID split files)",
+    )
+    p.add_argument(
+        "--max-unexpected-errors",
+        metavar="N",
+        type=_positive(int, 0),
+        default=0,
+        help="fail when more cases than this hit an unexpected (non-data) error",
+    )
+    p.set_defaults(func=_build_sft_set, check=_check_build_sft_set, prefect=True)
+
+
+def _add_build_rl_hardset(sub: Any, common: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "build-rl-hardset",
+        parents=common,
+        help="run the build-rl-hardset flow (SFT model -> hard set)",
+        description="Run the SFT model over the SFT set, score its reports and keep the train rows "
+        "it gets wrong (the GRPO hard set), with Table 1/2 of the model. Resumable per row.",
+    )
+    p.add_argument("sft_dir", type=Path, help="the sft table folder (OUT/sft, written by build-sft-set)")
+    p.add_argument("out", type=Path, help="output folder for predictions/ and rl_hardset/ (usually OUT)")
     who = p.add_mutually_exclusive_group(required=True)
-    who.add_argument("--model", type=Path, help="local SFT checkpoint directory")
-    who.add_argument("--endpoint", help="OpenAI-compatible base URL including /v1 (e.g. vllm serve)")
-    p.add_argument("--endpoint-model", help="model name served by the endpoint")
-    p.add_argument("--target-size", type=int, default=2000)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--limit", type=int, default=None)
-    p.set_defaults(func=_build_rl_hardset)
+    who.add_argument(
+        "--model",
+        metavar="DIR",
+        type=Path,
+        default=None,
+        help="local SFT checkpoint folder (transformers backend; one of --model, --endpoint)",
+    )
+    who.add_argument(
+        "--endpoint",
+        metavar="URL",
+        default=None,
+        help="OpenAI-compatible base URL including /v1, e.g. of `vllm serve` (one of --model, --endpoint; key: $OPENAI_API_KEY)",
+    )
+    p.add_argument(
+        "--endpoint-model",
+        metavar="NAME",
+        default=None,
+        help="model name the endpoint serves (needed with --endpoint)",
+    )
+    p.add_argument(
+        "--target-size", metavar="N", type=_positive(), default=2000, help="cap of the hard set (paper: about 2K)"
+    )
+    p.add_argument(
+        "--batch-size", metavar="N", type=_positive(), default=4, help="rows per generate call / request batch"
+    )
+    p.add_argument("--max-new-tokens", metavar="N", type=_positive(), default=256, help="generation length cap")
+    p.add_argument(
+        "--concurrency", metavar="N", type=_positive(), default=8, help="requests in flight at once (--endpoint)"
+    )
+    p.add_argument("--device", metavar="DEV", default="auto", help="auto, cpu or cuda[:N] (--model)")
+    p.add_argument(
+        "--bootstrap", metavar="N", type=_positive(), default=1000, help="bootstrap replicates of the 95 %% intervals"
+    )
+    p.add_argument(
+        "--max-failed-predictions",
+        metavar="N",
+        type=_positive(int, 0),
+        default=0,
+        help="fail when more rows than this got no prediction (a rerun retries only them)",
+    )
+    p.add_argument(
+        "--limit",
+        metavar="N",
+        type=_positive(),
+        default=None,
+        help="only the first N rows of each split, for smoke runs (default: all)",
+    )
+    p.set_defaults(func=_build_rl_hardset, check=_check_build_rl_hardset, prefect=True)
 
-    p = sub.add_parser("publish", help="publish a table folder as an immutable vX.Y.Z version")
-    p.add_argument("table_dir", type=Path, help="e.g. OUT/sft")
-    p.add_argument("repo_id", help="e.g. my-org/emrl-sft")
+
+def _add_publish(sub: Any, common: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "publish",
+        parents=common,
+        help="publish a table folder as an immutable vX.Y.Z version",
+        description="Publish a table folder to the Hugging Face Hub (token: $HF_TOKEN or `hf auth "
+        "login`) or to a local folder, tagged vX.Y.Z; an existing tag is never moved.",
+    )
+    p.add_argument("table_dir", type=Path, help="the table folder, e.g. OUT/sft")
+    p.add_argument("repo_id", help="Hub dataset repo, e.g. my-org/emrl-sft")
     p.add_argument("version", help="X.Y.Z (tagged vX.Y.Z; an existing tag is never moved)")
-    p.add_argument("--local-root", type=Path, default=None, help="publish to this folder instead of the Hub")
-    p.add_argument("--public", action="store_true", help="create the Hub repo public (default private)")
+    p.add_argument(
+        "--local-root",
+        metavar="DIR",
+        type=Path,
+        default=None,
+        help="publish to this folder instead of the Hub (default: the Hub)",
+    )
+    p.add_argument("--public", action="store_true", help="create the Hub repo public (default: private)")
     p.add_argument(
         "--dry-run", action="store_true", help="check token, table and tag; list what would be uploaded; write nothing"
     )
-    p.set_defaults(func=_publish)
+    p.set_defaults(func=_publish, check=_check_publish, prefect=True)
 
-    p = sub.add_parser("eval", help="Table 1/2 (paper) with bootstrap CIs from a predictions file")
-    p.add_argument("predictions", type=Path, help="parquet or jsonl: sft truth columns + a report column, or scores")
-    p.add_argument("--out", type=Path, default=Path("eval-output"))
-    p.add_argument("--text-column", default="prediction")
-    p.add_argument("--bootstrap", type=int, default=1000)
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=_eval)
 
-    p = sub.add_parser("demo", help="synthetic atlas -> the whole pipeline, printing what it made")
-    p.add_argument("--out", type=Path, default=Path("demo-output"))
-    p.add_argument("--cases", type=int, default=32)
+def _add_eval(sub: Any, common: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "eval",
+        parents=common,
+        help="Table 1/2 (paper) with bootstrap CIs from predictions",
+        description="Score reports against the truth and print Table 1 (detection) and Table 2 "
+        "(attributes) with 95 %% bootstrap intervals; writes metrics.md/json/png.",
+    )
+    p.add_argument(
+        "predictions",
+        type=Path,
+        help="OUT/predictions (from build-rl-hardset), or a parquet/jsonl file with the sft truth "
+        "columns and a report column",
+    )
+    p.add_argument(
+        "--out", metavar="DIR", type=Path, default=Path("eval-output"), help="folder for metrics.md, .json and .png"
+    )
+    p.add_argument("--split", choices=["all", "train", "test"], default="all", help="rows of this split only")
+    p.add_argument("--text-column", metavar="NAME", default="prediction", help="column holding the model's report")
+    p.add_argument("--bootstrap", metavar="N", type=_positive(), default=1000, help="bootstrap replicates")
+    p.add_argument("--seed", metavar="N", type=int, default=0, help="seed of the bootstrap")
+    p.set_defaults(func=_eval, check=_check_eval)
+
+
+def _add_demo(sub: Any, common: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "demo",
+        parents=common,
+        help="synthetic atlas -> the whole pipeline, printing what it made",
+        description="Synthetic atlas -> build-sft-set -> tiny SFT -> build-rl-hardset -> tiny GRPO, "
+        "on CPU (224 px x 16 frames). Rerunning resumes.",
+    )
+    p.add_argument("--out", metavar="DIR", type=Path, default=Path("demo-output"), help="output folder")
+    p.add_argument("--cases", metavar="N", type=_positive(), default=32, help="synthetic cases")
     p.add_argument("--skip-training", action="store_true", help="stop after build-sft-set")
-    p.set_defaults(func=_demo)
+    p.set_defaults(func=_demo, check=_check_demo, prefect=True)
 
-    from flows.server import add_server_commands
 
-    add_server_commands(sub)  # emrl server up | down | status
+def _up_message(state: Any) -> str:
+    """What `emrl server up` prints: addresses, the run commands in pipeline order, how to stop."""
+    from flows.server import ENV_NAME
 
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("EMRL_LOG_LEVEL", "WARNING"))
-    status = args.func(args)
+    home = Path(state.prefect_home)
+    worker = ", ".join(f"{n} pid {r.pid} (log {r.log})" for n, r in state.processes.items())
+    lines = [
+        f"Prefect server running (PREFECT_HOME={home})",
+        f"  UI:   {state.ui_url}",
+        f"  API:  {state.api_url}",
+        f"  pool: {state.pool}; {worker or 'no worker'}",
+        "",
+        f"In each shell: source {home / ENV_NAME}   (the API URL, and the venv's prefect and emrl on PATH)",
+        "Then run the pipeline in this order (FLOW/DEPLOYMENT; --watch follows the run's logs):",
+        *(f"  prefect deployment run {name} --watch" for name in state.deployments),
+        "",
+        "Stop everything: make serve-stop   (or: emrl server down)",
+    ]
+    return "\n".join(lines)
+
+
+def _server(args: argparse.Namespace) -> int:
+    """Run `emrl server up|down|status`; return the exit status (0 ok, 1 problems)."""
+    from flows import server
+
+    if args.server_action == "up":
+        try:
+            state = server.server_up(project_root=args.project_root, home=args.home, port=args.port,
+                                     deploy=args.deploy, worker=args.worker, timeout_s=args.timeout)  # fmt: skip
+        except server.ServerError as exc:
+            print(f"emrl server up failed: {exc}", file=sys.stderr)
+            return 1
+        print(_up_message(state))
+        return 0
+    if args.server_action == "down":
+        stopped = server.server_down(project_root=args.project_root, home=args.home)
+        print("Stopped: " + ", ".join(stopped) if stopped else "Nothing was running.")
+        return 0
+    report = server.server_status(project_root=args.project_root, home=args.home)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    elif report["running"]:
+        print(f"running: UI {report['ui_url']}, API {report['api_url']}, pool {report['pool']} "
+              f"({report['pool_status']}), deployments: {', '.join(report['deployments']) or 'none'}")  # fmt: skip
+    for problem in report["problems"]:
+        print(f"PROBLEM: {problem}", file=sys.stderr)
+    return 0 if report["ok"] else 1
+
+
+def _add_server(sub: Any, common: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("server", parents=common, help="local Prefect server + worker + deployments (make serve)",
+                       description="A local Prefect server (UI included), the emrl-local process pool, the "
+                       "deployments of prefect.yaml and a worker; state in .prefect-home/server/.")  # fmt: skip
+    p.set_defaults(func=_server)
+    actions = p.add_subparsers(dest="server_action", required=True, metavar="ACTION", parser_class=_Parser)
+    where = argparse.ArgumentParser(add_help=False, parents=common)
+    where.add_argument("--home", type=Path, default=None, help="its PREFECT_HOME (default: .prefect-home/server)")
+    where.add_argument("--project-root", type=Path, default=PROJECT_ROOT, help="the checkout with prefect.yaml")
+    up = actions.add_parser("up", parents=[where], help="start server, pool, deployments and worker")
+    up.add_argument("--port", type=_positive(), default=None, help="TCP port on 127.0.0.1 (default: a free one)")
+    up.add_argument("--no-deploy", dest="deploy", action="store_false", help="skip `prefect deploy --all`")
+    up.add_argument("--no-worker", dest="worker", action="store_false", help="do not start a worker")
+    up.add_argument("--timeout", type=_positive(float), default=180.0, help="seconds to wait for server and worker")
+    actions.add_parser("down", parents=[where], help="stop what `up` started; mark its active runs Cancelled")
+    status = actions.add_parser("status", parents=[where], help="is it running; is PREFECT_API_URL set right")
+    status.add_argument("--json", action="store_true", help="print the report as JSON")
+    for action in actions.choices.values():
+        action.formatter_class, action.epilog = _Formatter, CREDENTIALS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `emrl` argument parser (every option documented, with its default)."""
+    common = [_debug_parent()]
+    parser = _Parser(
+        prog="emrl",
+        description="E-MRL data: AbdomenAtlas 3.0 -> E-MRL training data.",
+        epilog=CREDENTIALS,
+        formatter_class=_Formatter,
+        parents=common,
+    )
+    parser.set_defaults(debug=False)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    for add in (
+        _add_synth,
+        _add_build_sft_set,
+        _add_build_rl_hardset,
+        _add_publish,
+        _add_eval,
+        _add_demo,
+        _add_server,
+    ):
+        add(sub, common)
+    for choice in sub.choices.values():
+        choice.formatter_class = _Formatter
+        choice.epilog = choice.epilog or CREDENTIALS
+    return parser
+
+
+def _explain(exc: BaseException) -> tuple[str, str]:
+    """(problem, fix) for a failure that is not a `UsageError`."""
+    name = type(exc).__name__
+    text = " ".join(str(exc).split())[:300] or name
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError)):
+        return f"{name}: {text}", "check the path and its permissions"
+    if name == "EndpointAuthError":
+        return text, "export OPENAI_API_KEY=<a key the endpoint accepts>, then rerun (finished rows are kept)"
+    network = ("ConnectError", "ConnectTimeout", "ConnectionError", "OfflineModeIsEnabled", "ReadTimeout")
+    if any(n in network for n in (name, *(type(c).__name__ for c in _causes(exc)))):
+        return f"network problem: {name}: {text}", "check the connection (and HF_ENDPOINT / --endpoint), then rerun"
+    return f"{name}: {text}", "rerun with --debug for the traceback"
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    found, seen = [], set()
+    while (exc := exc.__cause__ or exc.__context__) is not None and id(exc) not in seen:  # type: ignore[assignment]
+        seen.add(id(exc))
+        found.append(exc)
+    return found
+
+
+def _interrupt_handler() -> Callable[[int, Any], None]:
+    count = [0]
+
+    def handle(signum: int, frame: Any) -> None:
+        count[0] += 1
+        if count[0] == 1:
+            raise KeyboardInterrupt
+        print("\nInterrupted again: exiting now. A rerun resumes.", file=sys.stderr, flush=True)
+        kill_temporary_servers()
+        os._exit(130)
+
+    return handle
+
+
+def _run(args: argparse.Namespace) -> Any:
+    if getattr(args, "check", None) is not None:
+        args.check(args)
+    if not getattr(args, "prefect", False):
+        return args.func(args)
+    with prefect_session(debug=args.debug):
+        return args.func(args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `emrl` command; exits 2 on a usage mistake, 1 on a failure, 130 on Ctrl-C."""
+    configure_prefect_environment()  # before anything imports prefect
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    # `emrl --debug CMD` too (a subcommand's own default would otherwise reset it), and EMRL_DEBUG=1
+    args.debug = args.debug or "--debug" in argv or os.environ.get("EMRL_DEBUG", "") not in ("", "0")
+    if not getattr(args, "prefect", False):  # Prefect sets up its own console logging (basicConfig would replace it)
+        logging.basicConfig(level=os.environ.get("EMRL_LOG_LEVEL", "WARNING"))
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT)
+    if in_main_thread:
+        signal.signal(signal.SIGINT, _interrupt_handler())
+    prog = f"emrl {args.command}"
+    try:
+        status = _run(args)
+    except KeyboardInterrupt:
+        print(f"\n{prog}: interrupted. Finished work is kept: rerun the same command to resume.", file=sys.stderr)
+        raise SystemExit(130) from None
+    except UsageError as exc:
+        if args.debug:
+            raise
+        print(f"{prog}: error: {exc.problem}\n  fix: {exc.fix}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except Exception as exc:
+        if args.debug:
+            raise
+        problem, fix = _explain(exc)
+        print(f"{prog}: failed: {problem}\n  fix: {fix}", file=sys.stderr)
+        raise SystemExit(1) from None
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGINT, previous)
     if isinstance(status, int) and status:
         raise SystemExit(status)
 

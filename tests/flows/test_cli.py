@@ -48,7 +48,7 @@ def test_eval_writes_tables_from_raw_predictions(tmp_path: Path, capsys) -> None
     assert liver2["size"]["value"] == 1.0 and liver2["location"]["value"] == 0.5 and liver2["k_hit"]["value"] == 0.5
 
 
-def test_publish_command_to_a_local_folder_and_refusal_to_move_a_tag(prefect_harness, tmp_path: Path) -> None:
+def test_publish_command_to_a_local_folder_and_refusal_to_move_a_tag(prefect_harness, tmp_path: Path, capsys) -> None:
     import pytest
 
     from emrl_data.dataset import write_table
@@ -61,8 +61,14 @@ def test_publish_command_to_a_local_folder_and_refusal_to_move_a_tag(prefect_har
 
     release = tmp_path / "pub" / "emrl" / "rejections" / ".tags" / "v1.2.3"
     assert (release / "README.md").is_file() and (release / "data" / "train-00000-of-00001.parquet").is_file()
-    # The same content again: a no-op that says so; other content under the same tag: refused.
+    # The same content again: a no-op that says so (exit 0).
     main(["publish", str(table), "emrl/rejections", "1.2.3", "--local-root", str(tmp_path / "pub")])
-    write_table("rejections", {"train": rows * 2}, tmp_path / "out", provenance=provenance)
-    with pytest.raises(Exception, match="already has tag v1.2.3 with different content"):
-        main(["publish", str(table), "emrl/rejections", "1.2.3", "--local-root", str(tmp_path / "pub")])
+    capsys.readouterr()
+    # Other content under the same version: refused in a short message, the tag is never moved.
+    changed = write_table(
+        "rejections", {"train": [{**rows[0], "detail": "y"}]}, tmp_path / "out2", provenance=provenance
+    )
+    with pytest.raises(SystemExit) as exited:
+        main(["publish", str(changed), "emrl/rejections", "1.2.3", "--local-root", str(tmp_path / "pub")])
+    err = capsys.readouterr().err
+    assert exited.value.code == 1 and "v1.2.3" in err.splitlines()[-2] and "Traceback" not in err

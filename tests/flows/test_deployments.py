@@ -32,8 +32,10 @@ import yaml
 from emrl_data.report import NEGATIVE_FINDINGS, NEGATIVE_IMPRESSION
 from emrl_data.synthetic import demo_specs, write_atlas
 from emrl_data.types import Organ
+from flows import _procs
 from flows import server as ops
 from flows.build_sft_set import build_sft_set_flow
+from flows.cli import DEMO_FRAMES, _demo
 
 
 pytestmark = pytest.mark.slow
@@ -66,21 +68,35 @@ def test_require_api_url_accepts() -> None:
     assert ops.require_api_url({"PREFECT_API_URL": url + "/"}, expected=url) == url + "/"  # trailing slash
 
 
-def test_stop_process_stops_the_group_and_spares_strangers(tmp_path: Path) -> None:
-    script = "sleep 60 & sleep 60 & wait"
-    record = ops._spawn(["sh", "-c", script], dict(os.environ), tmp_path, tmp_path / "log")
+def test_stop_process_stops_the_group_its_orphans_and_spares_strangers(tmp_path: Path) -> None:
+    # sh, two sleeps in its group, and one in a session of its own (as a worker's flow-run subprocess is)
+    script = "sleep 60 & sleep 60 & setsid sleep 60 & wait"
+    record = _procs.spawn(["sh", "-c", script], dict(os.environ), tmp_path, tmp_path / "log")
     deadline = time.monotonic() + 10
-    while len(ops._tree(record.pid)) < 3 and time.monotonic() < deadline:
+    while len(_procs.process_tree(record.pid)) < 4 and time.monotonic() < deadline:
         time.sleep(0.05)
-    members = ops._tree(record.pid)
-    assert len(members) == 3  # sh and its two sleeps, one process group
+    members = _procs.process_tree(record.pid)
+    assert len(members) == 4
     # A record whose start time does not match (the PID was reused by someone else) is never signalled.
-    stranger = ops.ProcessRecord(record.pid, (record.start_ticks or 0) + 1, record.log, record.argv)
-    assert ops.stop_process(stranger) is False
-    assert all(ops._is_running(p, t) for p, t in members)
-    assert ops.stop_process(record, timeout_s=10) is True
-    assert not any(ops._is_running(p, t) for p, t in members)
-    assert ops.stop_process(record) is False  # already gone
+    stranger = _procs.ProcessRecord(record.pid, (record.start_ticks or 0) + 1, record.log, record.argv)
+    assert _procs.stop_process(stranger) is False
+    assert all(_procs.is_running(p, t) for p, t in members)
+    assert _procs.stop_process(record, timeout_s=10) is True
+    assert not any(_procs.is_running(p, t) for p, t in members)
+    assert _procs.stop_process(record) is False  # already gone
+
+
+def test_deployment_defaults_are_the_demos_settings() -> None:
+    """A deployment run after `make demo` resumes the demo's work instead of rewriting demo-output differently."""
+    deployments = {
+        d["name"]: d["parameters"] for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
+    }
+    sft, mining = deployments["build-sft-set"], deployments["build-rl-hardset"]
+    assert sft["output_dir"] == "demo-output" and sft["config"] == DEMO_FRAMES
+    assert mining["output_dir"] == "demo-output" and mining["model_path"] == "demo-output/sft_model"
+    demo = inspect.getsource(_demo)
+    for key in ("max_new_tokens", "n_bootstrap", "device"):
+        assert f"{key}={mining[key]!r}" in demo.replace('"', "'"), key
 
 
 def test_up_refuses_a_busy_port_and_down_without_state(tmp_path: Path) -> None:
@@ -92,7 +108,7 @@ def test_up_refuses_a_busy_port_and_down_without_state(tmp_path: Path) -> None:
     assert ops.read_state(tmp_path) is None
     assert ops.server_down(home=tmp_path) == []
     assert ops.server_status(home=tmp_path, environ={})["problems"] == [
-        f"no server started from {tmp_path.resolve()} (run `emrl server up` / make serve)"
+        f"no server started from {tmp_path.resolve()} (run make serve)"
     ]
 
 
@@ -118,12 +134,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ops.Serve
         yield state, up.stdout
     finally:
         recorded = ops.read_state(home) or state  # what up recorded, even if it died half-way
-        stopped = ops.server_down(home=home)
+        ops.server_down(home=home)  # (the last test may have stopped it already)
         if recorded is not None:
             for name, record in recorded.processes.items():
-                assert not ops._is_running(record.pid, record.start_ticks), f"{name} still running after down"
-                assert not ops._tree(record.pid), f"{name}'s process group or descendants survived down"
-            assert stopped, "down found nothing to stop"
+                assert not _procs.is_running(record.pid, record.start_ticks), f"{name} still running after down"
+                assert not _procs.process_tree(record.pid), f"{name}'s process group or descendants survived down"
         assert ops.read_state(home) is None
         assert not (home / ops.ENV_NAME).exists()
 
@@ -185,21 +200,22 @@ def built(served: tuple[ops.ServerState, str], atlas: Path, tmp_path_factory: py
     result = _run_deployment(state, "build-sft-set/build-sft-set", params)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
     assert "Completed" in result.stdout
+    assert "curating cases: 8/8 (100 %)" in result.stdout  # progress lines reach `--watch`
     return out
 
 
 def test_up_prints_addresses_and_exact_run_lines(served: tuple[ops.ServerState, str]) -> None:
     state, printed = served
     assert state.host == "127.0.0.1" and set(state.processes) == {"server", "worker"}
+    steps = [line.split("]")[0] + "]" for line in printed.splitlines() if line.startswith("[")]
+    assert steps == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]  # each step printed as it happens
     assert f"UI:   http://127.0.0.1:{state.port}\n" in printed
     assert f"API:  http://127.0.0.1:{state.port}/api\n" in printed
-    # Every deployment of prefect.yaml is registered under FLOW/DEPLOYMENT and printed as a runnable line.
-    with (ROOT / "prefect.yaml").open() as f:
-        names = {d["name"] for d in yaml.safe_load(f)["deployments"]}
-    assert {f"{n}/{n}" for n in names} == set(state.deployments) == set(ops.deployment_names(state.api_url))
-    for name in state.deployments:
-        assert f"PREFECT_API_URL={state.api_url} " in printed
-        assert f" deployment run {name} --watch\n" in printed
+    # Every deployment of prefect.yaml is registered under FLOW/DEPLOYMENT and printed, in pipeline order.
+    names = [d["name"] for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]]
+    assert [f"{n}/{n}" for n in names] == state.deployments == ops.deployment_names(state.api_url)
+    run_lines = [line.strip() for line in printed.splitlines() if "deployment run" in line]
+    assert run_lines == [f"prefect deployment run {n}/{n} --watch" for n in names]
     assert ops.pool_status(state.api_url, state.pool) == "READY"
 
 
@@ -207,7 +223,7 @@ def test_status_fails_loudly_without_the_api_url(served: tuple[ops.ServerState, 
     state, _ = served
     good = ops.server_status(home=Path(state.prefect_home), environ={"PREFECT_API_URL": state.api_url})
     assert good["ok"] and good["running"] and good["problems"] == []
-    assert good["processes"]["worker"]["alive"] and good["pool_status"] == "READY"
+    assert good["alive"] == {"server": True, "worker": True} and good["pool_status"] == "READY"
 
     unset = ops.server_status(home=Path(state.prefect_home), environ={})
     assert unset["running"] and not unset["ok"]
@@ -224,7 +240,11 @@ def test_status_fails_loudly_without_the_api_url(served: tuple[ops.ServerState, 
     # The env file a shell sources holds the URL and turns the silent fallback into an error.
     env_sh = (Path(state.prefect_home) / ops.ENV_NAME).read_text()
     assert f"export PREFECT_API_URL={state.api_url}\n" in env_sh
-    assert "export PREFECT_SERVER_EPHEMERAL_ENABLED=false\n" in env_sh
+    assert "export PREFECT_SERVER_EPHEMERAL_ENABLED=false" in env_sh
+    # ... and puts the venv's `prefect` on PATH: the printed run lines work as they are
+    which = subprocess.run(["bash", "-c", f"source {Path(state.prefect_home) / ops.ENV_NAME} && command -v prefect"],
+                           capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert which.stdout.strip() == str(Path(sys.executable).with_name("prefect"))
     # `up` again reuses the healthy server instead of starting a second one.
     assert ops.server_up(home=Path(state.prefect_home), project_root=ROOT).processes == state.processes
 
@@ -313,9 +333,41 @@ def test_build_rl_hardset_deployment(
     result = _run_deployment(state, names[0], params)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
     assert _last_state(state, names[0]) == "COMPLETED"
+    assert "SFT model predictions: " in result.stdout and ", ETA " in result.stdout  # progress while mining
     # Every SFT row got a prediction; the model misses every lesion, so the hard set is made of train positives.
     assert _rows(tmp_path / "predictions") == _rows(built / "sft")
     hard = pq.read_table(tmp_path / "rl_hardset" / "data").to_pylist()
     sft_train = pq.read_table(built / "sft" / "data", columns=["case_id", "organ", "split", "has_lesion"]).to_pylist()
     positives = {(r["case_id"], r["organ"]) for r in sft_train if r["split"] == "train" and r["has_lesion"]}
     assert hard and {(r["case_id"], r["organ"]) for r in hard} <= positives
+
+
+class _SlowNegativeReportHandler(_NegativeReportHandler):
+    def do_POST(self) -> None:  # noqa: N802
+        time.sleep(2.0)
+        super().do_POST()
+
+
+def test_serve_stop_marks_a_running_flow_run_cancelled(served: tuple[ops.ServerState, str], built: Path) -> None:
+    """`make serve-stop` during a run: the run is stopped and shows Cancelled, not Running forever (runs last)."""
+    state, _ = served
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _SlowNegativeReportHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        params = {"sft_dir": str(built / "sft"), "output_dir": str(built / "slow"), "backend": "openai",
+                  "endpoint_url": f"http://127.0.0.1:{httpd.server_address[1]}/v1", "endpoint_model": "slow",
+                  "batch_size": 1, "max_concurrency": 1}  # fmt: skip
+        args = ["deployment", "run", "build-rl-hardset/build-rl-hardset"]
+        for key, value in params.items():
+            args += _param(key, value)
+        ops.run_prefect(state, args, timeout_s=120)  # no --watch: returns once the run is scheduled
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while _last_state(state, "build-rl-hardset/build-rl-hardset") != "RUNNING":
+            assert time.monotonic() < deadline, "the run never started"
+            time.sleep(1)
+        stopped = ops.server_down(home=Path(state.prefect_home))
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert stopped[0].startswith("worker (pid ") and "1 flow run(s), marked Cancelled" in stopped
+    assert stopped[-1].startswith("server (pid ")
