@@ -200,7 +200,7 @@ def test_connection_errors_are_retried(make_backend, requests3):
 
 
 def test_bounded_concurrency(server, control, make_backend, requests3):
-    control(delay_s=0.4)
+    control(delay_s=1.5)  # long enough that 3 requests overlap even on a loaded 2-core machine
     reqs = [InferenceRequest(f"c{i}", r.prompt, r.frames_png) for i in range(3) for r in requests3]  # 9 requests
     results = make_backend(max_concurrency=3, max_tokens=2).generate(reqs)
     assert [r.request_id for r in results] == [r.request_id for r in reqs] and all(r.ok for r in results)
