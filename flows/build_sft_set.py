@@ -185,6 +185,7 @@ def build_sft_set_flow(
         raise RuntimeError(f"Cases with neither a row nor a rejection (a bug): {missing[:10]}")
 
     unexpected = [r for r in rejections if r.reason == RejectReason.UNEXPECTED_ERROR]
+    elapsed_s = time.perf_counter() - started
     summary = {
         **{k: v for k, v in provenance.items() if k != "config"},
         "atlas_root": str(root),
@@ -196,7 +197,8 @@ def build_sft_set_flow(
         "rejections": count_rejections(rejections),
         "unexpected_errors": len(unexpected),
         "input_files": digests,
-        "seconds": round(time.perf_counter() - started, 2),
+        "seconds": round(elapsed_s, 2),
+        "cases_per_s": round(len(refs) / elapsed_s, 3),  # end to end, resumed cases included
         "tables": {name: str(out / name) for name in ("findings", "sft", "rejections")},
     }
     write_json_atomic(summary, out / "manifest.json")
@@ -284,7 +286,7 @@ def _summary_markdown(summary: Mapping[str, Any], sheet: Path | None) -> str:
         f"- cases: **{summary['cases']}** ({summary['cases_resumed_from_store']} resumed from the case store)",
         f"- pipeline {summary['pipeline_version']}, config `{summary['config_fingerprint']}`, "
         f"git `{summary['git_sha']}`",
-        f"- split source: {summary['split_source']}; took {summary['seconds']} s",
+        f"- split source: {summary['split_source']}; took {summary['seconds']} s ({summary['cases_per_s']} cases/s)",
         "",
         "| table | split | rows by organ/label |",
         "|---|---|---|",
