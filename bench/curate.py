@@ -1,13 +1,25 @@
-"""Benchmark: curating one 512x512x300 case with three lesions, against the physical floor and a naive baseline.
+"""Benchmark: curating 512x512x300 cases in a warm worker, against a fair floor and a naive baseline (issue 10).
 
-Prints, measured in ONE run (the machine is noisy, so compare the ratios):
-  * ours   - `emrl_data.curate.curate_case` (load, labels for 3 organs, frames, reports), warm worker process;
-  * floor  - ISA-L gunzip of exactly the files ours reads (the decompression-bound floor, notes/performance.md);
-  * naive  - nibabel `get_fdata()` float64 + full-volume `scipy.ndimage.label` + full-volume boolean HU gathers;
-  * the ratios and the peak RSS of each, each measured in its own fresh process.
-Targets: ours <= 1.5x floor, ours >= 15x faster than naive, peak RSS <= 1 GB.
+Cases (synthetic, written once under --workdir): `lesions` has lesions in all three organs (liver, pancreas, left
+kidney: the case reads its CT and every organ, lesion and sub-structure mask), `no_lesions` has none.
 
-    python bench/curate.py [--rounds 3] [--workdir /tmp/emrl-bench]
+Variants, each in its own persistent worker process, started once and warmed up on every case:
+  * ours       - `emrl_data.curate.curate_case` (load, labels for 3 organs, frames, reports), in a worker started the
+                 way `flows/runners.py` starts its workers (`reuse_heap`);
+  * fair floor - the same files ours reads (from the digests it records), read and inflated into a reused heap,
+                 nothing else: the better of ISA-L (`isal_zlib`) and libdeflate (`deflate`), per case;
+  * naive      - nibabel `get_fdata()` float64 + full-volume `scipy.ndimage.label` + full-volume boolean gathers
+                 (the lesion case, first round only: it takes ~15 s);
+  * ours_default_heap (with --compare-heap) - ours in a worker that keeps glibc's default malloc settings.
+The rounds are interleaved (round r runs every variant on every case, in turn), so the machine's noise hits all of
+them alike; ratios are taken per round, then the median over rounds. They use each worker's CPU time (user + system,
+so page faults count) by default: on a shared 2-core machine wall time mostly measures the wait for a core
+(`--clock wall` uses it anyway; the table shows both). Peak RSS is the ours worker's high-water mark.
+
+Targets: ours <= 1.2x the fair floor, naive >= 30x ours, peak RSS <= 600 MB per worker. The last line reads
+`ours/fair_floor=...x naive/ours=...x peak_rss_mb=...`.
+
+    python bench/curate.py [--rounds 5] [--workdir /tmp/emrl-bench] [--compare-heap] [--json out.json]
 """
 
 from __future__ import annotations
@@ -20,68 +32,115 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
 ROOT = Path(__file__).resolve().parent.parent
+CASES = {"lesions": "BDMAP_00000001", "no_lesions": "BDMAP_00000002"}
+TARGETS = {"ours/fair_floor": 1.2, "naive/ours": 30.0, "peak_rss_mb": 600.0}
 
 
-def _ref(workdir: Path):
+def write_cases(atlas: Path) -> None:
+    """Write the two bench cases (about 80 MB of gzip) unless they are there."""
+    from dataclasses import replace
+
+    from emrl_data.synthetic import bench_spec, write_atlas
+
+    if (atlas / "synthetic_truth.json").is_file():
+        return
+    print(f"writing the two 512x512x300 bench cases to {atlas} ...", flush=True)
+    with_lesions = bench_spec(CASES["lesions"])
+    without = replace(with_lesions, case_id=CASES["no_lesions"], lesions=(), seed=2)
+    write_atlas(atlas, [with_lesions, without], metadata_csv=False, split_files=False)
+
+
+# --- the workers (each runs in its own process) ------------------------------------------------------------------
+
+
+def _refs(atlas: Path) -> dict[str, Any]:
     from emrl_data.atlas import discover_cases
 
-    (ref,) = discover_cases(workdir / "atlas").refs
-    return ref
+    by_id = {ref.case_id: ref for ref in discover_cases(atlas).refs}
+    return {name: by_id[case_id] for name, case_id in CASES.items()}
 
 
-def _files_read(workdir: Path) -> list[Path]:
-    """The files `curate_case` reads for this case (from the digests it records)."""
-    from emrl_data.config import CurateConfig
-    from emrl_data.curate import curate_case
+class Ours:
+    """`curate_case`, as a warm worker runs it."""
 
-    ref = _ref(workdir)
-    result = curate_case(ref, split="train", cfg=CurateConfig())
-    return [ref.root / rel for rel in result.file_digests]
+    def __init__(self, atlas: Path, reuse: bool) -> None:
+        from emrl_data.config import CurateConfig
+        from flows.runners import reuse_heap
 
+        self.heap_reused = reuse_heap() if reuse else False
+        self.refs, self.cfg = _refs(atlas), CurateConfig()
 
-def run_ours(workdir: Path, repeats: int) -> list[float]:
-    from emrl_data.config import CurateConfig
-    from emrl_data.curate import curate_case
+    def run(self, case: str) -> dict[str, Any]:
+        from emrl_data.curate import curate_case
 
-    ref, cfg = _ref(workdir), CurateConfig()
-    times = []
-    for _ in range(repeats + 1):  # first call warms imports and the heap
-        t = time.perf_counter()
-        result = curate_case(ref, split="train", cfg=cfg)
-        times.append(time.perf_counter() - t)
-        assert len(result.rows) == 3 and not result.rejections, result.rejections
-    return times[1:]
+        result = curate_case(self.refs[case], split="train", cfg=self.cfg)
+        if result.rejections or len(result.rows) != 3:
+            raise RuntimeError(f"{case}: expected 3 rows and no rejection, got {result.rejections}")
+        return {"files": sorted(result.file_digests), "lesions": sum(r["has_lesion"] for r in result.rows)}
 
 
-def run_floor(workdir: Path, repeats: int) -> list[float]:
-    from isal import isal_zlib
+class FairFloor:
+    """Read and inflate exactly the files ours reads, into a reused heap; the better of ISA-L and libdeflate."""
 
-    files = _files_read(workdir)
-    times = []
-    for _ in range(repeats + 1):
-        t = time.perf_counter()
-        for path in files:
-            raw = path.read_bytes()
-            isize = int.from_bytes(raw[-4:], "little")
-            isal_zlib.decompress(raw, wbits=31, bufsize=max(isize, 1))
-        times.append(time.perf_counter() - t)
-    return times[1:]
+    def __init__(self, atlas: Path) -> None:
+        from flows.runners import reuse_heap
+
+        self.heap_reused = reuse_heap()
+        self.refs = _refs(atlas)
+        self.files = {case: self._files_read(case) for case in CASES}
+
+    def _files_read(self, case: str) -> list[Path]:
+        from emrl_data.config import CurateConfig
+        from emrl_data.curate import curate_case
+
+        ref = self.refs[case]
+        return [ref.root / rel for rel in sorted(curate_case(ref, split="train", cfg=CurateConfig()).file_digests)]
+
+    def run(self, case: str) -> dict[str, Any]:
+        import deflate
+        from isal import isal_zlib
+
+        seconds, cpu, out_bytes, read_bytes = {}, {}, 0, 0
+        for codec in ("isal", "libdeflate"):
+            started, started_cpu = time.perf_counter(), time.process_time()
+            out_bytes = 0
+            for path in self.files[case]:
+                raw = path.read_bytes()
+                read_bytes += len(raw)
+                if codec == "isal":
+                    isize = int.from_bytes(raw[-4:], "little")
+                    data = isal_zlib.decompress(raw, wbits=31, bufsize=max(isize, 1))
+                else:
+                    data = deflate.gzip_decompress(raw)  # checks the CRC-32 and the size
+                out_bytes += len(data)
+                del data
+            seconds[codec], cpu[codec] = time.perf_counter() - started, time.process_time() - started_cpu
+        best = min(cpu, key=cpu.__getitem__)  # the better codec on this case, by CPU time
+        return {"isal_s": cpu["isal"], "libdeflate_s": cpu["libdeflate"], "files": len(self.files[case]),
+                "inflated_mb": out_bytes / 1e6, "read_mb": read_bytes / 2e6, "seconds": seconds[best], "cpu_s": cpu[best]}  # fmt: skip
 
 
-def run_naive(workdir: Path, repeats: int) -> list[float]:
-    import nibabel as nib
-    import numpy as np
-    from scipy import ndimage
+class Naive:
+    """The baseline a straightforward script would be (notes/performance.md §6)."""
 
-    from emrl_data.atlas import ORGAN_STRUCTURES
+    def __init__(self, atlas: Path) -> None:
+        import nibabel  # noqa: F401  (imports are not part of a case's cost)
+        import scipy.ndimage  # noqa: F401
 
-    ref = _ref(workdir)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
+        self.refs = _refs(atlas)
+
+    def run(self, case: str) -> dict[str, Any]:
+        import nibabel as nib
+        import numpy as np
+        from scipy import ndimage
+
+        from emrl_data.atlas import ORGAN_STRUCTURES
+
+        ref = self.refs[case]
         ct = nib.load(ref.ct_path).get_fdata()
         for structures in ORGAN_STRUCTURES.values():
             organ = sum(nib.load(ref.structure_path(s)).get_fdata() for s in structures.organ_masks)
@@ -95,56 +154,180 @@ def run_naive(workdir: Path, repeats: int) -> list[float]:
             for path, _name in structures.parts:
                 part = nib.load(ref.structure_path(path)).get_fdata()
                 _ = (part[labels > 0] > 0).sum()
-        times.append(time.perf_counter() - t)
-    return times
+        return {}
 
 
-def _worker(kind: str, workdir: Path, repeats: int) -> None:
+def _serve(kind: str, atlas: Path) -> None:
+    """Worker loop: one JSON command per stdin line (`{"case": ...}`), one JSON answer per stdout line."""
     sys.path.insert(0, str(ROOT))
-    times = {"ours": run_ours, "floor": run_floor, "naive": run_naive}[kind](workdir, repeats)
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"kind": kind, "times": times, "peak_rss_mb": peak_mb}))
+    variant: Any = {
+        "ours": lambda: Ours(atlas, reuse=True),
+        "ours_default_heap": lambda: Ours(atlas, reuse=False),
+        "floor": lambda: FairFloor(atlas),
+        "naive": lambda: Naive(atlas),
+    }[kind]()
+    print(json.dumps({"ready": True, "heap_reused": getattr(variant, "heap_reused", False)}), flush=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command.get("quit"):
+            break
+        wall, cpu = time.perf_counter(), time.process_time()
+        info = variant.run(command["case"])
+        info.setdefault("seconds", time.perf_counter() - wall)
+        info.setdefault("cpu_s", time.process_time() - cpu)
+        info["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(json.dumps(info), flush=True)
 
 
-def _measure(kind: str, workdir: Path, repeats: int) -> dict:
-    out = subprocess.run(
-        [sys.executable, __file__, "--worker", kind, "--workdir", str(workdir), "--rounds", str(repeats)],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return json.loads(out.strip().splitlines()[-1])
+class Worker:
+    """A persistent worker process of one variant."""
+
+    def __init__(self, kind: str, atlas: Path) -> None:
+        self.kind = kind
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve", kind, "--workdir", str(atlas.parent)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.heap_reused = self._read()["heap_reused"]
+
+    def _read(self) -> dict[str, Any]:
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line:
+            raise RuntimeError(f"the {self.kind} worker died (exit code {self.proc.wait()})")
+        return json.loads(line)
+
+    def run(self, case: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"case": case}) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+# --- the driver ---------------------------------------------------------------------------------------------------
+
+
+def measure(atlas: Path, rounds: int, compare_heap: bool) -> dict[str, Any]:
+    """Run the interleaved rounds; return every sample, per variant and case."""
+    kinds = ["ours", "floor"] + (["ours_default_heap"] if compare_heap else [])
+    workers = {kind: Worker(kind, atlas) for kind in kinds}
+    samples: dict[str, dict[str, list[dict[str, Any]]]] = {k: {c: [] for c in CASES} for k in kinds + ["naive"]}
+    try:
+        for case in CASES:  # warm-up: imports, first-touch of the heap, the page cache
+            for worker in workers.values():
+                worker.run(case)
+        for r in range(rounds):
+            for case in CASES:
+                for kind, worker in workers.items():
+                    samples[kind][case].append(worker.run(case))
+            if r == 0:
+                naive = Worker("naive", atlas)  # fresh process each time: its peak RSS is its own
+                samples["naive"]["lesions"].append(naive.run("lesions"))
+                naive.close()
+            print(f"round {r + 1}/{rounds}: " + _round_line(samples, r), flush=True)
+    finally:
+        for worker in workers.values():
+            worker.close()
+    return {"samples": samples, "heap_reused": {k: w.heap_reused for k, w in workers.items()}}
+
+
+def _round_line(samples: dict[str, Any], r: int) -> str:
+    return ", ".join(
+        f"{kind} {case} {runs[r]['seconds']:.2f}s"
+        for kind, by_case in samples.items()
+        for case, runs in by_case.items()
+        if len(runs) > r
+    )
+
+
+def summarise(samples: dict[str, dict[str, list[dict[str, Any]]]], clock: str) -> dict[str, Any]:
+    """Medians per variant and case (wall and CPU), and the headline ratios on `clock` ("cpu_s" or "seconds"):
+    per-round ratios of the totals over both cases, median over rounds."""
+    med = {
+        metric: {
+            kind: {case: statistics.median(s[metric] for s in runs) for case, runs in by_case.items() if runs}
+            for kind, by_case in samples.items()
+        }
+        for metric in ("seconds", "cpu_s")
+    }
+    n_rounds = len(samples["ours"]["lesions"])
+
+    def per_round(kind: str, base: str) -> float:
+        return statistics.median(
+            sum(samples[kind][c][r][clock] for c in CASES) / sum(samples[base][c][r][clock] for c in CASES)
+            for r in range(n_rounds)
+        )
+
+    out: dict[str, Any] = {"clock": clock, "median": med, "ours/fair_floor": per_round("ours", "floor")}
+    out["naive/ours"] = med[clock]["naive"]["lesions"] / med[clock]["ours"]["lesions"]
+    out["peak_rss_mb"] = max(s["peak_rss_mb"] for runs in samples["ours"].values() for s in runs)
+    if "ours_default_heap" in samples:
+        out["default_heap/ours"] = per_round("ours_default_heap", "ours")
+    return out
+
+
+def print_table(summary: dict[str, Any], samples: dict[str, Any]) -> None:
+    """The README table (markdown) and the targets."""
+    wall, cpu, clock = summary["median"]["seconds"], summary["median"]["cpu_s"], summary["clock"]
+    codec = {
+        case: min(("isal_s", "ISA-L"), ("libdeflate_s", "libdeflate"), key=lambda k: statistics.median(s[k[0]] for s in runs))[1]
+        for case, runs in samples["floor"].items()
+    }  # fmt: skip
+    print()
+    print("| variant | case | wall s (median) | CPU s (median) | CPU vs fair floor | peak RSS (MB) |")
+    print("|---|---|---:|---:|---:|---:|")
+    for kind in wall:
+        for case in wall[kind]:
+            label = f"fair floor ({codec[case]})" if kind == "floor" else kind
+            peak = max(s["peak_rss_mb"] for s in samples[kind][case])
+            ratio = cpu[kind][case] / cpu["floor"][case]
+            print(f"| {label} | {case} | {wall[kind][case]:.3f} | {cpu[kind][case]:.3f} | {ratio:.2f}x | {peak:.0f} |")
+    print()
+    print(f"ratios on {'CPU time (user + system) of each worker' if clock == 'cpu_s' else 'wall-clock time'}:")
+    for name, target in TARGETS.items():
+        value, at_least = summary[name], name == "naive/ours"
+        ok = value >= target if at_least else value <= target
+        print(f"  {name} = {value:.2f} (target {'>=' if at_least else '<='} {target}): {'met' if ok else 'NOT met'}")
+    if "default_heap/ours" in summary:
+        print(f"  heap reuse: ours with glibc's default heap takes {summary['default_heap/ours']:.2f}x as long")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/emrl-bench"))
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--worker", choices=["ours", "floor", "naive"], help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--compare-heap", action="store_true", help="also run ours with glibc's default heap")
+    parser.add_argument("--json", type=Path, default=None, help="write every sample and the summary here")
+    parser.add_argument(
+        "--clock",
+        choices=["cpu", "wall"],
+        default="cpu",
+        help="time the ratios use: cpu (default; on a shared machine wall time also counts the wait for a core)",
+    )
+    parser.add_argument("--serve", choices=["ours", "ours_default_heap", "floor", "naive"], help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        _worker(args.worker, args.workdir, args.rounds)
+    atlas = args.workdir / "atlas"
+    if args.serve:
+        _serve(args.serve, atlas)
         return
-
-    from emrl_data.synthetic import bench_spec, write_atlas
-
-    if not (args.workdir / "atlas").is_dir():
-        print(f"writing the 512x512x300 bench case to {args.workdir / 'atlas'} ...", flush=True)
-        write_atlas(args.workdir / "atlas", [bench_spec()], metadata_csv=False, split_files=False)
-    results = {}
-    for kind, repeats in (("floor", args.rounds), ("ours", args.rounds), ("naive", 1)):
-        print(f"measuring {kind} ...", flush=True)
-        results[kind] = _measure(kind, args.workdir, repeats)
-    med = {k: statistics.median(v["times"]) for k, v in results.items()}
-    print()
-    print("| variant | s/case (median) | vs floor | peak RSS (MB) |")
-    print("|---|---:|---:|---:|")
-    for kind in ("floor", "ours", "naive"):
-        print(f"| {kind} | {med[kind]:.3f} | {med[kind] / med['floor']:.2f}x | {results[kind]['peak_rss_mb']:.0f} |")
-    print()
-    print(f"ours / floor = {med['ours'] / med['floor']:.2f}x (target <= 1.5x)")
-    print(f"naive / ours = {med['naive'] / med['ours']:.1f}x (target >= 15x)")
-    print(f"ours peak RSS = {results['ours']['peak_rss_mb']:.0f} MB (target <= 1024 MB)")
+    sys.path.insert(0, str(ROOT))
+    write_cases(atlas)
+    run = measure(atlas, args.rounds, args.compare_heap)
+    summary = summarise(run["samples"], "cpu_s" if args.clock == "cpu" else "seconds")
+    print_table(summary, run["samples"])
+    if args.json:
+        args.json.write_text(json.dumps({**run, "summary": summary}, indent=1))
+    print(
+        f"ours/fair_floor={summary['ours/fair_floor']:.2f}x naive/ours={summary['naive/ours']:.1f}x "
+        f"peak_rss_mb={summary['peak_rss_mb']:.0f}"
+    )
 
 
 if __name__ == "__main__":

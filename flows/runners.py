@@ -17,6 +17,14 @@ task_runner='"process"'`) and build the runner with `make_task_runner` inside th
 - `ray`: `prefect_ray.RayTaskRunner` (extra `pip install -e ".[ray]"`): a local Ray with `max_workers` CPUs, or an
   existing cluster with `address="ray://head:10001"`.
 
+Heap reuse (issue 10): every worker keeps its freed heap instead of handing it back to the OS, so the next case's
+1.5 GB of inflated volumes land in pages that are already mapped (first-touch page faults cost more than the
+inflate itself on a VM). `reuse_heap` sets glibc's malloc through `mallopt` and is applied when the runner starts its
+workers: in the flow process for `thread` (with one malloc arena: a worker thread in its own arena gets every big
+buffer from a fresh `mmap` whatever the other settings), as the process pool's `initializer` for `process`, through
+the Nanny's environment plus a worker plugin for `dask`, and through `runtime_env` environment variables for `ray`.
+`HEAP_ENV` holds the same settings as `MALLOC_*` variables for workers started by hand (`dask worker`, `ray start`).
+
 Runners that leave the flow's process (`process`, `dask`, `ray`) need the case store and any persisted task results
 on storage every worker can reach: see `docs/scaling.md`.
 
@@ -27,6 +35,8 @@ hosts and processes ran its tasks: check a cluster with it before sending it the
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import importlib
 import json
 import logging
@@ -37,6 +47,7 @@ from typing import Any
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
+from prefect.settings import get_current_settings
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
 
@@ -50,8 +61,63 @@ _EXTERNAL_RUNNERS = {
 }
 
 
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -2, -4, -8
+HEAP_TRIM_THRESHOLD_BYTES = 2**31 - 1  # the largest value mallopt takes (an int): never trim the heap top
+HEAP_TOP_PAD_BYTES = 64 * 2**20  # grow the heap in 64 MiB steps (fewer brk calls for 78-157 MB buffers)
+# The same settings as environment variables, read by glibc when a process starts (workers started by hand, Dask's
+# Nanny, Ray's runtime_env). They also override Dask's default MALLOC_TRIM_THRESHOLD_=65536, which trims eagerly.
+HEAP_ENV = {
+    "MALLOC_ARENA_MAX": "1",
+    "MALLOC_MMAP_MAX_": "0",
+    "MALLOC_TRIM_THRESHOLD_": str(HEAP_TRIM_THRESHOLD_BYTES),
+    "MALLOC_TOP_PAD_": str(HEAP_TOP_PAD_BYTES),
+}
+_heap_reused = False
+
+
 class TaskRunnerUnavailableError(ImportError):
     """The chosen task runner's integration package is not installed."""
+
+
+def reuse_heap(single_arena: bool = True) -> bool:
+    """Make this process's malloc keep and reuse its freed memory (glibc `mallopt`); call it at worker start.
+
+    Sets: no `mmap` for big blocks (`M_MMAP_MAX=0`: they come from the heap and go back to it when freed), never
+    trim the heap top (`M_TRIM_THRESHOLD`), grow it in `HEAP_TOP_PAD_BYTES` steps, and with `single_arena` at most
+    one arena (`M_ARENA_MAX=1`), so threads started afterwards share the main heap; a thread in an arena of its own
+    gets every block above 64 MiB from a fresh `mmap` whatever the rest says. The price: the process keeps its peak
+    heap (about one case's working set) mapped until it exits, which is what a worker that curates case after case
+    wants. Safe to call more than once.
+
+    Args:
+        single_arena: also limit malloc to one arena (right for thread workers and for worker processes that run
+            tasks in threads, e.g. Dask's).
+
+    Returns:
+        True when the settings were applied; False where malloc is not glibc's (macOS, musl), nothing changed.
+    """
+    global _heap_reused
+    libc_path = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(libc_path)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    if not hasattr(libc, "gnu_get_libc_version"):  # mallopt's parameter numbers are glibc's
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    settings = [(_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, HEAP_TRIM_THRESHOLD_BYTES), (_M_TOP_PAD, HEAP_TOP_PAD_BYTES)]
+    if single_arena:
+        settings.append((_M_ARENA_MAX, 1))
+    applied = all(mallopt(param, value) == 1 for param, value in settings)
+    _heap_reused = _heap_reused or applied
+    return applied
+
+
+def heap_reused() -> bool:
+    """Return whether `reuse_heap` has applied its settings in this process."""
+    return _heap_reused
 
 
 def make_task_runner(kind: str, max_workers: int, *, address: str | None = None) -> TaskRunner:
@@ -79,17 +145,63 @@ def make_task_runner(kind: str, max_workers: int, *, address: str | None = None)
     if address is not None and kind not in _EXTERNAL_RUNNERS:
         raise ValueError(f"address={address!r} only applies to the dask and ray runners, not {kind!r}.")
     if kind == "thread":
-        return ThreadPoolTaskRunner(max_workers=max_workers)
+        return HeapReuseThreadPoolTaskRunner(max_workers=max_workers)
     if kind == "process":
-        return ProcessPoolTaskRunner(max_workers=max_workers)
-    runner_class = _runner_class(kind)
+        return ProcessPoolTaskRunner(max_workers=max_workers, initializer=reuse_heap)
     if kind == "dask":
-        if address is not None:
-            return runner_class(address=address)
-        return runner_class(cluster_kwargs={"n_workers": max_workers, "threads_per_worker": 1, "processes": True})
+        return _dask_runner_class()(**dask_runner_kwargs(max_workers, address))
+    return _runner_class(kind)(**ray_runner_kwargs(max_workers, address))
+
+
+def dask_runner_kwargs(max_workers: int, address: str | None) -> dict[str, Any]:
+    """Arguments of the Dask runner: a local cluster of single-threaded worker processes whose Nannies start them
+    with `HEAP_ENV`, or an existing scheduler (there the worker plugin applies `reuse_heap`)."""
     if address is not None:
-        return runner_class(address=address)
-    return runner_class(init_kwargs={"num_cpus": max_workers, "include_dashboard": False})
+        return {"address": address}
+    cluster = {
+        "n_workers": max_workers,
+        "threads_per_worker": 1,
+        "processes": True,
+        "host": "127.0.0.1",  # a local cluster listens on loopback only
+        "dashboard_address": None,  # no dashboard port (and no bokeh needed)
+        # the workers' environment: the heap settings and this process's Prefect settings (API URL, result storage),
+        # as the process pool passes them, so workers report to the flow's API instead of starting their own server
+        "env": {**get_current_settings().to_environment_variables(exclude_unset=True), **HEAP_ENV},
+    }
+    return {"cluster_kwargs": cluster}
+
+
+def ray_runner_kwargs(max_workers: int, address: str | None) -> dict[str, Any]:
+    """Arguments of the Ray runner: every worker process starts with `HEAP_ENV` (the job's `runtime_env`)."""
+    init_kwargs: dict[str, Any] = {"runtime_env": {"env_vars": dict(HEAP_ENV)}}
+    if address is not None:
+        return {"address": address, "init_kwargs": init_kwargs}
+    return {"init_kwargs": {**init_kwargs, "num_cpus": max_workers, "include_dashboard": False}}
+
+
+class HeapReuseThreadPoolTaskRunner(ThreadPoolTaskRunner):
+    """`ThreadPoolTaskRunner` that applies `reuse_heap(single_arena=True)` to the flow process when it starts."""
+
+    def __enter__(self) -> HeapReuseThreadPoolTaskRunner:
+        reuse_heap(single_arena=True)
+        super().__enter__()
+        return self
+
+
+def _dask_runner_class() -> type[TaskRunner]:
+    base: Any = _runner_class("dask")
+
+    class HeapReuseDaskTaskRunner(base):  # type: ignore[misc, valid-type]
+        """`DaskTaskRunner` that runs `reuse_heap` on every worker of the cluster when it starts (a local cluster's
+        workers also start with `HEAP_ENV`; on a cluster started by hand, export `HEAP_ENV` on the workers so that
+        workers joining later get it too)."""
+
+        def __enter__(self) -> Any:
+            super().__enter__()
+            self.client.run(reuse_heap, True)
+            return self
+
+    return HeapReuseDaskTaskRunner
 
 
 def runner_available(kind: str) -> bool:
@@ -119,9 +231,16 @@ def _runner_class(kind: str) -> type[TaskRunner]:
 
 @task(cache_policy=NO_CACHE)
 def where_task(index: int, seconds: float) -> dict[str, Any]:
-    """Sleep `seconds`, then return where this task ran (host, process id) and its index."""
+    """Sleep `seconds`, then return where this task ran (host, process id), its index and whether the worker's heap
+    is set for reuse (`heap_reused`, and the `MALLOC_ARENA_MAX` it was started with)."""
     time.sleep(seconds)
-    return {"index": index, "host": socket.gethostname(), "pid": os.getpid()}
+    return {
+        "index": index,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "heap_reused": heap_reused(),
+        "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX"),
+    }
 
 
 @flow(name="task-runner-smoke")

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import logging
+import struct
+import zlib
 
 import cv2
 import numpy as np
 import pytest
 
+from emrl_data import frames as frames_module
 from emrl_data.config import FrameConfig
 from emrl_data.frames import (
     FrameSet,
@@ -15,6 +19,7 @@ from emrl_data.frames import (
     box_vox_to_px,
     build_frames,
     crop_box_xy,
+    encode_png_gray8,
     render_frames,
     select_frame_z,
     vox_to_px,
@@ -332,3 +337,83 @@ def test_build_frames_lesion_box_outside_crop_is_a_case_error() -> None:
 
 
 # draw_contact_sheet: tests/emrl_data/test_contact_sheet.py
+def _previous_png(image: np.ndarray) -> bytes:
+    """The encoder `render_frames` used before: libpng through OpenCV at compression level 1."""
+    ok, buf = cv2.imencode(".png", image, [cv2.IMWRITE_PNG_COMPRESSION, 1])
+    assert ok
+    return buf.tobytes()
+
+
+def _constructed_frames() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(7)
+    ramp = np.add.outer(np.arange(448), np.arange(448)).astype(np.uint8)  # wraps 255 -> 0 along rows and columns
+    steps = np.zeros((448, 448), dtype=np.uint8)
+    steps[::2] = 255  # every row differs from the one above by 255 (mod 256: the Up filter's extreme)
+    return {
+        "noise_448": rng.integers(0, 256, size=(448, 448), dtype=np.uint8),
+        "ramp_wraps": ramp,
+        "alternating_rows": steps,
+        "black": np.zeros((448, 448), dtype=np.uint8),
+        "white": np.full((448, 448), 255, dtype=np.uint8),
+        "one_pixel": np.array([[200]], dtype=np.uint8),
+        "one_row": rng.integers(0, 256, size=(1, 37), dtype=np.uint8),
+        "one_column": rng.integers(0, 256, size=(29, 1), dtype=np.uint8),
+        "non_square": rng.integers(0, 256, size=(40, 64), dtype=np.uint8),
+        "strided_view": rng.integers(0, 256, size=(96, 90), dtype=np.uint8)[::2, ::3],
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_constructed_frames()))
+@pytest.mark.parametrize("level", [0, 1, 3, 9])
+def test_png_decodes_to_the_same_pixels_as_the_previous_encoder(name: str, level: int) -> None:
+    from PIL import Image
+
+    image = _constructed_frames()[name]
+    png = encode_png_gray8(image, level=level)
+    assert _ihdr_depth_and_colour(png) == (8, 0)
+    before = _decode_gray(_previous_png(image))
+    after = _decode_gray(png)
+    assert after.dtype == np.uint8 and after.shape == image.shape
+    assert np.array_equal(after, before) and np.array_equal(after, image)
+    # a second, independent decoder (Pillow checks every chunk CRC) agrees
+    pil = Image.open(io.BytesIO(png))
+    pil.load()
+    assert pil.mode == "L" and np.array_equal(np.asarray(pil), image)
+    assert encode_png_gray8(image, level=level) == png  # deterministic
+
+
+def test_png_chunks_are_well_formed() -> None:
+    png = encode_png_gray8(np.arange(12, dtype=np.uint8).reshape(3, 4))
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, kinds = 8, []
+    while pos < len(png):
+        (length,) = struct.unpack(">I", png[pos : pos + 4])
+        kind, data = png[pos + 4 : pos + 8], png[pos + 8 : pos + 8 + length]
+        (crc,) = struct.unpack(">I", png[pos + 8 + length : pos + 12 + length])
+        assert crc == zlib.crc32(kind + data)
+        kinds.append(kind)
+        pos += 12 + length
+    assert pos == len(png) and kinds == [b"IHDR", b"IDAT", b"IEND"]
+    assert struct.unpack(">II", png[16:24]) == (4, 3)  # width, height
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [np.zeros((4, 4), dtype=np.int16), np.zeros((4, 4, 3), dtype=np.uint8), np.zeros((0, 4), dtype=np.uint8)],
+)
+def test_png_refuses_what_it_cannot_encode(bad: np.ndarray) -> None:
+    with pytest.raises(ValueError, match="2-D uint8"):
+        encode_png_gray8(bad)
+
+
+def test_rendered_frames_match_the_previous_encoder_pixel_for_pixel(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(3)
+    ct = rng.integers(-1200, 1500, size=(60, 50, 4), dtype=np.int16)
+    ct[10:30, 5:25] = 40  # flat parenchyma-like patch next to the noise
+    args = (ct, [0, 1, 3], (-6, 2, 58, 66))
+    now = render_frames(*args, cfg=FrameConfig())
+    monkeypatch.setattr(frames_module, "encode_png_gray8", lambda image, level: _previous_png(image))
+    before = render_frames(*args, cfg=FrameConfig())
+    assert now != before  # the bytes changed once ...
+    for png_now, png_before in zip(now, before, strict=True):
+        assert np.array_equal(_decode_gray(png_now), _decode_gray(png_before))  # ... the pixels did not
