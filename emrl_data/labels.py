@@ -192,7 +192,7 @@ def label_organ(
             mask has no voxel (or no voxel outside the lesions), `LESION_OUTSIDE_ORGAN` when less than
             `cfg.min_lesion_inside_fraction` of the lesion voxels lie inside the organ dilated by one voxel,
             `IMPLAUSIBLE_ORGAN_HU` (organ-level, naming the organ's files) when the mean HU of the parenchyma is
-            outside the organ's window (`emrl_data.placement.ORGAN_MEAN_HU_WINDOWS`).
+            outside the organ's window (`OrganSpec.mean_hu_window`).
         ValueError: the CT is not 3-D, a spacing is not positive, or a mask is not on the CT grid.
     """
     ct = source.ct_hu
@@ -323,7 +323,7 @@ def _check_organ_hu(source: MaskSource, organ: Organ, files: tuple[str, ...], pa
     """Refuse this organ (only) when its parenchyma's mean HU is outside the organ's window.
 
     notes/atlas.md §1.4: always sanity-check the HU inside the organ. The window table is
-    `emrl_data.placement.ORGAN_MEAN_HU_WINDOWS`, the one the placement evidence uses too.
+    `OrganSpec.mean_hu_window`, the one the placement evidence uses too.
 
     Raises:
         CaseDataError: `IMPLAUSIBLE_ORGAN_HU` with `organ` set and `path` naming the organ's mask file(s).

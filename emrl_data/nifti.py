@@ -34,9 +34,10 @@ import numpy as np
 from nibabel.orientations import inv_ornt_aff, io_orientation
 from nibabel.spatialimages import HeaderDataError
 
-from emrl_data.atlas import ORGAN_STRUCTURES, CaseRef
+from emrl_data.atlas import CaseRef
 from emrl_data.config import LoadConfig
 from emrl_data.inflate import read_payload
+from emrl_data.organs import ORGAN_STRUCTURES
 from emrl_data.outcome import CaseDataError, RejectReason
 from emrl_data.placement import BodyEvidence, mini_body_box, verify_organ_mask
 
@@ -57,8 +58,12 @@ _MAX_LISTED_VALUES = 10
 # NIfTI xyzt_units spatial codes -> factor to millimetres (0 = unknown, taken as mm like ITK does).
 _SPATIAL_UNIT_TO_MM = {0: 1.0, 1: 1000.0, 2: 1.0, 3: 0.001}
 _INT16_MIN, _INT16_MAX = -32768, 32767
+
+
 # Organ mask file -> the organ row it belongs to: these masks are verified against the CT's evidence when placed.
-_ORGAN_OF_MASK: dict[str, str] = {m: str(o) for o, s in ORGAN_STRUCTURES.items() for m in s.organ_masks}
+def _organ_of_mask(structure: str) -> str | None:
+    """The registered organ whose mask files include `structure` (None for lesions and sub-structures)."""
+    return next((str(o) for o, spec in ORGAN_STRUCTURES.items() if structure in spec.organ_masks), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +228,7 @@ class CaseImages:
         else:
             stored, how = _place_on_grid(vol.data, vol.affine, ct_shape, self._ct.affine, rel), "by the headers"
         del vol
-        organ = _ORGAN_OF_MASK.get(structure)
+        organ = _organ_of_mask(structure)
         if organ is not None:
             if self._evidence is None:
                 self._evidence = BodyEvidence(self._ct.data, self._ct.affine)

@@ -155,6 +155,11 @@ class OrganSpec:
         csv: the organ's metadata-CSV columns.
         plausible_volume_cm3: plausible adult organ volume (low, high); outside -> a `qa_flags` entry, never a
             rejection (docs/decisions.md). Default: no bounds.
+        mean_hu_window: plausible mean HU over the organ mask (lesions included) or its parenchyma, any phase: a
+            mask whose mean falls outside is not on this organ (`emrl_data.placement`, `emrl_data.labels`).
+            Default: a generic soft-tissue window.
+        mask_sides: organ mask file -> the side of the body's midline its centroid must lie on ("right"/"left",
+            the patient's); files not listed have no expected side.
     """
 
     name: str
@@ -179,6 +184,8 @@ class OrganSpec:
     location_words: tuple[tuple[str, tuple[str, ...]], ...] = ()
     csv: CsvColumns
     plausible_volume_cm3: tuple[float, float] = (0.0, math.inf)
+    mean_hu_window: tuple[float, float] = (-100.0, 300.0)
+    mask_sides: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name or self.name != self.name.strip().lower():
@@ -221,6 +228,8 @@ _BUILT_IN: tuple[OrganSpec, ...] = (
         lesion_fallbacks=("liver_tumor", "liver_cyst", "hepatic_tumor", "hepatic_cyst"),
         lesion_prefixes=("liver", "hepatic"),
         plausible_volume_cm3=(500.0, 5000.0),
+        mean_hu_window=(-60.0, 250.0),  # severe steatosis ~-50 HU unenhanced; arterial/portal phases < ~200
+        mask_sides=(("liver", "right"),),  # situs inversus (~1 in 10,000) is refused: docs/decisions.md
         parts=tuple((f"liver_segment_{i}", str(i)) for i in range(1, 9)),
         display="liver",
         adjective="liver",
@@ -251,6 +260,7 @@ _BUILT_IN: tuple[OrganSpec, ...] = (
         ),
         lesion_prefixes=("pancreas", "pancreatic"),
         plausible_volume_cm3=(15.0, 300.0),
+        mean_hu_window=(-80.0, 250.0),  # fatty replacement reaches about -60
         parts=(("pancreas_head", "head"), ("pancreas_body", "body"), ("pancreas_tail", "tail")),
         display="pancreas",
         adjective="pancreatic",
@@ -272,6 +282,8 @@ _BUILT_IN: tuple[OrganSpec, ...] = (
         lesion_fallbacks=("kidney_tumor", "kidney_cyst", "renal_tumor", "renal_cyst"),
         lesion_prefixes=("kidney", "renal"),
         plausible_volume_cm3=(60.0, 900.0),  # both kidneys together; one kidney (nephrectomy) stays above 60
+        mean_hu_window=(-30.0, 400.0),  # excretory phase cortex and collecting system can average ~300
+        mask_sides=(("kidney_left", "left"), ("kidney_right", "right")),
         parts=(("kidney_left", "left"), ("kidney_right", "right")),
         single_location=True,
         display="kidneys",

@@ -8,8 +8,8 @@ offset-free crop from a true origin. This module holds the evidence:
   affine but are smaller;
 - `BodyEvidence`: a hole-filled body on a subsampled grid plus the CT, against which an organ mask placed on the
   CT grid is checked: >= `min_body_fraction` of its voxels on the body, its mean HU inside the organ's window
-  (`ORGAN_MEAN_HU_WINDOWS`, the one table also used by `emrl_data.labels`), and on the expected side of the
-  patient (`STRUCTURE_SIDE`). When the stored mask fails and one of its mirror images passes, the file is
+  (`OrganSpec.mean_hu_window` in the organ registry, also used by `emrl_data.labels`), and on the expected side of
+  the patient (`OrganSpec.mask_sides`). When the stored mask fails and one of its mirror images passes, the file is
   refused as `mask_orientation_conflict` rather than guessed.
 
 All arrays here are in the CT's storage order `(I, J, K)`; world coordinates are NIfTI RAS+ mm (world +x points
@@ -25,28 +25,9 @@ import cc3d
 import numpy as np
 from nibabel.orientations import io_orientation
 
+from emrl_data.organs import organ_spec
 from emrl_data.outcome import CaseDataError, RejectReason
 
-
-# Mean HU over a whole organ mask (lesions included) or its parenchyma, any phase: a mask whose mean falls outside
-# is not on that organ. Liver: severe steatosis reaches about -50 HU unenhanced, hepatic arterial/portal phases
-# stay below ~200; pancreas: fatty replacement reaches about -60; kidney: excretory phase cortex and collecting
-# system can average ~300; spleen like liver. Unknown organs get the generic soft-tissue window.
-ORGAN_MEAN_HU_WINDOWS: dict[str, tuple[float, float]] = {
-    "liver": (-60.0, 250.0),
-    "pancreas": (-80.0, 250.0),
-    "kidney": (-30.0, 400.0),
-    "spleen": (-30.0, 300.0),
-}
-DEFAULT_MEAN_HU_WINDOW: tuple[float, float] = (-100.0, 300.0)
-
-# Which side of the body's midline (world RAS+ x, +x = patient's right) an organ mask's centroid must lie on. Situs inversus (about 1 in 10,000) is refused as a conflict: documented in decisions.md.
-STRUCTURE_SIDE: dict[str, str] = {
-    "liver": "right",
-    "spleen": "left",
-    "kidney_left": "left",
-    "kidney_right": "right",
-}
 
 _MINI_CLIP_HU = 1000
 _MINI_BAND_HU = (-100, 100)  # exclusive bounds, as OncoKit's `standardization`
@@ -57,8 +38,13 @@ _SIDE_MARGIN_MM = 10.0  # a centroid closer than this to the body's midline has 
 
 
 def organ_hu_window(organ: str) -> tuple[float, float]:
-    """Return the plausible (low, high) mean HU of `organ` (e.g. "liver"); the generic window if unknown."""
-    return ORGAN_MEAN_HU_WINDOWS.get(organ, DEFAULT_MEAN_HU_WINDOW)
+    """Return the plausible (low, high) mean HU of a registered `organ` (e.g. "liver"): `OrganSpec.mean_hu_window`."""
+    return organ_spec(organ).mean_hu_window
+
+
+def expected_side(organ: str, structure: str) -> str | None:
+    """Return "right"/"left" where the organ's mask file `structure` must lie (`OrganSpec.mask_sides`), else None."""
+    return dict(organ_spec(organ).mask_sides).get(structure)
 
 
 def mini_body_box(ct: np.ndarray) -> tuple[slice, slice, slice] | None:
@@ -97,7 +83,7 @@ class MaskScore:
             out.append(f"{100 * self.body_fraction:.1f} % of its voxels on the body (< {100 * min_body_fraction:g} %)")
         if not low <= self.mean_hu <= high:
             out.append(f"mean HU {self.mean_hu:.0f} outside the {organ} window [{low:.0f}, {high:.0f}]")
-        expected = STRUCTURE_SIDE.get(structure)
+        expected = expected_side(organ, structure)
         if expected and self.side and self.side != expected:
             out.append(f"centroid on the patient's {self.side}, expected {expected}")
         return out

@@ -622,7 +622,7 @@ def test_label_organ_accepts_int8_masks() -> None:
     ("organ_hu", "rejected"),
     [
         (-1000, True),  # the mask lies on air: misplaced
-        (-61, True),  # just below the liver window (emrl_data.placement.ORGAN_MEAN_HU_WINDOWS)
+        (-61, True),  # just below the liver window (OrganSpec.mean_hu_window)
         (-60, False),  # severe steatosis is still plausible
         (60, False),  # an ordinary liver
         (250, False),  # upper edge of the liver window
