@@ -207,8 +207,8 @@ class CaseImages:
             the case has no file for `structure`.
 
         Raises:
-            CaseDataError: any `read_nifti` reason for the mask file; MASK_GRID_MISMATCH (whole case) when it
-                cannot be placed or lies off the body; MASK_ORIENTATION_CONFLICT or IMPLAUSIBLE_ORGAN_HU (with
+            CaseDataError: any `read_nifti` reason for the mask file; MASK_GRID_MISMATCH when it cannot be placed
+                or lies off the body (whole case; only its organ when the file has the CT's own shape); MASK_ORIENTATION_CONFLICT or IMPLAUSIBLE_ORGAN_HU (with
                 `organ` set) when an organ mask fails the CT's evidence. The detail and `path` name the file.
         """
         path = self._ref.structure_path(structure)
@@ -240,6 +240,7 @@ class CaseImages:
                 name=rel,
                 how=how,
                 min_body_fraction=self._cfg.min_body_fraction,
+                same_grid=how == "voxel for voxel",
             )
         return self._orientation.apply(stored)
 

@@ -182,6 +182,7 @@ def verify_organ_mask(
     name: str,
     how: str,
     min_body_fraction: float,
+    same_grid: bool = False,
 ) -> None:
     """Check an organ mask placed on the CT grid against the CT's evidence; raise when it does not fit.
 
@@ -193,12 +194,14 @@ def verify_organ_mask(
         name: the file, relative to the atlas root (messages and `CaseDataError.path`).
         how: how it was placed ("voxel for voxel", "by the headers", "at the Mini body crop"), for messages.
         min_body_fraction: share of the mask's voxels that must lie on the body.
+        same_grid: the mask file has the CT's own shape (taken voxel for voxel): an off-body mask is then a defect
+            of that file, not of the grid, and costs only its organ.
 
     Raises:
         CaseDataError: MASK_ORIENTATION_CONFLICT (organ-level) when the stored placement fails the geometric
             evidence (off the body, or centroid on the wrong side) and a mirror image along a stored axis fits all
-            of it, or when the centroid is on the wrong side and no mirror fits; MASK_GRID_MISMATCH (whole case)
-            when the mask is off the body and no mirror fits; IMPLAUSIBLE_ORGAN_HU (organ-level) when only the
+            of it, or when the centroid is on the wrong side and no mirror fits; MASK_GRID_MISMATCH when the mask
+            is off the body and no mirror fits (organ-level when `same_grid`, else the whole case); IMPLAUSIBLE_ORGAN_HU (organ-level) when only the
             mean HU is implausible (no mirror search: an odd HU alone says nothing about orientation).
     """
     stored = evidence.score(mask)
@@ -221,7 +224,12 @@ def verify_organ_mask(
                 organ=organ,
             )
     if stored.body_fraction < min_body_fraction:
-        raise CaseDataError(RejectReason.MASK_GRID_MISMATCH, f"{said}: not on this CT's grid", path=name)
+        raise CaseDataError(
+            RejectReason.MASK_GRID_MISMATCH,
+            f"{said}: not on this CT" if same_grid else f"{said}: not on this CT's grid",
+            path=name,
+            organ=organ if same_grid else None,
+        )
     if geometric:
         raise CaseDataError(RejectReason.MASK_ORIENTATION_CONFLICT, said, path=name, organ=organ)
     raise CaseDataError(RejectReason.IMPLAUSIBLE_ORGAN_HU, said, path=name, organ=organ)

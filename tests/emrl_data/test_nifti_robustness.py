@@ -346,8 +346,9 @@ def test_clean_phantom_organ_masks_fit_the_evidence(phantom: tuple[Path, CaseRef
         ("mirror_liver", RejectReason.MASK_ORIENTATION_CONFLICT, "liver", "liver.nii.gz"),
         # kidney files swapped: each kidney mask lies on the other side
         ("swap_kidneys", RejectReason.MASK_ORIENTATION_CONFLICT, "kidney", "kidney_left.nii.gz"),
-        # a stale liver mask shifted into the air in front of the patient
-        ("liver_in_air", RejectReason.MASK_GRID_MISMATCH, None, "liver.nii.gz"),
+        # a stale liver mask shifted into the air in front of the patient; it has the CT's own shape, so the grid
+        # is fine and only the liver row is lost (a mask on another grid off the body rejects the case)
+        ("liver_in_air", RejectReason.MASK_GRID_MISMATCH, "liver", "liver.nii.gz"),
         # the CT's pancreas region reads 400 HU
         ("pancreas_400_hu", RejectReason.IMPLAUSIBLE_ORGAN_HU, "pancreas", "pancreas.nii.gz"),
     ],
