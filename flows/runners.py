@@ -43,6 +43,7 @@ import logging
 import os
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, task
@@ -229,10 +230,27 @@ def _runner_class(kind: str) -> type[TaskRunner]:
     return getattr(module, class_name)
 
 
+def _meet(rendezvous_dir: str, peers: int, timeout_s: float = 120.0) -> None:
+    """Leave this process's id in `rendezvous_dir`, then wait until `peers` distinct processes have left theirs.
+
+    Makes "the tasks ran in N processes" a fact the tasks establish, not a race won by sleeping long enough.
+    """
+    folder = Path(rendezvous_dir)
+    (folder / str(os.getpid())).touch()
+    deadline = time.monotonic() + timeout_s
+    while len(list(folder.iterdir())) < peers:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(list(folder.iterdir()))} of {peers} worker processes met in {timeout_s} s")
+        time.sleep(0.01)
+
+
 @task(cache_policy=NO_CACHE)
-def where_task(index: int, seconds: float) -> dict[str, Any]:
-    """Sleep `seconds`, then return where this task ran (host, process id), its index and whether the worker's heap
-    is set for reuse (`heap_reused`, and the `MALLOC_ARENA_MAX` it was started with)."""
+def where_task(index: int, seconds: float, rendezvous_dir: str | None = None, peers: int = 0) -> dict[str, Any]:
+    """Sleep `seconds` (or meet `peers` other worker processes in `rendezvous_dir`), then return where this task ran
+    (host, process id), its index and whether the worker's heap is set for reuse (`heap_reused`, and the
+    `MALLOC_ARENA_MAX` it was started with)."""
+    if rendezvous_dir is not None:
+        _meet(rendezvous_dir, peers)
     time.sleep(seconds)
     return {
         "index": index,
@@ -245,7 +263,12 @@ def where_task(index: int, seconds: float) -> dict[str, Any]:
 
 @flow(name="task-runner-smoke")
 def runner_smoke_flow(
-    kind: str = "thread", max_workers: int = 2, n_tasks: int = 4, seconds: float = 0.2, address: str | None = None
+    kind: str = "thread",
+    max_workers: int = 2,
+    n_tasks: int = 4,
+    seconds: float = 0.2,
+    address: str | None = None,
+    rendezvous_dir: str | None = None,
 ) -> dict[str, Any]:
     """Run `n_tasks` tiny tasks on the chosen runner and report which hosts and processes ran them.
 
@@ -255,6 +278,9 @@ def runner_smoke_flow(
         n_tasks: tasks to submit.
         seconds: how long each task sleeps.
         address: an existing Dask/Ray cluster, see `make_task_runner`.
+        rendezvous_dir: an empty folder on a file system every worker sees: each task first waits there until
+            `min(n_tasks, max_workers)` distinct processes have arrived (proves the runner's parallelism without
+            relying on timing).
 
     Returns:
         `{"kind", "tasks": [{"index", "host", "pid"}, ...] in index order, "pids": distinct task process ids
@@ -262,7 +288,10 @@ def runner_smoke_flow(
     """
     started = time.perf_counter()
     with make_task_runner(kind, max_workers, address=address) as runner:
-        futures = [runner.submit(where_task, parameters={"index": i, "seconds": seconds}) for i in range(n_tasks)]
+        meet = {"rendezvous_dir": rendezvous_dir, "peers": min(n_tasks, max_workers)} if rendezvous_dir else {}
+        futures = [
+            runner.submit(where_task, parameters={"index": i, "seconds": seconds, **meet}) for i in range(n_tasks)
+        ]
         results = [future.result() for future in futures]
     return {
         "kind": kind,

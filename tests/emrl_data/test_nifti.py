@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -453,15 +452,13 @@ def test_read_nifti_absurd_dims_refused_before_allocating(tmp_path: Path) -> Non
     hdr = _header((100000, 100000, 100000), np.int16, cls=nib.Nifti2Header)
     path = _save_raw(tmp_path / "ct.nii.gz", hdr, bytes(64))
     tracemalloc.start()
-    start = time.perf_counter()
     try:
         with pytest.raises(CaseDataError) as excinfo:
             read_nifti(path, role="ct")
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert time.perf_counter() - start < 1.0
-    assert peak < 1_000_000
+    assert peak < 1_000_000  # refused from the header: nothing near the claimed 2 TB was allocated
     _assert_rejected(excinfo, RejectReason.ABSURD_SIZE, "ct.nii.gz")
 
 

@@ -145,8 +145,9 @@ def test_thread_runner_runs_in_the_flow_process(prefect_harness) -> None:
     assert all(t["heap_reused"] for t in report["tasks"])  # applied to the flow process when the runner started
 
 
-def test_process_runner_uses_two_worker_processes(prefect_harness) -> None:
-    report = runner_smoke_flow(kind="process", max_workers=2, n_tasks=4, seconds=0.5)
+def test_process_runner_uses_two_worker_processes(prefect_harness, tmp_path: Path) -> None:
+    # The first two tasks wait for each other in a rendezvous folder: two worker processes, whatever the load.
+    report = runner_smoke_flow(kind="process", max_workers=2, n_tasks=4, seconds=0.0, rendezvous_dir=str(tmp_path))
     assert [t["index"] for t in report["tasks"]] == [0, 1, 2, 3]
     assert len(report["pids"]) == 2, report
     assert os.getpid() not in report["pids"]

@@ -15,8 +15,9 @@ So this server speaks the real protocol over HTTP and runs the tiny checkpoint t
   request (bad JSON, unsupported part, undecodable image, `n != 1`, streaming), 401 missing/wrong bearer key (only
   when `EMRL_TEST_SERVER_API_KEY` is set), 404 unknown model, 500 generation failure.
 * `GET /v1/models`, `GET /health`.
-* Test controls (not OpenAI): `POST /_test/control {"faults": [503, 400, ...], "delay_s": 0.5}` makes the next
-  requests answer those status codes (one each) and every request wait `delay_s` first; `GET /_test/stats` returns
+* Test controls (not OpenAI): `POST /_test/control {"faults": [503, 400, ...], "delay_s": 0.5, "hold_until_in_flight": 3}` makes the
+  next requests answer those status codes (one each), every request wait until that many requests have been in
+  flight at once (a barrier, 60 s at most), then `delay_s`; `GET /_test/stats` returns
   `{"requests", "in_flight", "max_in_flight"}`; `POST /_test/reset` clears both.
 
     python -m tests.inference.openai_server --model-path DIR --port-file FILE [--served-model-name tiny]
@@ -117,7 +118,9 @@ def parse_messages(messages: Any) -> tuple[str, list[bytes]]:
 def create_app(backend: InferenceBackend, served_model_name: str) -> FastAPI:
     """Return the FastAPI app serving `backend` (a `TransformersBackend`) as `served_model_name`."""
     app = FastAPI()
-    state: dict[str, Any] = {"requests": 0, "in_flight": 0, "max_in_flight": 0, "faults": [], "delay_s": 0.0}
+    state: dict[str, Any] = {
+        "requests": 0, "in_flight": 0, "max_in_flight": 0, "faults": [], "delay_s": 0.0, "hold_until": 0
+    }  # fmt: skip
     lock = threading.Lock()
     api_key = os.environ.get(API_KEY_ENV) or None
 
@@ -138,12 +141,13 @@ def create_app(backend: InferenceBackend, served_model_name: str) -> FastAPI:
         with lock:
             state["faults"] = [int(c) for c in body.get("faults", [])]
             state["delay_s"] = float(body.get("delay_s", 0.0))
+            state["hold_until"] = int(body.get("hold_until_in_flight", 0))
         return {"ok": True}
 
     @app.post("/_test/reset")
     def reset() -> dict[str, Any]:
         with lock:
-            state.update(requests=0, in_flight=0, max_in_flight=0, faults=[], delay_s=0.0)
+            state.update(requests=0, in_flight=0, max_in_flight=0, faults=[], delay_s=0.0, hold_until=0)
         return {"ok": True}
 
     @app.get("/_test/stats")
@@ -160,6 +164,7 @@ def create_app(backend: InferenceBackend, served_model_name: str) -> FastAPI:
             fault = state["faults"].pop(0) if state["faults"] else None
             delay = state["delay_s"]
         try:
+            _hold(state["hold_until"])
             if delay:
                 time.sleep(delay)
             if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
@@ -170,6 +175,15 @@ def create_app(backend: InferenceBackend, served_model_name: str) -> FastAPI:
         finally:
             with lock:
                 state["in_flight"] -= 1
+
+    def _hold(until: int, timeout_s: float = 60.0) -> None:
+        """Wait until `until` requests have been in flight at once (a barrier: concurrency shown, not timed)."""
+        deadline = time.monotonic() + timeout_s
+        while until and time.monotonic() < deadline:
+            with lock:
+                if state["max_in_flight"] >= until:
+                    return
+            time.sleep(0.005)
 
     def _complete(body: dict[str, Any]) -> JSONResponse:
         if body.get("model") != served_model_name:

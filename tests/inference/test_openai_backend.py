@@ -56,8 +56,9 @@ def server(tiny_dir, tmp_path_factory):
 def control(server):
     httpx.post(f"{server}/_test/reset", timeout=10)
 
-    def set_(faults=(), delay_s=0.0):
-        httpx.post(f"{server}/_test/control", json={"faults": list(faults), "delay_s": delay_s}, timeout=10)
+    def set_(faults=(), delay_s=0.0, hold_until_in_flight=0):
+        body = {"faults": list(faults), "delay_s": delay_s, "hold_until_in_flight": hold_until_in_flight}
+        httpx.post(f"{server}/_test/control", json=body, timeout=10)
 
     yield set_
     httpx.post(f"{server}/_test/reset", timeout=10)
@@ -183,11 +184,10 @@ def test_unknown_model_is_404(server, control, make_backend, requests3):
 
 
 def test_timeout_is_reported_and_not_retried(server, control, make_backend, requests3):
-    control(delay_s=1.5)
-    t0 = time.monotonic()
+    control(delay_s=3.0)  # 10x the client's timeout: the answer can only be the timeout
     result = make_backend(timeout_s=0.3).generate(requests3[:1])[0]
     assert result.error == "timeout after 0.3 s" and result.attempts == 1 and result.text is None
-    assert time.monotonic() - t0 < 1.2 and _stats(server)["requests"] == 1
+    assert _stats(server)["requests"] == 1
 
 
 def test_connection_errors_are_retried(make_backend, requests3):
@@ -200,7 +200,7 @@ def test_connection_errors_are_retried(make_backend, requests3):
 
 
 def test_bounded_concurrency(server, control, make_backend, requests3):
-    control(delay_s=1.5)  # long enough that 3 requests overlap even on a loaded 2-core machine
+    control(hold_until_in_flight=3)  # each request waits until 3 were in flight at once: concurrency, not timing
     reqs = [InferenceRequest(f"c{i}", r.prompt, r.frames_png) for i in range(3) for r in requests3]  # 9 requests
     results = make_backend(max_concurrency=3, max_tokens=2).generate(reqs)
     assert [r.request_id for r in results] == [r.request_id for r in reqs] and all(r.ok for r in results)
