@@ -90,7 +90,7 @@ class FairFloor:
         from flows.runners import reuse_heap
 
         self.heap_reused = reuse_heap()
-        self.refs = _refs(atlas)
+        self.atlas, self.refs = atlas, _refs(atlas)
         self.files = {case: self._files_read(case) for case in CASES}
 
     def _files_read(self, case: str) -> list[Path]:
@@ -98,7 +98,14 @@ class FairFloor:
         from emrl_data.curate import curate_case
 
         ref = self.refs[case]
-        return [ref.root / rel for rel in sorted(curate_case(ref, split="train", cfg=CurateConfig()).file_digests)]
+        files = []
+        for rel in sorted(curate_case(ref, split="train", cfg=CurateConfig()).file_digests):
+            # the digests are keyed by path relative to the case folder; accept atlas-relative keys too
+            found = [p for p in (ref.root / rel, self.atlas / rel, Path(rel)) if p.is_file()]
+            if not found:
+                raise FileNotFoundError(f"{case}: curate_case read {rel!r}, which the bench cannot find")
+            files.append(found[0])
+        return files
 
     def run(self, case: str) -> dict[str, Any]:
         import deflate
