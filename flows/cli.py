@@ -132,6 +132,9 @@ def _check_build_rl_hardset(args: argparse.Namespace) -> None:
         raise UsageError("--endpoint-model is only used with --endpoint", "add --endpoint URL/v1, or drop it")
     if args.model is not None and not Path(args.model).is_dir():
         raise UsageError(f"the model folder {args.model} does not exist", "pass a local checkpoint folder (--model)")
+    if args.model is not None and not (Path(args.model) / "config.json").is_file():
+        raise UsageError(f"{args.model} is not a model checkpoint (no config.json)",
+                         "pass the folder `python -m train.sft` wrote (its --output_dir)")  # fmt: skip
     _check_output(args.out)
     if args.endpoint:
         _check_endpoint(args.endpoint, args.endpoint_model)

@@ -126,6 +126,8 @@ def test_endpoint_needs_a_model_name(sft_dir: Path, capsys: pytest.CaptureFixtur
 def test_missing_model_folder(sft_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = _fails(["build-rl-hardset", str(sft_dir), str(sft_dir.parent), "--model", str(sft_dir / "nope")], capsys)
     assert f"the model folder {sft_dir / 'nope'} does not exist" in err
+    err = _fails(["build-rl-hardset", str(sft_dir), str(sft_dir.parent), "--model", str(sft_dir)], capsys)
+    assert f"{sft_dir} is not a model checkpoint (no config.json)" in err
 
 
 class _Stub(BaseHTTPRequestHandler):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -200,7 +201,7 @@ def built(served: tuple[ops.ServerState, str], atlas: Path, tmp_path_factory: py
     result = _run_deployment(state, "build-sft-set/build-sft-set", params)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
     assert "Completed" in result.stdout
-    assert "curating cases: 8/8 (100 %)" in result.stdout  # progress lines reach `--watch`
+    assert "curating cases: 8/8 (100 %)" in " ".join(result.stdout.split())  # progress lines reach `--watch`
     return out
 
 
@@ -333,7 +334,8 @@ def test_build_rl_hardset_deployment(
     result = _run_deployment(state, names[0], params)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
     assert _last_state(state, names[0]) == "COMPLETED"
-    assert "SFT model predictions: " in result.stdout and ", ETA " in result.stdout  # progress while mining
+    watched = " ".join(result.stdout.split())  # rich wraps the lines
+    assert re.search(r"SFT model predictions: (\d+)/\1 \(100 %\)", watched) and ", ETA " in watched, result.stdout
     # Every SFT row got a prediction; the model misses every lesion, so the hard set is made of train positives.
     assert _rows(tmp_path / "predictions") == _rows(built / "sft")
     hard = pq.read_table(tmp_path / "rl_hardset" / "data").to_pylist()
