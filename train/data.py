@@ -192,12 +192,23 @@ class CTQwen3VLProcessor(Qwen3VLProcessor):
             parts = t.split(VIDEO_TRIPLE)
             pieces = [parts[0]]
             for rest in parts[1:]:
-                p, g, placeholder = encode_ct_video(next(it), fps=self.video_fps)
+                p, g, placeholder = self._encode(next(it))
                 pixels.append(p)
                 grids.append(g)
                 pieces += [placeholder, rest]
             out.append("".join(pieces))
         return out, pixels, grids
+
+    video_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None  # id(frames array) -> (pixels, grid)
+
+    def _encode(self, video: Any) -> tuple[torch.Tensor, torch.Tensor, str]:
+        """Encode one video, reusing `video_cache` (set by `VideoGRPOTrainer` for one rollout batch) when it holds it."""
+        cached = self.video_cache.get(id(video)) if self.video_cache is not None else None
+        if cached is None:
+            return encode_ct_video(video, fps=self.video_fps)
+        pixels, grid = cached
+        t, h, w = (int(v) for v in grid[0])
+        return pixels, grid, video_placeholder(t, h * w // (MERGE_SIZE**2), self.video_fps)
 
     def validate_inputs(self, images: Any = None, text: Any = None, videos: Any = None, **kwargs) -> None:
         """Accept already-expanded video tokens; the base checks only that something was given."""
