@@ -138,3 +138,43 @@ def run_cli(main: Callable[[list[str] | None], Any], argv: list[str] | None = No
             print(f"error: unknown config key: {text.splitlines()[0]}", file=sys.stderr)
             raise SystemExit(2) from None
         raise
+
+
+def validate_launch(accelerate_yaml: str | Path, training_yaml: str | Path, *, completions_per_step: int = 64) -> dict:
+    """Check an accelerate (+ DeepSpeed) config against a training config without importing deepspeed.
+
+    Checks: DeepSpeed ZeRO stage 2 or 3; bf16 mixed precision (compute) with `dtype: float32` weights (fp32 masters);
+    offload devices none|cpu; processes x micro-batch x accumulation = `completions_per_step` (the paper's 8 prompts x
+    8 completions; SFT configs: samples per step); ZeRO-3 saves a 16-bit model. Returns the parsed accelerate config.
+
+    Raises:
+        TrainConfigError: naming the inconsistent keys.
+    """
+    import yaml  # noqa: PLC0415
+
+    acc = yaml.safe_load(Path(accelerate_yaml).read_text())
+    train = yaml.safe_load(Path(training_yaml).read_text())
+    problems = []
+    if acc.get("distributed_type") == "DEEPSPEED":
+        ds = acc.get("deepspeed_config", {})
+        if ds.get("zero_stage") not in (2, 3):
+            problems.append(f"zero_stage={ds.get('zero_stage')} (use 2 or 3)")
+        for key in ("offload_optimizer_device", "offload_param_device"):
+            if ds.get(key, "none") not in ("none", "cpu"):
+                problems.append(f"{key}={ds.get(key)} (none or cpu)")
+        if ds.get("zero_stage") == 3 and not ds.get("zero3_save_16bit_model"):
+            problems.append("zero3_save_16bit_model is off (checkpoints would be unusable shards)")
+    if acc.get("mixed_precision") != "bf16" or not train.get("bf16"):
+        problems.append("bf16 compute must be on in both files (mixed_precision: bf16, bf16: true)")
+    try:
+        check_precision(str(train.get("dtype", "float32")), lora=int(train.get("lora_r", 0)) > 0)
+    except TrainConfigError as exc:
+        problems.append(str(exc))
+    per_step = int(acc.get("num_processes", 1)) * int(train.get("per_device_train_batch_size", 1))
+    per_step *= int(train.get("gradient_accumulation_steps", 1))
+    if per_step != completions_per_step:
+        problems.append(f"num_processes x per_device_train_batch_size x gradient_accumulation_steps = {per_step}, "
+                        f"not {completions_per_step}")  # fmt: skip
+    if problems:
+        raise TrainConfigError(f"{accelerate_yaml} with {training_yaml}: " + "; ".join(problems))
+    return acc

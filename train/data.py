@@ -100,6 +100,13 @@ def frames_to_array(frames: Any) -> NDArray[np.uint8]:
     return np.ascontiguousarray(arr.astype(np.uint8, copy=False))
 
 
+def resize_frames(frames: NDArray[np.uint8], size_px: int | None) -> NDArray[np.uint8]:
+    """Return `(N, size_px, size_px)` frames (bilinear), or `frames` unchanged when `size_px` is None or already so."""
+    if size_px is None or frames.shape[1:] == (size_px, size_px):
+        return frames
+    return np.stack([np.asarray(Image.fromarray(f).resize((size_px, size_px), Image.BILINEAR)) for f in frames])
+
+
 def video_placeholder(n_groups: int, tokens_per_group: int, fps: float = 1.0) -> str:
     """Return the placeholder text of one video: one timestamped block per frame pair (reference layout).
 
@@ -316,14 +323,15 @@ class SFTCollator:
     Padding is on the left, as in generation.
     """
 
-    def __init__(self, processor: CTQwen3VLProcessor, max_length: int | None = None):
+    def __init__(self, processor: CTQwen3VLProcessor, max_length: int | None = None, frame_px: int | None = None):
         self.processor = processor
         self.max_length = max_length
+        self.frame_px = frame_px  # resize frames to frame_px² (the demo's cheap LM warm-up); None keeps them
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> BatchFeature:
         """Return `input_ids`, `attention_mask`, `mm_token_type_ids`, `labels`, `pixel_values_videos`, `video_grid_thw`."""
         proc = self.processor
-        videos = [frames_to_array(r["frames"]) for r in rows]
+        videos = [resize_frames(frames_to_array(r["frames"]), self.frame_px) for r in rows]
         prompts = [render_prompt_text(proc, r["prompt"]) for r in rows]
         fulls = [p + r["report"] + proc.tokenizer.eos_token for p, r in zip(prompts, rows, strict=True)]
         batch = proc(text=fulls, videos=videos, padding=True, return_tensors="pt")

@@ -204,12 +204,13 @@ def _apply_lora(model: Any, r: int, alpha: int) -> Any:
     """Wrap the LLM's linear layers with LoRA (rank r); the projector trains in full (peft `modules_to_save`)."""
     from peft import LoraConfig, get_peft_model  # noqa: PLC0415
 
+    deepstack = model.model.visual.deepstack_merger_list  # a ModuleList: wrap its members, not the list
     config = LoraConfig(
         r=r,
         lora_alpha=alpha,
         lora_dropout=0.0,
         target_modules=r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)",
-        modules_to_save=["merger", "deepstack_merger_list"],
+        modules_to_save=["merger", *(f"deepstack_merger_list.{i}" for i in range(len(deepstack)))],
     )
     peft_model = get_peft_model(model, config)
     for param in peft_model.parameters():  # adapters and projector copies: fp32 masters over a bf16 frozen base
