@@ -68,6 +68,10 @@ def logprob_shift_correlation(trainer: Any, rows: list[dict[str, Any]], lr: floa
     rewards and loss (`_generate_and_score_completions`, `_compute_loss`); the optimizer is a fresh AdamW over the
     trainable parameters.
     """
+    if not hasattr(
+        trainer, "current_gradient_accumulation_steps"
+    ):  # set by Trainer.train(); one step, no accumulation
+        trainer.current_gradient_accumulation_steps = 1
     batch = trainer._generate_and_score_completions(rows)
     before = _sequence_logps(trainer, batch)
     params = [p for p in trainer.model.parameters() if p.requires_grad]

@@ -56,6 +56,9 @@ class SftScriptArguments:
         default="float32",
         metadata={"help": "Weight dtype: float32 only (fp32 master weights); bf16 compute is `bf16: true`."},
     )
+    lm_warmup_learning_rate: float | None = field(
+        default=None, metadata={"help": "Learning rate of the LM warm-up (default: learning_rate)."}
+    )
     lm_warmup_frame_px: int = field(default=64, metadata={"help": "Frame side during the LM warm-up (cheap)."})
     max_frames: int = field(default=64, metadata={"help": "Refuse rows with more frames (the context budget)."})
     lm_warmup_steps: int = field(
@@ -118,11 +121,18 @@ def build_sft_trainer(
 
 
 def _lm_warmup(
-    model: Any, processor: CTQwen3VLProcessor, dataset: Any, args: SFTConfig, steps: int, frame_px: int
+    model: Any,
+    processor: CTQwen3VLProcessor,
+    dataset: Any,
+    args: SFTConfig,
+    steps: int,
+    frame_px: int,
+    lr: float | None = None,
 ) -> float:
     """Demo stage: train every part of the model `steps` steps on the reports (frames at frame_px²); last loss."""
     warm = copy.deepcopy(args)
     warm.max_steps, warm.output_dir, warm.save_strategy = steps, str(Path(args.output_dir) / "lm_warmup"), "no"
+    warm.learning_rate = lr if lr is not None else args.learning_rate
     trainer = build_sft_trainer(model, processor, dataset, warm, stage="lm_warmup", frame_px=frame_px)
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -144,7 +154,7 @@ def run_sft(script_args: SftScriptArguments, training_args: SFTConfig) -> Path:
     start = time.perf_counter()
     if script_args.lm_warmup_steps > 0:
         warm_loss = _lm_warmup(model, processor, dataset, training_args, script_args.lm_warmup_steps,
-                               script_args.lm_warmup_frame_px)  # fmt: skip
+                               script_args.lm_warmup_frame_px, script_args.lm_warmup_learning_rate)  # fmt: skip
         print(f"LM warm-up (demo only): {script_args.lm_warmup_steps} full-model steps, last loss {warm_loss:.4f}")
     trainer = build_sft_trainer(model, processor, dataset, training_args)
     result = trainer.train()

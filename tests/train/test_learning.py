@@ -40,8 +40,9 @@ def report_policy(tmp_path_factory):
     sft_dir = write_rows(root / "sft", {"train": rows})
     grpo_dir = write_rows(root / "neg", {"train": [r for r in rows if not r["has_lesion"]]})
     sft_main(["--config", "train/configs/sft_tiny.yaml", "--dataset_dir", str(sft_dir), "--output_dir",
-              str(root / "policy"), "--lm_warmup_steps", "40", "--lm_warmup_frame_px", "32", "--max_steps", "1",
-              "--per_device_train_batch_size", "4", "--learning_rate", "3e-3", "--logging_steps", "10",
+              str(root / "policy"), "--lm_warmup_steps", "50", "--lm_warmup_frame_px", "32", "--max_steps", "1",
+              "--per_device_train_batch_size", "4", "--learning_rate", "1e-2", "--lr_scheduler_type", "constant",
+              "--logging_steps", "10",
               "--gradient_checkpointing", "false"])  # fmt: skip
     return root / "policy", grpo_dir
 
