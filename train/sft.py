@@ -59,7 +59,9 @@ class SftScriptArguments:
     lm_warmup_learning_rate: float | None = field(
         default=None, metadata={"help": "Learning rate of the LM warm-up (default: learning_rate)."}
     )
-    lm_warmup_frame_px: int = field(default=64, metadata={"help": "Frame side during the LM warm-up (cheap)."})
+    lm_warmup_frame_px: int = field(
+        default=0, metadata={"help": "Frame side during the LM warm-up (smaller = cheaper); 0 keeps the frames."}
+    )
     max_frames: int = field(default=64, metadata={"help": "Refuse rows with more frames (the context budget)."})
     lm_warmup_steps: int = field(
         default=0,
@@ -133,7 +135,7 @@ def _lm_warmup(
     warm = copy.deepcopy(args)
     warm.max_steps, warm.output_dir, warm.save_strategy = steps, str(Path(args.output_dir) / "lm_warmup"), "no"
     warm.learning_rate = lr if lr is not None else args.learning_rate
-    trainer = build_sft_trainer(model, processor, dataset, warm, stage="lm_warmup", frame_px=frame_px)
+    trainer = build_sft_trainer(model, processor, dataset, warm, stage="lm_warmup", frame_px=frame_px or None)
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     del trainer
