@@ -16,6 +16,7 @@ Called by `train.sft`, `train.grpo`, `train.tiny`, the device check and the mini
 
 from __future__ import annotations
 
+import hashlib
 import importlib.resources
 import io
 import logging
@@ -105,6 +106,11 @@ def resize_frames(frames: NDArray[np.uint8], size_px: int | None) -> NDArray[np.
     if size_px is None or frames.shape[1:] == (size_px, size_px):
         return frames
     return np.stack([np.asarray(Image.fromarray(f).resize((size_px, size_px), Image.BILINEAR)) for f in frames])
+
+
+def video_key(frames: NDArray[np.uint8]) -> tuple[tuple[int, ...], bytes]:
+    """Return a content key of a frame stack (shape + 128-bit BLAKE2b of the bytes) for the per-rollout video cache."""
+    return frames.shape, hashlib.blake2b(np.ascontiguousarray(frames).tobytes(), digest_size=16).digest()
 
 
 def video_placeholder(n_groups: int, tokens_per_group: int, fps: float = 1.0) -> str:
@@ -206,13 +212,18 @@ class CTQwen3VLProcessor(Qwen3VLProcessor):
             out.append("".join(pieces))
         return out, pixels, grids
 
-    video_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None  # id(frames array) -> (pixels, grid)
+    video_cache: dict[Any, tuple[torch.Tensor, torch.Tensor]] | None = None  # video_key(frames) -> (pixels, grid)
 
     def _encode(self, video: Any) -> tuple[torch.Tensor, torch.Tensor, str]:
         """Encode one video, reusing `video_cache` (set by `VideoGRPOTrainer` for one rollout batch) when it holds it."""
-        cached = self.video_cache.get(id(video)) if self.video_cache is not None else None
-        if cached is None:
+        if self.video_cache is None:
             return encode_ct_video(video, fps=self.video_fps)
+        arr = frames_to_array(video)
+        cached = self.video_cache.get(video_key(arr))
+        if cached is None:
+            pixels, grid, text = encode_ct_video(arr, fps=self.video_fps)
+            self.video_cache[video_key(arr)] = (pixels, grid)
+            return pixels, grid, text
         pixels, grid = cached
         t, h, w = (int(v) for v in grid[0])
         return pixels, grid, video_placeholder(t, h * w // (MERGE_SIZE**2), self.video_fps)

@@ -41,7 +41,14 @@ from train.checks import (
     require_fp32_trainable,
     run_cli,
 )
-from train.data import VIDEO_TRIPLE, CTQwen3VLProcessor, frames_to_array, load_split, to_grpo_dataset
+from train.data import (
+    VIDEO_TRIPLE,
+    CTQwen3VLProcessor,
+    frames_to_array,
+    load_split,
+    to_grpo_dataset,
+    video_key,
+)
 from train.freeze import set_stage_trainable
 from train.rewards import REWARD_NAMES, Verifier, make_reward_funcs, reward_weights_for
 
@@ -86,7 +93,7 @@ class VideoGRPOTrainer(GRPOTrainer):
             videos.append((pixel, grid))
         self._ct_videos = videos
         # TRL's prompt tokenisation re-encodes each prompt's video; the cache hands back the encoding made above.
-        proc.video_cache = {id(arr): (p, g) for arr, p, g in encoded.values()}
+        proc.video_cache = {video_key(arr): (p, g) for arr, p, g in encoded.values()}
         try:
             out = super()._generate_and_score_completions(inputs)
         finally:
