@@ -45,6 +45,7 @@ from emrl_data.types import Organ, column, row_values
 
 
 __all__ = [
+    "REWARD_NAMES",
     "ReportScore",
     "TRUTH_COLUMNS",
     "ScoringConfig",
@@ -65,6 +66,7 @@ __all__ = [
 ]
 
 _EPS = 1e-9
+REWARD_NAMES = ("r_e", "r_f", "r_c")  # the order of ScoringConfig.reward_weights
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +79,9 @@ class ScoringConfig:
         k_hit_window: K-Hit accepts |k - k_true| <= this many frames.
         attribute_weights: weights of (size, location, enhancement) in r_f and r_c.
         iou_penalty: lambda of r_c's distance penalty.
-        reward_weights: weights of (r_e, r_f, r_c) in R.
+        reward_weights: weights of (r_e, r_f, r_c) in R: the one table every trainer and miner reads.
+        box_weight: optional r_c box term (IoU of the report's box with the truth box when k is within
+            `k_hit_window` of k_true); 0 = off, the paper's r_c (an ablation knob, applied by `train.rewards`).
     """
 
     size_abs_tol_cm: float = 0.5
@@ -86,6 +90,15 @@ class ScoringConfig:
     attribute_weights: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
     iou_penalty: float = 0.3
     reward_weights: tuple[float, float, float] = (0.3, 0.5, 0.2)
+    box_weight: float = 0.0
+
+    def reward_weight_table(self) -> dict[str, float]:
+        """Return `{"r_e": w_e, "r_f": w_f, "r_c": w_c}` (SPEC §7: 0.3, 0.5, 0.2).
+
+        >>> ScoringConfig().reward_weight_table()
+        {'r_e': 0.3, 'r_f': 0.5, 'r_c': 0.2}
+        """
+        return dict(zip(REWARD_NAMES, self.reward_weights, strict=True))
 
     def __post_init__(self) -> None:
         if self.size_abs_tol_cm < 0 or self.size_rel_tol < 0:
@@ -96,6 +109,8 @@ class ScoringConfig:
             raise ValueError(f"attribute_weights={self.attribute_weights} must be 3 weights >= 0 with a positive sum.")
         if len(self.reward_weights) != 3 or min(self.reward_weights) < 0 or sum(self.reward_weights[:2]) <= 0:
             raise ValueError(f"reward_weights={self.reward_weights} must be 3 weights >= 0 (r_e + r_f > 0).")
+        if self.box_weight < 0:
+            raise ValueError(f"box_weight={self.box_weight} must be >= 0.")
         if self.iou_penalty < 0:
             raise ValueError(f"iou_penalty={self.iou_penalty} must be >= 0.")
 

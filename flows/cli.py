@@ -372,21 +372,20 @@ def _demo(args: argparse.Namespace) -> None:
     if args.skip_training:
         return _print_outputs(out, started)
 
-    print(f"== 3/5  SFT of a tiny Qwen3-VL (built locally, random init) on the demo SFT set -> {out / 'sft_model'}")
-    _run_train("train.sft", "--config", "train/configs/sft_tiny.yaml", "--dataset_dir", str(out / "sft"),
+    print(f"== 3/5  tiny Qwen3-VL: LM warm-up on the reports, then the paper's SFT freezing -> {out / 'sft_model'}")
+    _run_train("train.sft", "--config", "train/configs/sft_demo.yaml", "--dataset_dir", str(out / "sft"),
                "--output_dir", str(out / "sft_model"))  # fmt: skip
 
     print(f"\n== 4/5  build-rl-hardset (Prefect flow) with the tiny SFT model -> {out / 'rl_hardset'}")
     build_rl_hardset_flow(
-        sft_dir=str(out / "sft"), output_dir=str(out), model_path=str(out / "sft_model"), max_new_tokens=64,
+        sft_dir=str(out / "sft"), output_dir=str(out), model_path=str(out / "sft_model"), max_new_tokens=128,
         n_bootstrap=200, device="cpu",
     )  # fmt: skip
     print((out / "rl_hardset" / "summary.md").read_text())
 
-    print(f"== 5/5  E-MRL GRPO (r_e + r_f + r_c with the verifier) on the hard set -> {out / 'grpo_model'}")
-    _run_train("train.grpo", "--config", "train/configs/grpo_tiny.yaml", "--dataset_dir", str(out / "rl_hardset"),
-               "--model_name_or_path", str(out / "sft_model"), "--output_dir", str(out / "grpo_model"),
-               "--max_steps", "3")  # fmt: skip
+    print(f"== 5/5  E-MRL GRPO (r_e + r_f + r_c, verifier) beside an lr-0 control -> {out / 'grpo_model'}")
+    _run_train("train.grpo", "--config", "train/configs/grpo_demo.yaml", "--dataset_dir", str(out / "rl_hardset"),
+               "--model_name_or_path", str(out / "sft_model"), "--output_dir", str(out / "grpo_model"))  # fmt: skip
     _print_outputs(out, started)
 
 

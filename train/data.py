@@ -16,6 +16,7 @@ Called by `train.sft`, `train.grpo`, `train.tiny`, the device check and the mini
 
 from __future__ import annotations
 
+import hashlib
 import importlib.resources
 import io
 import logging
@@ -98,6 +99,18 @@ def frames_to_array(frames: Any) -> NDArray[np.uint8]:
     if arr.ndim != 3:
         raise ValueError(f"frames must be (N, H, W); got shape {arr.shape}.")
     return np.ascontiguousarray(arr.astype(np.uint8, copy=False))
+
+
+def resize_frames(frames: NDArray[np.uint8], size_px: int | None) -> NDArray[np.uint8]:
+    """Return `(N, size_px, size_px)` frames (bilinear), or `frames` unchanged when `size_px` is None or already so."""
+    if size_px is None or frames.shape[1:] == (size_px, size_px):
+        return frames
+    return np.stack([np.asarray(Image.fromarray(f).resize((size_px, size_px), Image.BILINEAR)) for f in frames])
+
+
+def video_key(frames: NDArray[np.uint8]) -> tuple[tuple[int, ...], bytes]:
+    """Return a content key of a frame stack (shape + 128-bit BLAKE2b of the bytes) for the per-rollout video cache."""
+    return frames.shape, hashlib.blake2b(np.ascontiguousarray(frames).tobytes(), digest_size=16).digest()
 
 
 def video_placeholder(n_groups: int, tokens_per_group: int, fps: float = 1.0) -> str:
@@ -192,12 +205,28 @@ class CTQwen3VLProcessor(Qwen3VLProcessor):
             parts = t.split(VIDEO_TRIPLE)
             pieces = [parts[0]]
             for rest in parts[1:]:
-                p, g, placeholder = encode_ct_video(next(it), fps=self.video_fps)
+                p, g, placeholder = self._encode(next(it))
                 pixels.append(p)
                 grids.append(g)
                 pieces += [placeholder, rest]
             out.append("".join(pieces))
         return out, pixels, grids
+
+    video_cache: dict[Any, tuple[torch.Tensor, torch.Tensor]] | None = None  # video_key(frames) -> (pixels, grid)
+
+    def _encode(self, video: Any) -> tuple[torch.Tensor, torch.Tensor, str]:
+        """Encode one video, reusing `video_cache` (set by `VideoGRPOTrainer` for one rollout batch) when it holds it."""
+        if self.video_cache is None:
+            return encode_ct_video(video, fps=self.video_fps)
+        arr = frames_to_array(video)
+        cached = self.video_cache.get(video_key(arr))
+        if cached is None:
+            pixels, grid, text = encode_ct_video(arr, fps=self.video_fps)
+            self.video_cache[video_key(arr)] = (pixels, grid)
+            return pixels, grid, text
+        pixels, grid = cached
+        t, h, w = (int(v) for v in grid[0])
+        return pixels, grid, video_placeholder(t, h * w // (MERGE_SIZE**2), self.video_fps)
 
     def validate_inputs(self, images: Any = None, text: Any = None, videos: Any = None, **kwargs) -> None:
         """Accept already-expanded video tokens; the base checks only that something was given."""
@@ -305,14 +334,15 @@ class SFTCollator:
     Padding is on the left, as in generation.
     """
 
-    def __init__(self, processor: CTQwen3VLProcessor, max_length: int | None = None):
+    def __init__(self, processor: CTQwen3VLProcessor, max_length: int | None = None, frame_px: int | None = None):
         self.processor = processor
         self.max_length = max_length
+        self.frame_px = frame_px  # resize frames to frame_px² (the demo's cheap LM warm-up); None keeps them
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> BatchFeature:
         """Return `input_ids`, `attention_mask`, `mm_token_type_ids`, `labels`, `pixel_values_videos`, `video_grid_thw`."""
         proc = self.processor
-        videos = [frames_to_array(r["frames"]) for r in rows]
+        videos = [resize_frames(frames_to_array(r["frames"]), self.frame_px) for r in rows]
         prompts = [render_prompt_text(proc, r["prompt"]) for r in rows]
         fulls = [p + r["report"] + proc.tokenizer.eos_token for p, r in zip(prompts, rows, strict=True)]
         batch = proc(text=fulls, videos=videos, padding=True, return_tensors="pt")

@@ -1,20 +1,31 @@
-"""Device check: one SFT step and one E-MRL GRPO step (with the verifier) on a Qwen3-VL-8B-shaped random model.
+"""Device check: one SFT step and two E-MRL GRPO steps (verifier on) at the paper's per-device shape on one GPU.
 
-No internet is needed: the model is built from the config (random weights, bf16, on the GPU), the tokenizer is the
-local BPE from `train.tiny`, and the data is a synthetic sft table with realistic sequence length (32 frames of
-448², i.e. 16 x 196 = 3,136 video tokens per prompt). Prints and writes a JSON with tokens/s, step time and peak
-memory per stage. `--tiny` runs the same code path on CPU with the tiny model and small frames (for CI).
+Qwen3-VL-8B-shaped random model built in memory (no download), 32 frames of 448² (3,136 video tokens), G = 8,
+512-token completions. It follows the single-GPU memory plan (`docs/training.md`): fp32 masters for everything that
+trains, bf16 for frozen weights and compute.
 
-    python -m train.device_check --output runs/device_check.json            # H200: ~8B model
-    python -m train.device_check --tiny --output /tmp/device_check.json     # CPU smoke
+* SFT step: ViT + projector train (fp32), the LLM is frozen (bf16).
+* The SFT trainer is freed (no reference cycle keeps it) before GRPO; the same model object goes on: no save/reload.
+* GRPO steps: LoRA on the LLM + projector in full (fp32), the ViT frozen (bf16); the reference model is the base with
+  the adapters disabled (no second copy, no checkpoint round trip).
+* Rewards: r_e, r_f, r_c (verifier on) + `r_overlap` (character-bigram overlap of the completion with the report, weight
+  0.1). A random 8B writes no parseable report, so the E-MRL rewards are all 0 and would give no gradient; the overlap
+  reward varies within every group, so the check can assert a nonzero policy gradient. The tokenizer covers the report
+  vocabulary and ids beyond it (the 8B vocabulary is 151,936) are suppressed, so every sampled token decodes.
+
+Asserts: finite losses, nonzero gradient norms, changed/unchanged parameter groups, peak memory below the card's
+capacity (margin printed). Prints one JSON line. `--tiny` runs the same code on CPU with the tiny model (suite).
+
+    python3 -m train.device_check --output $OUT/device_check.json
+    python3 -m train.device_check --tiny --output /tmp/device_check.json
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
-import logging
-import platform
+import math
 import tempfile
 import time
 from pathlib import Path
@@ -23,188 +34,205 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from train.data import load_split
-from train.grpo import VideoGRPOTrainer, build_grpo_trainer, make_grpo_config
-from train.rewards import REWARD_NAMES
+from train.data import frames_to_array, load_split
+from train.freeze import parameter_group, set_stage_trainable
+from train.grpo import VideoGRPOTrainer, _apply_lora, make_grpo_config
+from train.rewards import Verifier, completion_text, make_reward_funcs
 from train.sft import build_sft_trainer, make_sft_config
 from train.synthetic import write_sft_table
 from train.tiny import build_model, build_processor
 
 
-logger = logging.getLogger(__name__)
+class _StepStats(TrainerCallback):
+    """Record wall time and gradient norm per optimizer step."""
 
-
-class _StepTimer(TrainerCallback):
-    """Record wall time per optimizer step."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self._t0 = 0.0
+    def __init__(self, model: Any) -> None:
+        self.model, self.times, self.grad_norms, self._t0 = model, [], [], 0.0
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        _sync()
         self._t0 = time.perf_counter()
 
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        grads = [p.grad.float().norm() for p in self.model.parameters() if p.requires_grad and p.grad is not None]
+        self.grad_norms.append(float(torch.stack(grads).norm()) if grads else 0.0)
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        _sync()
         self.times.append(time.perf_counter() - self._t0)
 
 
-def _peak_gib() -> float | None:
-    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _peak_gib() -> float:
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
 
 
 def _reset_peak() -> None:
+    gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
 
 
-def run_check(
-    *,
-    tiny: bool,
-    work_dir: Path,
-    n_frames: int,
-    frame_px: int,
-    num_generations: int,
-    max_completion_length: int,
-    verifier_tokens: int,
-) -> dict[str, Any]:
-    """Run the SFT and GRPO steps and return the measurements."""
+def _bigrams(text: str) -> set[str]:
+    return {text[i : i + 2] for i in range(len(text) - 1)}
+
+
+def r_overlap(completions: list[Any], report: list[str], **kwargs: Any) -> list[float]:
+    """Share of the row report's character bigrams that the completion contains (varies even at random init)."""
+    out = []
+    for completion, truth in zip(completions, report, strict=True):
+        grams = _bigrams(truth)
+        out.append(len(grams & _bigrams(completion_text(completion))) / max(1, len(grams)))
+    return out
+
+
+def _snapshot(model: Any) -> dict[str, torch.Tensor]:
+    return {n: p.detach().float().cpu().clone() for n, p in model.named_parameters()}
+
+
+def _changed_groups(before: dict[str, torch.Tensor], model: Any) -> tuple[set[str], set[str]]:
+    """Return (groups with a changed tensor, groups with an unchanged tensor), base names without peft prefixes."""
+    changed, same = set(), set()
+    for name, p in model.named_parameters():
+        if name in before:
+            group = parameter_group(name.replace("base_model.model.", "").replace(".base_layer", ""))
+            (same if torch.equal(before[name], p.detach().float().cpu()) else changed).add(group)
+    return changed, same
+
+
+def _cast_frozen(model: Any, dtype: torch.dtype) -> None:
+    """Store frozen parameters in `dtype` (bf16 on GPU); trainable ones stay fp32 (the master copy)."""
+    for p in model.parameters():
+        p.data = p.data.to(torch.float32 if p.requires_grad else dtype)
+
+
+def _sft_step(model: Any, processor: Any, dataset: Any, work: Path, common: dict, frozen: torch.dtype) -> dict:
+    set_stage_trainable(model, "sft")
+    _cast_frozen(model, frozen)
+    before = _snapshot(model)
+    args = make_sft_config(output_dir=str(work / "sft"), max_steps=1, per_device_train_batch_size=1,
+                           learning_rate=1e-4, gradient_checkpointing=True, **common)  # fmt: skip
+    trainer = build_sft_trainer(model, processor, dataset, args)
+    stats = _StepStats(model)
+    trainer.add_callback(stats)
+    _reset_peak()
+    trainer.train()
+    seq = int(trainer.data_collator([dataset[0]])["input_ids"].shape[1])
+    loss = [h["loss"] for h in trainer.state.log_history if "loss" in h][-1]
+    changed, same = _changed_groups(before, model)
+    out = {"step_s": round(stats.times[-1], 3), "seq_len": seq, "tokens_per_s": round(seq / stats.times[-1], 1),
+           "loss": loss, "grad_norm": stats.grad_norms[-1], "peak_mem_gib": round(_peak_gib(), 2),
+           "changed": sorted(changed), "unchanged": sorted(same)}  # fmt: skip
+    trainer.callback_handler.callbacks.clear()
+    del trainer, stats
+    gc.collect()  # the SFT trainer (and its optimizer state) is gone before GRPO allocates
+    return out
+
+
+def _grpo_steps(model: Any, processor: Any, dataset: Any, work: Path, common: dict, shape: dict) -> dict:
+    set_stage_trainable(model, "grpo")
+    model = _apply_lora(model, shape["lora_r"], 2 * shape["lora_r"])
+    _cast_frozen(model, shape["frozen"])
+    before = _snapshot(model)
+    vocab_extra = list(range(len(processor.tokenizer), model.config.text_config.vocab_size))
+    args = make_grpo_config(
+        processor, ["r_e", "r_f", "r_c", "r_overlap"], reward_weights=[0.3, 0.5, 0.2, 0.1],
+        output_dir=str(work / "grpo"), max_steps=2, num_generations=shape["group"],
+        per_device_train_batch_size=shape["group"], gradient_accumulation_steps=1,
+        max_completion_length=shape["completion"], gradient_checkpointing=True, learning_rate=1e-4,
+        generation_kwargs={"suppress_tokens": vocab_extra}, **common,
+    )  # fmt: skip
+    verifier = Verifier(max_new_tokens=shape["verifier"])
+    funcs = [*make_reward_funcs(["r_e", "r_f", "r_c"], verifier=verifier), r_overlap]
+    trainer = VideoGRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=_grpo_rows(dataset),
+                               processing_class=processor)  # fmt: skip
+    stats = _StepStats(trainer.model)
+    trainer.add_callback(stats)
+    _reset_peak()
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    changed, same = _changed_groups(before, trainer.model)
+    # A random policy names no usable key frame, so r_c never queried: time one verifier batch (G key frames) directly.
+    frames = frames_to_array(dataset[0]["frames"])
+    _sync()
+    t0 = time.perf_counter()
+    answers = verifier([frames[len(frames) // 2]] * shape["group"])
+    _sync()
+    verifier_s = time.perf_counter() - t0
+    n_tok = shape["group"] * (shape["prompt_len"] + shape["completion"])
+    return {"step_s": [round(t, 3) for t in stats.times], "tokens_per_s": round(n_tok / min(stats.times), 1),
+            "loss": [h["loss"] for h in logs], "grad_norm": stats.grad_norms, "peak_mem_gib": round(_peak_gib(), 2),
+            "verifier_queries": verifier.n_queries, "verifier_batch_s": round(verifier_s, 3),
+            "verifier_answers": len(answers), "reward": [h.get("reward") for h in logs],
+            "frac_reward_zero_std": [h.get("frac_reward_zero_std") for h in logs],
+            "changed": sorted(changed), "unchanged": sorted(same)}  # fmt: skip
+
+
+def _grpo_rows(dataset: Any) -> Any:
+    from train.data import to_grpo_dataset  # noqa: PLC0415
+
+    return to_grpo_dataset(dataset)
+
+
+def _assert_results(res: dict) -> None:
+    sft, grpo = res["sft"], res["grpo"]
+    assert math.isfinite(sft["loss"]) and all(math.isfinite(v) for v in grpo["loss"]), "non-finite loss"
+    assert sft["grad_norm"] > 0 and all(g > 0 for g in grpo["grad_norm"]), "zero gradient"
+    assert set(sft["changed"]) == {"vit", "projector"} and "llm" in sft["unchanged"], sft
+    assert {"projector", "llm"} <= set(grpo["changed"]) and "vit" not in grpo["changed"], grpo
+    if res["capacity_gib"]:
+        assert max(sft["peak_mem_gib"], grpo["peak_mem_gib"]) < res["capacity_gib"], "peak memory over capacity"
+
+
+def run_check(*, tiny: bool, work_dir: Path) -> dict[str, Any]:
+    """Run the SFT step and the GRPO steps, assert, and return the measurements."""
     on_gpu = torch.cuda.is_available() and not tiny
-    dtype = torch.bfloat16 if on_gpu else torch.float32
-    results: dict[str, Any] = {
-        "shape": "tiny" if tiny else "8b",
-        "device": torch.cuda.get_device_name(0) if on_gpu else platform.processor() or "cpu",
-        "torch": torch.__version__,
-        "n_frames": n_frames,
-        "frame_px": frame_px,
-    }
+    shape = {"frames": 8, "px": 64, "group": 4, "completion": 12, "verifier": 6, "lora_r": 4, "frozen": torch.float32}
+    if not tiny:
+        shape = {"frames": 32, "px": 448, "group": 8, "completion": 512, "verifier": 64, "lora_r": 64,
+                 "frozen": torch.bfloat16 if on_gpu else torch.float32}  # fmt: skip
     t0 = time.perf_counter()
     processor = build_processor(min_image_pixels=32 * 32 if tiny else 65536)
-    if on_gpu:
-        with torch.device("cuda"):
-            model = build_model(processor.tokenizer, "8b", dtype=dtype)
-    else:
-        model = build_model(processor.tokenizer, "tiny" if tiny else "8b", dtype=dtype)
-    results["n_parameters"] = model.num_parameters()
-    results["build_s"] = round(time.perf_counter() - t0, 2)
-    table = write_sft_table(work_dir / "sft", n_train=num_generations, n_test=0, n_frames=n_frames, size_px=frame_px)
+    with torch.device("cuda" if on_gpu else "cpu"):
+        model = build_model(processor.tokenizer, "tiny" if tiny else "8b")
+    capacity = torch.cuda.get_device_properties(0).total_memory / 2**30 if on_gpu else 0.0
+    res: dict[str, Any] = {"shape": "tiny" if tiny else "8b", "torch": torch.__version__,
+                           "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
+                           "n_parameters": model.num_parameters(), "capacity_gib": round(capacity, 1),
+                           "frames": shape["frames"], "frame_px": shape["px"]}  # fmt: skip
+    table = write_sft_table(work_dir / "table", n_train=shape["group"], n_test=0, n_frames=shape["frames"],
+                            size_px=shape["px"])  # fmt: skip
     dataset = load_split(table, "train")
+    res["build_s"] = round(time.perf_counter() - t0, 1)
     common = {"bf16": on_gpu, "use_cpu": not on_gpu, "report_to": "none", "save_strategy": "no", "logging_steps": 1}
-
-    # SFT: one optimizer step, batch 1.
-    _reset_peak()
-    sft_args = make_sft_config(output_dir=str(work_dir / "sft_out"), max_steps=1, per_device_train_batch_size=1,
-                               learning_rate=1e-5, **common)  # fmt: skip
-    trainer = build_sft_trainer(model, processor, dataset, sft_args)
-    timer = _StepTimer()
-    trainer.add_callback(timer)
-    trainer.train()
-    sample = trainer.data_collator([dataset[0]])
-    seq = int(sample["input_ids"].shape[1])
-    results["sft"] = {
-        "step_s": round(timer.times[-1], 3),
-        "seq_len": seq,
-        "tokens_per_s": round(seq / timer.times[-1], 1),
-        "peak_mem_gib": _peak_gib(),
-    }
-    del trainer
-    t0 = time.perf_counter()
-    model_dir = work_dir / "policy"
-    model.save_pretrained(model_dir)
-    processor.save_pretrained(model_dir)
-    del model
-    results["save_s"] = round(time.perf_counter() - t0, 2)
-
-    # GRPO: one step, one prompt x num_generations completions, all three rewards (verifier included).
-    _reset_peak()
-    try:
-        import emrl_data.scoring  # noqa: F401, PLC0415
-
-        rewards = list(REWARD_NAMES)
-    except ImportError:  # scoring not landed yet: still time the rollout + verifier-free loss
-        rewards = None
-        results["note"] = "emrl_data.scoring missing: GRPO ran with a completion-length reward, no verifier"
-    args = make_grpo_config(
-        processor,
-        rewards or ["r_e"],
-        output_dir=str(work_dir / "grpo_out"),
-        max_steps=1,
-        num_generations=num_generations,
-        per_device_train_batch_size=num_generations,
-        gradient_accumulation_steps=1,
-        max_completion_length=max_completion_length,
-        gradient_checkpointing=on_gpu,
-        **common,
-    )
-    funcs = None if rewards else [lambda completions, **kw: [float(len(c[0]["content"]) % 5) for c in completions]]
-    if funcs is not None:
-        args.reward_weights = None
-    trainer2: VideoGRPOTrainer = build_grpo_trainer(
-        str(model_dir),
-        dataset,
-        args,
-        rewards=rewards,
-        reward_funcs=funcs,
-        verifier_max_new_tokens=verifier_tokens,
-        dtype="bfloat16" if on_gpu else "float32",
-    )
-    timer2 = _StepTimer()
-    trainer2.add_callback(timer2)
-    trainer2.train()
-    logs = [h for h in trainer2.state.log_history if "loss" in h]
-    verifier = next((getattr(f, "verifier", None) for f in trainer2.reward_funcs if hasattr(f, "verifier")), None)
-    step = timer2.times[-1]
-    n_tok = num_generations * (seq + max_completion_length)
-    results["grpo"] = {
-        "step_s": round(step, 3),
-        "completions": num_generations,
-        "tokens_per_s": round(n_tok / step, 1),
-        "peak_mem_gib": _peak_gib(),
-        "verifier_queries": verifier.n_queries if verifier is not None else 0,
-        "logged": {k: v for k, v in (logs[-1] if logs else {}).items() if isinstance(v, int | float)},
-    }
-    return results
+    res["sft"] = _sft_step(model, processor, dataset, work_dir, common, shape["frozen"])
+    shape["prompt_len"] = res["sft"]["seq_len"]
+    res["grpo"] = _grpo_steps(model, processor, dataset, work_dir, common, shape)
+    peak = max(res["sft"]["peak_mem_gib"], res["grpo"]["peak_mem_gib"])
+    res["memory_margin_gib"] = round(capacity - peak, 1) if on_gpu else None
+    res["total_s"] = round(time.perf_counter() - t0, 1)
+    _assert_results(res)
+    return res
 
 
 def main(argv: list[str] | None = None) -> None:
-    """CLI: `python -m train.device_check [--tiny] --output PATH`."""
+    """CLI: `python3 -m train.device_check [--tiny] --output PATH`; prints one JSON line."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="tiny model, 8 frames of 64², CPU")
     parser.add_argument("--output", default="device_check.json")
-    parser.add_argument("--n_frames", type=int, default=None)
-    parser.add_argument("--frame_px", type=int, default=None)
-    parser.add_argument("--num_generations", type=int, default=None)
-    parser.add_argument("--max_completion_length", type=int, default=None)
-    parser.add_argument("--verifier_tokens", type=int, default=None)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO)
-    defaults = (8, 64, 2, 12, 6) if args.tiny else (32, 448, 8, 128, 64)
-    values = [
-        d if v is None else v
-        for v, d in zip(
-            (args.n_frames, args.frame_px, args.num_generations, args.max_completion_length, args.verifier_tokens),
-            defaults,
-            strict=True,
-        )
-    ]
     with tempfile.TemporaryDirectory() as tmp:
-        results = run_check(
-            tiny=args.tiny,
-            work_dir=Path(tmp),
-            n_frames=values[0],
-            frame_px=values[1],
-            num_generations=values[2],
-            max_completion_length=values[3],
-            verifier_tokens=values[4],
-        )
+        results = run_check(tiny=args.tiny, work_dir=Path(tmp))
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
-    print(json.dumps(results, indent=2))
+    line = json.dumps(results, separators=(",", ":"))
+    out.write_text(line + "\n")
+    print(line)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Device check (issue 4 §5): one SFT step + one GRPO step with the verifier on a Qwen3-VL-8B-shaped random model,
-# 32 frames of 448², on one GPU; prints tokens/s, step time, peak memory and writes a JSON. Budget: < 8 minutes.
-# No internet on the device: the project venv (or wheels, see the device notes) must already hold torch/transformers/
-# trl/accelerate/datasets. `--tiny` runs the same path on CPU in ~20 s.
+# Device check (issue 8 item 6): one SFT step + two E-MRL GRPO steps (verifier on) on a Qwen3-VL-8B-shaped random
+# model, 32 frames of 448², G = 8, 512-token completions, on one GPU; asserts and prints one JSON line.
+# Budget: <= 8 minutes including setup. The GPU machine has torch/transformers/accelerate/peft/pyarrow but not trl or
+# datasets: carry them as wheels in .whl/ (train/fetch_wheels.sh writes them; the `device` tool's `carry: [".whl"]`).
 #   train/device_check.sh [--tiny] [OUTPUT_JSON]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
+PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 TINY=()
 if [ "${1:-}" = "--tiny" ]; then TINY=(--tiny); shift; fi
 OUTPUT=${1:-${OUT:-.}/device_check.json}
-timeout "${DEVICE_CHECK_TIMEOUT_S:-480}" "$PY" -m train.device_check "${TINY[@]}" --output "$OUTPUT"
+PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} \
+  timeout "${DEVICE_CHECK_TIMEOUT_S:-450}" "$PY" -m train.device_check "${TINY[@]}" --output "$OUTPUT"

@@ -2,6 +2,8 @@
 
 * SFT: the vision encoder and the projector (merger and DeepStack mergers) train; the LLM and `lm_head` are frozen.
 * GRPO: the projector and the LLM (incl. `lm_head`) train; the ViT (patch/pos embeddings, blocks) is frozen.
+* lm_warmup (demo only, not in the paper): everything trains, so a tiny randomly initialised LLM learns the report
+  language before the paper's SFT freezing (a real run starts from Qwen3-VL-8B-Instruct, whose LLM already writes).
 
 The merger lives inside `model.model.visual`, so "freeze the vision tower" must re-enable it.
 """
@@ -21,6 +23,8 @@ LLM_PREFIXES = ("model.language_model.", "lm_head.")
 STAGE_TRAINABLE: dict[str, tuple[str, ...]] = {
     "sft": VIT_PREFIXES + PROJECTOR_PREFIXES,
     "grpo": PROJECTOR_PREFIXES + LLM_PREFIXES,
+    # Demo only (not the paper): a randomly initialised tiny LLM first learns the report language, every part trains.
+    "lm_warmup": VIT_PREFIXES + PROJECTOR_PREFIXES + LLM_PREFIXES,
 }
 
 

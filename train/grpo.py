@@ -17,6 +17,8 @@ Any generation during training must go through TRL's path, which turns activatio
 
 from __future__ import annotations
 
+import copy
+import gc
 import logging
 import math
 import time
@@ -28,7 +30,25 @@ import torch
 from transformers import Qwen3VLForConditionalGeneration
 from trl import GRPOConfig, GRPOTrainer, TrlParser
 
-from train.data import CTQwen3VLProcessor, frames_to_array, load_split, to_grpo_dataset
+from emrl_data.scoring import ScoringConfig
+from train.checks import (
+    TrainConfigError,
+    check_columns,
+    check_frames,
+    check_precision,
+    check_qwen3_vl_checkpoint,
+    max_frames_in,
+    require_fp32_trainable,
+    run_cli,
+)
+from train.data import (
+    VIDEO_TRIPLE,
+    CTQwen3VLProcessor,
+    frames_to_array,
+    load_split,
+    to_grpo_dataset,
+    video_key,
+)
 from train.freeze import set_stage_trainable
 from train.rewards import REWARD_NAMES, Verifier, make_reward_funcs, reward_weights_for
 
@@ -56,21 +76,29 @@ class VideoGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         inputs = [dict(x) for x in inputs]
         proc: CTQwen3VLProcessor = self.processing_class
+        encoded: dict[Any, tuple[Any, torch.Tensor, torch.Tensor]] = {}  # one decode + encode per prompt, not per row
         videos = []
         for x in inputs:
-            arr = frames_to_array(x["frames"])
+            key = _prompt_key(x)
+            if key not in encoded:
+                arr = frames_to_array(x["frames"])
+                _, pixels, grids = proc.expand_videos([VIDEO_TRIPLE], [arr])
+                encoded[key] = (arr, pixels[0], grids[0])
+            arr, pixel, grid = encoded[key]
             last = x["prompt"][-1]
             text = last["content"] if isinstance(last["content"], str) else last["content"][-1]["text"]
             x["prompt"] = x["prompt"][:-1] + [
                 {"role": "user", "content": [{"type": "video", "video": arr}, {"type": "text", "text": text}]}
             ]
-            _, pixels, grids = proc.expand_videos(["<|vision_start|><|video_pad|><|vision_end|>"], [arr])
-            videos.append((pixels[0], grids[0]))
+            videos.append((pixel, grid))
         self._ct_videos = videos
+        # TRL's prompt tokenisation re-encodes each prompt's video; the cache hands back the encoding made above.
+        proc.video_cache = {video_key(arr): (p, g) for arr, p, g in encoded.values()}
         try:
             out = super()._generate_and_score_completions(inputs)
         finally:
             self._ct_videos = None
+            proc.__dict__.pop("video_cache", None)  # back to the class default (None); never saved with the processor
         # Lists (not tensors) survive TRL's shuffle/split of the generation buffer row by row.
         out["ct_pixel_values_videos"] = [p for p, _ in videos]
         out["ct_video_grid_thw"] = [g for _, g in videos]
@@ -106,6 +134,13 @@ class VideoGRPOTrainer(GRPOTrainer):
         return super()._get_per_token_logps_and_entropies(forward_with_video, input_ids, *args, **kwargs)
 
 
+def _prompt_key(row: dict[str, Any]) -> Any:
+    """Identity of a GRPO row's prompt: TRL repeats each row `num_generations` times in one batch."""
+    if "case_id" in row and "organ" in row:
+        return (row["case_id"], row["organ"], row.get("split"))
+    return id(row["frames"])
+
+
 @dataclass
 class GrpoScriptArguments:
     """Our knobs beside TRL's `GRPOConfig` (one YAML holds both)."""
@@ -116,15 +151,28 @@ class GrpoScriptArguments:
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N rows."})
     rewards: list[str] = field(
         default_factory=lambda: ["r_e", "r_f", "r_c"],
-        metadata={"help": "Ablation: [r_e] | [r_e, r_f] | [r_e, r_f, r_c]."},
+        metadata={"help": "Ablation: [r_e] | [r_e, r_f] | [r_e, r_f, r_c]; weights from ScoringConfig."},
     )
     verifier_max_new_tokens: int = field(default=128, metadata={"help": "Greedy tokens of the verifier answer."})
-    dtype: str = field(default="float32", metadata={"help": "Parameter dtype when loading: float32 | bfloat16."})
+    box_weight: float = field(default=0.0, metadata={"help": "r_c box term weight (ablation; 0 = paper's r_c)."})
+    dtype: str = field(
+        default="float32",
+        metadata={"help": "Weight dtype: float32 (fp32 masters); bfloat16 only for the frozen base of the LoRA path."},
+    )
+    lora_r: int = field(default=0, metadata={"help": "0 = full parameters (paper); > 0 = LoRA rank on the LLM."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha (LoRA path only)."})
+    max_frames: int = field(default=64, metadata={"help": "Refuse rows with more frames (the context budget)."})
+    lr0_control: bool = field(
+        default=False, metadata={"help": "Also run a learning-rate-0 control on the same prompts and plot both."}
+    )
     reward_curve_png: str | None = field(default=None, metadata={"help": "Default: <output_dir>/reward_curve.png."})
 
 
 def make_grpo_config(processor: CTQwen3VLProcessor, rewards: list[str], **overrides: Any) -> GRPOConfig:
-    """Return a `GRPOConfig` with the paper defaults (SPEC §9), our required settings and `overrides`."""
+    """Return a `GRPOConfig` with the paper defaults (SPEC §9), our required settings and `overrides`.
+
+    The reward weights come from `ScoringConfig` (`reward_weights_for`) unless `overrides` gives one per reward.
+    """
     base: dict[str, Any] = {
         "num_generations": 8,
         "beta": 0.01,
@@ -136,21 +184,46 @@ def make_grpo_config(processor: CTQwen3VLProcessor, rewards: list[str], **overri
         "report_to": "none",
     }
     base.update(overrides)
-    base["reward_weights"] = reward_weights_for(rewards)
+    base["reward_weights"] = reward_weights_for(rewards, base.get("reward_weights"))
     return finalize_grpo_config(GRPOConfig(**base), processor, rewards)
 
 
 def finalize_grpo_config(args: GRPOConfig, processor: CTQwen3VLProcessor, rewards: list[str]) -> GRPOConfig:
-    """Set what the video trainer needs: keep every column, suppress the vision tokens, weights per ablation."""
+    """Set what the video trainer needs: keep every column, suppress the vision tokens, weights per reward.
+
+    Raises:
+        ValueError: when `reward_weights` is given with a length other than the number of rewards.
+    """
     args.remove_unused_columns = False
     gen = dict(args.generation_kwargs or {})
     gen["suppress_tokens"] = sorted(set(gen.get("suppress_tokens", [])) | set(processor.vision_token_ids))
     args.generation_kwargs = gen
-    if all(r in REWARD_NAMES for r in rewards) and (
-        args.reward_weights is None or len(args.reward_weights) != len(rewards)
-    ):
-        args.reward_weights = reward_weights_for(rewards)
+    if all(r in REWARD_NAMES for r in rewards):
+        args.reward_weights = reward_weights_for(rewards, args.reward_weights)
+    elif args.reward_weights is not None and len(args.reward_weights) != len(rewards):
+        raise ValueError(
+            f"reward_weights={args.reward_weights} needs one weight per reward function ({len(rewards)})."
+        )
     return args
+
+
+def _apply_lora(model: Any, r: int, alpha: int) -> Any:
+    """Wrap the LLM's linear layers with LoRA (rank r); the projector trains in full (peft `modules_to_save`)."""
+    from peft import LoraConfig, get_peft_model  # noqa: PLC0415
+
+    deepstack = model.model.visual.deepstack_merger_list  # a ModuleList: wrap its members, not the list
+    config = LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=0.0,
+        target_modules=r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)",
+        modules_to_save=["merger", *(f"deepstack_merger_list.{i}" for i in range(len(deepstack)))],
+    )
+    peft_model = get_peft_model(model, config)
+    for param in peft_model.parameters():  # adapters and projector copies: fp32 masters over a bf16 frozen base
+        if param.requires_grad:
+            param.data = param.data.float()
+    return peft_model
 
 
 def build_grpo_trainer(
@@ -162,6 +235,9 @@ def build_grpo_trainer(
     reward_funcs: list[Any] | None = None,
     verifier_max_new_tokens: int = 128,
     dtype: str = "float32",
+    scoring_config: ScoringConfig | None = None,
+    lora_r: int = 0,
+    lora_alpha: int = 32,
 ) -> VideoGRPOTrainer:
     """Load the policy from `model_path`, freeze for GRPO and return the trainer.
 
@@ -175,15 +251,26 @@ def build_grpo_trainer(
         rewards: reward names (ablation switch); ignored when `reward_funcs` is given.
         reward_funcs: explicit reward callables (tests).
         verifier_max_new_tokens: verifier answer budget.
-        dtype: parameter dtype.
+        dtype: weight dtype (float32; bfloat16 only for the frozen base of the LoRA path).
+        scoring_config: the reward table (`ScoringConfig()` when None).
+        lora_r: 0 = full parameters; > 0 = LoRA of that rank on the LLM, projector in full.
+        lora_alpha: LoRA alpha.
+
+    Raises:
+        TrainConfigError: on weights without an fp32 master copy, or a non-Qwen3-VL checkpoint.
     """
+    check_precision(dtype, lora=lora_r > 0)
+    check_qwen3_vl_checkpoint(model_path)
     rewards = list(rewards or REWARD_NAMES)
     processor = CTQwen3VLProcessor.from_pretrained(model_path)
     model = Qwen3VLForConditionalGeneration.from_pretrained(model_path, dtype=getattr(torch, dtype))
     set_stage_trainable(model, "grpo")
+    if lora_r > 0:
+        model = _apply_lora(model, lora_r, lora_alpha)
+    require_fp32_trainable(model)
     if reward_funcs is None:
         verifier = Verifier(max_new_tokens=verifier_max_new_tokens) if "r_c" in rewards else None
-        reward_funcs = make_reward_funcs(rewards, verifier=verifier)
+        reward_funcs = make_reward_funcs(rewards, verifier=verifier, scoring_config=scoring_config)
         args = finalize_grpo_config(args, processor, rewards)
     else:
         args = finalize_grpo_config(args, processor, [getattr(f, "__name__", "f") for f in reward_funcs])
@@ -205,20 +292,35 @@ def reward_curve(log_history: list[dict[str, Any]]) -> dict[str, list[tuple[int,
     return curve
 
 
-def save_reward_curve_png(curve: dict[str, list[tuple[int, float]]], path: str | Path) -> Path:
-    """Plot the reward curve (one line per metric) to a PNG and return its path."""
+_CURVE_STYLE = {"reward": ("R", "black"), "rewards/r_e/mean": ("r_e", "tab:blue"),
+                "rewards/r_f/mean": ("r_f", "tab:orange"), "rewards/r_c/mean": ("r_c", "tab:green")}  # fmt: skip
+
+
+def save_reward_curve_png(
+    curve: dict[str, list[tuple[int, float]]],
+    path: str | Path,
+    control: dict[str, list[tuple[int, float]]] | None = None,
+) -> Path:
+    """Plot r_e, r_f, r_c and R per step (solid: the run; dashed: the lr-0 control) to a PNG; return its path."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key, points in sorted(curve.items()):
-        ax.plot([s for s, _ in points], [v for _, v in points], marker="o", label=key)
-    ax.set_xlabel("step")
-    ax.set_ylabel("reward")
-    ax.set_title("E-MRL GRPO reward")
-    ax.legend(fontsize=7)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for source, style, suffix in ((curve, "-", "GRPO"), (control or {}, "--", "lr-0 control")):
+        for key, points in sorted(source.items()):
+            label, color = _CURVE_STYLE.get(key, (key, None))
+            ax.plot([s for s, _ in points], [v for _, v in points], style, marker="o", ms=3, color=color,
+                    lw=2.2 if key == "reward" else 1.4, label=f"{label} ({suffix})")  # fmt: skip
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("mean reward over the step's completions")
+    ax.set_title("E-MRL GRPO reward: run (solid) vs learning-rate-0 control (dashed), same prompts")
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -227,29 +329,73 @@ def save_reward_curve_png(curve: dict[str, list[tuple[int, float]]], path: str |
     return out
 
 
-def run_grpo(script_args: GrpoScriptArguments, training_args: GRPOConfig) -> Path:
-    """Train, save model + processor + reward curve to `training_args.output_dir`, print the curve; return the dir."""
+def _load_checked(script_args: GrpoScriptArguments) -> Any:
+    """Load the training split and check its columns and frame counts."""
     if script_args.dataset_dir is None or script_args.model_name_or_path is None:
-        raise ValueError("--dataset_dir and --model_name_or_path (the SFT checkpoint) are required.")
+        raise TrainConfigError("--dataset_dir and --model_name_or_path (the SFT checkpoint) are required.")
+    check_precision(script_args.dtype, lora=script_args.lora_r > 0)
+    check_qwen3_vl_checkpoint(script_args.model_name_or_path)
     dataset = load_split(script_args.dataset_dir, script_args.dataset_split, limit=script_args.max_train_samples)
+    check_columns(script_args.dataset_dir, dataset.column_names, "grpo")
+    check_frames(max_frames_in(dataset), script_args.max_frames)
+    return dataset
+
+
+def _train_one(script_args: GrpoScriptArguments, training_args: GRPOConfig, dataset: Any) -> VideoGRPOTrainer:
+    """Build and train one GRPO run."""
     trainer = build_grpo_trainer(
-        script_args.model_name_or_path,
+        script_args.model_name_or_path,  # type: ignore[arg-type]
         dataset,
         training_args,
         rewards=list(script_args.rewards),
         verifier_max_new_tokens=script_args.verifier_max_new_tokens,
         dtype=script_args.dtype,
+        scoring_config=ScoringConfig(box_weight=script_args.box_weight),
+        lora_r=script_args.lora_r,
+        lora_alpha=script_args.lora_alpha,
     )
-    start = time.perf_counter()
     trainer.train()
+    return trainer
+
+
+def _mean(points: list[tuple[int, float]]) -> float:
+    return sum(v for _, v in points) / max(1, len(points))
+
+
+def run_grpo(script_args: GrpoScriptArguments, training_args: GRPOConfig) -> Path:
+    """Train; save model, processor, `trainer_state.json` and the reward curve to `output_dir`; return the dir.
+
+    With `lr0_control`, a second run with learning rate 0 (same seed, so the same prompts per step) goes to
+    `<output_dir>/lr0_control/trainer_state.json` and beside the run in the PNG.
+    """
+    dataset = _load_checked(script_args)
+    start = time.perf_counter()
+    trainer = _train_one(script_args, training_args, dataset)
     out = Path(training_args.output_dir)
     trainer.save_model(str(out))
+    trainer.save_state()
     trainer.processing_class.save_pretrained(str(out))
-    curve = reward_curve(trainer.state.log_history)
-    png = save_reward_curve_png(curve, script_args.reward_curve_png or out / "reward_curve.png")
-    print(f"GRPO done: {trainer.state.global_step} steps in {time.perf_counter() - start:.1f} s; saved to {out}")
+    curve, steps = reward_curve(trainer.state.log_history), trainer.state.global_step
+    logs = [h for h in trainer.state.log_history if "frac_reward_zero_std" in h]
+    del trainer
+    gc.collect()
+    control = None
+    if script_args.lr0_control:
+        control_args = copy.deepcopy(training_args)
+        control_args.learning_rate, control_args.output_dir = 0.0, str(out / "lr0_control")
+        control_trainer = _train_one(script_args, control_args, dataset)
+        control_trainer.save_state()
+        control = reward_curve(control_trainer.state.log_history)
+        del control_trainer
+        gc.collect()
+    png = save_reward_curve_png(curve, script_args.reward_curve_png or out / "reward_curve.png", control)
+    print(f"GRPO done: {steps} steps in {time.perf_counter() - start:.1f} s; saved to {out}")
     for key, points in sorted(curve.items()):
-        print(f"  {key:>22}: " + " ".join(f"{v:.3f}" for _, v in points))
+        ctrl = f"   (lr-0 control mean {_mean(control[key]):.3f})" if control and key in control else ""
+        print(f"  {key:>22}: " + " ".join(f"{v:.3f}" for _, v in points) + f"   mean {_mean(points):.3f}{ctrl}")
+    zero_std = [h["frac_reward_zero_std"] for h in logs]
+    grad = [h.get("grad_norm", float("nan")) for h in logs]
+    print(f"  frac_reward_zero_std per step: {zero_std}; grad_norm per step: {[round(g, 4) for g in grad]}")
     print(f"  reward curve: {png}")
     return out
 
@@ -263,4 +409,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

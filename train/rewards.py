@@ -1,38 +1,36 @@
 """E-MRL reward functions for TRL's GRPOTrainer: r_e, r_f, r_c over `emrl_data.scoring` (SPEC §7, §9).
 
 TRL calls each reward as `f(prompts=..., completions=..., completion_ids=..., **columns, trainer_state=...,
-log_extra=..., log_metric=...)`, where `columns` are the `sft` columns repeated per completion (`organ`, `has_lesion`,
+log_extra=..., log_metric=...)`, where `columns` are the dataset columns repeated per completion (`organ`, `has_lesion`,
 `long_axis_mm`, `location`, `attenuation`, `key_slice_frame`, `frames`, ...). Each returns `list[float | None]`;
-None (r_c on a true negative) is excluded by TRL. `GRPOConfig.reward_weights` (0.3, 0.5, 0.2) combine them into R.
+None (r_c on a true negative) is excluded by TRL.
 
-r_c re-queries the **current policy** with the verifier prompt on the predicted key frame alone, through the
-trainer's own generation backend (`VideoGRPOTrainer._generate_single_turn`: HF generate under ZeRO-3 gathering, or
-vLLM with this step's weights). The verifier runs exactly once per completion, on every rank, so collectives inside
-generation stay in lockstep: a completion without a usable key frame is verified on its middle frame and the text is
-not used (its r_c is computed with `key_slice=None`).
+* `r_e`, `r_f` are plain functions, keyed by name in `REWARD_FUNCS`; each parses every completion once per call.
+* `ConsistencyReward` (r_c) is the one class: it holds the verifier. The verifier re-queries the **current policy**
+  with the verifier prompt on the predicted key frame alone, through the trainer's own generation backend
+  (`VideoGRPOTrainer._generate_single_turn`: HF generate under ZeRO-3 gathering, or vLLM with this step's weights).
+  It runs only where r_c is used: not on true negatives (r_c None), not on completions without a usable key frame
+  (r_c = -λ without a query), and once per distinct (row, k) in the call. Under several processes a rank with no
+  query still makes one (discarded) call, so the collectives inside generation stay in lockstep.
+* The weights come from `emrl_data.scoring.ScoringConfig` (the one table, 0.3 / 0.5 / 0.2, λ = 0.3).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from emrl_data import scoring as sc
 from emrl_data.report import VERIFIER_PROMPT
 
 
 logger = logging.getLogger(__name__)
 
 TRUTH_KEYS = ("organ", "has_lesion", "long_axis_mm", "location", "attenuation", "key_slice_frame")
-REWARD_NAMES = ("r_e", "r_f", "r_c")
-DEFAULT_REWARD_WEIGHTS = {"r_e": 0.3, "r_f": 0.5, "r_c": 0.2}  # SPEC §7: R = 0.3 r_e + 0.5 r_f + 0.2 r_c
-
-
-def _scoring() -> Any:
-    """Import the shared scoring module (kept lazy so `train.data`/`train.sft` work without it)."""
-    from emrl_data import scoring  # noqa: PLC0415
-
-    return scoring
+REWARD_NAMES = sc.REWARD_NAMES
+DEFAULT_REWARD_WEIGHTS = sc.DEFAULT_CONFIG.reward_weight_table()  # derived from ScoringConfig, never typed here
 
 
 def completion_text(completion: Any) -> str:
@@ -57,22 +55,47 @@ def truth_rows(kwargs: Mapping[str, Sequence[Any]], n: int) -> list[dict[str, An
     return [{k: kwargs[k][i] for k in TRUTH_KEYS} for i in range(n)]
 
 
-def parse_key_slice(text: str, organ: str, n_frames: int) -> tuple[int | None, str | None]:
-    """Return (1-based key frame or None, parse-failure reason or None) for one report.
+def _scores(completions: Sequence[Any], kwargs: Mapping[str, Any], cfg: sc.ScoringConfig | None):
+    """Return (texts, truths, scores): every completion parsed once (`scoring.score_report`)."""
+    cfg = cfg or sc.DEFAULT_CONFIG
+    texts = [completion_text(c) for c in completions]
+    truths = [sc.truth_from_row(r) for r in truth_rows(kwargs, len(texts))]
+    return texts, truths, [sc.score_report(t, tr, cfg=cfg) for t, tr in zip(texts, truths, strict=True)]
 
-    A key frame outside 1..n_frames counts as absent (reason "key_slice_out_of_range").
+
+def r_e(completions: Sequence[Any], scoring_config: sc.ScoringConfig | None = None, **kwargs: Any) -> list[float]:
+    """r_e: 1 when the report's lesion claim matches the truth, else 0 (SPEC §7). Logs parse failures."""
+    _, _, scores = _scores(completions, kwargs, scoring_config)
+    failures = [s.parse_failure or "" for s in scores]
+    if "log_extra" in kwargs:
+        kwargs["log_extra"]("parse_failure", failures)
+    if "log_metric" in kwargs:
+        kwargs["log_metric"]("parse_failure_rate", sum(bool(f) for f in failures) / max(1, len(failures)))
+    return [float(s.r_e) for s in scores]
+
+
+def r_f(completions: Sequence[Any], scoring_config: sc.ScoringConfig | None = None, **kwargs: Any) -> list[float]:
+    """r_f: weighted attribute accuracy of the whole report; 1 on a true negative that claims no lesion (SPEC §7)."""
+    _, _, scores = _scores(completions, kwargs, scoring_config)
+    return [float(s.r_f) for s in scores]
+
+
+REWARD_FUNCS: dict[str, Callable[..., list[float]]] = {"r_e": r_e, "r_f": r_f}
+
+
+def box_iou(a: Sequence[float] | None, b: Sequence[float] | None) -> float:
+    """Return the IoU of two `[x1, y1, x2, y2]` boxes (0 when either is missing or empty).
+
+    >>> box_iou([0, 0, 10, 10], [5, 0, 15, 10]), box_iou(None, [0, 0, 1, 1])
+    (0.3333333333333333, 0.0)
     """
-    from emrl_data.parser import ParseFailure, parse_report  # noqa: PLC0415
-
-    parsed = parse_report(text, organ)
-    if isinstance(parsed, ParseFailure):
-        return None, str(getattr(parsed, "reason", parsed))
-    k = parsed.key_slice
-    if k is None:
-        return None, None
-    if not 1 <= int(k) <= n_frames:
-        return None, "key_slice_out_of_range"
-    return int(k), None
+    if a is None or b is None or len(a) != 4 or len(b) != 4:
+        return 0.0
+    iw = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    ih = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = iw * ih
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
 
 
 class Verifier:
@@ -93,8 +116,8 @@ class Verifier:
         self.prompt = prompt
         self.max_new_tokens = max_new_tokens
         self.trainer: Any = None
-        self.n_calls = 0  # generation calls (one per reward call)
-        self.n_queries = 0  # verifier prompts answered (one per completion)
+        self.n_calls = 0  # generation calls (at most one per reward call)
+        self.n_queries = 0  # verifier prompts answered (one per distinct (row, k) with a usable k)
 
     def __call__(self, frames: Sequence[Any]) -> list[str]:
         """Return one verifier text per frame.
@@ -122,94 +145,99 @@ class Verifier:
         self.n_queries += len(frames)
         return trainer.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
 
+    def idle_call(self) -> list[str]:
+        """Keep ranks in lockstep when this rank has no query: one discarded query under several processes.
 
-class _Reward:
-    """Base: a named callable in TRL's reward signature (`__name__` names the logged column)."""
+        Generation gathers sharded weights (ZeRO-3) collectively, so every rank must call it equally often; a single
+        process skips the call. Returns [] (no answers).
+        """
+        n_proc = getattr(getattr(self.trainer, "accelerator", None), "num_processes", 1)
+        if n_proc > 1:
+            import numpy as np  # noqa: PLC0415
 
-    __name__ = "reward"
-
-    def __init__(self, scoring_config: Any = None):
-        self.scoring_config = scoring_config
-
-    def _cfg(self) -> Any:
-        if self.scoring_config is None:
-            self.scoring_config = _scoring().ScoringConfig()
-        return self.scoring_config
-
-    def __call__(self, prompts: Any = None, completions: Any = None, **kwargs: Any) -> list[float | None]:
-        texts = [completion_text(c) for c in completions]
-        return self.score(texts, truth_rows(kwargs, len(texts)), kwargs)
-
-    def score(self, texts: list[str], rows: list[dict[str, Any]], kwargs: Mapping[str, Any]) -> list[float | None]:
-        raise NotImplementedError
+            self([np.zeros((32, 32), dtype=np.uint8)])
+            self.n_queries -= 1  # not an answered query
+        return []
 
 
-class ExistenceReward(_Reward):
-    """r_e: 1 when the report's lesion presence matches the truth, else 0 (SPEC §7). Logs parse failures."""
-
-    __name__ = "r_e"
-
-    def score(self, texts: list[str], rows: list[dict[str, Any]], kwargs: Mapping[str, Any]) -> list[float | None]:
-        from emrl_data.parser import ParseFailure, parse_report  # noqa: PLC0415
-
-        sc, cfg = _scoring(), self._cfg()
-        failures = []
-        for text, row in zip(texts, rows, strict=True):
-            parsed = parse_report(text, row["organ"])
-            failures.append(str(getattr(parsed, "reason", parsed)) if isinstance(parsed, ParseFailure) else "")
-        if "log_extra" in kwargs:
-            kwargs["log_extra"]("parse_failure", failures)
-        if "log_metric" in kwargs:
-            kwargs["log_metric"]("parse_failure_rate", sum(bool(f) for f in failures) / max(1, len(failures)))
-        return [float(sc.r_e(t, sc.truth_from_row(r), cfg)) for t, r in zip(texts, rows, strict=True)]
-
-
-class FindingsReward(_Reward):
-    """r_f: weighted attribute accuracy of the whole report; 1 on a true negative that claims no lesion (SPEC §7)."""
-
-    __name__ = "r_f"
-
-    def score(self, texts: list[str], rows: list[dict[str, Any]], kwargs: Mapping[str, Any]) -> list[float | None]:
-        sc, cfg = _scoring(), self._cfg()
-        return [float(sc.r_f(t, sc.truth_from_row(r), cfg)) for t, r in zip(texts, rows, strict=True)]
-
-
-class ConsistencyReward(_Reward):
+class ConsistencyReward:
     """r_c: attribute accuracy of the verifier's text on frame k minus the K-Hit window penalty (SPEC §7).
 
-    None on true negatives (as `emrl_data.scoring.r_c` returns). Logs the verifier text per completion.
+    None on true negatives. A completion without a usable key frame (parse failure, no k, k outside 1..N, or a
+    report claiming no lesion) scores `scoring.r_c("", None)` = -λ without a verifier query. Identical (row, k)
+    queries in one call are answered once; each row's frames are decoded once per call. With
+    `ScoringConfig.box_weight` > 0 the report's box adds `box_weight * IoU(box, truth box)` when |k - k_true| <=
+    `k_hit_window` (ablation; the paper's r_c has no box term). Logs the verifier text per completion.
     """
 
     __name__ = "r_c"
 
-    def __init__(self, verifier: Verifier, scoring_config: Any = None):
-        super().__init__(scoring_config)
+    def __init__(self, verifier: Verifier, scoring_config: sc.ScoringConfig | None = None):
         self.verifier = verifier
+        self.scoring_config = scoring_config or sc.DEFAULT_CONFIG
 
-    def score(self, texts: list[str], rows: list[dict[str, Any]], kwargs: Mapping[str, Any]) -> list[float | None]:
+    def __call__(self, prompts: Any = None, completions: Any = None, **kwargs: Any) -> list[float | None]:
+        """Return r_c per completion (TRL's reward signature)."""
         from train.data import frames_to_array  # noqa: PLC0415
 
-        sc, cfg = _scoring(), self._cfg()
         if "frames" not in kwargs:
             raise KeyError("r_c needs the `frames` column to show the verifier the key frame.")
-        stacks = [frames_to_array(f) for f in kwargs["frames"]]
-        keys = [parse_key_slice(t, r["organ"], len(s))[0] for t, r, s in zip(texts, rows, stacks, strict=True)]
-        # One query per completion on every rank (lockstep); no usable k -> the middle frame, text discarded.
-        shown = [s[(k if k is not None else (len(s) + 1) // 2) - 1] for s, k in zip(stacks, keys, strict=True)]
-        answers = self.verifier(shown)
-        verifier_texts = [a if k is not None else "" for a, k in zip(answers, keys, strict=True)]
+        cfg = self.scoring_config
+        _, truths, scores = _scores(completions, kwargs, cfg)
+        keys: list[int | None] = []
+        for i, (truth, score) in enumerate(zip(truths, scores, strict=True)):
+            k = score.pred_key_slice if truth.has_lesion and score.pred_has_lesion else None
+            n = _n_frames(kwargs, i)
+            keys.append(k if k is not None and 1 <= k <= n else None)
+        queries: dict[tuple[Any, int], int] = {}  # (row, k) -> query index
+        stacks: dict[Any, Any] = {}
+        shown = []
+        for i, k in enumerate(keys):
+            row = _row_key(kwargs, i)
+            if k is None or (row, k) in queries:
+                continue
+            if row not in stacks:
+                stacks[row] = frames_to_array(kwargs["frames"][i])
+            queries[(row, k)] = len(shown)
+            shown.append(stacks[row][k - 1])
+        answers = self.verifier(shown) if shown else self.verifier.idle_call()
+        texts = [answers[queries[(_row_key(kwargs, i), k)]] if k is not None else "" for i, k in enumerate(keys)]
         if "log_extra" in kwargs:
-            kwargs["log_extra"]("verifier", verifier_texts)
+            kwargs["log_extra"]("verifier", texts)
             kwargs["log_extra"]("verifier_frame", [k if k is not None else -1 for k in keys])
+        if "log_metric" in kwargs:
+            kwargs["log_metric"]("verifier_queries", float(len(shown)))
         out: list[float | None] = []
-        for text, k, row in zip(verifier_texts, keys, rows, strict=True):
-            value = sc.r_c(text, k, sc.truth_from_row(row), cfg)
+        for i, (text, k, truth) in enumerate(zip(texts, keys, truths, strict=True)):
+            value = sc.r_c(text, k, truth, cfg)
+            if value is not None and cfg.box_weight > 0 and k is not None and truth.key_slice is not None:
+                if abs(k - truth.key_slice) <= cfg.k_hit_window:
+                    value += cfg.box_weight * box_iou(scores[i].pred_bbox, _column(kwargs, "bbox_qwen", i))
             out.append(None if value is None else float(value))
         return out
 
 
+def _column(kwargs: Mapping[str, Any], name: str, i: int) -> Any:
+    """Return column `name` of completion i, or None when the dataset has no such column."""
+    values = kwargs.get(name)
+    return None if values is None else values[i]
+
+
+def _n_frames(kwargs: Mapping[str, Any], i: int) -> int:
+    """Return the frame count of completion i's row (`n_frames` column, else the length of `frames`)."""
+    n = _column(kwargs, "n_frames", i)
+    return int(n) if n is not None else len(kwargs["frames"][i])
+
+
+def _row_key(kwargs: Mapping[str, Any], i: int) -> Any:
+    """Return an identity of completion i's row: (case_id, organ) when present, else the frames object."""
+    if "case_id" in kwargs and "organ" in kwargs:
+        return (kwargs["case_id"][i], kwargs["organ"][i])
+    return id(kwargs["frames"][i])
+
+
 def make_reward_funcs(
-    names: Sequence[str], *, scoring_config: Any = None, verifier: Verifier | None = None
+    names: Sequence[str], *, scoring_config: sc.ScoringConfig | None = None, verifier: Verifier | None = None
 ) -> list[Callable[..., list[float | None]]]:
     """Return the reward callables for an ablation: `["r_e"]`, `["r_e", "r_f"]` or `["r_e", "r_f", "r_c"]`.
 
@@ -226,18 +254,39 @@ def make_reward_funcs(
         raise ValueError(f"Invalid rewards {list(names)}; choose distinct names from {list(REWARD_NAMES)}.")
     funcs: list[Callable[..., list[float | None]]] = []
     for name in names:
-        if name == "r_e":
-            funcs.append(ExistenceReward(scoring_config))
-        elif name == "r_f":
-            funcs.append(FindingsReward(scoring_config))
-        else:
+        if name == "r_c":
             if verifier is None:
                 raise ValueError("r_c needs a Verifier (the policy re-queried on the key frame).")
             funcs.append(ConsistencyReward(verifier, scoring_config))
+        elif scoring_config is None:
+            funcs.append(REWARD_FUNCS[name])
+        else:
+            funcs.append(functools.update_wrapper(functools.partial(REWARD_FUNCS[name], scoring_config=scoring_config),
+                                                  REWARD_FUNCS[name]))  # fmt: skip
     return funcs
 
 
-def reward_weights_for(names: Sequence[str], weights: Mapping[str, float] | None = None) -> list[float]:
-    """Return the weights of `names` in order (default SPEC §7: r_e 0.3, r_f 0.5, r_c 0.2; not renormalised)."""
-    table = dict(DEFAULT_REWARD_WEIGHTS if weights is None else weights)
+def reward_weights_for(
+    names: Sequence[str],
+    weights: Sequence[float] | None = None,
+    scoring_config: sc.ScoringConfig | None = None,
+) -> list[float]:
+    """Return the weights of `names` in order, read from `ScoringConfig.reward_weights` (not renormalised).
+
+    Args:
+        names: reward names.
+        weights: explicit weights (e.g. `reward_weights` in a config); must have one weight per name.
+        scoring_config: the table to read; `ScoringConfig()` (0.3, 0.5, 0.2) when None.
+
+    Raises:
+        ValueError: when `weights` has the wrong length (it is never silently replaced).
+    """
+    if weights is not None:
+        if len(weights) != len(names):
+            raise ValueError(
+                f"reward_weights={list(weights)} has {len(weights)} weights for the {len(names)} rewards {list(names)}; "
+                "give one weight per reward or drop reward_weights to use ScoringConfig's table."
+            )
+        return [float(w) for w in weights]
+    table = (scoring_config or sc.DEFAULT_CONFIG).reward_weight_table()
     return [float(table[n]) for n in names]

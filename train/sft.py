@@ -13,6 +13,7 @@ The saved directory reloads with `Qwen3VLForConditionalGeneration.from_pretraine
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,15 @@ import torch
 from transformers import Qwen3VLForConditionalGeneration
 from trl import SFTConfig, SFTTrainer, TrlParser
 
+from train.checks import (
+    check_columns,
+    check_frames,
+    check_precision,
+    check_qwen3_vl_checkpoint,
+    max_frames_in,
+    require_fp32_trainable,
+    run_cli,
+)
 from train.data import CTQwen3VLProcessor, SFTCollator, load_split
 from train.freeze import set_stage_trainable
 from train.tiny import build_model, build_processor
@@ -42,16 +52,32 @@ class SftScriptArguments:
     dataset_split: str = field(default="train", metadata={"help": "Shard split to train on."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N rows."})
     tiny_seed: int = field(default=0, metadata={"help": "Seed of the tiny model built when no model is given."})
-    dtype: str = field(default="float32", metadata={"help": "Parameter dtype when loading: float32 | bfloat16."})
+    dtype: str = field(
+        default="float32",
+        metadata={"help": "Weight dtype: float32 only (fp32 master weights); bf16 compute is `bf16: true`."},
+    )
+    lm_warmup_learning_rate: float | None = field(
+        default=None, metadata={"help": "Learning rate of the LM warm-up (default: learning_rate)."}
+    )
+    lm_warmup_frame_px: int = field(
+        default=0, metadata={"help": "Frame side during the LM warm-up (smaller = cheaper); 0 keeps the frames."}
+    )
+    max_frames: int = field(default=64, metadata={"help": "Refuse rows with more frames (the context budget)."})
+    lm_warmup_steps: int = field(
+        default=0,
+        metadata={"help": "Demo only (not the paper): full-model steps on the reports before the SFT freezing."},
+    )
 
 
 def load_policy(
     model_name_or_path: str | None, *, dtype: str = "float32", tiny_seed: int = 0
 ) -> tuple[Qwen3VLForConditionalGeneration, CTQwen3VLProcessor]:
     """Return (model, processor): loaded from a path/Hub id, or a freshly built tiny pair when None."""
+    check_precision(dtype)
     if model_name_or_path is None:
         processor = build_processor()
         return build_model(processor.tokenizer, seed=tiny_seed), processor
+    check_qwen3_vl_checkpoint(model_name_or_path)
     torch_dtype = getattr(torch, dtype)
     model = Qwen3VLForConditionalGeneration.from_pretrained(model_name_or_path, dtype=torch_dtype)
     return model, CTQwen3VLProcessor.from_pretrained(model_name_or_path)
@@ -71,10 +97,20 @@ def make_sft_config(**overrides: Any) -> SFTConfig:
 
 
 def build_sft_trainer(
-    model: Qwen3VLForConditionalGeneration, processor: CTQwen3VLProcessor, train_dataset: Any, args: SFTConfig
+    model: Qwen3VLForConditionalGeneration,
+    processor: CTQwen3VLProcessor,
+    train_dataset: Any,
+    args: SFTConfig,
+    stage: str = "sft",
+    frame_px: int | None = None,
 ) -> SFTTrainer:
-    """Freeze for SFT and return an `SFTTrainer` with the CT video collator."""
-    set_stage_trainable(model, "sft")
+    """Freeze for SFT (or `stage`) and return an `SFTTrainer` with the CT video collator.
+
+    Raises:
+        TrainConfigError: when a trainable parameter is not fp32 (no master copy).
+    """
+    set_stage_trainable(model, stage)
+    require_fp32_trainable(model)
     args.remove_unused_columns = False
     args.dataset_kwargs = {**(args.dataset_kwargs or {}), "skip_prepare_dataset": True}
     return SFTTrainer(
@@ -82,23 +118,51 @@ def build_sft_trainer(
         args=args,
         train_dataset=train_dataset,
         processing_class=processor,
-        data_collator=SFTCollator(processor),
+        data_collator=SFTCollator(processor, frame_px=frame_px),
     )
+
+
+def _lm_warmup(
+    model: Any,
+    processor: CTQwen3VLProcessor,
+    dataset: Any,
+    args: SFTConfig,
+    steps: int,
+    frame_px: int,
+    lr: float | None = None,
+) -> float:
+    """Demo stage: train every part of the model `steps` steps on the reports (frames at frame_px²); last loss."""
+    warm = copy.deepcopy(args)
+    warm.max_steps, warm.output_dir, warm.save_strategy = steps, str(Path(args.output_dir) / "lm_warmup"), "no"
+    warm.learning_rate = lr if lr is not None else args.learning_rate
+    trainer = build_sft_trainer(model, processor, dataset, warm, stage="lm_warmup", frame_px=frame_px or None)
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    del trainer
+    return losses[-1] if losses else float("nan")
 
 
 def run_sft(script_args: SftScriptArguments, training_args: SFTConfig) -> Path:
-    """Train and save model + processor to `training_args.output_dir`; return that directory."""
+    """Train and save model + processor (+ `trainer_state.json`) to `training_args.output_dir`; return it."""
     if script_args.dataset_dir is None:
         raise ValueError("--dataset_dir is required (a table folder such as <out>/sft).")
+    check_precision(script_args.dtype)
+    dataset = load_split(script_args.dataset_dir, script_args.dataset_split, limit=script_args.max_train_samples)
+    check_columns(script_args.dataset_dir, dataset.column_names, "sft")
+    check_frames(max_frames_in(dataset), script_args.max_frames)
     model, processor = load_policy(
         script_args.model_name_or_path, dtype=script_args.dtype, tiny_seed=script_args.tiny_seed
     )
-    dataset = load_split(script_args.dataset_dir, script_args.dataset_split, limit=script_args.max_train_samples)
-    trainer = build_sft_trainer(model, processor, dataset, training_args)
     start = time.perf_counter()
+    if script_args.lm_warmup_steps > 0:
+        warm_loss = _lm_warmup(model, processor, dataset, training_args, script_args.lm_warmup_steps,
+                               script_args.lm_warmup_frame_px, script_args.lm_warmup_learning_rate)  # fmt: skip
+        print(f"LM warm-up (demo only): {script_args.lm_warmup_steps} full-model steps, last loss {warm_loss:.4f}")
+    trainer = build_sft_trainer(model, processor, dataset, training_args)
     result = trainer.train()
     out = Path(training_args.output_dir)
     trainer.save_model(str(out))
+    trainer.save_state()
     processor.save_pretrained(str(out))
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     print(  # console summary of a CLI script (house style allows print here)
@@ -118,4 +182,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -104,6 +104,18 @@ def make_rows(n_rows: int, *, n_frames: int = 8, size_px: int = 64, split: str =
     return rows
 
 
+def write_rows(table_dir: str | Path, splits: dict[str, list[dict]]) -> Path:
+    """Write rows (as `make_rows` returns them) to `<table_dir>/data/<split>-00000-of-00001.parquet`; return table_dir."""
+    import datasets  # noqa: PLC0415
+
+    out = Path(table_dir)
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    for split, rows in splits.items():
+        ds = datasets.Dataset.from_list(rows, features=_features())
+        ds.to_parquet(str(out / "data" / f"{split}-00000-of-00001.parquet"))
+    return out
+
+
 def write_sft_table(
     table_dir: str | Path,
     *,
@@ -114,9 +126,21 @@ def write_sft_table(
     seed: int = 0,
 ) -> Path:
     """Write `<table_dir>/data/{train,test}-00000-of-00001.parquet` with Hub `List(Image())` frames; return table_dir."""
+    splits = {
+        split: make_rows(n, n_frames=n_frames, size_px=size_px, split=split, seed=s)
+        for split, n, s in (("train", n_train, seed), ("test", n_test, seed + 1))
+        if n > 0
+    }
+    write_rows(table_dir, splits)
+    logger.info("Wrote a synthetic sft table (%d train, %d test rows) to %s", n_train, n_test, table_dir)
+    return Path(table_dir)
+
+
+def _features() -> Any:
+    """Return the `datasets.Features` of the synthetic sft table (Hub `List(Image())` frames)."""
     import datasets  # noqa: PLC0415
 
-    features = datasets.Features(
+    return datasets.Features(
         {
             "case_id": datasets.Value("string"),
             "organ": datasets.Value("string"),
@@ -136,13 +160,3 @@ def write_sft_table(
             "report": datasets.Value("string"),
         }
     )
-    out = Path(table_dir)
-    (out / "data").mkdir(parents=True, exist_ok=True)
-    for split, n, s in (("train", n_train, seed), ("test", n_test, seed + 1)):
-        if n == 0:
-            continue
-        rows = make_rows(n, n_frames=n_frames, size_px=size_px, split=split, seed=s)
-        ds = datasets.Dataset.from_list(rows, features=features)
-        ds.to_parquet(str(out / "data" / f"{split}-00000-of-00001.parquet"))
-    logger.info("Wrote a synthetic sft table (%d train, %d test rows) to %s", n_train, n_test, out)
-    return out

@@ -41,7 +41,11 @@ def test_device_check_tiny(tmp_path):
     from train.device_check import main as dc_main
 
     out = tmp_path / "dc.json"
-    dc_main(["--tiny", "--output", str(out)])
-    data = json.loads(out.read_text())
+    dc_main(["--tiny", "--output", str(out)])  # asserts inside: finite loss, gradients, parameter groups
+    (line,) = out.read_text().splitlines()  # one JSON line
+    data = json.loads(line)
     assert data["shape"] == "tiny"
-    assert data["sft"]["step_s"] > 0 and data["grpo"]["step_s"] > 0
+    assert data["sft"]["grad_norm"] > 0 and all(g > 0 for g in data["grpo"]["grad_norm"])
+    assert set(data["sft"]["changed"]) == {"vit", "projector"}
+    assert {"projector", "llm"} <= set(data["grpo"]["changed"]) and "vit" in data["grpo"]["unchanged"]
+    assert len(data["grpo"]["step_s"]) == 2

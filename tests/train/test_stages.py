@@ -306,3 +306,21 @@ def test_left_padding_does_not_change_logprobs(grpo_run):
     alone = _logps(trainer, [short])
     batched = _logps(trainer, [short, long])  # row 0 is left-padded to row 1's longer prompt
     torch.testing.assert_close(batched[0], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_each_prompt_video_is_encoded_once_per_rollout(grpo_run, monkeypatch):
+    """TRL repeats each row G times and tokenises every copy; the video of a prompt is still encoded once."""
+    import train.data
+
+    trainer, _, _ = grpo_run
+    calls = []
+    real = train.data.encode_ct_video
+    monkeypatch.setattr(train.data, "encode_ct_video", lambda *a, **k: calls.append(1) or real(*a, **k))
+    rows = [dict(trainer.train_dataset[i]) for i in (0, 0, 0, 0, 2, 2, 2, 2)]
+    saved = trainer.reward_funcs
+    trainer.reward_funcs = [_length_reward, _length_reward]
+    try:
+        trainer._generate_and_score_completions(rows)
+    finally:
+        trainer.reward_funcs = saved
+    assert len(calls) == 2  # two prompts, eight completions

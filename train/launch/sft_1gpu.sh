@@ -3,5 +3,5 @@
 set -euo pipefail
 DATASET_DIR=${1:?dataset dir, e.g. out/sft}; OUTPUT_DIR=${2:?output dir}; MODEL=${3:-Qwen/Qwen3-VL-8B-Instruct}
 shift $(( $# < 3 ? $# : 3 ))
-python -m train.sft --config train/configs/sft.yaml --dataset_dir "$DATASET_DIR" \
+${PYTHON:-python3} -m train.sft --config train/configs/sft.yaml --dataset_dir "$DATASET_DIR" \
   --model_name_or_path "$MODEL" --output_dir "$OUTPUT_DIR" "$@"

@@ -1,0 +1,108 @@
+"""Every shipped config parses (no unknown key), keeps fp32 master weights, and launch files agree with it."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from trl import GRPOConfig, SFTConfig, TrlParser
+
+from train.checks import TrainConfigError, check_precision, validate_launch
+from train.grpo import GrpoScriptArguments
+from train.sft import SftScriptArguments
+
+
+CONFIGS = sorted(Path("train/configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_config_parses_and_keeps_fp32_masters(path, tmp_path):
+    kind = (SftScriptArguments, SFTConfig) if path.name.startswith("sft") else (GrpoScriptArguments, GRPOConfig)
+    raw = yaml.safe_load(path.read_text())
+    overrides = ["--output_dir", str(tmp_path)] + (["--use_cpu", "true", "--bf16", "false"] if raw.get("bf16") else [])
+    script, training = TrlParser(kind).parse_args_and_config(["--config", str(path), *overrides])
+    check_precision(script.dtype, lora=getattr(script, "lora_r", 0) > 0)
+    assert script.dtype == "float32" or getattr(script, "lora_r", 0) > 0
+    assert "reward_weights" not in raw  # weights come from emrl_data.scoring.ScoringConfig
+
+
+@pytest.mark.parametrize("accel", ["zero2.yaml", "zero3.yaml"])
+@pytest.mark.parametrize("config", ["sft.yaml", "grpo.yaml"])
+def test_deepspeed_launch_configs_are_consistent(accel, config):
+    acc = validate_launch(f"train/launch/{accel}", f"train/configs/{config}")
+    assert acc["deepspeed_config"]["zero_stage"] in (2, 3)
+
+
+def test_single_gpu_lora_config_is_consistent(tmp_path):
+    single = tmp_path / "one.yaml"
+    single.write_text(yaml.safe_dump({"num_processes": 1, "mixed_precision": "bf16"}))
+    validate_launch(single, "train/configs/grpo_lora.yaml")
+
+
+def test_inconsistent_launch_is_refused(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 1},
+                                   "mixed_precision": "bf16", "num_processes": 4}))  # fmt: skip
+    cfg = tmp_path / "grpo.yaml"
+    cfg.write_text(yaml.safe_dump({"dtype": "bfloat16", "bf16": True, "per_device_train_batch_size": 1}))
+    with pytest.raises(TrainConfigError, match="zero_stage=1.*no fp32 master copy.*= 4, not 64"):
+        validate_launch(bad, cfg)
+
+
+def _cli(module, *args):
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=300)
+
+
+def test_unknown_config_key_is_one_line_error_from_the_real_cli(sft_table, tmp_path):
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("use_cpu: true\nbf16: false\nlearning_rat: 1.0e-3\n")
+    proc = _cli("train.sft", "--config", str(unknown), "--dataset_dir", str(sft_table), "--output_dir", str(tmp_path))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    err = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "unknown config key" in err[0] and "learning_rat" in err[0]
+
+
+def test_bad_inputs_end_in_one_line_errors(sft_table, tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from train.checks import run_cli
+    from train.grpo import main as grpo_main
+    from train.sft import main as sft_main
+
+    not_qwen = tmp_path / "bert"
+    not_qwen.mkdir()
+    (not_qwen / "config.json").write_text('{"model_type": "bert"}')
+    no_columns = tmp_path / "nocols"
+    (no_columns / "data").mkdir(parents=True)
+    pq.write_table(pa.table({"case_id": ["a"], "n": [1]}), no_columns / "data" / "train-00000-of-00001.parquet")
+    base = ["--config", "train/configs/sft_tiny.yaml", "--output_dir", str(tmp_path / "o")]
+    cases = [
+        (sft_main, [*base, "--dataset_dir", str(no_columns)], "lacks the columns"),
+        (sft_main, [*base, "--dataset_dir", str(sft_table), "--max_frames", "4"], "more than max_frames=4"),
+        (sft_main, [*base, "--dataset_dir", str(sft_table), "--model_name_or_path", str(not_qwen)], "not Qwen3-VL"),
+        (sft_main, [*base, "--dataset_dir", str(sft_table), "--dtype", "bfloat16"], "no fp32 master copy"),
+        (grpo_main, ["--config", "train/configs/grpo_tiny.yaml", "--output_dir", str(tmp_path / "g"),
+                     "--dataset_dir", str(sft_table), "--model_name_or_path", str(not_qwen)], "not Qwen3-VL"),
+        (grpo_main, ["--config", "train/configs/grpo_tiny.yaml", "--output_dir", str(tmp_path / "g"),
+                     "--dataset_dir", str(no_columns), "--model_name_or_path", str(not_qwen)], "not Qwen3-VL"),
+    ]  # fmt: skip
+    for main, args, needle in cases:
+        with pytest.raises(SystemExit) as exc:
+            run_cli(main, args)
+        assert exc.value.code == 2
+        stderr = capsys.readouterr().err
+        err = [line for line in stderr.splitlines() if line.startswith("error:")]
+        assert "Traceback" not in stderr
+        assert len(err) == 1 and needle in err[0], (args, err)
+
+
+def test_memory_table_in_docs_is_the_scripts_output():
+    from train.memory_plan import markdown, plan
+
+    assert markdown() in Path("docs/training.md").read_text()
+    full_one_gpu, zero2, zero3, lora = plan()
+    assert full_one_gpu["path"].startswith("1 GPU, full") and not full_one_gpu["fits_141"]  # the paper needs GPUs
+    assert zero2["fits_141"] and zero3["fits_80"]
+    assert lora["path"].startswith("1 GPU, LoRA") and lora["fits_80"]

@@ -1,0 +1,180 @@
+"""Input and precision checks of the training CLIs: one-line errors that name the problem and the fix.
+
+Precision rule (SPEC §9 "Numerics", `docs/training.md`): every trainable parameter is fp32 (the master copy);
+bf16 is used only for compute (`bf16: true` = autocast / DeepSpeed bf16 with fp32 masters) and, in the LoRA path, for
+frozen weights. AdamW at lr 5e-6 on bf16 weights rounds most updates away (bf16 keeps 8 significant bits, a relative
+step of 2^-9 ≈ 0.2 %), so a bf16 model with a bf16 optimizer state is refused, not trained.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+
+# Columns `train.sft` / `train.grpo` read from a table folder (the `sft` layout; rl_hardset carries them too).
+REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
+    "sft": ("organ", "frames", "prompt", "report"),
+    "grpo": ("organ", "frames", "prompt", "has_lesion", "long_axis_mm", "location", "attenuation", "key_slice_frame"),
+}
+FULL_PRECISION = ("float32",)
+HALF_PRECISION = ("bfloat16", "float16")
+
+
+class TrainConfigError(ValueError):
+    """A user-facing configuration or input error; the CLIs print its message as one line and exit 2."""
+
+
+def check_precision(dtype: str, *, lora: bool = False) -> None:
+    """Refuse trainable weights stored below fp32 (no master copy).
+
+    Args:
+        dtype: the `dtype` key (dtype the weights are loaded in).
+        lora: the LoRA path, where `dtype` applies to the frozen base only (adapters and projector stay fp32).
+
+    Raises:
+        TrainConfigError: on an unknown dtype, or a half dtype for full-parameter training.
+    """
+    if dtype not in FULL_PRECISION + HALF_PRECISION:
+        raise TrainConfigError(f"dtype={dtype!r} is unknown; use float32 (with bf16: true for bf16 compute).")
+    if dtype in HALF_PRECISION and not lora:
+        raise TrainConfigError(
+            f"dtype={dtype} trains {dtype} weights with a {dtype} AdamW state and no fp32 master copy "
+            "(updates at lr 5e-6 round away); set dtype: float32 and bf16: true (fp32 master weights, bf16 compute)."
+        )
+
+
+def require_fp32_trainable(model: Any) -> None:
+    """Raise unless every trainable parameter is fp32 (the optimizer then keeps fp32 state and masters).
+
+    Raises:
+        TrainConfigError: naming the first offending parameter.
+    """
+    import torch  # noqa: PLC0415
+
+    for name, param in model.named_parameters():
+        if param.requires_grad and param.dtype != torch.float32:
+            raise TrainConfigError(
+                f"trainable parameter {name} is {param.dtype}, not fp32: an optimizer step would round most updates "
+                "away; load with dtype: float32 and use bf16: true for bf16 compute."
+            )
+
+
+def check_columns(dataset_dir: str | Path, columns: Iterable[str], stage: str) -> None:
+    """Raise when the table lacks a column `stage` reads.
+
+    Raises:
+        TrainConfigError: naming the missing columns and the table.
+    """
+    missing = [c for c in REQUIRED_COLUMNS[stage] if c not in set(columns)]
+    if missing:
+        raise TrainConfigError(
+            f"dataset {dataset_dir} lacks the columns {missing} that {stage} reads; pass a table folder written by "
+            "`emrl build-sft-set` (sft) or `emrl build-rl-hardset` (rl_hardset)."
+        )
+
+
+def check_frames(n_frames: int, limit: int) -> None:
+    """Raise when a row has more frames than `limit` (`max_frames` of the run).
+
+    Raises:
+        TrainConfigError: naming the count, the limit and the fix.
+    """
+    if n_frames > limit:
+        raise TrainConfigError(
+            f"a row has {n_frames} frames, more than max_frames={limit}; rebuild the set with fewer frames "
+            f"(frames.max_frames) or raise --max_frames if the model's context allows it."
+        )
+
+
+def max_frames_in(dataset: Any) -> int:
+    """Return the largest frame count of a `datasets.Dataset` with a `frames` list column (0 when empty)."""
+    import pyarrow.compute as pc  # noqa: PLC0415
+
+    if len(dataset) == 0:
+        return 0
+    lengths = pc.list_value_length(dataset.data.column("frames"))
+    return int(pc.max(lengths).as_py() or 0)
+
+
+def check_qwen3_vl_checkpoint(path: str | None) -> None:
+    """Raise when a local checkpoint is not a Qwen3-VL model (its config.json `model_type` is not `qwen3_vl`).
+
+    Hub ids (no local folder) are not checked here; `from_pretrained` checks them.
+
+    Raises:
+        TrainConfigError: naming the found model type.
+    """
+    if path is None or not Path(path).exists():
+        return
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        raise TrainConfigError(f"{path} has no config.json; pass a Qwen3-VL checkpoint folder (model + processor).")
+    model_type = json.loads(config.read_text()).get("model_type")
+    if model_type != "qwen3_vl":
+        raise TrainConfigError(
+            f"{path} is a {model_type!r} checkpoint, not Qwen3-VL (model_type qwen3_vl); pass a Qwen3-VL checkpoint "
+            "such as Qwen/Qwen3-VL-8B-Instruct or a folder written by train.sft."
+        )
+
+
+def run_cli(main: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> None:
+    """Run a training CLI; a configuration or input error ends with one line on stderr and exit code 2.
+
+    `TrainConfigError`, the parser's unknown-key `ValueError` and a missing file are user errors; anything else is a
+    bug and keeps its traceback.
+    """
+    try:
+        main(argv)
+    except (TrainConfigError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except ValueError as exc:
+        text = str(exc)
+        if "Unknown arguments from config file" in text or "not used by the HfArgumentParser" in text:
+            print(f"error: unknown config key: {text.splitlines()[0]}", file=sys.stderr)
+            raise SystemExit(2) from None
+        raise
+
+
+def validate_launch(accelerate_yaml: str | Path, training_yaml: str | Path, *, completions_per_step: int = 64) -> dict:
+    """Check an accelerate (+ DeepSpeed) config against a training config without importing deepspeed.
+
+    Checks: DeepSpeed ZeRO stage 2 or 3; bf16 mixed precision (compute) with `dtype: float32` weights (fp32 masters);
+    offload devices none|cpu; processes x micro-batch x accumulation = `completions_per_step` (the paper's 8 prompts x
+    8 completions; SFT configs: samples per step); ZeRO-3 saves a 16-bit model. Returns the parsed accelerate config.
+
+    Raises:
+        TrainConfigError: naming the inconsistent keys.
+    """
+    import yaml  # noqa: PLC0415
+
+    acc = yaml.safe_load(Path(accelerate_yaml).read_text())
+    train = yaml.safe_load(Path(training_yaml).read_text())
+    problems = []
+    if acc.get("distributed_type") == "DEEPSPEED":
+        ds = acc.get("deepspeed_config", {})
+        if ds.get("zero_stage") not in (2, 3):
+            problems.append(f"zero_stage={ds.get('zero_stage')} (use 2 or 3)")
+        for key in ("offload_optimizer_device", "offload_param_device"):
+            if ds.get(key, "none") not in ("none", "cpu"):
+                problems.append(f"{key}={ds.get(key)} (none or cpu)")
+        if ds.get("zero_stage") == 3 and not ds.get("zero3_save_16bit_model"):
+            problems.append("zero3_save_16bit_model is off (checkpoints would be unusable shards)")
+    if acc.get("mixed_precision") != "bf16" or not train.get("bf16"):
+        problems.append("bf16 compute must be on in both files (mixed_precision: bf16, bf16: true)")
+    try:
+        check_precision(str(train.get("dtype", "float32")), lora=int(train.get("lora_r", 0)) > 0)
+    except TrainConfigError as exc:
+        problems.append(str(exc))
+    per_step = int(acc.get("num_processes", 1)) * int(train.get("per_device_train_batch_size", 1))
+    per_step *= int(train.get("gradient_accumulation_steps", 1))
+    if per_step != completions_per_step:
+        problems.append(f"num_processes x per_device_train_batch_size x gradient_accumulation_steps = {per_step}, "
+                        f"not {completions_per_step}")  # fmt: skip
+    if problems:
+        raise TrainConfigError(f"{accelerate_yaml} with {training_yaml}: " + "; ".join(problems))
+    return acc

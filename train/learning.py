@@ -1,0 +1,89 @@
+"""Learning diagnostics of the CPU demo and tests: do the reports parse, does GRPO move log-probs the right way.
+
+* `parse_rate`: greedy reports of a checkpoint on a split, and the fraction that `emrl_data.parser` parses.
+* `logprob_shift_correlation`: one GRPO rollout batch, one optimizer step on it, and the Pearson correlation between
+  each completion's advantage and the change of its summed log-prob (positive = the update has the right sign).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from emrl_data.parser import ParseFailure, parse_report
+from train.data import frames_to_array, load_model_and_processor, load_split, user_messages
+
+
+logger = logging.getLogger(__name__)
+
+
+def generate_reports(model: Any, processor: Any, rows: list[dict[str, Any]], max_new_tokens: int = 128) -> list[str]:
+    """Return the greedy report of each row (video + prompt), vision tokens suppressed."""
+    texts = []
+    model.eval()
+    for row in rows:
+        inputs = processor.apply_chat_template([user_messages(row["prompt"], frames_to_array(row["frames"]))],
+                                               add_generation_prompt=True, tokenize=True, return_dict=True,
+                                               return_tensors="pt")  # fmt: skip
+        with torch.no_grad():
+            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
+                                 suppress_tokens=processor.vision_token_ids)  # fmt: skip
+        texts.append(processor.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)[0])
+    return texts
+
+
+def parse_rate(
+    model_dir: str | Path, dataset_dir: str | Path, split: str = "test", max_new_tokens: int = 128
+) -> float:
+    """Return the fraction of `split` rows whose greedy report from `model_dir` parses."""
+    model, processor = load_model_and_processor(model_dir, dtype=torch.float32)
+    rows = [dict(r) for r in load_split(dataset_dir, split)]
+    reports = generate_reports(model, processor, rows, max_new_tokens)
+    ok = [not isinstance(parse_report(t, r["organ"]), ParseFailure) for t, r in zip(reports, rows, strict=True)]
+    return sum(ok) / max(1, len(ok))
+
+
+def _sequence_logps(trainer: Any, batch: dict[str, Any]) -> torch.Tensor:
+    """Return the summed completion log-prob per row of a rollout batch (current weights, no grad)."""
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    trainer._ct_videos = list(zip(batch["ct_pixel_values_videos"], batch["ct_video_grid_thw"], strict=True))
+    try:
+        with torch.no_grad():
+            logps, _ = trainer._get_per_token_logps_and_entropies(
+                trainer.model, ids, mask, batch["completion_ids"].shape[1]
+            )[:2]
+    finally:
+        trainer._ct_videos = None
+    return (logps * batch["completion_mask"]).sum(1)
+
+
+def logprob_shift_correlation(trainer: Any, rows: list[dict[str, Any]], lr: float = 1e-3) -> tuple[float, dict]:
+    """Roll out `rows` (already repeated per generation), take one AdamW step on the GRPO loss of that batch.
+
+    Returns (Pearson correlation of advantage vs Δ summed log-prob, details). Uses the trainer's own rollout,
+    rewards and loss (`_generate_and_score_completions`, `_compute_loss`); the optimizer is a fresh AdamW over the
+    trainable parameters.
+    """
+    if not hasattr(
+        trainer, "current_gradient_accumulation_steps"
+    ):  # set by Trainer.train(); one step, no accumulation
+        trainer.current_gradient_accumulation_steps = 1
+    batch = trainer._generate_and_score_completions(rows)
+    before = _sequence_logps(trainer, batch)
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    opt.zero_grad()
+    loss = trainer._compute_loss(trainer.model, batch)
+    loss.backward()
+    grad_norm = float(torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
+    opt.step()
+    after = _sequence_logps(trainer, batch)
+    adv, delta = batch["advantages"].float(), (after - before).float()
+    if adv.std() == 0 or delta.std() == 0:
+        return 0.0, {"grad_norm": grad_norm, "advantages": adv.tolist(), "delta": delta.tolist()}
+    corr = float(torch.corrcoef(torch.stack([adv, delta]))[0, 1])
+    return corr, {"grad_norm": grad_norm, "advantages": adv.tolist(), "delta": delta.tolist()}
