@@ -101,7 +101,7 @@ def _check_synth(args: argparse.Namespace) -> None:
 
 
 def _check_build_sft_set(args: argparse.Namespace) -> None:
-    from emrl_data.atlas import discover_cases
+    from emrl_data.atlas import AtlasError, discover_cases
 
     atlas = Path(args.atlas)
     if not atlas.is_dir():
@@ -110,7 +110,12 @@ def _check_build_sft_set(args: argparse.Namespace) -> None:
             f"the atlas folder {atlas} {what}",
             "pass the AbdomenAtlas root (image_only/ + mask_only/, or BDMAP_* folders); `emrl synth DIR` writes one",
         )
-    found = discover_cases(atlas)
+    try:
+        found = discover_cases(atlas)
+    except AtlasError as exc:  # NoCasesError included: the message names what was found instead
+        raise UsageError(
+            str(exc), "point at the atlas root that holds image_only/ and mask_only/ (or BDMAP_* folders)"
+        ) from None
     if not found.refs:
         raise UsageError(
             f"no cases in {atlas}: no valid BDMAP_######## folders ({len(found.rejections)} invalid ones)",
@@ -736,6 +741,8 @@ def _explain(exc: BaseException) -> tuple[str, str]:
     text = " ".join(str(exc).split())[:300] or name
     if isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError)):
         return f"{name}: {text}", "check the path and its permissions"
+    if name in ("AtlasError", "NoCasesError"):
+        return text, "fix the atlas folder or the file named above, then rerun (docs/decisions.md: atlas robustness)"
     if name == "EndpointAuthError":
         return text, "export OPENAI_API_KEY=<a key the endpoint accepts>, then rerun (finished rows are kept)"
     network = ("ConnectError", "ConnectTimeout", "ConnectionError", "OfflineModeIsEnabled", "ReadTimeout")
