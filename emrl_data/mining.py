@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from emrl_data.dataset import row_order
+from emrl_data.dataset import count_rows, finish_table, row_order, write_table
 from emrl_data.evaluation import EvaluationResult, evaluate, write_evaluation
-from emrl_data.records import PREDICTION_TRUTH_COLUMNS, check_required
+from emrl_data.records import PREDICTION_TRUTH_COLUMNS, SCHEMAS, check_required
 from emrl_data.scoring import ReportScore, is_hard, score_report, truth_from_row
-from emrl_data.shards import write_json_atomic, write_text_atomic
+from emrl_data.shards import write_json_atomic, write_split_streaming, write_text_atomic
 from emrl_data.types import Organ, row_id
 
 
@@ -218,6 +218,44 @@ def write_split_metrics(
     write_json_atomic({s: json.loads(json.dumps(r.to_json(), allow_nan=False)) for s, r in results.items()},
                       out_dir / "metrics.json")  # fmt: skip
     return text
+
+
+def write_hardset_tables(
+    out: Path,
+    sft_train_rows: Iterable[Mapping[str, Any]],
+    collected: CollectedPredictions,
+    chosen: Sequence[HardRow],
+    *,
+    provenance: Mapping[str, Any],
+    n_bootstrap: int,
+) -> str:
+    """Write the `predictions` table, the `rl_hardset` table (frames streamed) and the SFT model's metrics under `out`.
+
+    Args:
+        out: the output root (`predictions/`, `rl_hardset/`).
+        sft_train_rows: the full `sft` train rows (frames included), streamed in shard order.
+        collected: the scored predictions; chosen: the selected hard rows.
+        provenance: written into each table's manifest and card.
+        n_bootstrap: bootstrap replicates of the metric intervals.
+
+    Returns:
+        The metrics markdown (`write_split_metrics`), also in the `rl_hardset` card.
+    """
+    predictions = sorted(collected.predictions, key=row_order)
+    by_split = {s: [p for p in predictions if p["split"] == s] for s in SPLITS}
+    write_table("predictions", by_split, out, provenance=provenance)
+    hard_rows_light = chosen_light_rows(collected.scored["train"], chosen)
+    write_split_streaming(
+        hard_set_rows(sft_train_rows, chosen, predictions),
+        [collected.frame_bytes[row_id(r["case_id"], r["organ"])] for r in hard_rows_light],
+        SCHEMAS["rl_hardset"],
+        out / "rl_hardset" / "data",
+        "train",
+    )
+    metrics_text = write_split_metrics(collected.scored, out / "rl_hardset", n_bootstrap=n_bootstrap)
+    counts = {"train": count_rows(hard_rows_light).get("train", {"total": 0})}
+    finish_table("rl_hardset", out, provenance=provenance, counts=counts, metrics_markdown=metrics_text or None)
+    return metrics_text
 
 
 def reason_counts(chosen: Iterable[HardRow]) -> dict[str, int]:

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from emrl_data import __version__
+from emrl_data.atlas import AtlasPlan
+from emrl_data.config import CurateConfig, SftConfig
 from emrl_data.curate import CaseStore
 from emrl_data.dataset import count_rejections, count_rows, finish_table, row_order, write_table
 from emrl_data.frames import draw_contact_sheet
@@ -41,6 +44,30 @@ class GatheredCases:
     rows: list[dict[str, Any]]
     rejections: list[Rejection]
     file_digests: dict[str, str]
+
+
+def sft_set_provenance(
+    cfg: CurateConfig, sft_cfg: SftConfig, plan: AtlasPlan, *, git_sha: str | None
+) -> dict[str, Any]:
+    """Return the provenance every table of the run records: versions, both configs, the atlas layout and split source.
+
+    Args:
+        cfg: the curation config; sft_cfg: the SFT selection config; plan: the atlas plan.
+        git_sha: the code's commit, None outside a git checkout (the flow reads it; the library never runs git).
+    """
+    return {
+        "pipeline_version": __version__,
+        "git_sha": git_sha,
+        "config_fingerprint": cfg.fingerprint(),
+        "config": cfg.to_dict(),
+        "sft_config": {
+            "negatives_per_positive": sft_cfg.negatives_per_positive,
+            "seed": sft_cfg.seed,
+            "test_fraction": sft_cfg.test_fraction,
+        },
+        "atlas_layout": plan.layout,
+        "split_source": plan.split_source,
+    }
 
 
 def gather_case_results(case_ids: Sequence[str], store: CaseStore, keys: Mapping[str, str]) -> GatheredCases:

@@ -3,8 +3,8 @@
 sft shards (train + test) -> predictions (resumable: one fsync'd JSONL line per finished row) -> scores from the
 shared `emrl_data.scoring` (the GRPO reward's own functions) -> `predictions` table (every row) + Table 1/2 of the SFT
 model on train and test -> `rl_hardset` (train rows the model gets wrong, ranked by R, stratified by organ, capped
-at `target_size`, each with the reasons it was chosen and the SFT prediction). Thin: selection is in
-`emrl_data.mining`, scoring in `emrl_data.scoring`, inference in `inference`.
+at `target_size`, each with the reasons it was chosen and the SFT prediction). Thin: selection, the
+tables, metrics and summary are in `emrl_data.mining`, scoring in `emrl_data.scoring`, inference in `inference`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import hashlib
 import json
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +24,17 @@ from prefect.cache_policies import NO_CACHE
 from tqdm import tqdm
 
 from emrl_data import __version__
-from emrl_data.dataset import count_rows, finish_table, row_order, write_table
 from emrl_data.mining import (
     SPLITS,
     HardRow,
     build_summary,
-    chosen_light_rows,
     collect_predictions,
-    hard_set_rows,
     select_hard_rows,
     summary_markdown,
-    write_split_metrics,
+    write_hardset_tables,
 )
-from emrl_data.records import PREDICTION_TRUTH_COLUMNS, SCHEMAS
-from emrl_data.shards import sha256_file, write_json_atomic, write_split_streaming, write_text_atomic
+from emrl_data.records import PREDICTION_TRUTH_COLUMNS
+from emrl_data.shards import sha256_file, write_json_atomic, write_text_atomic
 from emrl_data.types import row_id
 from flows._common import FailFastOnAuth, Progress, git_sha
 from inference import OpenAIBackend, ResultStore, TransformersBackend, request_from_row, run_inference
@@ -162,19 +159,12 @@ def build_rl_hardset_flow(
     if not _shards(sft, "train"):
         raise FileNotFoundError(f"No train shards under {sft / 'data'}; run build-sft-set first.")
     model = model_path if backend == "transformers" else f"{endpoint_url}#{endpoint_model}"
-    fingerprint = _store_fingerprint(sft, model_path, str(model), max_new_tokens)
+    fingerprint = _store_fingerprint(sft, model_path, model, max_new_tokens)
     store_path = out / ".work" / f"predictions-{fingerprint}.jsonl"
     store_path.parent.mkdir(parents=True, exist_ok=True)
-    backend_kwargs = {
-        "backend": backend,
-        "model_path": model_path,
-        "endpoint_url": endpoint_url,
-        "endpoint_model": endpoint_model,
-        "batch_size": batch_size,
-        "max_new_tokens": max_new_tokens,
-        "max_concurrency": max_concurrency,
-        "device": device,
-    }
+    backend_kwargs = {"backend": backend, "model_path": model_path, "endpoint_url": endpoint_url,
+                      "endpoint_model": endpoint_model, "batch_size": batch_size, "max_new_tokens": max_new_tokens,
+                      "max_concurrency": max_concurrency, "device": device}  # fmt: skip
     results = predict_task(str(sft), list(SPLITS), str(store_path), backend_kwargs, limit)
 
     # Score every predicted row with the shared scorer, then select the hard rows of the train split.
@@ -182,30 +172,11 @@ def build_rl_hardset_flow(
     collected = collect_predictions({s: _iter_rows(sft, s, columns) for s in SPLITS}, results, str(model))
     chosen = select_hard_rows(collected.scored["train"], target_size=target_size)
 
-    provenance = {
-        "pipeline_version": __version__,
-        "git_sha": git_sha(),
-        "config_fingerprint": fingerprint,
-        "model": str(model),
-        "sft_dir": str(sft),
-        "target_size": target_size,
-    }
-    predictions = sorted(collected.predictions, key=row_order)
-    write_table("predictions", {s: [p for p in predictions if p["split"] == s] for s in SPLITS}, out,
-                provenance=provenance)  # fmt: skip
-    # rl_hardset table (train rows with their frames, streamed)
-    hard_rows_light = chosen_light_rows(collected.scored["train"], chosen)
-    write_split_streaming(
-        hard_set_rows(_iter_rows(sft, "train"), chosen, predictions),
-        [collected.frame_bytes[row_id(r["case_id"], r["organ"])] for r in hard_rows_light],
-        SCHEMAS["rl_hardset"],
-        out / "rl_hardset" / "data",
-        "train",
+    provenance = {"pipeline_version": __version__, "git_sha": git_sha(), "config_fingerprint": fingerprint,
+                  "model": str(model), "sft_dir": str(sft), "target_size": target_size}  # fmt: skip
+    metrics_text = write_hardset_tables(
+        out, _iter_rows(sft, "train"), collected, chosen, provenance=provenance, n_bootstrap=n_bootstrap
     )
-    metrics_text = write_split_metrics(collected.scored, out / "rl_hardset", n_bootstrap=n_bootstrap)
-    counts = {"train": count_rows(hard_rows_light).get("train", {"total": 0})}
-    finish_table("rl_hardset", out, provenance=provenance, counts=counts, metrics_markdown=metrics_text or None)
-
     summary = build_summary(
         provenance=provenance, collected=collected, chosen=chosen, out=out, elapsed_s=time.perf_counter() - started
     )
@@ -214,17 +185,21 @@ def build_rl_hardset_flow(
     write_text_atomic(summary_md, out / "rl_hardset" / "summary.md")
     _artifacts(summary_md, chosen)
     logger.info("build-rl-hardset: %d hard rows of %d train rows", len(chosen), len(collected.scored["train"]))
-    failed = collected.failed
+    _fail_on_failed_predictions(collected.failed, max_failed_predictions)
+    return summary
+
+
+def _fail_on_failed_predictions(failed: Sequence[Mapping[str, Any]], max_failed_predictions: int) -> None:
+    """Fail the run (after its outputs are written) when more rows than allowed could not be predicted."""
     if len(failed) > max_failed_predictions:
         raise RuntimeError(
             f"{len(failed)} row(s) could not be predicted (max_failed_predictions={max_failed_predictions}); "
             f"rerun to retry only them. First: {row_id(failed[0]['case_id'], failed[0]['organ'])}: "
             f"{failed[0]['inference_error']}"
         )
-    return summary
 
 
-def _store_fingerprint(sft: Path, model_path: str | None, model: str, max_new_tokens: int) -> str:
+def _store_fingerprint(sft: Path, model_path: str | None, model: str | None, max_new_tokens: int) -> str:
     """Key of the prediction store: the model, the generation settings and the exact SFT shards (16 hex digits)."""
     key_src = json.dumps(
         {

@@ -1,8 +1,9 @@
 """Flow `build-sft-set`: atlas -> organ rows -> `findings`, `sft` and `rejections` tables (SPEC §8).
 
 discover -> batches of cases (one task each, resumable through a content-keyed case store) -> select the SFT rows ->
-Parquet shards in the Hub layout + `manifest.json` -> artifacts (counts, summary, contact sheet). Thin: the work is in
-`emrl_data`.
+Parquet shards in the Hub layout + `manifest.json` -> artifacts (counts, summary, contact sheet). Thin: this module
+plans, submits tasks, shows progress, publishes artifacts and applies the failure threshold; curation is in
+`emrl_data.curate`, the tables, accounting and summary in `emrl_data.sft_set`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from tqdm import tqdm
 
-from emrl_data import __version__
 from emrl_data.atlas import AtlasOrganMeta, AtlasPlan, CaseRef, plan_atlas
 from emrl_data.config import CurateConfig, SftConfig
 from emrl_data.curate import PLAUSIBLE_ORGAN_VOLUME_CM3, CaseStore, case_cache_key, curate_case
@@ -34,6 +34,7 @@ from emrl_data.sft_set import (
     build_summary,
     check_every_case_accounted,
     gather_case_results,
+    sft_set_provenance,
     summary_markdown,
     unexpected_errors,
     write_contact_sheet,
@@ -112,35 +113,15 @@ def build_sft_set_flow(
     root, out = Path(atlas_root).resolve(), Path(output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
 
-    plan = plan_atlas(root, limit=limit, test_fraction=sft_cfg.test_fraction)
-    refs = list(plan.refs)
-    if not refs:
-        raise ValueError(f"No cases in {root}: expected BDMAP_######## folders (in image_only/ and mask_only/).")
-    logger.info(
-        "%d cases in %s (%s layout), split from %s, metadata: %s",
-        len(refs),
-        root,
-        plan.layout,
-        plan.split_source,
-        "yes" if plan.metadata else "no",
-    )
-
+    plan = _plan(root, limit, sft_cfg.test_fraction)
     store = CaseStore(out / ".work" / "cases")
     keys, n_cached = _curate_cases(plan, cfg, store, batch_size, max_workers, task_runner, task_runner_address)
-    case_ids = [r.case_id for r in refs]
+    case_ids = [r.case_id for r in plan.refs]
     gathered = gather_case_results(case_ids, store, keys)
     rows, rejections = gathered.rows, [*plan.rejections, *gathered.rejections]
     sft_rows = select_sft_rows(rows, sft_cfg)
 
-    provenance = {
-        "pipeline_version": __version__,
-        "git_sha": git_sha(),
-        "config_fingerprint": cfg.fingerprint(),
-        "config": cfg.to_dict(),
-        "sft_config": {"negatives_per_positive": negatives_per_positive, "seed": seed, "test_fraction": test_fraction},
-        "atlas_layout": plan.layout,
-        "split_source": plan.split_source,
-    }
+    provenance = sft_set_provenance(cfg, sft_cfg, plan, git_sha=git_sha())
     write_sft_set_tables(out, rows, sft_rows, rejections, store, keys, provenance)
     check_every_case_accounted(case_ids, rows, rejections)
 
@@ -155,7 +136,7 @@ def build_sft_set_flow(
         provenance=provenance,
         atlas_root=root,
         output_dir=out,
-        n_cases=len(refs),
+        n_cases=len(case_ids),
         n_resumed=n_cached,
         rows=rows,
         sft_rows=sft_rows,
@@ -167,12 +148,40 @@ def build_sft_set_flow(
     )
     write_json_atomic(summary, out / "manifest.json")
     sheet = write_contact_sheet(sft_rows, store, keys, out / "contact_sheet.png")
+    _reports(out, summary, qa_markdown(qa), rejections, sheet)
+    logger.info("build-sft-set done in %.1f s: %s", summary["seconds"], out)
+    _fail_on_unexpected_errors(rejections, max_unexpected_errors, out)
+    return summary
+
+
+def _plan(root: Path, limit: int | None, test_fraction: float) -> AtlasPlan:
+    """Plan the atlas (cases, splits, metadata) and log it; ValueError when it holds no case."""
+    plan = plan_atlas(root, limit=limit, test_fraction=test_fraction)
+    if not plan.refs:
+        raise ValueError(f"No cases in {root}: expected BDMAP_######## folders (in image_only/ and mask_only/).")
+    get_run_logger().info(
+        "%d cases in %s (%s layout), split from %s, metadata: %s",
+        len(plan.refs),
+        root,
+        plan.layout,
+        plan.split_source,
+        "yes" if plan.metadata else "no",
+    )
+    return plan
+
+
+def _reports(
+    out: Path, summary: Mapping[str, Any], qa_md: str, rejections: Sequence[Rejection], sheet: Path | None
+) -> None:
+    """Write `summary.md` and `qa.md` and publish the run's artifacts."""
     summary_md = summary_markdown(summary, sheet)
-    qa_md = qa_markdown(qa)
     (out / "summary.md").write_text(summary_md)
     (out / "qa.md").write_text(qa_md)
     _artifacts(summary, rejections, summary_md, qa_md, sheet)
-    logger.info("build-sft-set done in %.1f s: %s", summary["seconds"], out)
+
+
+def _fail_on_unexpected_errors(rejections: Sequence[Rejection], max_unexpected_errors: int, out: Path) -> None:
+    """Fail the run (after its outputs are written) when more cases than allowed hit an unexpected error."""
     unexpected = unexpected_errors(rejections)
     if len(unexpected) > max_unexpected_errors:
         raise RuntimeError(
@@ -180,7 +189,6 @@ def build_sft_set_flow(
             f"{max_unexpected_errors}); outputs were written, see {out / 'rejections'}: "
             + "; ".join(f"{r.case_id}: {r.detail}" for r in unexpected[:3])
         )
-    return summary
 
 
 def _curate_cases(

@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from emrl_data import __version__
+from emrl_data.atlas import AtlasPlan
+from emrl_data.config import CurateConfig, SftConfig
 from emrl_data.curate import CaseResult, CaseStore
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.sft_set import (
@@ -14,6 +17,7 @@ from emrl_data.sft_set import (
     gather_case_results,
     rejection_rows,
     rows_with_frames,
+    sft_set_provenance,
     summary_markdown,
     unexpected_errors,
 )
@@ -142,3 +146,18 @@ def test_summary_markdown_lists_counts_rejections_flags_and_outputs() -> None:
     no_rejections = summary | {"rejections": {}, "qa_flags": {}, "warnings": []}
     assert "| none | 0 |\n\nOutputs:" in summary_markdown(no_rejections, None)
     assert "contact sheet" not in summary_markdown(no_rejections, None)
+
+
+def test_sft_set_provenance_records_versions_both_configs_and_the_plan() -> None:
+    cfg = CurateConfig()
+    plan = AtlasPlan("split", (), {}, "case-id hash", {}, ())
+    provenance = sft_set_provenance(cfg, SftConfig(negatives_per_positive=2.0, seed=3), plan, git_sha=None)
+    assert provenance == {
+        "pipeline_version": __version__,
+        "git_sha": None,
+        "config_fingerprint": cfg.fingerprint(),
+        "config": cfg.to_dict(),
+        "sft_config": {"negatives_per_positive": 2.0, "seed": 3, "test_fraction": 0.10},
+        "atlas_layout": "split",
+        "split_source": "case-id hash",
+    }
