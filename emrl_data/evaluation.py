@@ -292,15 +292,68 @@ def evaluate(rows: Sequence[Mapping[str, Any]], *, n_bootstrap: int = 1000, seed
     """
     if n_bootstrap < 0:
         raise ValueError(f"n_bootstrap={n_bootstrap} must be >= 0.")
+    est = _estimate(rows, n_bootstrap, seed)
+    table1, table2 = _organ_tables(est)
+    average_bacc = _averaged(est, table1, table2, "bacc")
+    table2[AVERAGE] = {m: _averaged(est, table1, table2, m) for m in TABLE2_METRICS}
+    overall = _overall(est, table2[AVERAGE])
+    counts = dict(est.counts)
+    counts["all"] = {key: sum(est.counts[str(o)][key] for o in est.organs) for key in _COUNT_KEYS}
+    logger.info(
+        "Evaluated %d rows over %s (%d bootstrap replicates).", len(rows), [str(o) for o in est.organs], n_bootstrap
+    )
+    return EvaluationResult(
+        organs=tuple(str(o) for o in est.organs),
+        table1=table1,
+        average_bacc=average_bacc,
+        table2=table2,
+        table2_overall=overall,
+        counts=counts,
+        n_bootstrap=n_bootstrap,
+        seed=seed,
+    )
+
+
+_METRIC_NAMES = (*_RATIO_METRICS, "bacc")  # the columns of `_Estimates.points` and `.replicates`
+_METRIC_INDEX = {name: j for j, name in enumerate(_METRIC_NAMES)}
+
+
+@dataclass(frozen=True, slots=True)
+class _Estimates:
+    """Per-organ point estimates and bootstrap replicates of every metric, before they become table cells (internal).
+
+    Attributes:
+        organs: the organs present, in `Organ` order (the rows of the arrays).
+        points: `(organs, len(_METRIC_NAMES))` point estimates, NaN where a metric has no rows.
+        replicates: `(organs, n_bootstrap, len(_METRIC_NAMES))` bootstrap values (all NaN when `n_bootstrap` is 0).
+        counts: row counts per organ (`_COUNT_KEYS`).
+        denominators: per organ, the `(len(_RATIO_METRICS),)` denominators (the `n` of each ratio).
+        n_bootstrap: replicates per interval.
+    """
+
+    organs: tuple[Organ, ...]
+    points: np.ndarray
+    replicates: np.ndarray
+    counts: dict[str, dict[str, int]]
+    denominators: dict[str, np.ndarray]
+    n_bootstrap: int
+
+
+def _estimate(rows: Sequence[Mapping[str, Any]], n_bootstrap: int, seed: int) -> _Estimates:
+    """Group the rows by organ and compute each organ's point estimates and bootstrap replicates.
+
+    One generator seeded with `seed` draws every organ's replicates in `Organ` order, so results are reproducible.
+
+    Raises:
+        ValueError: on an unknown organ.
+    """
     by_organ: dict[Organ, list[Mapping[str, Any]]] = {}
     for row in rows:
         by_organ.setdefault(Organ(row["organ"]), []).append(row)
     organs = tuple(o for o in Organ if o in by_organ)
     rng = np.random.default_rng(seed)
-
-    n_metrics = len(_RATIO_METRICS) + 1  # + B-Acc
-    points = np.full((len(organs), n_metrics), np.nan)
-    replicates = np.full((len(organs), n_bootstrap, n_metrics), np.nan)
+    points = np.full((len(organs), len(_METRIC_NAMES)), np.nan)
+    replicates = np.full((len(organs), n_bootstrap, len(_METRIC_NAMES)), np.nan)
     counts: dict[str, dict[str, int]] = {}
     denominators: dict[str, np.ndarray] = {}
     for k, organ in enumerate(organs):
@@ -310,64 +363,67 @@ def evaluate(rows: Sequence[Mapping[str, Any]], *, n_bootstrap: int = 1000, seed
         points[k] = _with_bacc(_ratio(arrays.num.sum(axis=0), arrays.den.sum(axis=0)))
         if n_bootstrap:
             replicates[k] = _bootstrap_ratios(arrays, n_bootstrap, rng)
+    return _Estimates(organs, points, replicates, counts, denominators, n_bootstrap)
 
-    names = (*_RATIO_METRICS, "bacc")
-    index = {name: j for j, name in enumerate(names)}
 
-    def cell(point: float, reps: np.ndarray, n: int) -> Metric:
-        low, high = _interval(reps) if n_bootstrap and not math.isnan(point) else (math.nan, math.nan)
-        return Metric(float(point), low, high, n)
+def _cell(point: float, reps: np.ndarray, n: int, n_bootstrap: int) -> Metric:
+    """Return a table cell: the point value, its 95 % interval (NaN without replicates or value) and its `n`."""
+    low, high = _interval(reps) if n_bootstrap and not math.isnan(point) else (math.nan, math.nan)
+    return Metric(float(point), low, high, n)
 
+
+def _organ_tables(est: _Estimates) -> tuple[dict[str, dict[str, Metric]], dict[str, dict[str, Metric]]]:
+    """Return Table 1 and Table 2 per organ (no average yet); B-Acc's `n` is Sen's plus Spec's."""
     table1: dict[str, dict[str, Metric]] = {}
     table2: dict[str, dict[str, Metric]] = {}
-    for k, organ in enumerate(organs):
-        den = denominators[str(organ)]
-        n_of = {name: int(den[index[name]]) for name in _RATIO_METRICS}
+    for k, organ in enumerate(est.organs):
+        den = est.denominators[str(organ)]
+        n_of = {name: int(den[_METRIC_INDEX[name]]) for name in _RATIO_METRICS}
         n_of["bacc"] = n_of["sen"] + n_of["spec"]
-        table1[str(organ)] = {
-            m: cell(points[k, index[m]], replicates[k, :, index[m]], n_of[m]) for m in TABLE1_METRICS
-        }
-        table2[str(organ)] = {
-            m: cell(points[k, index[m]], replicates[k, :, index[m]], n_of[m]) for m in TABLE2_METRICS
-        }
 
-    def averaged(metric: str) -> Metric:
-        j = index[metric]
-        defined = ~np.isnan(points[:, j]) if organs else np.zeros(0, dtype=bool)
-        point = float(_mean_over_organs(points[:, j], defined)) if defined.any() else math.nan
-        reps = _mean_over_organs(replicates[:, :, j], defined) if defined.any() else np.full(n_bootstrap, np.nan)
-        n = sum(table1[str(o)]["bacc"].n if metric == "bacc" else table2[str(o)][metric].n for o in organs)
-        return cell(point, reps, n)
+        def cell(metric: str, k: int = k, n_of: dict[str, int] = n_of) -> Metric:
+            j = _METRIC_INDEX[metric]
+            return _cell(est.points[k, j], est.replicates[k, :, j], n_of[metric], est.n_bootstrap)
 
-    average_bacc = averaged("bacc")
-    table2[AVERAGE] = {m: averaged(m) for m in TABLE2_METRICS}
-    average_values = np.array([table2[AVERAGE][m].value for m in TABLE2_METRICS])
-    if organs and not np.isnan(average_values).all():
-        columns = [index[m] for m in TABLE2_METRICS]
-        organ_defined = ~np.isnan(points[:, columns])  # (organs, 4)
-        per_column = np.stack(
-            [_mean_over_organs(replicates[:, :, j], organ_defined[:, c]) for c, j in enumerate(columns)]
-        )  # (4, n_bootstrap)
-        overall_reps = _mean_over_organs(per_column, ~np.isnan(average_values))
-        overall = cell(
-            float(np.nanmean(average_values)), overall_reps, sum(counts[str(o)]["positives"] for o in organs)
-        )
-    else:
-        overall = Metric(math.nan, math.nan, math.nan, 0)
-    counts["all"] = {key: sum(counts[str(o)][key] for o in organs) for key in _COUNT_KEYS}
-    logger.info(
-        "Evaluated %d rows over %s (%d bootstrap replicates).", len(rows), [str(o) for o in organs], n_bootstrap
-    )
-    return EvaluationResult(
-        organs=tuple(str(o) for o in organs),
-        table1=table1,
-        average_bacc=average_bacc,
-        table2=table2,
-        table2_overall=overall,
-        counts=counts,
-        n_bootstrap=n_bootstrap,
-        seed=seed,
-    )
+        table1[str(organ)] = {m: cell(m) for m in TABLE1_METRICS}
+        table2[str(organ)] = {m: cell(m) for m in TABLE2_METRICS}
+    return table1, table2
+
+
+def _averaged(
+    est: _Estimates,
+    table1: Mapping[str, Mapping[str, Metric]],
+    table2: Mapping[str, Mapping[str, Metric]],
+    metric: str,
+) -> Metric:
+    """Return the mean of `metric` over the organs where it is defined, with the interval of the averaged replicates.
+
+    Its `n` sums the organs' `n` (B-Acc from Table 1, the attributes from Table 2).
+    """
+    j = _METRIC_INDEX[metric]
+    defined = ~np.isnan(est.points[:, j]) if est.organs else np.zeros(0, dtype=bool)
+    point = float(_mean_over_organs(est.points[:, j], defined)) if defined.any() else math.nan
+    reps = _mean_over_organs(est.replicates[:, :, j], defined) if defined.any() else np.full(est.n_bootstrap, np.nan)
+    n = sum(table1[str(o)]["bacc"].n if metric == "bacc" else table2[str(o)][metric].n for o in est.organs)
+    return _cell(point, reps, n, est.n_bootstrap)
+
+
+def _overall(est: _Estimates, average: Mapping[str, Metric]) -> Metric:
+    """Return Table 2's overall cell: the mean of the defined per-attribute averages, over the true positives.
+
+    Each replicate averages the attributes' organ means the same way, so the interval matches the point.
+    """
+    average_values = np.array([average[m].value for m in TABLE2_METRICS])
+    if not est.organs or np.isnan(average_values).all():
+        return Metric(math.nan, math.nan, math.nan, 0)
+    columns = [_METRIC_INDEX[m] for m in TABLE2_METRICS]
+    organ_defined = ~np.isnan(est.points[:, columns])  # (organs, 4)
+    per_column = np.stack(
+        [_mean_over_organs(est.replicates[:, :, j], organ_defined[:, c]) for c, j in enumerate(columns)]
+    )  # (4, n_bootstrap)
+    overall_reps = _mean_over_organs(per_column, ~np.isnan(average_values))
+    n = sum(est.counts[str(o)]["positives"] for o in est.organs)
+    return _cell(float(np.nanmean(average_values)), overall_reps, n, est.n_bootstrap)
 
 
 OUTPUT_FILE_MODE = 0o644

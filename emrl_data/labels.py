@@ -195,96 +195,212 @@ def label_organ(
             outside the organ's window (`OrganSpec.mean_hu_window`).
         ValueError: the CT is not 3-D, a spacing is not positive, or a mask is not on the CT grid.
     """
+    ct, spacing = _checked_ct(source)
+    voxel_mm3 = spacing[0] * spacing[1] * spacing[2]
+    structures = ORGAN_STRUCTURES[organ]
+    get = _MaskCache(source, ct.shape)
+    region = _organ_region(get, organ, structures.organ_masks, ct, voxel_mm3)
+
+    # The lesion mask gets its own box on the full mask first, so voxels outside the organ box are seen.
+    lesion_mask = get(structures.lesion_mask)
+    lesion_box = _mask_box(lesion_mask) if lesion_mask is not None else None
+    largest: _Largest | None = None
+    counts: list[int] = []
+    if lesion_mask is not None and lesion_box is not None:
+        largest, counts = _find_lesions(lesion_mask, lesion_box, region, organ, cfg, voxel_mm3)
+        parenchyma_mean_hu, parenchyma_sd_hu = _parenchyma_hu(region, lesion_mask, organ)
+    else:
+        parenchyma_mean_hu, parenchyma_sd_hu = _parenchyma_hu(region, None, organ)
+    organ_facts = _OrganFacts(
+        organ=organ,
+        organ_volume_mm3=region.volume_mm3,
+        parenchyma_mean_hu=parenchyma_mean_hu,
+        parenchyma_sd_hu=parenchyma_sd_hu,
+        organ_box_xyzxyz_vox=_box_xyzxyz(region.box),
+    )
+    del region  # the organ crops are not needed for the lesion attributes
+    _check_organ_hu(source, organ, structures.organ_masks, parenchyma_mean_hu)
+
+    if largest is None:
+        logger.debug("%s: negative row (lesion file present: %s)", organ, lesion_mask is not None)
+        return _negative_labels(organ_facts)
+    labels = _lesion_labels(organ_facts, largest, counts, ct, spacing, get, cfg)
+    logger.debug("%s: %d lesion(s), largest %d voxels", organ, labels.lesion_count, largest.voxel_count)
+    return labels
+
+
+def _checked_ct(source: MaskSource) -> tuple[np.ndarray, tuple[float, float, float]]:
+    """Return the source's CT `(X, Y, Z)` and its spacing in mm as three floats.
+
+    Raises:
+        ValueError: the CT is not 3-D or a spacing is not a positive number.
+    """
     ct = source.ct_hu
     if ct.ndim != 3:
         raise ValueError(f"ct_hu must be 3-D (X, Y, Z); got {ct.shape=}.")
     spacing = tuple(float(s) for s in source.spacing_mm)
     if len(spacing) != 3 or not all(s > 0 for s in spacing):
         raise ValueError(f"spacing_mm must be three positive numbers; got {source.spacing_mm=}.")
-    voxel_mm3 = spacing[0] * spacing[1] * spacing[2]
-    structures = ORGAN_STRUCTURES[organ]
-    # Each file is read once per call (a source may re-read on every `mask()`); part masks are not kept.
-    cache: dict[str, np.ndarray | None] = {}
+    return ct, (spacing[0], spacing[1], spacing[2])
 
-    def get(structure: str, *, keep: bool = True) -> np.ndarray | None:
-        if structure in cache:
-            return cache[structure]
-        arr = source.mask(structure)
-        if arr is not None and arr.shape != ct.shape:
-            raise ValueError(f"mask {structure!r} is not on the CT grid: {arr.shape=} != {ct.shape=}.")
+
+class _MaskCache:
+    """A `_MaskGetter` over a `MaskSource`: each file is read once per `label_organ` call, checked against the CT grid.
+
+    A source may re-read its file on every `mask()`; part masks fetched with `keep=False` are not kept.
+    """
+
+    def __init__(self, source: MaskSource, ct_shape: tuple[int, ...]) -> None:
+        self._source = source
+        self._ct_shape = ct_shape
+        self._cache: dict[str, np.ndarray | None] = {}
+
+    def __call__(self, structure: str, *, keep: bool = True) -> np.ndarray | None:
+        """Return the full mask of `structure` or None when absent; ValueError when it is not on the CT grid."""
+        if structure in self._cache:
+            return self._cache[structure]
+        arr = self._source.mask(structure)
+        if arr is not None and arr.shape != self._ct_shape:
+            raise ValueError(f"mask {structure!r} is not on the CT grid: {arr.shape=} != ct.shape={self._ct_shape}.")
         if keep:
-            cache[structure] = arr
+            self._cache[structure] = arr
         return arr
 
-    # --- organ: union of its masks, box from the union of the per-file boxes (no full-volume union copy).
-    organ_masks = [m for m in (get(s) for s in structures.organ_masks) if m is not None]
-    if not organ_masks:
-        raise CaseDataError(
-            RejectReason.MISSING_ORGAN_MASK,
-            f"no organ mask file among {list(structures.organ_masks)}",
-            organ=str(organ),
-        )
-    organ_box = _union_box([_mask_box(m) for m in organ_masks])
-    if organ_box is None:
-        raise CaseDataError(
-            RejectReason.EMPTY_ORGAN_MASK,
-            f"organ mask(s) {list(structures.organ_masks)} have no voxel",
-            organ=str(organ),
-        )
-    # Crops of the organ box share the CT crop's memory layout, so `ravel('K')` gathers line up.
-    ct_organ = _copy_like(ct[organ_box], ct[organ_box])
-    organ_crop = _union_crop(organ_masks, organ_box, like=ct_organ)
-    organ_volume_mm3 = int(np.count_nonzero(organ_crop)) * voxel_mm3
 
-    # --- lesion mask: its own box on the full mask first, so voxels outside the organ box are seen.
-    lesion_mask = get(structures.lesion_mask)
-    lesion_box = _mask_box(lesion_mask) if lesion_mask is not None else None
-    largest: _Largest | None = None
-    counts: list[int] = []
-    if lesion_mask is not None and lesion_box is not None:
-        lesion_crop = _as_bool(lesion_mask[lesion_box], like=lesion_mask[lesion_box])
-        _check_inside_organ(lesion_crop, lesion_box, organ_masks, organ, cfg)
-        largest, counts = _components(lesion_crop, lesion_box, voxel_mm3, cfg)
-        del lesion_crop
-        # The parenchyma excludes every lesion voxel, noise components included (RadGPT: organ minus all lesions).
-        parenchyma = organ_crop & ~_as_bool(lesion_mask[organ_box], like=ct_organ)
+@dataclass(frozen=True, slots=True)
+class _OrganRegion:
+    """The organ's masks and their joint box, with the CT and the organ mask cropped to that box (internal).
+
+    The two crops share one memory layout, so `ravel('K')` gathers of one by the other line up.
+    """
+
+    masks: list[np.ndarray]  # full (X, Y, Z) masks of the organ's files that exist
+    box: Box3  # the union of the per-file boxes, volume frame
+    ct_crop: np.ndarray  # CT HU inside `box`
+    mask_crop: NDArray[np.bool_]  # union of `masks` inside `box`
+    volume_mm3: float
+
+
+def _organ_region(
+    get: _MaskGetter, organ: Organ, files: tuple[str, ...], ct: np.ndarray, voxel_mm3: float
+) -> _OrganRegion:
+    """Return the organ as the union of its mask files, its box from the union of the per-file boxes.
+
+    No full-volume union is ever copied: only the crops to the joint box are.
+
+    Raises:
+        CaseDataError: `MISSING_ORGAN_MASK` when none of `files` exists, `EMPTY_ORGAN_MASK` when they have no voxel.
+    """
+    masks = [m for m in (get(s) for s in files) if m is not None]
+    if not masks:
+        raise CaseDataError(
+            RejectReason.MISSING_ORGAN_MASK, f"no organ mask file among {list(files)}", organ=str(organ)
+        )
+    box = _union_box([_mask_box(m) for m in masks])
+    if box is None:
+        raise CaseDataError(
+            RejectReason.EMPTY_ORGAN_MASK, f"organ mask(s) {list(files)} have no voxel", organ=str(organ)
+        )
+    ct_crop = _copy_like(ct[box], ct[box])
+    mask_crop = _union_crop(masks, box, like=ct_crop)
+    return _OrganRegion(masks, box, ct_crop, mask_crop, int(np.count_nonzero(mask_crop)) * voxel_mm3)
+
+
+def _find_lesions(
+    lesion_mask: np.ndarray, lesion_box: Box3, region: _OrganRegion, organ: Organ, cfg: LabelConfig, voxel_mm3: float
+) -> tuple[_Largest | None, list[int]]:
+    """Check the lesion lies in the organ, then split it into components; return the largest and the kept sizes.
+
+    Args:
+        lesion_mask: the full `(X, Y, Z)` lesion mask; lesion_box: its (non-empty) box.
+        region: the organ; organ: its name (for rejections); cfg: noise filter and inside-organ fraction.
+        voxel_mm3: the volume of one voxel.
+
+    Returns:
+        The largest surviving component (None when every component is noise) and the voxel counts of the survivors.
+
+    Raises:
+        CaseDataError: `LESION_OUTSIDE_ORGAN` (`_check_inside_organ`).
+    """
+    lesion_crop = _as_bool(lesion_mask[lesion_box], like=lesion_mask[lesion_box])
+    _check_inside_organ(lesion_crop, lesion_box, region.masks, organ, cfg)
+    return _components(lesion_crop, lesion_box, voxel_mm3, cfg)
+
+
+def _parenchyma_hu(region: _OrganRegion, lesion_mask: np.ndarray | None, organ: Organ) -> tuple[float, float]:
+    """Return the mean and SD of the HU of the parenchyma: the organ minus every lesion voxel.
+
+    Noise components are excluded too (RadGPT: organ minus all lesions). `lesion_mask` is the full lesion mask, or
+    None when there is no lesion voxel.
+
+    Raises:
+        CaseDataError: `EMPTY_ORGAN_MASK` when no organ voxel lies outside the lesion mask.
+    """
+    if lesion_mask is not None:
+        parenchyma = region.mask_crop & ~_as_bool(lesion_mask[region.box], like=region.ct_crop)
     else:
-        parenchyma = organ_crop
-    n_parenchyma = int(np.count_nonzero(parenchyma))
-    if n_parenchyma == 0:
+        parenchyma = region.mask_crop
+    if int(np.count_nonzero(parenchyma)) == 0:
         raise CaseDataError(
             RejectReason.EMPTY_ORGAN_MASK,
             "no organ voxel outside the lesion mask: the parenchyma is empty",
             organ=str(organ),
         )
-    parenchyma_mean_hu, parenchyma_sd_hu = _hu_stats(ct_organ.ravel("K")[parenchyma.ravel("K")])
-    del parenchyma, organ_crop, ct_organ
-    _check_organ_hu(source, organ, structures.organ_masks, parenchyma_mean_hu)
+    return _hu_stats(region.ct_crop.ravel("K")[parenchyma.ravel("K")])
 
-    organ_box_t = _box_xyzxyz(organ_box)
-    if largest is None:
-        logger.debug("%s: negative row (lesion file present: %s)", organ, lesion_mask is not None)
-        return OrganLabels(
-            organ=organ,
-            has_lesion=False,
-            lesion_count=0,
-            long_axis_mm=None,
-            short_axis_mm=None,
-            volume_mm3=None,
-            total_lesion_volume_mm3=0.0,
-            organ_volume_mm3=organ_volume_mm3,
-            location=(),
-            attenuation=None,
-            lesion_mean_hu=None,
-            parenchyma_mean_hu=parenchyma_mean_hu,
-            parenchyma_sd_hu=parenchyma_sd_hu,
-            key_slice_z_vox=None,
-            max_diameter_z_vox=None,
-            bbox_xyxy_vox=None,
-            lesion_box_xyzxyz_vox=None,
-            organ_box_xyzxyz_vox=organ_box_t,
-        )
 
+@dataclass(frozen=True, slots=True)
+class _OrganFacts:
+    """The organ-level labels every row has, lesion or not (internal)."""
+
+    organ: Organ
+    organ_volume_mm3: float
+    parenchyma_mean_hu: float
+    parenchyma_sd_hu: float
+    organ_box_xyzxyz_vox: tuple[int, int, int, int, int, int]
+
+
+def _negative_labels(facts: _OrganFacts) -> OrganLabels:
+    """Return the labels of a row without a lesion: the organ facts, every lesion attribute empty."""
+    return OrganLabels(
+        organ=facts.organ,
+        has_lesion=False,
+        lesion_count=0,
+        long_axis_mm=None,
+        short_axis_mm=None,
+        volume_mm3=None,
+        total_lesion_volume_mm3=0.0,
+        organ_volume_mm3=facts.organ_volume_mm3,
+        location=(),
+        attenuation=None,
+        lesion_mean_hu=None,
+        parenchyma_mean_hu=facts.parenchyma_mean_hu,
+        parenchyma_sd_hu=facts.parenchyma_sd_hu,
+        key_slice_z_vox=None,
+        max_diameter_z_vox=None,
+        bbox_xyxy_vox=None,
+        lesion_box_xyzxyz_vox=None,
+        organ_box_xyzxyz_vox=facts.organ_box_xyzxyz_vox,
+    )
+
+
+def _lesion_labels(
+    facts: _OrganFacts,
+    largest: _Largest,
+    counts: list[int],
+    ct: np.ndarray,
+    spacing: tuple[float, float, float],
+    get: _MaskGetter,
+    cfg: LabelConfig,
+) -> OrganLabels:
+    """Return the labels of a positive row: key slice, diameters, HU, attenuation and location of the largest lesion.
+
+    Args:
+        facts: the organ-level labels; largest: the largest lesion component; counts: voxel counts of every kept one.
+        ct: the full CT `(X, Y, Z)`; spacing: its voxel size in mm.
+        get: the case's masks (the location reads the organ's sub-structures); cfg: iso band and location share.
+    """
+    voxel_mm3 = spacing[0] * spacing[1] * spacing[2]
     x0, y0, z0 = (s.start for s in largest.box_vox)
     key_z, (bx0, by0, bx1, by1) = _key_slice(largest.comp)
     long_axis_mm, short_axis_mm, diameter_z = _axial_diameters(largest.comp, spacing[0], spacing[1])
@@ -292,31 +408,28 @@ def label_organ(
     ct_lesion = _copy_like(ct[largest.box_vox], ct[largest.box_vox])
     comp_k = _as_bool(largest.comp, like=ct_lesion)
     lesion_mean_hu, _ = _hu_stats(ct_lesion.ravel("K")[comp_k.ravel("K")])
-    attenuation = _attenuation(lesion_mean_hu, parenchyma_mean_hu, parenchyma_sd_hu, cfg.iso_sd_fraction)
+    attenuation = _attenuation(lesion_mean_hu, facts.parenchyma_mean_hu, facts.parenchyma_sd_hu, cfg.iso_sd_fraction)
 
-    location = _location(organ, largest, get, cfg.location_min_fraction)
-    labels = OrganLabels(
-        organ=organ,
+    return OrganLabels(
+        organ=facts.organ,
         has_lesion=True,
         lesion_count=len(counts),
         long_axis_mm=long_axis_mm,
         short_axis_mm=short_axis_mm,
         volume_mm3=largest.voxel_count * voxel_mm3,
         total_lesion_volume_mm3=sum(counts) * voxel_mm3,
-        organ_volume_mm3=organ_volume_mm3,
-        location=location,
+        organ_volume_mm3=facts.organ_volume_mm3,
+        location=_location(facts.organ, largest, get, cfg.location_min_fraction),
         attenuation=attenuation,
         lesion_mean_hu=lesion_mean_hu,
-        parenchyma_mean_hu=parenchyma_mean_hu,
-        parenchyma_sd_hu=parenchyma_sd_hu,
+        parenchyma_mean_hu=facts.parenchyma_mean_hu,
+        parenchyma_sd_hu=facts.parenchyma_sd_hu,
         key_slice_z_vox=z0 + key_z,
         max_diameter_z_vox=z0 + diameter_z,
         bbox_xyxy_vox=(x0 + bx0, y0 + by0, x0 + bx1, y0 + by1),
         lesion_box_xyzxyz_vox=_box_xyzxyz(largest.box_vox),
-        organ_box_xyzxyz_vox=organ_box_t,
+        organ_box_xyzxyz_vox=facts.organ_box_xyzxyz_vox,
     )
-    logger.debug("%s: %d lesion(s), largest %d voxels", organ, labels.lesion_count, largest.voxel_count)
-    return labels
 
 
 def _check_organ_hu(source: MaskSource, organ: Organ, files: tuple[str, ...], parenchyma_mean_hu: float) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emrl_data.outcome import Rejection
-from emrl_data.types import Organ
+from emrl_data.types import Organ, row_id
 
 
 # Organ volume agreement with the CSV: RadGPT resamples to 1 mm before counting voxels, so a few % differ.
@@ -136,10 +136,10 @@ def build_qa_report(
                 attribute,
                 len(compared),
                 sum(1 for _, ok in compared if ok),
-                tuple(f"{row['case_id']}/{row['organ']}" for row, ok in compared if not ok),
+                tuple(row_id(row["case_id"], row["organ"]) for row, ok in compared if not ok),
             )
         )
-    scored = [(f"{row['case_id']}/{row['organ']}", *_implausibility(row, plausible_volume_cm3)) for row in rows]
+    scored = [(row_id(row["case_id"], row["organ"]), *_implausibility(row, plausible_volume_cm3)) for row in rows]
     worst = sorted((s for s in scored if s[1] > 0), key=lambda s: (-s[1], s[0]))[:top_n]
     return QaReport(
         n_rows=len(rows),

@@ -12,7 +12,7 @@ import pyarrow as pa
 from emrl_data.organs import Organ
 
 
-__all__ = ["CASE_ID_PATTERN", "Attenuation", "Organ", "Split", "column", "is_valid_case_id", "row_values"]
+__all__ = ["CASE_ID_PATTERN", "Attenuation", "Organ", "Split", "column", "is_valid_case_id", "row_id", "row_values"]
 
 
 class Split(StrEnum):
@@ -36,6 +36,17 @@ CASE_ID_PATTERN = re.compile(r"^BDMAP_[0-9]{8}$")
 def is_valid_case_id(case_id: str) -> bool:
     """Return True for `BDMAP_` + 8 digits (the id is also a path component, so nothing else is accepted)."""
     return bool(CASE_ID_PATTERN.fullmatch(case_id))
+
+
+def row_id(case_id: str, organ: str) -> str:
+    """Return the id of one organ row (or of one file of a case): `"{case_id}/{organ}"`.
+
+    The one spelling of the key that joins predictions, hard rows and inference requests to their rows.
+
+    >>> row_id("BDMAP_00000001", "liver")
+    'BDMAP_00000001/liver'
+    """
+    return f"{case_id}/{organ}"
 
 
 def column(arrow_type: pa.DataType, doc: str) -> dict[str, Any]:

@@ -3,8 +3,8 @@
 sft shards (train + test) -> predictions (resumable: one fsync'd JSONL line per finished row) -> scores from the
 shared `emrl_data.scoring` (the GRPO reward's own functions) -> `predictions` table (every row) + Table 1/2 of the SFT
 model on train and test -> `rl_hardset` (train rows the model gets wrong, ranked by R, stratified by organ, capped
-at `target_size`, each with the reasons it was chosen and the SFT prediction). Thin: selection is in
-`emrl_data.mining`, scoring in `emrl_data.scoring`, inference in `inference`.
+at `target_size`, each with the reasons it was chosen and the SFT prediction). Thin: selection, the
+tables, metrics and summary are in `emrl_data.mining`, scoring in `emrl_data.scoring`, inference in `inference`.
 """
 
 from __future__ import annotations
@@ -24,18 +24,18 @@ from prefect.cache_policies import NO_CACHE
 from tqdm import tqdm
 
 from emrl_data import __version__
-from emrl_data.dataset import count_rows, finish_table, row_order, write_table
-from emrl_data.evaluation import evaluate, write_evaluation
-from emrl_data.mining import select_hard_rows
-from emrl_data.records import PREDICTION_TRUTH_COLUMNS, SCHEMAS, check_required
-from emrl_data.scoring import ReportScore, is_hard, score_report, truth_from_row
-from emrl_data.shards import (
-    sha256_file,
-    write_json_atomic,
-    write_split_streaming,
-    write_text_atomic,
+from emrl_data.mining import (
+    SPLITS,
+    HardRow,
+    build_summary,
+    collect_predictions,
+    select_hard_rows,
+    summary_markdown,
+    write_hardset_tables,
 )
-from emrl_data.types import Organ
+from emrl_data.records import PREDICTION_TRUTH_COLUMNS
+from emrl_data.shards import sha256_file, write_json_atomic, write_text_atomic
+from emrl_data.types import row_id
 from flows._common import FailFastOnAuth, Progress, git_sha
 from inference import OpenAIBackend, ResultStore, TransformersBackend, request_from_row, run_inference
 
@@ -115,20 +115,6 @@ def _run(backend, requests, store, batch_size, bar, progress) -> dict[str, dict[
     return {rid: {"text": r.text, "error": r.error} for rid, r in done.items()}
 
 
-def _prediction_row(
-    truth_row: Mapping[str, Any], result: Mapping[str, Any], model: str
-) -> tuple[dict, ReportScore | None]:
-    """Return a `predictions` row (truth columns, the model's text, the scorer's columns under its own names) and
-    its score; a failed inference has no report, so it is not scored (its score columns stay null, score None)."""
-    row = {c: truth_row[c] for c in PREDICTION_TRUTH_COLUMNS}
-    row |= {"prediction": result["text"], "inference_error": result["error"], "model": model}
-    if result["error"] is not None:
-        return row, None
-    score = score_report(result["text"] or "", truth_from_row(truth_row))
-    hard, reasons = is_hard(score)
-    return row | score.to_row() | {"hard": hard, "hard_reasons": list(reasons)}, score
-
-
 @flow(name="build-rl-hardset")
 def build_rl_hardset_flow(
     sft_dir: str,
@@ -173,115 +159,61 @@ def build_rl_hardset_flow(
     if not _shards(sft, "train"):
         raise FileNotFoundError(f"No train shards under {sft / 'data'}; run build-sft-set first.")
     model = model_path if backend == "transformers" else f"{endpoint_url}#{endpoint_model}"
-    # The prediction store is keyed on the model, the generation settings and the exact SFT shards.
+    fingerprint = _store_fingerprint(sft, model_path, model, max_new_tokens)
+    store_path = out / ".work" / f"predictions-{fingerprint}.jsonl"
+    store_path.parent.mkdir(parents=True, exist_ok=True)
+    backend_kwargs = {"backend": backend, "model_path": model_path, "endpoint_url": endpoint_url,
+                      "endpoint_model": endpoint_model, "batch_size": batch_size, "max_new_tokens": max_new_tokens,
+                      "max_concurrency": max_concurrency, "device": device}  # fmt: skip
+    results = predict_task(str(sft), list(SPLITS), str(store_path), backend_kwargs, limit)
+
+    # Score every predicted row with the shared scorer, then select the hard rows of the train split.
+    columns = [*PREDICTION_TRUTH_COLUMNS, "frames"]
+    collected = collect_predictions({s: _iter_rows(sft, s, columns) for s in SPLITS}, results, str(model))
+    chosen = select_hard_rows(collected.scored["train"], target_size=target_size)
+
+    provenance = {"pipeline_version": __version__, "git_sha": git_sha(), "config_fingerprint": fingerprint,
+                  "model": str(model), "sft_dir": str(sft), "target_size": target_size}  # fmt: skip
+    metrics_text = write_hardset_tables(
+        out, _iter_rows(sft, "train"), collected, chosen, provenance=provenance, n_bootstrap=n_bootstrap
+    )
+    summary = build_summary(
+        provenance=provenance, collected=collected, chosen=chosen, out=out, elapsed_s=time.perf_counter() - started
+    )
+    write_json_atomic(summary, out / "rl_hardset" / "summary.json")
+    summary_md = summary_markdown(summary, metrics_text)
+    write_text_atomic(summary_md, out / "rl_hardset" / "summary.md")
+    _artifacts(summary_md, chosen)
+    logger.info("build-rl-hardset: %d hard rows of %d train rows", len(chosen), len(collected.scored["train"]))
+    _fail_on_failed_predictions(collected.failed, max_failed_predictions)
+    return summary
+
+
+def _fail_on_failed_predictions(failed: Sequence[Mapping[str, Any]], max_failed_predictions: int) -> None:
+    """Fail the run (after its outputs are written) when more rows than allowed could not be predicted."""
+    if len(failed) > max_failed_predictions:
+        raise RuntimeError(
+            f"{len(failed)} row(s) could not be predicted (max_failed_predictions={max_failed_predictions}); "
+            f"rerun to retry only them. First: {row_id(failed[0]['case_id'], failed[0]['organ'])}: "
+            f"{failed[0]['inference_error']}"
+        )
+
+
+def _store_fingerprint(sft: Path, model_path: str | None, model: str | None, max_new_tokens: int) -> str:
+    """Key of the prediction store: the model, the generation settings and the exact SFT shards (16 hex digits)."""
     key_src = json.dumps(
         {
             "model": str(Path(model_path).resolve()) if model_path else model,
             "max_new_tokens": max_new_tokens,
-            "shards": [sha256_file(p) for s in ("train", "test") for p in _shards(sft, s)],
+            "shards": [sha256_file(p) for s in SPLITS for p in _shards(sft, s)],
         },
         sort_keys=True,
     )
-    store_path = out / ".work" / f"predictions-{hashlib.sha256(key_src.encode()).hexdigest()[:16]}.jsonl"
-    store_path.parent.mkdir(parents=True, exist_ok=True)
-    backend_kwargs = {
-        "backend": backend,
-        "model_path": model_path,
-        "endpoint_url": endpoint_url,
-        "endpoint_model": endpoint_model,
-        "batch_size": batch_size,
-        "max_new_tokens": max_new_tokens,
-        "max_concurrency": max_concurrency,
-        "device": device,
-    }
-    results = predict_task(str(sft), ["train", "test"], str(store_path), backend_kwargs, limit)
+    return hashlib.sha256(key_src.encode()).hexdigest()[:16]
 
-    # Score every predicted row with the shared scorer.
-    predictions: list[dict[str, Any]] = []
-    scored: dict[str, list[tuple[dict, ReportScore]]] = {"train": [], "test": []}
-    frame_bytes: dict[str, int] = {}
-    for split in ("train", "test"):
-        for row in _iter_rows(sft, split, [*PREDICTION_TRUTH_COLUMNS, "frames"]):
-            rid = f"{row['case_id']}/{row['organ']}"
-            if rid not in results:
-                continue
-            frame_bytes[rid] = sum(len(f["bytes"]) for f in row["frames"])
-            prediction, score = _prediction_row(row, results[rid], str(model))
-            predictions.append(prediction)
-            if score is not None:
-                scored[split].append((prediction, score))
-    failed = [p for p in predictions if p["inference_error"] is not None]
 
-    # Select the hard rows of the train split.
-    chosen = select_hard_rows(scored["train"], target_size=target_size)
-    chosen_by_id = {f"{h.case_id}/{h.organ}": h for h in chosen}
-    prediction_by_id = {f"{p['case_id']}/{p['organ']}": p for p in predictions}
-
-    provenance = {
-        "pipeline_version": __version__,
-        "git_sha": git_sha(),
-        "config_fingerprint": hashlib.sha256(key_src.encode()).hexdigest()[:16],
-        "model": str(model),
-        "sft_dir": str(sft),
-        "target_size": target_size,
-    }
-    # predictions table
-    predictions.sort(key=row_order)
-    write_table(
-        "predictions",
-        {s: [p for p in predictions if p["split"] == s] for s in ("train", "test")},
-        out,
-        provenance=provenance,
-    )
-
-    # rl_hardset table (train rows with their frames, streamed)
-    hard_rows_light = [r for r, _ in scored["train"] if f"{r['case_id']}/{r['organ']}" in chosen_by_id]
-    hard_rows_light.sort(key=row_order)
-    ids = [f"{r['case_id']}/{r['organ']}" for r in hard_rows_light]
-    write_split_streaming(
-        _hard_rows(sft, set(ids), chosen_by_id, prediction_by_id),
-        [frame_bytes[i] for i in ids],
-        SCHEMAS["rl_hardset"],
-        out / "rl_hardset" / "data",
-        "train",
-    )
-
-    # Metrics of the SFT model on train and test.
-    metrics_md = []
-    for split in ("train", "test"):
-        if scored[split]:
-            result = evaluate([r for r, _ in scored[split]], n_bootstrap=n_bootstrap)
-            write_evaluation(result, out / "rl_hardset" / f"metrics_{split}")
-            metrics_md.append(f"### SFT model on the {split} split\n\n{result.to_markdown()}")
-    metrics_text = "\n\n".join(metrics_md)
-    write_text_atomic(metrics_text + "\n", out / "rl_hardset" / "metrics.md")
-    write_json_atomic(
-        {s: json.loads((out / "rl_hardset" / f"metrics_{s}" / "metrics.json").read_text()) for s in ("train", "test")
-         if (out / "rl_hardset" / f"metrics_{s}" / "metrics.json").is_file()},
-        out / "rl_hardset" / "metrics.json",
-    )  # fmt: skip
-    counts = {"train": count_rows(hard_rows_light).get("train", {"total": 0})}
-    finish_table("rl_hardset", out, provenance=provenance, counts=counts, metrics_markdown=metrics_text or None)
-
-    reasons: dict[str, int] = {}
-    for h in chosen:
-        for reason in h.reasons:
-            reasons[reason] = reasons.get(reason, 0) + 1
-    summary = {
-        **provenance,
-        "predictions": len(predictions),
-        "failed_predictions": len(failed),
-        "hard_in_train": sum(is_hard(s)[0] for _, s in scored["train"]),
-        "train_rows_scored": len(scored["train"]),
-        "rl_hardset_rows": len(chosen),
-        "rl_hardset_by_organ": {str(o): sum(h.organ == o for h in chosen) for o in Organ},
-        "reasons": dict(sorted(reasons.items())),
-        "seconds": round(time.perf_counter() - started, 2),
-        "tables": {"predictions": str(out / "predictions"), "rl_hardset": str(out / "rl_hardset")},
-    }
-    write_json_atomic(summary, out / "rl_hardset" / "summary.json")
-    summary_md = _summary_markdown(summary, metrics_text)
-    write_text_atomic(summary_md, out / "rl_hardset" / "summary.md")
+def _artifacts(summary_md: str, chosen: Sequence[HardRow]) -> None:
+    """Publish the run summary and the chosen rows (first 500) with why they were chosen."""
     create_markdown_artifact(key="build-rl-hardset-summary", markdown=summary_md, description="hard set + SFT metrics")
     create_table_artifact(
         key="build-rl-hardset-rows",
@@ -290,48 +222,3 @@ def build_rl_hardset_flow(
         or [{"case_id": "", "organ": "", "rank": 0, "reward": 0.0, "reasons": "none"}],
         description="the chosen rows and why (first 500)",
     )  # fmt: skip
-    logger.info("build-rl-hardset: %d hard rows of %d train rows", len(chosen), len(scored["train"]))
-    if len(failed) > max_failed_predictions:
-        raise RuntimeError(
-            f"{len(failed)} row(s) could not be predicted (max_failed_predictions={max_failed_predictions}); "
-            f"rerun to retry only them. First: {failed[0]['case_id']}/{failed[0]['organ']}: {failed[0]['inference_error']}"
-        )
-    return summary
-
-
-def _hard_rows(
-    sft: Path, ids: set[str], chosen: Mapping[str, Any], predictions: Mapping[str, Mapping[str, Any]]
-) -> Iterator[dict[str, Any]]:
-    for row in _iter_rows(sft, "train"):
-        rid = f"{row['case_id']}/{row['organ']}"
-        if rid in ids:
-            h = chosen[rid]
-            full = row | {
-                "hard_reasons": list(h.reasons),
-                "hard_rank": h.rank,
-                "sft_prediction": predictions[rid]["prediction"],
-                "sft_reward": h.reward,
-            }
-            check_required("rl_hardset", full)
-            yield full
-
-
-def _summary_markdown(summary: Mapping[str, Any], metrics: str) -> str:
-    lines = [
-        "# build-rl-hardset",
-        "",
-        f"- model: `{summary['model']}`",
-        f"- predictions: **{summary['predictions']}** ({summary['failed_predictions']} failed)",
-        f"- hard train rows: {summary['hard_in_train']} of {summary['train_rows_scored']}; "
-        f"chosen: **{summary['rl_hardset_rows']}** (cap {summary['target_size']}) "
-        + ", ".join(f"{o} {n}" for o, n in summary["rl_hardset_by_organ"].items()),
-        "- reasons: " + (", ".join(f"{k} {v}" for k, v in summary["reasons"].items()) or "none"),
-        f"- took {summary['seconds']} s",
-        "",
-        "Outputs:",
-        "",
-        *(f"- `{name}`: {path}" for name, path in summary["tables"].items()),
-        "",
-        metrics,
-    ]
-    return "\n".join(lines) + "\n"

@@ -1,8 +1,9 @@
 """Flow `build-sft-set`: atlas -> organ rows -> `findings`, `sft` and `rejections` tables (SPEC §8).
 
 discover -> batches of cases (one task each, resumable through a content-keyed case store) -> select the SFT rows ->
-Parquet shards in the Hub layout + `manifest.json` -> artifacts (counts, summary, contact sheet). Thin: the work is in
-`emrl_data`.
+Parquet shards in the Hub layout + `manifest.json` -> artifacts (counts, summary, contact sheet). Thin: this module
+plans, submits tasks, shows progress, publishes artifacts and applies the failure threshold; curation is in
+`emrl_data.curate`, the tables, accounting and summary in `emrl_data.sft_set`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import base64
 import json
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +24,24 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from tqdm import tqdm
 
-from emrl_data import __version__
-from emrl_data.atlas import AtlasOrganMeta, CaseRef, plan_atlas
+from emrl_data.atlas import AtlasOrganMeta, AtlasPlan, CaseRef, plan_atlas
 from emrl_data.config import CurateConfig, SftConfig
-from emrl_data.curate import PLAUSIBLE_ORGAN_VOLUME_CM3, CaseResult, CaseStore, case_cache_key, curate_case
-from emrl_data.dataset import count_rejections, count_rows, finish_table, row_order, select_sft_rows, write_table
-from emrl_data.frames import draw_contact_sheet
-from emrl_data.outcome import Rejection, RejectReason
+from emrl_data.curate import PLAUSIBLE_ORGAN_VOLUME_CM3, CaseStore, case_cache_key, curate_case
+from emrl_data.dataset import select_sft_rows
+from emrl_data.outcome import Rejection
 from emrl_data.qa import build_qa_report, qa_markdown
-from emrl_data.records import SFT_SCHEMA, check_required
-from emrl_data.shards import write_json_atomic, write_split_streaming
-from emrl_data.types import Organ, Split
+from emrl_data.sft_set import (
+    build_summary,
+    check_every_case_accounted,
+    gather_case_results,
+    sft_set_provenance,
+    summary_markdown,
+    unexpected_errors,
+    write_contact_sheet,
+    write_sft_set_tables,
+)
+from emrl_data.shards import write_json_atomic
+from emrl_data.types import Organ
 from flows._common import Progress, batched, git_sha
 from flows.runners import make_task_runner
 
@@ -105,22 +113,95 @@ def build_sft_set_flow(
     root, out = Path(atlas_root).resolve(), Path(output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
 
-    plan = plan_atlas(root, limit=limit, test_fraction=sft_cfg.test_fraction)
-    refs, splits, metadata = list(plan.refs), plan.splits, plan.metadata
-    rejections: list[Rejection] = list(plan.rejections)
-    if not refs:
+    plan = _plan(root, limit, sft_cfg.test_fraction)
+    store = CaseStore(out / ".work" / "cases")
+    keys, n_cached = _curate_cases(plan, cfg, store, batch_size, max_workers, task_runner, task_runner_address)
+    case_ids = [r.case_id for r in plan.refs]
+    gathered = gather_case_results(case_ids, store, keys)
+    rows, rejections = gathered.rows, [*plan.rejections, *gathered.rejections]
+    sft_rows = select_sft_rows(rows, sft_cfg)
+
+    provenance = sft_set_provenance(cfg, sft_cfg, plan, git_sha=git_sha())
+    write_sft_set_tables(out, rows, sft_rows, rejections, store, keys, provenance)
+    check_every_case_accounted(case_ids, rows, rejections)
+
+    qa = build_qa_report(
+        rows,
+        rejections,
+        plausible_volume_cm3=PLAUSIBLE_ORGAN_VOLUME_CM3,
+        warnings=plan.warnings,
+        file_digests=gathered.file_digests,
+    )
+    summary = build_summary(
+        provenance=provenance,
+        atlas_root=root,
+        output_dir=out,
+        n_cases=len(case_ids),
+        n_resumed=n_cached,
+        rows=rows,
+        sft_rows=sft_rows,
+        rejections=rejections,
+        qa_flags=qa.flag_counts,
+        warnings=plan.warnings,
+        file_digests=gathered.file_digests,
+        elapsed_s=time.perf_counter() - started,
+    )
+    write_json_atomic(summary, out / "manifest.json")
+    sheet = write_contact_sheet(sft_rows, store, keys, out / "contact_sheet.png")
+    _reports(out, summary, qa_markdown(qa), rejections, sheet)
+    logger.info("build-sft-set done in %.1f s: %s", summary["seconds"], out)
+    _fail_on_unexpected_errors(rejections, max_unexpected_errors, out)
+    return summary
+
+
+def _plan(root: Path, limit: int | None, test_fraction: float) -> AtlasPlan:
+    """Plan the atlas (cases, splits, metadata) and log it; ValueError when it holds no case."""
+    plan = plan_atlas(root, limit=limit, test_fraction=test_fraction)
+    if not plan.refs:
         raise ValueError(f"No cases in {root}: expected BDMAP_######## folders (in image_only/ and mask_only/).")
-    logger.info(
+    get_run_logger().info(
         "%d cases in %s (%s layout), split from %s, metadata: %s",
-        len(refs),
+        len(plan.refs),
         root,
         plan.layout,
         plan.split_source,
-        "yes" if metadata else "no",
+        "yes" if plan.metadata else "no",
     )
+    return plan
 
-    store = CaseStore(out / ".work" / "cases")
-    batches = batched(refs, batch_size)
+
+def _reports(
+    out: Path, summary: Mapping[str, Any], qa_md: str, rejections: Sequence[Rejection], sheet: Path | None
+) -> None:
+    """Write `summary.md` and `qa.md` and publish the run's artifacts."""
+    summary_md = summary_markdown(summary, sheet)
+    (out / "summary.md").write_text(summary_md)
+    (out / "qa.md").write_text(qa_md)
+    _artifacts(summary, rejections, summary_md, qa_md, sheet)
+
+
+def _fail_on_unexpected_errors(rejections: Sequence[Rejection], max_unexpected_errors: int, out: Path) -> None:
+    """Fail the run (after its outputs are written) when more cases than allowed hit an unexpected error."""
+    unexpected = unexpected_errors(rejections)
+    if len(unexpected) > max_unexpected_errors:
+        raise RuntimeError(
+            f"{len(unexpected)} case(s) hit unexpected errors (more than max_unexpected_errors="
+            f"{max_unexpected_errors}); outputs were written, see {out / 'rejections'}: "
+            + "; ".join(f"{r.case_id}: {r.detail}" for r in unexpected[:3])
+        )
+
+
+def _curate_cases(
+    plan: AtlasPlan,
+    cfg: CurateConfig,
+    store: CaseStore,
+    batch_size: int,
+    max_workers: int,
+    task_runner: str,
+    task_runner_address: str | None,
+) -> tuple[dict[str, str], int]:
+    """Submit one curation task per batch of cases, with progress; return the store key per case and the resumed count."""
+    refs, splits, metadata = list(plan.refs), plan.splits, plan.metadata
     progress = Progress(len(refs), "curating cases", unit="cases")
     keys: dict[str, str] = {}
     n_cached = 0
@@ -140,7 +221,7 @@ def build_sft_set_flow(
                     "store_dir": str(store.root),
                 },
             )
-            for batch in batches
+            for batch in batched(refs, batch_size)
         ]
         for future in as_completed(futures):
             done = future.result()
@@ -149,137 +230,7 @@ def build_sft_set_flow(
                 n_cached += cached
             bar.update(len(done))
             progress.advance(len(done), resumed=sum(cached for _, _, cached in done))
-
-    # Gather the light rows (no frames) in case order.
-    rows: list[dict[str, Any]] = []
-    digests: dict[str, str] = {}
-    for ref in refs:
-        result: CaseResult | None = store.load_rows(keys[ref.case_id])
-        if result is None:
-            raise RuntimeError(f"case store entry of {ref.case_id} vanished or broke during the run: {store.root}")
-        rows += result.rows
-        rejections += result.rejections
-        digests.update({f"{ref.case_id}/{k}": v for k, v in result.file_digests.items()})
-    rows.sort(key=row_order)
-    sft_rows = select_sft_rows(rows, sft_cfg)
-
-    # Tables.
-    provenance = {
-        "pipeline_version": __version__,
-        "git_sha": git_sha(),
-        "config_fingerprint": cfg.fingerprint(),
-        "config": cfg.to_dict(),
-        "sft_config": {"negatives_per_positive": negatives_per_positive, "seed": seed, "test_fraction": test_fraction},
-        "atlas_layout": plan.layout,
-        "split_source": plan.split_source,
-    }
-    by_split = {str(s): [r for r in rows if r["split"] == s] for s in (Split.TRAIN, Split.TEST)}
-    counts = {split: count_rows(part).get(split, {"total": 0}) for split, part in by_split.items()}
-    write_table("findings", by_split, out, provenance=provenance, counts=counts)
-    _write_sft(sft_rows, out, store, keys, provenance)
-    rejection_rows = sorted(
-        (r.to_row() for r in rejections), key=lambda r: (r["case_id"], r["organ"] or "", r["step"], r["reason"])
-    )
-    # One split; "train" is the Hub convention for a table without splits (load_dataset maps it by name).
-    write_table("rejections", {"train": rejection_rows}, out, provenance=provenance)
-
-    # Every input case is accounted for: a row or a rejection.
-    accounted = {r["case_id"] for r in rows} | {r.case_id for r in rejections}
-    missing = [r.case_id for r in refs if r.case_id not in accounted]
-    if missing:
-        raise RuntimeError(f"Cases with neither a row nor a rejection (a bug): {missing[:10]}")
-
-    unexpected = [r for r in rejections if r.reason == RejectReason.UNEXPECTED_ERROR]
-    qa = build_qa_report(
-        rows,
-        rejections,
-        plausible_volume_cm3=PLAUSIBLE_ORGAN_VOLUME_CM3,
-        warnings=plan.warnings,
-        file_digests=digests,
-    )
-    qa_md = qa_markdown(qa)
-    elapsed_s = time.perf_counter() - started
-    summary = {
-        **{k: v for k, v in provenance.items() if k != "config"},
-        "atlas_root": str(root),
-        "output_dir": str(out),
-        "cases": len(refs),
-        "cases_resumed_from_store": n_cached,
-        "organ_rows": count_rows(rows),
-        "sft_rows": count_rows(sft_rows),
-        "rejections": count_rejections(rejections),
-        "unexpected_errors": len(unexpected),
-        "qa_flags": qa.flag_counts,
-        "warnings": list(plan.warnings),
-        "input_files": digests,
-        "seconds": round(elapsed_s, 2),
-        "cases_per_s": round(len(refs) / elapsed_s, 3),  # end to end, resumed cases included
-        "tables": {name: str(out / name) for name in ("findings", "sft", "rejections")},
-    }
-    write_json_atomic(summary, out / "manifest.json")
-    sheet = _contact_sheet(sft_rows, store, keys, out / "contact_sheet.png")
-    summary_md = _summary_markdown(summary, sheet)
-    (out / "summary.md").write_text(summary_md)
-    (out / "qa.md").write_text(qa_md)
-    _artifacts(summary, rejections, summary_md)
-    create_markdown_artifact(
-        key="build-sft-set-qa", markdown=qa_md, description="QA: flags, CSV agreement, worst rows"
-    )
-    if sheet is not None:
-        _contact_sheet_artifact(sheet)
-    logger.info("build-sft-set done in %.1f s: %s", summary["seconds"], out)
-    if len(unexpected) > max_unexpected_errors:
-        raise RuntimeError(
-            f"{len(unexpected)} case(s) hit unexpected errors (more than max_unexpected_errors="
-            f"{max_unexpected_errors}); outputs were written, see {out / 'rejections'}: "
-            + "; ".join(f"{r.case_id}: {r.detail}" for r in unexpected[:3])
-        )
-    return summary
-
-
-def _write_sft(
-    sft_rows: Sequence[Mapping[str, Any]],
-    out: Path,
-    store: CaseStore,
-    keys: Mapping[str, str],
-    provenance: Mapping[str, Any],
-) -> None:
-    """Stream the SFT rows with their frames into shards (frames are read back per case, never all at once)."""
-    counts = {}
-    for split in (str(Split.TRAIN), str(Split.TEST)):
-        part = [r for r in sft_rows if r["split"] == split]
-        counts[split] = count_rows(part).get(split, {"total": 0})
-        sizes = [int(r["frames_bytes"]) for r in part]
-        write_split_streaming(_with_frames(part, store, keys), sizes, SFT_SCHEMA, out / "sft" / "data", split)
-    finish_table("sft", out, provenance=provenance, counts=counts)
-
-
-def _with_frames(
-    rows: Sequence[Mapping[str, Any]], store: CaseStore, keys: Mapping[str, str]
-) -> Iterator[dict[str, Any]]:
-    cached_case, cached_frames = None, {}
-    for row in rows:
-        if row["case_id"] != cached_case:
-            cached_case, cached_frames = row["case_id"], store.load_frames(keys[row["case_id"]])
-        full = {**row, "frames": cached_frames[row["organ"]]}
-        check_required("sft", full)
-        yield full
-
-
-def _contact_sheet(
-    sft_rows: Sequence[Mapping[str, Any]], store: CaseStore, keys: Mapping[str, str], path: Path, max_tiles: int = 24
-) -> Path | None:
-    positives = [r for r in sft_rows if r["has_lesion"]][:max_tiles]
-    if not positives:
-        return None
-    tiles = []
-    for row in _with_frames(positives, store, keys):
-        k = row["key_slice_frame"]
-        tiles.append(
-            (row["frames"][k - 1]["bytes"], tuple(row["bbox_xyxy_px"]), f"{row['case_id'][-4:]} {row['organ']} k={k}")
-        )
-    path.write_bytes(draw_contact_sheet(tiles))
-    return path
+    return keys, n_cached
 
 
 def _contact_sheet_artifact(path: Path, thumbnail_width_px: int = 480) -> None:
@@ -305,36 +256,10 @@ def _contact_sheet_artifact(path: Path, thumbnail_width_px: int = 480) -> None:
     )
 
 
-def _summary_markdown(summary: Mapping[str, Any], sheet: Path | None) -> str:
-    lines = [
-        "# build-sft-set",
-        "",
-        f"- cases: **{summary['cases']}** ({summary['cases_resumed_from_store']} resumed from the case store)",
-        f"- pipeline {summary['pipeline_version']}, config `{summary['config_fingerprint']}`, "
-        f"git `{summary['git_sha']}`",
-        f"- split source: {summary['split_source']}; took {summary['seconds']} s ({summary['cases_per_s']} cases/s)",
-        "",
-        "| table | split | rows by organ/label |",
-        "|---|---|---|",
-    ]
-    for table in ("organ_rows", "sft_rows"):
-        for split, counts in summary[table].items():
-            detail = ", ".join(f"{k} {v}" for k, v in counts.items() if k != "total")
-            lines.append(f"| {table} | {split} | **{counts['total']}**: {detail} |")
-    lines += ["", "| rejection (step/reason) | cases |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in summary["rejections"].items()] or ["| none | 0 |"]
-    if summary["qa_flags"]:
-        lines += ["", "QA flags (see qa.md): " + ", ".join(f"{k} {v}" for k, v in summary["qa_flags"].items())]
-    if summary["warnings"]:
-        lines += ["", f"Atlas warnings ({len(summary['warnings'])}, see qa.md): {summary['warnings'][0]}"]
-    lines += ["", "Outputs:", ""] + [f"- `{name}`: {path}" for name, path in summary["tables"].items()]
-    lines.append(f"- QA report: {Path(summary['output_dir']) / 'qa.md'}")
-    if sheet is not None:
-        lines.append(f"- contact sheet (key frames with boxes): {sheet}")
-    return "\n".join(lines) + "\n"
-
-
-def _artifacts(summary: Mapping[str, Any], rejections: Sequence[Rejection], summary_md: str) -> None:
+def _artifacts(
+    summary: Mapping[str, Any], rejections: Sequence[Rejection], summary_md: str, qa_md: str, sheet: Path | None
+) -> None:
+    """Publish the run's artifacts: row counts, every rejection, the summary, the QA report and the contact sheet."""
     table = []
     for kind in ("organ_rows", "sft_rows"):
         for split, counts in summary[kind].items():
@@ -350,6 +275,11 @@ def _artifacts(summary: Mapping[str, Any], rejections: Sequence[Rejection], summ
         description="every rejection with its reason code",
     )
     create_markdown_artifact(key="build-sft-set-summary", markdown=summary_md, description="run summary")
+    create_markdown_artifact(
+        key="build-sft-set-qa", markdown=qa_md, description="QA: flags, CSV agreement, worst rows"
+    )
+    if sheet is not None:
+        _contact_sheet_artifact(sheet)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import httpx
 
+from emrl_data.types import row_id
+
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +71,7 @@ class InferenceRequest:
     """One model call: a row's prompt and its frames.
 
     Attributes:
-        request_id: unique key of the request in a run, e.g. `f"{case_id}/{organ}"`.
+        request_id: unique key of the request in a run, e.g. `emrl_data.types.row_id(case_id, organ)`.
         prompt: the row's `prompt` (user text; it does not reference the frames itself).
         frames_png: the row's frames as 8-bit grayscale PNG bytes, frame 1 (most inferior) first.
     """
@@ -136,14 +138,14 @@ def _frame_png(frame: Any) -> bytes:
 
 
 def request_from_row(row: Mapping[str, Any]) -> InferenceRequest:
-    """Return the request of one `sft` row: id `"{case_id}/{organ}"`, its prompt and its frames.
+    """Return the request of one `sft` row: id `row_id(case_id, organ)`, its prompt and its frames.
 
     Args:
         row: a row with `case_id`, `organ`, `prompt` and `frames` (Hub image structs as read by pyarrow, or PIL images
             as decoded by `datasets`), frames in order 1..N (inferior -> superior).
     """
     return InferenceRequest(
-        request_id=f"{row['case_id']}/{row['organ']}",
+        request_id=row_id(row["case_id"], row["organ"]),
         prompt=row["prompt"],
         frames_png=[_frame_png(f) for f in row["frames"]],
     )

@@ -76,21 +76,3 @@ def test_rl_hardset_end_to_end_and_resume(sft_out: Path, tmp_path: Path, monkeyp
         n_bootstrap=20, target_size=3,
     )  # fmt: skip
     assert again["rl_hardset_rows"] == summary["rl_hardset_rows"]
-
-
-def test_prediction_row_uses_the_scorers_names_and_leaves_failed_inferences_unscored() -> None:
-    from emrl_data.records import PREDICTION_TRUTH_COLUMNS  # noqa: PLC0415
-    from flows.build_rl_hardset import _prediction_row  # noqa: PLC0415
-
-    truth = {"case_id": "BDMAP_00000001", "organ": "liver", "split": "train", "has_lesion": False,
-             "long_axis_mm": None, "location": [], "attenuation": None, "key_slice_frame": None, "n_frames": 8}  # fmt: skip
-    negative = "<findings>No focal liver lesion is identified.</findings> || <impression>No liver tumor.</impression>"
-    row, score = _prediction_row(truth, {"text": negative, "error": None}, "m")
-    assert score is not None and set(row) <= set(SCHEMAS["predictions"].names)
-    assert row == {**truth, "prediction": negative, "inference_error": None, "model": "m", **score.to_row(),
-                   "hard": False, "hard_reasons": []}  # fmt: skip
-    assert (row["score_existence"], row["parse_failure"]) == (1.0, None)
-    failed, no_score = _prediction_row(truth, {"text": None, "error": "timeout"}, "m")
-    assert no_score is None and "parse_failure" not in failed and "score_existence" not in failed
-    assert failed == {**{c: truth[c] for c in PREDICTION_TRUTH_COLUMNS}, "prediction": None,
-                      "inference_error": "timeout", "model": "m"}  # fmt: skip

@@ -1,0 +1,163 @@
+"""The build-sft-set library: gathering from the case store, rejection rows, accounting and the run summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from emrl_data import __version__
+from emrl_data.atlas import AtlasPlan
+from emrl_data.config import CurateConfig, SftConfig
+from emrl_data.curate import CaseResult, CaseStore
+from emrl_data.outcome import Rejection, RejectReason
+from emrl_data.sft_set import (
+    build_summary,
+    check_every_case_accounted,
+    gather_case_results,
+    rejection_rows,
+    rows_with_frames,
+    sft_set_provenance,
+    summary_markdown,
+    unexpected_errors,
+)
+
+
+A, B, C = "BDMAP_00000001", "BDMAP_00000002", "BDMAP_00000003"
+
+
+def _row(case_id: str, organ: str, split: str, has_lesion: bool, frame: bytes) -> dict:
+    return {"case_id": case_id, "organ": organ, "split": split, "has_lesion": has_lesion,
+            "frames": [{"bytes": frame, "path": f"{case_id}/{organ}/1.png"}]}  # fmt: skip
+
+
+def _store(tmp_path: Path) -> tuple[CaseStore, dict[str, str]]:
+    store = CaseStore(tmp_path / "cases")
+    store.save("kb", CaseResult(B, [_row(B, "pancreas", "train", True, b"pp"), _row(B, "liver", "test", False, b"l")],
+                                [Rejection(B, "kidney", "labels", RejectReason.EMPTY_ORGAN_MASK, "no voxel")],
+                                {"ct.nii.gz": "d2"}))  # fmt: skip
+    store.save("ka", CaseResult(A, [_row(A, "liver", "train", False, b"abc")], [], {"ct.nii.gz": "d1"}))
+    return store, {A: "ka", B: "kb"}
+
+
+def test_gather_case_results_sorts_rows_and_keys_digests_by_row_id(tmp_path: Path) -> None:
+    store, keys = _store(tmp_path)
+    gathered = gather_case_results([A, B], store, keys)
+    # split, organ, case id; frames are left in the store (only their size comes back)
+    assert [(r["split"], r["organ"], r["case_id"], r["frames_bytes"]) for r in gathered.rows] == [
+        ("test", "liver", B, 1),
+        ("train", "liver", A, 3),
+        ("train", "pancreas", B, 2),
+    ]
+    assert gathered.rejections == [Rejection(B, "kidney", "labels", RejectReason.EMPTY_ORGAN_MASK, "no voxel")]
+    assert gathered.file_digests == {f"{A}/ct.nii.gz": "d1", f"{B}/ct.nii.gz": "d2"}
+
+
+def test_gather_case_results_names_a_vanished_entry(tmp_path: Path) -> None:
+    store, keys = _store(tmp_path)
+    with pytest.raises(RuntimeError, match=f"case store entry of {C} vanished"):
+        gather_case_results([A, C], store, keys | {C: "gone"})
+
+
+def test_rows_with_frames_refuses_a_row_without_its_required_columns(tmp_path: Path) -> None:
+    store, keys = _store(tmp_path)
+    light = gather_case_results([A, B], store, keys).rows  # these toy rows lack the label columns of `sft`
+    with pytest.raises(ValueError, match="sft: column 'lesion_count' is required but is null in row 'BDMAP_00000002'"):
+        next(rows_with_frames(light, store, keys))
+
+
+def test_rejection_rows_sort_by_case_organ_step_reason() -> None:
+    rejections = [
+        Rejection(B, "liver", "labels", RejectReason.EMPTY_ORGAN_MASK, "x"),
+        Rejection(B, None, "load", RejectReason.MISSING_CT, "y", "BDMAP_00000002/ct.nii.gz"),
+        Rejection(A, "liver", "frames", RejectReason.UNEXPECTED_ERROR, "z"),
+    ]
+    assert [(r["case_id"], r["organ"], r["reason"], r["path"]) for r in rejection_rows(rejections)] == [
+        (A, "liver", "unexpected_error", None),
+        (B, None, "missing_ct", "BDMAP_00000002/ct.nii.gz"),  # a whole-case rejection sorts before its organs
+        (B, "liver", "empty_organ_mask", None),
+    ]
+    assert unexpected_errors(rejections) == [rejections[2]]
+
+
+def test_check_every_case_accounted_names_the_cases_with_neither() -> None:
+    rows = [{"case_id": A}]
+    rejections = [Rejection(B, None, "load", RejectReason.MISSING_CT, "y")]
+    check_every_case_accounted([A, B], rows, rejections)  # each has a row or a rejection
+    with pytest.raises(RuntimeError, match=r"neither a row nor a rejection \(a bug\): \['BDMAP_00000003'\]"):
+        check_every_case_accounted([A, B, C], rows, rejections)
+
+
+def _summary(out: Path) -> dict:
+    rows = [{"case_id": A, "organ": "liver", "split": "train", "has_lesion": True},
+            {"case_id": B, "organ": "liver", "split": "test", "has_lesion": False}]  # fmt: skip
+    return build_summary(
+        provenance={"pipeline_version": "0.1.0", "git_sha": "abc", "config_fingerprint": "f00", "config": {"x": 1},
+                    "split_source": "hash"},
+        atlas_root=Path("/atlas"), output_dir=out, n_cases=3, n_resumed=1, rows=rows, sft_rows=rows[:1],
+        rejections=[Rejection(C, None, "load", RejectReason.UNEXPECTED_ERROR, "boom")], qa_flags={"tiny_organ": 2},
+        warnings=["CSV has 2 unknown cases"], file_digests={f"{A}/ct.nii.gz": "d1"}, elapsed_s=1.5,
+    )  # fmt: skip
+
+
+def test_build_summary_counts_rows_rejections_and_leaves_the_full_config_out() -> None:
+    assert _summary(Path("/out")) == {
+        "pipeline_version": "0.1.0",
+        "git_sha": "abc",
+        "config_fingerprint": "f00",
+        "split_source": "hash",
+        "atlas_root": "/atlas",
+        "output_dir": "/out",
+        "cases": 3,
+        "cases_resumed_from_store": 1,
+        "organ_rows": {"test": {"liver/negative": 1, "total": 1}, "train": {"liver/positive": 1, "total": 1}},
+        "sft_rows": {"train": {"liver/positive": 1, "total": 1}},
+        "rejections": {"load/unexpected_error": 1},
+        "unexpected_errors": 1,
+        "qa_flags": {"tiny_organ": 2},
+        "warnings": ["CSV has 2 unknown cases"],
+        "input_files": {f"{A}/ct.nii.gz": "d1"},
+        "seconds": 1.5,
+        "cases_per_s": 2.0,
+        "tables": {"findings": "/out/findings", "sft": "/out/sft", "rejections": "/out/rejections"},
+    }
+
+
+def test_summary_markdown_lists_counts_rejections_flags_and_outputs() -> None:
+    summary = _summary(Path("/out"))
+    assert summary_markdown(summary, Path("/out/contact_sheet.png")) == (
+        "# build-sft-set\n\n"
+        "- cases: **3** (1 resumed from the case store)\n"
+        "- pipeline 0.1.0, config `f00`, git `abc`\n"
+        "- split source: hash; took 1.5 s (2.0 cases/s)\n\n"
+        "| table | split | rows by organ/label |\n|---|---|---|\n"
+        "| organ_rows | test | **1**: liver/negative 1 |\n"
+        "| organ_rows | train | **1**: liver/positive 1 |\n"
+        "| sft_rows | train | **1**: liver/positive 1 |\n\n"
+        "| rejection (step/reason) | cases |\n|---|---|\n"
+        "| load/unexpected_error | 1 |\n\n"
+        "QA flags (see qa.md): tiny_organ 2\n\n"
+        "Atlas warnings (1, see qa.md): CSV has 2 unknown cases\n\n"
+        "Outputs:\n\n"
+        "- `findings`: /out/findings\n- `sft`: /out/sft\n- `rejections`: /out/rejections\n"
+        "- QA report: /out/qa.md\n"
+        "- contact sheet (key frames with boxes): /out/contact_sheet.png\n"
+    )
+    no_rejections = summary | {"rejections": {}, "qa_flags": {}, "warnings": []}
+    assert "| none | 0 |\n\nOutputs:" in summary_markdown(no_rejections, None)
+    assert "contact sheet" not in summary_markdown(no_rejections, None)
+
+
+def test_sft_set_provenance_records_versions_both_configs_and_the_plan() -> None:
+    cfg = CurateConfig()
+    plan = AtlasPlan("split", (), {}, "case-id hash", {}, ())
+    provenance = sft_set_provenance(cfg, SftConfig(negatives_per_positive=2.0, seed=3), plan, git_sha=None)
+    assert provenance == {
+        "pipeline_version": __version__,
+        "git_sha": None,
+        "config_fingerprint": cfg.fingerprint(),
+        "config": cfg.to_dict(),
+        "sft_config": {"negatives_per_positive": 2.0, "seed": 3, "test_fraction": 0.10},
+        "atlas_layout": "split",
+        "split_source": "case-id hash",
+    }
