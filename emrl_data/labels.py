@@ -216,15 +216,22 @@ def label_organ(
             cache[structure] = arr
         return arr
 
+    box_of = getattr(source, "mask_box", None)  # optional: the box the reader found while checking the mask
+
+    def box(structure: str, mask: np.ndarray) -> Box3 | None:
+        known = box_of(structure) if box_of is not None else None
+        return _mask_box(mask) if known is None else known[0]
+
     # --- organ: union of its masks, box from the union of the per-file boxes (no full-volume union copy).
-    organ_masks = [m for m in (get(s) for s in structures.organ_masks) if m is not None]
+    organ_named = [(s, m) for s, m in ((s, get(s)) for s in structures.organ_masks) if m is not None]
+    organ_masks = [m for _, m in organ_named]
     if not organ_masks:
         raise CaseDataError(
             RejectReason.MISSING_ORGAN_MASK,
             f"no organ mask file among {list(structures.organ_masks)}",
             organ=str(organ),
         )
-    organ_box = _union_box([_mask_box(m) for m in organ_masks])
+    organ_box = _union_box([box(s, m) for s, m in organ_named])
     if organ_box is None:
         raise CaseDataError(
             RejectReason.EMPTY_ORGAN_MASK,
@@ -238,7 +245,7 @@ def label_organ(
 
     # --- lesion mask: its own box on the full mask first, so voxels outside the organ box are seen.
     lesion_mask = get(structures.lesion_mask)
-    lesion_box = _mask_box(lesion_mask) if lesion_mask is not None else None
+    lesion_box = box(structures.lesion_mask, lesion_mask) if lesion_mask is not None else None
     largest: _Largest | None = None
     counts: list[int] = []
     if lesion_mask is not None and lesion_box is not None:
