@@ -222,16 +222,20 @@ def label_organ(
         known = box_of(structure) if box_of is not None else None
         return _mask_box(mask) if known is None else known[0]
 
-    # --- organ: union of its masks, box from the union of the per-file boxes (no full-volume union copy).
-    organ_named = [(s, m) for s, m in ((s, get(s)) for s in structures.organ_masks) if m is not None]
-    organ_masks = [m for _, m in organ_named]
+    # --- organ: each mask kept as its box and crop only (one full mask alive at a time), union inside the boxes.
+    organ_masks: dict[str, _Boxed] = {}
+    for structure in structures.organ_masks:
+        full = get(structure, keep=False)
+        if full is not None:
+            organ_masks[structure] = _Boxed.of(full, box(structure, full))
+        del full
     if not organ_masks:
         raise CaseDataError(
             RejectReason.MISSING_ORGAN_MASK,
             f"no organ mask file among {list(structures.organ_masks)}",
             organ=str(organ),
         )
-    organ_box = _union_box([box(s, m) for s, m in organ_named])
+    organ_box = _union_box([b.box for b in organ_masks.values()])
     if organ_box is None:
         raise CaseDataError(
             RejectReason.EMPTY_ORGAN_MASK,
@@ -240,23 +244,25 @@ def label_organ(
         )
     # Crops of the organ box share the CT crop's memory layout, so `ravel('K')` gathers line up.
     ct_organ = _copy_like(ct[organ_box], ct[organ_box])
-    organ_crop = _union_crop(organ_masks, organ_box, like=ct_organ)
+    organ_crop = _union_crop(list(organ_masks.values()), organ_box, like=ct_organ)
     organ_volume_mm3 = int(np.count_nonzero(organ_crop)) * voxel_mm3
 
     # --- lesion mask: its own box on the full mask first, so voxels outside the organ box are seen.
-    lesion_mask = get(structures.lesion_mask)
+    lesion_mask = get(structures.lesion_mask, keep=False)
     lesion_box = box(structures.lesion_mask, lesion_mask) if lesion_mask is not None else None
     largest: _Largest | None = None
     counts: list[int] = []
     if lesion_mask is not None and lesion_box is not None:
         lesion_crop = _as_bool(lesion_mask[lesion_box], like=lesion_mask[lesion_box])
-        _check_inside_organ(lesion_crop, lesion_box, organ_masks, organ, cfg)
+        _check_inside_organ(lesion_crop, lesion_box, list(organ_masks.values()), ct.shape, organ, cfg)
         largest, counts = _components(lesion_crop, lesion_box, voxel_mm3, cfg)
         del lesion_crop
         # The parenchyma excludes every lesion voxel, noise components included (RadGPT: organ minus all lesions).
         parenchyma = organ_crop & ~_as_bool(lesion_mask[organ_box], like=ct_organ)
     else:
         parenchyma = organ_crop
+    lesion_file = lesion_mask is not None
+    del lesion_mask
     n_parenchyma = int(np.count_nonzero(parenchyma))
     if n_parenchyma == 0:
         raise CaseDataError(
@@ -270,7 +276,7 @@ def label_organ(
 
     organ_box_t = _box_xyzxyz(organ_box)
     if largest is None:
-        logger.debug("%s: negative row (lesion file present: %s)", organ, lesion_mask is not None)
+        logger.debug("%s: negative row (lesion file present: %s)", organ, lesion_file)
         return OrganLabels(
             organ=organ,
             has_lesion=False,
@@ -301,7 +307,7 @@ def label_organ(
     lesion_mean_hu, _ = _hu_stats(ct_lesion.ravel("K")[comp_k.ravel("K")])
     attenuation = _attenuation(lesion_mean_hu, parenchyma_mean_hu, parenchyma_sd_hu, cfg.iso_sd_fraction)
 
-    location = _location(organ, largest, get, cfg.location_min_fraction)
+    location = _location(organ, largest, get, organ_masks, cfg.location_min_fraction)
     labels = OrganLabels(
         organ=organ,
         has_lesion=True,
@@ -423,12 +429,48 @@ def _as_bool(view: np.ndarray, like: np.ndarray) -> NDArray[np.bool_]:
     return _copy_like(view if view.dtype == np.bool_ else view != 0, like, dtype=np.bool_)
 
 
-def _union_crop(masks: list[np.ndarray], box: Box3, like: np.ndarray) -> NDArray[np.bool_]:
+def _union_crop(masks: list[_Boxed], box: Box3, like: np.ndarray) -> NDArray[np.bool_]:
     """Return the union of the masks inside `box` as bool, in the memory layout of `like` (shape of the box)."""
-    out = _as_bool(masks[0][box], like)
+    out = _copy_like(masks[0].window(box), like, dtype=np.bool_)
     for m in masks[1:]:
-        out |= m[box] if m.dtype == np.bool_ else m[box] != 0
+        out |= m.window(box)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Boxed:
+    """A mask kept as its tight box and the bool crop inside it: every voxel outside the box is 0 by definition.
+
+    Attributes:
+        box: the mask's tight half-open box in the volume frame, None when the mask is empty.
+        crop: bool copy of the mask inside `box` (the source's memory order), None when empty.
+    """
+
+    box: Box3 | None
+    crop: NDArray[np.bool_] | None
+
+    @classmethod
+    def of(cls, mask: np.ndarray, box: Box3 | None) -> _Boxed:
+        """Keep `mask` (a full volume) inside its tight `box` only."""
+        if box is None:
+            return cls(None, None)
+        return cls(box, _as_bool(mask[box], like=mask[box]))
+
+    def window(self, box: tuple[slice, ...]) -> NDArray[np.bool_]:
+        """Return the mask inside any `box` of the volume (zeros outside the mask's own box), bool."""
+        shape = tuple(s.stop - s.start for s in box)
+        fortran = self.crop is not None and self.crop.flags.f_contiguous and not self.crop.flags.c_contiguous
+        out = np.zeros(shape, dtype=np.bool_, order="F" if fortran else "C")
+        if self.box is None or self.crop is None:
+            return out
+        lo = [max(a.start, b.start) for a, b in zip(box, self.box, strict=True)]
+        hi = [min(a.stop, b.stop) for a, b in zip(box, self.box, strict=True)]
+        if any(low >= high for low, high in zip(lo, hi, strict=True)):
+            return out
+        dst = tuple(slice(low - a.start, high - a.start) for low, high, a in zip(lo, hi, box, strict=True))
+        src = tuple(slice(low - b.start, high - b.start) for low, high, b in zip(lo, hi, self.box, strict=True))
+        out[dst] = self.crop[src]
+        return out
 
 
 def _dilate_cube(mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
@@ -452,7 +494,12 @@ def _dilate_cube(mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
 
 
 def _check_inside_organ(
-    lesion: NDArray[np.bool_], lesion_box: Box3, organ_masks: list[np.ndarray], organ: Organ, cfg: LabelConfig
+    lesion: NDArray[np.bool_],
+    lesion_box: Box3,
+    organ_masks: list[_Boxed],
+    shape: tuple[int, ...],
+    organ: Organ,
+    cfg: LabelConfig,
 ) -> None:
     """Raise `LESION_OUTSIDE_ORGAN` when too few lesion voxels lie inside the organ dilated by one voxel.
 
@@ -462,18 +509,18 @@ def _check_inside_organ(
     Args:
         lesion: bool lesion mask inside `lesion_box`, shape of the box.
         lesion_box: the lesion mask's tight box (non-empty), volume frame.
-        organ_masks: the organ's masks, shape `(X, Y, Z)` each.
+        organ_masks: the organ's masks (each kept inside its own box).
+        shape: the volume's shape `(X, Y, Z)`.
         organ: for the error.
         cfg: holds `min_lesion_inside_fraction`.
 
     Raises:
         CaseDataError: `LESION_OUTSIDE_ORGAN`, the detail gives the inside fraction.
     """
-    shape = organ_masks[0].shape
     grown = tuple(slice(max(s.start - 1, 0), min(s.stop + 1, n)) for s, n in zip(lesion_box, shape, strict=True))
     organ_grown = np.zeros(tuple(s.stop - s.start for s in grown), dtype=np.bool_)
     for m in organ_masks:
-        organ_grown |= m[grown] != 0
+        organ_grown |= m.window(grown)
     inner = tuple(slice(b.start - g.start, b.stop - g.start) for b, g in zip(lesion_box, grown, strict=True))
     near_organ = _dilate_cube(organ_grown)[inner]
     n_lesion = int(np.count_nonzero(lesion))
@@ -632,7 +679,9 @@ def _attenuation(lesion_mean_hu: float, parenchyma_mean_hu: float, parenchyma_sd
     return Attenuation.HYPO.value if diff < 0 else Attenuation.HYPER.value
 
 
-def _location(organ: Organ, largest: _Largest, get: _MaskGetter, min_fraction: float) -> tuple[str, ...]:
+def _location(
+    organ: Organ, largest: _Largest, get: _MaskGetter, boxed: dict[str, _Boxed], min_fraction: float
+) -> tuple[str, ...]:
     """Return the sub-structures holding more than `min_fraction` of the largest lesion's labelled voxels.
 
     Each part file present is cropped to the lesion's box right away and the full mask dropped (one full part
@@ -645,6 +694,7 @@ def _location(organ: Organ, largest: _Largest, get: _MaskGetter, min_fraction: f
         organ: the organ row.
         largest: the largest lesion (its mask and box).
         get: returns a full `(X, Y, Z)` mask by structure name, or None when the file is absent.
+        boxed: masks already read, kept inside their boxes (kidney sides: the organ masks), by structure name.
         min_fraction: a part is kept when its share is strictly above this.
 
     Returns:
@@ -654,12 +704,16 @@ def _location(organ: Organ, largest: _Largest, get: _MaskGetter, min_fraction: f
     labelled = np.zeros_like(comp)
     counts: dict[str, int] = {}
     for structure, name in ORGAN_STRUCTURES[organ].parts:
-        part = get(structure, keep=False)
-        if part is None:
-            continue
-        crop = part[largest.box_vox]
+        if structure in boxed:
+            crop = boxed[structure].window(largest.box_vox)
+        else:
+            part = get(structure, keep=False)
+            if part is None:
+                continue
+            crop = part[largest.box_vox]
+            del part
         inside = comp & (crop if crop.dtype == np.bool_ else crop != 0)
-        del part, crop
+        del crop
         counts[name] = int(np.count_nonzero(inside))
         labelled |= inside
     total = int(np.count_nonzero(labelled))
