@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -216,32 +217,8 @@ def label_organ(
             cache[structure] = arr
         return arr
 
-    box_of = getattr(source, "mask_box", None)  # optional: the box the reader found while checking the mask
-
-    def box(structure: str, mask: np.ndarray) -> Box3 | None:
-        known = box_of(structure) if box_of is not None else None
-        return _mask_box(mask) if known is None else known[0]
-
-    # --- organ: each mask kept as its box and crop only (one full mask alive at a time), union inside the boxes.
-    organ_masks: dict[str, _Boxed] = {}
-    for structure in structures.organ_masks:
-        full = get(structure, keep=False)
-        if full is not None:
-            organ_masks[structure] = _Boxed.of(full, box(structure, full))
-        del full
-    if not organ_masks:
-        raise CaseDataError(
-            RejectReason.MISSING_ORGAN_MASK,
-            f"no organ mask file among {list(structures.organ_masks)}",
-            organ=str(organ),
-        )
-    organ_box = _union_box([b.box for b in organ_masks.values()])
-    if organ_box is None:
-        raise CaseDataError(
-            RejectReason.EMPTY_ORGAN_MASK,
-            f"organ mask(s) {list(structures.organ_masks)} have no voxel",
-            organ=str(organ),
-        )
+    box = _box_finder(source)
+    organ_masks, organ_box = _read_organ_masks(get, box, organ)
     # Crops of the organ box share the CT crop's memory layout, so `ravel('K')` gathers line up.
     ct_organ = _copy_like(ct[organ_box], ct[organ_box])
     organ_crop = _union_crop(list(organ_masks.values()), organ_box, like=ct_organ)
@@ -330,6 +307,44 @@ def label_organ(
     )
     logger.debug("%s: %d lesion(s), largest %d voxels", organ, labels.lesion_count, largest.voxel_count)
     return labels
+
+
+def _box_finder(source: MaskSource) -> Callable[[str, np.ndarray], Box3 | None]:
+    """Return `box(structure, mask)`: the box the source's reader found (`mask_box`, optional), else `_mask_box`."""
+    box_of = getattr(source, "mask_box", None)
+
+    def box(structure: str, mask: np.ndarray) -> Box3 | None:
+        known = box_of(structure) if box_of is not None else None
+        return _mask_box(mask) if known is None else known[0]
+
+    return box
+
+
+def _read_organ_masks(
+    get: _MaskGetter, box: Callable[[str, np.ndarray], Box3 | None], organ: Organ
+) -> tuple[dict[str, _Boxed], Box3]:
+    """Read the organ's masks one at a time, each kept as its box and crop only; return them and their union box.
+
+    Raises:
+        CaseDataError: `MISSING_ORGAN_MASK` when no organ mask file exists, `EMPTY_ORGAN_MASK` when all are empty.
+    """
+    names = ORGAN_STRUCTURES[organ].organ_masks
+    organ_masks: dict[str, _Boxed] = {}
+    for structure in names:
+        full = get(structure, keep=False)
+        if full is not None:
+            organ_masks[structure] = _Boxed.of(full, box(structure, full))
+        del full
+    if not organ_masks:
+        raise CaseDataError(
+            RejectReason.MISSING_ORGAN_MASK, f"no organ mask file among {list(names)}", organ=str(organ)
+        )
+    organ_box = _union_box([b.box for b in organ_masks.values()])
+    if organ_box is None:
+        raise CaseDataError(
+            RejectReason.EMPTY_ORGAN_MASK, f"organ mask(s) {list(names)} have no voxel", organ=str(organ)
+        )
+    return organ_masks, organ_box
 
 
 def _check_organ_hu(source: MaskSource, organ: Organ, files: tuple[str, ...], parenchyma_mean_hu: float) -> None:
