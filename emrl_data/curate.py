@@ -163,6 +163,23 @@ class _OrganSource:
                 union = part if union is None else np.logical_or(union, part)
         return union
 
+    def mask_box(self, structure: str) -> tuple[tuple[slice, slice, slice] | None] | None:
+        """The box `CaseImages.mask_box` found for `structure` (the lesion: the union over its files), or None."""
+        if structure != self._lesion:
+            return self._images.mask_box(structure)
+        boxes = []
+        for name in self._files:
+            if not self._images.has(name):
+                continue
+            known = self._images.mask_box(name)
+            if known is None:
+                return None
+            if known[0] is not None:
+                boxes.append(known[0])
+        if not boxes:
+            return (None,)
+        return (tuple(slice(min(b[i].start for b in boxes), max(b[i].stop for b in boxes)) for i in range(3)),)  # type: ignore[return-value]
+
 
 def _lesion_columns(
     ref: CaseRef, organ: Organ, files: tuple[str, ...], labels: OrganLabels

@@ -220,6 +220,15 @@ def _window_lut(width_hu: float, level_hu: float) -> NDArray[np.uint8]:
     return lut
 
 
+@lru_cache(maxsize=8)
+def _window_lut_u16(width_hu: float, level_hu: float) -> NDArray[np.uint8]:
+    """`_window_lut` rotated so that an int16 HU viewed as uint16 indexes it directly (no int32 temporary)."""
+    lut = _window_lut(width_hu, level_hu)
+    rotated = np.concatenate([lut[32768:], lut[:32768]])  # uint16 u < 32768 is HU u; u >= 32768 is HU u - 65536
+    rotated.flags.writeable = False
+    return rotated
+
+
 def _crop_slice_padded(slice_hu: NDArray[np.int16], crop_xyxy_vox: tuple[int, int, int, int]) -> NDArray[np.int16]:
     """Cut `crop_xyxy_vox` out of one axial slice `(X, Y)`, filling voxels outside the slice with air."""
     cx0, cy0, cx1, cy1 = crop_xyxy_vox
@@ -263,7 +272,7 @@ def render_frames(
     if cx1 <= cx0 or cy1 <= cy0:
         raise ValueError(f"crop_xyxy_vox={crop_xyxy_vox} is empty.")
     size = cfg.frame_size_px
-    lut = _window_lut(float(cfg.window_width_hu), float(cfg.window_level_hu))
+    lut = _window_lut_u16(float(cfg.window_width_hu), float(cfg.window_level_hu))
     shrinking = (cx1 - cx0) > size or (cy1 - cy0) > size
     interpolation = cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR
     pngs: list[bytes] = []
@@ -271,9 +280,9 @@ def render_frames(
         if not 0 <= z < ct_hu.shape[2]:
             raise ValueError(f"Frame z={z} lies outside the volume's slices [0, {ct_hu.shape[2]}).")
         crop = _crop_slice_padded(ct_hu[:, :, z], crop_xyxy_vox)
-        # (x, y) -> (row = y, col = x), both reversed: anterior on top, patient right on the left.
-        display_hu = np.ascontiguousarray(crop.T[::-1, ::-1])
-        grey = lut[display_hu.astype(np.int32) + 32768]
+        # Window first (int16 read as uint16 indexes the rotated LUT), then (x, y) -> (row = y, col = x), both
+        # reversed: anterior on top, patient right on the left. Same pixels as windowing after the transpose.
+        grey = np.ascontiguousarray(lut.take(crop.view(np.uint16)).T[::-1, ::-1])
         frame = cv2.resize(grey, (size, size), interpolation=interpolation).astype(np.uint8, copy=False)
         pngs.append(encode_png_gray8(frame, level=cfg.png_compress_level))
     return pngs

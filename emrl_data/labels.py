@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -199,11 +200,12 @@ def label_organ(
     voxel_mm3 = spacing[0] * spacing[1] * spacing[2]
     structures = ORGAN_STRUCTURES[organ]
     get = _MaskCache(source, ct.shape)
-    region = _organ_region(get, organ, structures.organ_masks, ct, voxel_mm3)
+    box = _box_finder(source)
+    region = _organ_region(get, box, organ, structures.organ_masks, ct, voxel_mm3)
 
     # The lesion mask gets its own box on the full mask first, so voxels outside the organ box are seen.
-    lesion_mask = get(structures.lesion_mask)
-    lesion_box = _mask_box(lesion_mask) if lesion_mask is not None else None
+    lesion_mask = get(structures.lesion_mask, keep=False)
+    lesion_box = box(structures.lesion_mask, lesion_mask) if lesion_mask is not None else None
     largest: _Largest | None = None
     counts: list[int] = []
     if lesion_mask is not None and lesion_box is not None:
@@ -218,13 +220,14 @@ def label_organ(
         parenchyma_sd_hu=parenchyma_sd_hu,
         organ_box_xyzxyz_vox=_box_xyzxyz(region.box),
     )
-    del region  # the organ crops are not needed for the lesion attributes
+    lesion_file, organ_masks = lesion_mask is not None, region.masks
+    del region, lesion_mask  # the organ crops and the full lesion mask are not needed for the lesion attributes
     _check_organ_hu(source, organ, structures.organ_masks, parenchyma_mean_hu)
 
     if largest is None:
-        logger.debug("%s: negative row (lesion file present: %s)", organ, lesion_mask is not None)
+        logger.debug("%s: negative row (lesion file present: %s)", organ, lesion_file)
         return _negative_labels(organ_facts)
-    labels = _lesion_labels(organ_facts, largest, counts, ct, spacing, get, cfg)
+    labels = _lesion_labels(organ_facts, largest, counts, ct, spacing, get, organ_masks, cfg)
     logger.debug("%s: %d lesion(s), largest %d voxels", organ, labels.lesion_count, largest.voxel_count)
     return labels
 
@@ -274,7 +277,7 @@ class _OrganRegion:
     The two crops share one memory layout, so `ravel('K')` gathers of one by the other line up.
     """
 
-    masks: list[np.ndarray]  # full (X, Y, Z) masks of the organ's files that exist
+    masks: dict[str, _Boxed]  # the organ's files that exist, each kept inside its own box
     box: Box3  # the union of the per-file boxes, volume frame
     ct_crop: np.ndarray  # CT HU inside `box`
     mask_crop: NDArray[np.bool_]  # union of `masks` inside `box`
@@ -282,28 +285,39 @@ class _OrganRegion:
 
 
 def _organ_region(
-    get: _MaskGetter, organ: Organ, files: tuple[str, ...], ct: np.ndarray, voxel_mm3: float
+    get: _MaskGetter,
+    box: Callable[[str, np.ndarray], Box3 | None],
+    organ: Organ,
+    files: tuple[str, ...],
+    ct: np.ndarray,
+    voxel_mm3: float,
 ) -> _OrganRegion:
     """Return the organ as the union of its mask files, its box from the union of the per-file boxes.
 
-    No full-volume union is ever copied: only the crops to the joint box are.
+    The files are read one at a time and each is kept as its box and crop only (one full mask alive at a time); no
+    full-volume union is ever copied.
 
     Raises:
         CaseDataError: `MISSING_ORGAN_MASK` when none of `files` exists, `EMPTY_ORGAN_MASK` when they have no voxel.
     """
-    masks = [m for m in (get(s) for s in files) if m is not None]
+    masks: dict[str, _Boxed] = {}
+    for structure in files:
+        full = get(structure, keep=False)
+        if full is not None:
+            masks[structure] = _Boxed.of(full, box(structure, full))
+        del full
     if not masks:
         raise CaseDataError(
             RejectReason.MISSING_ORGAN_MASK, f"no organ mask file among {list(files)}", organ=str(organ)
         )
-    box = _union_box([_mask_box(m) for m in masks])
-    if box is None:
+    joint = _union_box([b.box for b in masks.values()])
+    if joint is None:
         raise CaseDataError(
             RejectReason.EMPTY_ORGAN_MASK, f"organ mask(s) {list(files)} have no voxel", organ=str(organ)
         )
-    ct_crop = _copy_like(ct[box], ct[box])
-    mask_crop = _union_crop(masks, box, like=ct_crop)
-    return _OrganRegion(masks, box, ct_crop, mask_crop, int(np.count_nonzero(mask_crop)) * voxel_mm3)
+    ct_crop = _copy_like(ct[joint], ct[joint])
+    mask_crop = _union_crop(list(masks.values()), joint, like=ct_crop)
+    return _OrganRegion(masks, joint, ct_crop, mask_crop, int(np.count_nonzero(mask_crop)) * voxel_mm3)
 
 
 def _find_lesions(
@@ -323,7 +337,7 @@ def _find_lesions(
         CaseDataError: `LESION_OUTSIDE_ORGAN` (`_check_inside_organ`).
     """
     lesion_crop = _as_bool(lesion_mask[lesion_box], like=lesion_mask[lesion_box])
-    _check_inside_organ(lesion_crop, lesion_box, region.masks, organ, cfg)
+    _check_inside_organ(lesion_crop, lesion_box, list(region.masks.values()), lesion_mask.shape, organ, cfg)
     return _components(lesion_crop, lesion_box, voxel_mm3, cfg)
 
 
@@ -391,6 +405,7 @@ def _lesion_labels(
     ct: np.ndarray,
     spacing: tuple[float, float, float],
     get: _MaskGetter,
+    organ_masks: dict[str, _Boxed],
     cfg: LabelConfig,
 ) -> OrganLabels:
     """Return the labels of a positive row: key slice, diameters, HU, attenuation and location of the largest lesion.
@@ -419,7 +434,7 @@ def _lesion_labels(
         volume_mm3=largest.voxel_count * voxel_mm3,
         total_lesion_volume_mm3=sum(counts) * voxel_mm3,
         organ_volume_mm3=facts.organ_volume_mm3,
-        location=_location(facts.organ, largest, get, cfg.location_min_fraction),
+        location=_location(facts.organ, largest, get, organ_masks, cfg.location_min_fraction),
         attenuation=attenuation,
         lesion_mean_hu=lesion_mean_hu,
         parenchyma_mean_hu=facts.parenchyma_mean_hu,
@@ -529,11 +544,58 @@ def _as_bool(view: np.ndarray, like: np.ndarray) -> NDArray[np.bool_]:
     return _copy_like(view if view.dtype == np.bool_ else view != 0, like, dtype=np.bool_)
 
 
-def _union_crop(masks: list[np.ndarray], box: Box3, like: np.ndarray) -> NDArray[np.bool_]:
+@dataclass(frozen=True, slots=True)
+class _Boxed:
+    """A mask kept as its tight box and the bool crop inside it: every voxel outside the box is 0 by definition.
+
+    Attributes:
+        box: the mask's tight half-open box in the volume frame, None when the mask is empty.
+        crop: bool copy of the mask inside `box` (the source's memory order), None when empty.
+    """
+
+    box: Box3 | None
+    crop: NDArray[np.bool_] | None
+
+    @classmethod
+    def of(cls, mask: np.ndarray, box: Box3 | None) -> _Boxed:
+        """Keep `mask` (a full volume) inside its tight `box` only."""
+        if box is None:
+            return cls(None, None)
+        return cls(box, _as_bool(mask[box], like=mask[box]))
+
+    def window(self, box: tuple[slice, ...]) -> NDArray[np.bool_]:
+        """Return the mask inside any `box` of the volume (zeros outside the mask's own box), bool."""
+        shape = tuple(s.stop - s.start for s in box)
+        fortran = self.crop is not None and self.crop.flags.f_contiguous and not self.crop.flags.c_contiguous
+        out = np.zeros(shape, dtype=np.bool_, order="F" if fortran else "C")
+        if self.box is None or self.crop is None:
+            return out
+        lo = [max(a.start, b.start) for a, b in zip(box, self.box, strict=True)]
+        hi = [min(a.stop, b.stop) for a, b in zip(box, self.box, strict=True)]
+        if any(low >= high for low, high in zip(lo, hi, strict=True)):
+            return out
+        dst = tuple(slice(low - a.start, high - a.start) for low, high, a in zip(lo, hi, box, strict=True))
+        src = tuple(slice(low - b.start, high - b.start) for low, high, b in zip(lo, hi, self.box, strict=True))
+        out[dst] = self.crop[src]
+        return out
+
+
+def _box_finder(source: MaskSource) -> Callable[[str, np.ndarray], Box3 | None]:
+    """Return `box(structure, mask)`: the box the source's reader found (`mask_box`, optional), else `_mask_box`."""
+    box_of = getattr(source, "mask_box", None)
+
+    def box(structure: str, mask: np.ndarray) -> Box3 | None:
+        known = box_of(structure) if box_of is not None else None
+        return _mask_box(mask) if known is None else known[0]
+
+    return box
+
+
+def _union_crop(masks: list[_Boxed], box: Box3, like: np.ndarray) -> NDArray[np.bool_]:
     """Return the union of the masks inside `box` as bool, in the memory layout of `like` (shape of the box)."""
-    out = _as_bool(masks[0][box], like)
+    out = _copy_like(masks[0].window(box), like, dtype=np.bool_)
     for m in masks[1:]:
-        out |= m[box] if m.dtype == np.bool_ else m[box] != 0
+        out |= m.window(box)
     return out
 
 
@@ -558,7 +620,12 @@ def _dilate_cube(mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
 
 
 def _check_inside_organ(
-    lesion: NDArray[np.bool_], lesion_box: Box3, organ_masks: list[np.ndarray], organ: Organ, cfg: LabelConfig
+    lesion: NDArray[np.bool_],
+    lesion_box: Box3,
+    organ_masks: list[_Boxed],
+    shape: tuple[int, ...],
+    organ: Organ,
+    cfg: LabelConfig,
 ) -> None:
     """Raise `LESION_OUTSIDE_ORGAN` when too few lesion voxels lie inside the organ dilated by one voxel.
 
@@ -568,18 +635,18 @@ def _check_inside_organ(
     Args:
         lesion: bool lesion mask inside `lesion_box`, shape of the box.
         lesion_box: the lesion mask's tight box (non-empty), volume frame.
-        organ_masks: the organ's masks, shape `(X, Y, Z)` each.
+        organ_masks: the organ's masks (each kept inside its own box).
+        shape: the volume's shape `(X, Y, Z)`.
         organ: for the error.
         cfg: holds `min_lesion_inside_fraction`.
 
     Raises:
         CaseDataError: `LESION_OUTSIDE_ORGAN`, the detail gives the inside fraction.
     """
-    shape = organ_masks[0].shape
     grown = tuple(slice(max(s.start - 1, 0), min(s.stop + 1, n)) for s, n in zip(lesion_box, shape, strict=True))
     organ_grown = np.zeros(tuple(s.stop - s.start for s in grown), dtype=np.bool_)
     for m in organ_masks:
-        organ_grown |= m[grown] != 0
+        organ_grown |= m.window(grown)
     inner = tuple(slice(b.start - g.start, b.stop - g.start) for b, g in zip(lesion_box, grown, strict=True))
     near_organ = _dilate_cube(organ_grown)[inner]
     n_lesion = int(np.count_nonzero(lesion))
@@ -738,7 +805,9 @@ def _attenuation(lesion_mean_hu: float, parenchyma_mean_hu: float, parenchyma_sd
     return Attenuation.HYPO.value if diff < 0 else Attenuation.HYPER.value
 
 
-def _location(organ: Organ, largest: _Largest, get: _MaskGetter, min_fraction: float) -> tuple[str, ...]:
+def _location(
+    organ: Organ, largest: _Largest, get: _MaskGetter, boxed: dict[str, _Boxed], min_fraction: float
+) -> tuple[str, ...]:
     """Return the sub-structures holding more than `min_fraction` of the largest lesion's labelled voxels.
 
     Each part file present is cropped to the lesion's box right away and the full mask dropped (one full part
@@ -751,6 +820,7 @@ def _location(organ: Organ, largest: _Largest, get: _MaskGetter, min_fraction: f
         organ: the organ row.
         largest: the largest lesion (its mask and box).
         get: returns a full `(X, Y, Z)` mask by structure name, or None when the file is absent.
+        boxed: masks already read, kept inside their boxes (kidney sides: the organ masks), by structure name.
         min_fraction: a part is kept when its share is strictly above this.
 
     Returns:
@@ -760,12 +830,16 @@ def _location(organ: Organ, largest: _Largest, get: _MaskGetter, min_fraction: f
     labelled = np.zeros_like(comp)
     counts: dict[str, int] = {}
     for structure, name in ORGAN_STRUCTURES[organ].parts:
-        part = get(structure, keep=False)
-        if part is None:
-            continue
-        crop = part[largest.box_vox]
+        if structure in boxed:
+            crop = boxed[structure].window(largest.box_vox)
+        else:
+            part = get(structure, keep=False)
+            if part is None:
+                continue
+            crop = part[largest.box_vox]
+            del part
         inside = comp & (crop if crop.dtype == np.bool_ else crop != 0)
-        del part, crop
+        del crop
         counts[name] = int(np.count_nonzero(inside))
         labelled |= inside
     total = int(np.count_nonzero(labelled))

@@ -45,6 +45,8 @@ from emrl_data.placement import BodyEvidence, mini_body_box, verify_organ_mask
 logger = logging.getLogger(__name__)
 
 Role = Literal["ct", "mask"]
+# A 3-D box as index slices, half-open, step None (storage order in `NiftiVolume.box`, canonical in `mask_box`).
+Box3 = tuple[slice, slice, slice]
 
 _NIFTI1_SIZEOF_HDR = 348
 _NIFTI2_SIZEOF_HDR = 540
@@ -58,6 +60,13 @@ _MAX_LISTED_VALUES = 10
 # NIfTI xyzt_units spatial codes -> factor to millimetres (0 = unknown, taken as mm like ITK does).
 _SPATIAL_UNIT_TO_MM = {0: 1.0, 1: 1000.0, 2: 1.0, 3: 0.001}
 _INT16_MIN, _INT16_MAX = -32768, 32767
+
+
+# Sub-structure files that are no organ mask: `labels` only crops them to a lesion's box, so their box is not needed
+# and their values are checked by the cheaper max() pass.
+_PART_ONLY_MASKS = frozenset(s for spec in ORGAN_STRUCTURES.values() for s, _ in spec.parts) - frozenset(
+    s for spec in ORGAN_STRUCTURES.values() for s in spec.organ_masks
+)
 
 
 # Organ mask file -> the organ row it belongs to: these masks are verified against the CT's evidence when placed.
@@ -79,6 +88,8 @@ class NiftiVolume:
             `LoadConfig.geometry_rtol`).
         path: the file that was read.
         digest: sha256 hex of the file's bytes.
+        box: role="mask" read zero-copy only: `(tight half-open box of the nonzero voxels in storage order,)`, or
+            `(None,)` when the mask is empty; found by the pass that checks the values (None = not computed).
     """
 
     data: np.ndarray
@@ -86,6 +97,7 @@ class NiftiVolume:
     zooms_mm: tuple[float, float, float]
     path: Path
     digest: str = ""
+    box: tuple[Box3 | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +171,7 @@ class CaseImages:
         "_orientation",
         "_evidence",
         "_mini_box",
+        "_boxes",
     )
 
     def __init__(self, *, ref: CaseRef, ct: NiftiVolume, cfg: LoadConfig, digest: str = "") -> None:
@@ -176,6 +189,7 @@ class CaseImages:
         self.file_digests: dict[str, str] = {ref.relative(ct.path): digest or ct.digest}
         self._evidence: BodyEvidence | None = None
         self._mini_box: tuple[tuple[slice, slice, slice] | None] | None = None  # computed once, when needed
+        self._boxes: dict[str, tuple[Box3 | None]] = {}  # structure -> canonical box from its last read
 
     def relative_path(self, structure: str) -> str | None:
         """Return the file of `structure` relative to the atlas root, or None when the case has none."""
@@ -215,14 +229,17 @@ class CaseImages:
         if path is None:
             return None
         rel = self._ref.relative(path)
-        vol = _decode(path, rel, role="mask", cfg=self._cfg)
+        vol = _decode(path, rel, role="mask", cfg=self._cfg, find_box=structure not in _PART_ONLY_MASKS)
         self.file_digests[rel] = vol.digest
         ct_shape: tuple[int, int, int] = tuple(self._ct.data.shape)  # type: ignore[assignment]
         same_affine = np.allclose(vol.affine, self._ct.affine, atol=_AFFINE_ATOL)
+        self._boxes.pop(structure, None)
         if vol.data.shape == ct_shape:
             if not same_affine:
                 self._warn(f"{path.name}: affine disagrees with the CT's over the same shape; taken voxel for voxel")
             stored, how = vol.data, "voxel for voxel"
+            if vol.box is not None:
+                self._boxes[structure] = (None if vol.box[0] is None else self._orientation.box(vol.box[0]),)
         elif same_affine:
             stored, how = self._place_at_mini_crop(vol.data, rel), "at the CT's Mini body crop"
         else:
@@ -243,6 +260,16 @@ class CaseImages:
                 same_grid=how == "voxel for voxel",
             )
         return self._orientation.apply(stored)
+
+    def mask_box(self, structure: str) -> tuple[Box3 | None] | None:
+        """Return the tight box of `structure`'s mask as last read by `mask`, if the read found it.
+
+        Returns:
+            `(box,)` with `box` the half-open `(x, y, z)` slices of the nonzero voxels in canonical RAS (None inside
+            when the mask is empty), found by the same pass that checked the mask's values; None when unknown (the
+            mask was not read yet, was placed on the CT grid by a copy, or needed a value conversion).
+        """
+        return self._boxes.get(structure)
 
     def _place_at_mini_crop(self, mask: np.ndarray, name: str) -> np.ndarray:
         """Place a mask that shares the CT's affine but is smaller at the CT's reproduced Mini body crop."""
@@ -325,6 +352,15 @@ class _Orientation:
         flips = tuple(slice(None, None, -1) if f < 0 else slice(None) for f in self.ornt[:, 1])
         order = np.argsort(self.ornt[:, 0])  # canonical axis j <- stored axis order[j]
         return stored[flips].transpose(order)
+
+    def box(self, stored: Box3) -> Box3:
+        """Map a half-open box in storage order to canonical order (the same flips and transpose as `apply`)."""
+        bounds = []
+        for axis, (sl, flip) in enumerate(zip(stored, self.ornt[:, 1], strict=True)):
+            n = self.shape[axis]
+            bounds.append((n - sl.stop, n - sl.start) if flip < 0 else (sl.start, sl.stop))
+        order = np.argsort(self.ornt[:, 0])
+        return slice(*bounds[order[0]]), slice(*bounds[order[1]]), slice(*bounds[order[2]])
 
     def permute(self, per_stored_axis: tuple[float, float, float]) -> tuple[float, float, float]:
         """Reorder a per-stored-axis triple (e.g. zooms) into canonical axis order."""
@@ -442,8 +478,11 @@ def _count_outside(view: np.ndarray, inside: list[slice]) -> int:
 # --- decoding --------------------------------------------------------------------------------------------------
 
 
-def _decode(path: Path, name: str, *, role: Role, cfg: LoadConfig) -> NiftiVolume:
-    """Read, validate and decode one file; `name` is how messages and `CaseDataError.path` call the file."""
+def _decode(path: Path, name: str, *, role: Role, cfg: LoadConfig, find_box: bool = False) -> NiftiVolume:
+    """Read, validate and decode one file; `name` is how messages and `CaseDataError.path` call the file.
+
+    With `find_box` a 1-byte unscaled mask is checked by `_check_mask_bytes`, which also finds its box.
+    """
     if role not in ("ct", "mask"):
         raise ValueError(f"role={role!r} must be 'ct' or 'mask'.")
     parsed: list[_Header] = []
@@ -459,8 +498,15 @@ def _decode(path: Path, name: str, *, role: Role, cfg: LoadConfig) -> NiftiVolum
     data.flags.writeable = False
     scaled = math.isfinite(hdr.slope) and hdr.slope != 0 and (hdr.slope, hdr.inter) != (1.0, 0.0)
     slope, inter = (hdr.slope, hdr.inter) if scaled else (1.0, 0.0)
-    data = _to_ct(data, slope, inter, name) if role == "ct" else _to_mask(data, slope, inter, name)
-    return NiftiVolume(data=data, affine=hdr.affine, zooms_mm=hdr.zooms_mm, path=path, digest=digest)
+    box: tuple[Box3 | None] | None = None
+    if role == "ct":
+        data = _to_ct(data, slope, inter, name)
+    elif find_box and (slope, inter) == (1.0, 0.0) and data.dtype.itemsize == 1:
+        box = (_check_mask_bytes(data, name),)
+        data = data.view(np.bool_)
+    else:
+        data = _to_mask(data, slope, inter, name)
+    return NiftiVolume(data=data, affine=hdr.affine, zooms_mm=hdr.zooms_mm, path=path, digest=digest, box=box)
 
 
 def _parse_header(prefix: bytes, name: str, cfg: LoadConfig) -> _Header:
@@ -704,6 +750,46 @@ def _to_mask(data: np.ndarray, slope: float, inter: float, name: str) -> np.ndar
         out[:, :, z0 : z0 + step] = values != 0
     out.flags.writeable = False
     return out
+
+
+def _check_mask_bytes(data: np.ndarray, name: str) -> Box3 | None:
+    """Check that every byte of a 1-byte mask is 0 or 1 and return the box of its nonzero voxels, in one pass.
+
+    One bitwise OR over the slowest axis (slice after slice, memory order) projects the volume to `(I, J)`: a byte
+    with any bit above bit 0 (a value > 1, or an int8 negative) shows in the projection, and the projection's
+    nonzero rows and columns are the box's I and J extents. The K extent comes from the sub-block over that box.
+
+    Args:
+        data: (I, J, K) int8/uint8 voxels, Fortran-ordered (the inflated buffer).
+        name: the file, for messages.
+
+    Returns:
+        The half-open `(i, j, k)` box of the nonzero voxels in storage order, or None when the mask is empty.
+
+    Raises:
+        CaseDataError: BAD_MASK_VALUES for any value other than 0 or 1.
+    """
+    u8 = data.view(np.uint8)
+    proj = _or_projection(u8)
+    if int(proj.max(initial=0)) > 1:
+        raise _bad_mask_values(data, name)
+    rows = np.flatnonzero(proj.any(axis=1))
+    if rows.size == 0:
+        return None
+    cols = np.flatnonzero(proj.any(axis=0))
+    i0, i1, j0, j1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
+    along = np.flatnonzero(u8[i0:i1, j0:j1, :].any(axis=(0, 1)))
+    return slice(i0, i1), slice(j0, j1), slice(int(along[0]), int(along[-1]) + 1)
+
+
+def _or_projection(u8: np.ndarray) -> np.ndarray:
+    """Bitwise OR of a Fortran-ordered (I, J, K) uint8 volume over K, 8 voxels per uint64 word where the layout
+    allows (the same bytes as the uint8 reduction, ~12 % less CPU)."""
+    i, j, k = u8.shape
+    if (i * j) % 8 or not u8.flags.f_contiguous:
+        return np.bitwise_or.reduce(u8, axis=2)
+    words = u8.reshape(-1, order="F").view(np.uint64).reshape(i * j // 8, k, order="F")
+    return np.bitwise_or.reduce(words, axis=1).view(np.uint8).reshape(i, j, order="F")
 
 
 def _bad_mask_values(values: np.ndarray, name: str) -> CaseDataError:

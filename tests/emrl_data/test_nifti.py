@@ -767,3 +767,44 @@ def test_header_free_text_never_leaves_the_module(tmp_path: Path) -> None:
     returned += [repr(case.warnings), repr(case.file_digests), repr(case.spacing_mm), str(excinfo.value)]
     for text in FREE_TEXT.values():
         assert all(text.decode() not in r for r in returned)
+
+
+# --- one-pass mask check and box (issue 10) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(16, 8, 5), (7, 3, 4)])  # uint64 words, and the uint8 fallback (7*3 % 8 != 0)
+def test_check_mask_bytes_finds_the_tight_box(shape: tuple[int, int, int]) -> None:
+    from emrl_data.nifti import _check_mask_bytes
+
+    data = np.zeros(shape, dtype=np.uint8, order="F")
+    data[2, 1, 3] = 1
+    data[5, 2, 1] = 1
+    assert _check_mask_bytes(data, "m.nii.gz") == (slice(2, 6), slice(1, 3), slice(1, 4))
+    assert _check_mask_bytes(np.zeros(shape, dtype=np.uint8, order="F"), "m.nii.gz") is None
+
+
+@pytest.mark.parametrize(
+    ("dtype", "value", "listed"), [(np.uint8, 2, "[0, 2]"), (np.int8, -1, "[-1, 0]"), (np.uint8, 255, "[0, 255]")]
+)
+def test_check_mask_bytes_refuses_values_other_than_0_and_1(dtype: type, value: int, listed: str) -> None:
+    from emrl_data.nifti import _check_mask_bytes
+
+    data = np.zeros((16, 8, 5), dtype=dtype, order="F")
+    data[3, 4, 2] = value
+    with pytest.raises(CaseDataError) as info:
+        _check_mask_bytes(data, "m.nii.gz")
+    assert info.value.reason == RejectReason.BAD_MASK_VALUES
+    assert f"found values {listed}" in str(info.value)
+
+
+def test_orientation_maps_a_box_like_the_array() -> None:
+    from emrl_data.labels import _mask_box
+    from emrl_data.nifti import _Orientation
+
+    affine = np.diag([-1.0, -1.0, 1.0, 1.0])[[1, 0, 2, 3]]  # stored i -> -A (y), stored j -> -R... (x), k -> S
+    stored = np.zeros((6, 5, 4), dtype=np.bool_, order="F")
+    stored[1:3, 2:5, 0:2] = True
+    orientation = _Orientation.from_affine(affine, stored.shape)
+    box = orientation.box((slice(1, 3), slice(2, 5), slice(0, 2)))
+    assert box == _mask_box(orientation.apply(stored))
+    assert box == (slice(0, 3), slice(3, 5), slice(0, 2))
