@@ -122,14 +122,6 @@ def _check_build_sft_set(args: argparse.Namespace) -> None:
             "point at the atlas root that holds image_only/ and mask_only/ (or the BDMAP_* folders)",
         )
     _check_output(args.out)
-    if args.task_runner in ("dask", "ray"):
-        from flows.runners import runner_available
-
-        if not runner_available(args.task_runner):
-            raise UsageError(
-                f"--task-runner {args.task_runner}: its packages are not installed",
-                f"pip install -e '.[{args.task_runner}]' (docs/scaling.md), or use --task-runner process",
-            )
 
 
 def _check_build_rl_hardset(args: argparse.Namespace) -> None:

@@ -70,15 +70,6 @@ def test_empty_atlas(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert "no case under" in err and "BDMAP_XXXXXXXX" in err and "fix: point at the atlas root" in err
 
 
-def test_task_runner_without_its_packages(atlas: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from flows.runners import runner_available
-
-    if runner_available("ray"):
-        pytest.skip("ray is installed here")
-    err = _fails(["build-sft-set", str(atlas), str(tmp_path / "out"), "--task-runner", "ray"], capsys)
-    assert "--task-runner ray: its packages are not installed" in err and "pip install -e '.[ray]'" in err
-
-
 def test_output_path_is_a_file(atlas: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "out").write_text("x")
     err = _fails(["build-sft-set", str(atlas), str(tmp_path / "out")], capsys)
