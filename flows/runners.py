@@ -205,19 +205,6 @@ def _dask_runner_class() -> type[TaskRunner]:
     return HeapReuseDaskTaskRunner
 
 
-def runner_available(kind: str) -> bool:
-    """Return whether `make_task_runner(kind, ...)` can build this runner here (its extra is installed)."""
-    if kind not in TASK_RUNNERS:
-        raise ValueError(f"task_runner={kind!r} is not one of {TASK_RUNNERS}.")
-    if kind not in _EXTERNAL_RUNNERS:
-        return True
-    try:
-        _runner_class(kind)
-    except TaskRunnerUnavailableError:
-        return False
-    return True
-
-
 def _runner_class(kind: str) -> type[TaskRunner]:
     module_name, class_name, extra = _EXTERNAL_RUNNERS[kind]
     try:

@@ -16,16 +16,32 @@ from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
 from emrl_data.synthetic import demo_specs, write_atlas
 from flows.build_sft_set import build_sft_set_flow
 from flows.runners import (
+    _EXTERNAL_RUNNERS,
     HEAP_ENV,
     TASK_RUNNERS,
     TaskRunnerUnavailableError,
+    _runner_class,
     dask_runner_kwargs,
     make_task_runner,
     ray_runner_kwargs,
     reuse_heap,
-    runner_available,
     runner_smoke_flow,
 )
+
+
+def runner_available(kind: str) -> bool:
+    """Return whether `make_task_runner(kind, ...)` can build this runner here (its extra is installed).
+
+    Tests only: the flow itself raises `TaskRunnerUnavailableError` naming the extra when one is missing."""
+    if kind not in TASK_RUNNERS:
+        raise ValueError(f"task_runner={kind!r} is not one of {TASK_RUNNERS}.")
+    if kind not in _EXTERNAL_RUNNERS:
+        return True
+    try:
+        _runner_class(kind)
+    except TaskRunnerUnavailableError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize(
