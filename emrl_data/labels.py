@@ -151,6 +151,38 @@ class OrganLabels:
         metadata=column(_INT_LIST, "organ 3-D box, canonical voxels, half-open")
     )
 
+    @classmethod
+    def negative(
+        cls,
+        organ: Organ,
+        *,
+        organ_volume_mm3: float,
+        parenchyma_mean_hu: float,
+        parenchyma_sd_hu: float,
+        organ_box_xyzxyz_vox: tuple[int, int, int, int, int, int],
+    ) -> OrganLabels:
+        """Return the labels of a row without a lesion: the organ's facts, every lesion attribute empty."""
+        return cls(
+            organ=organ,
+            has_lesion=False,
+            lesion_count=0,
+            long_axis_mm=None,
+            short_axis_mm=None,
+            volume_mm3=None,
+            total_lesion_volume_mm3=0.0,
+            organ_volume_mm3=organ_volume_mm3,
+            location=(),
+            attenuation=None,
+            lesion_mean_hu=None,
+            parenchyma_mean_hu=parenchyma_mean_hu,
+            parenchyma_sd_hu=parenchyma_sd_hu,
+            key_slice_z_vox=None,
+            max_diameter_z_vox=None,
+            bbox_xyxy_vox=None,
+            lesion_box_xyzxyz_vox=None,
+            organ_box_xyzxyz_vox=organ_box_xyzxyz_vox,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class _Largest:
@@ -376,24 +408,11 @@ class _OrganFacts:
 
 def _negative_labels(facts: _OrganFacts) -> OrganLabels:
     """Return the labels of a row without a lesion: the organ facts, every lesion attribute empty."""
-    return OrganLabels(
-        organ=facts.organ,
-        has_lesion=False,
-        lesion_count=0,
-        long_axis_mm=None,
-        short_axis_mm=None,
-        volume_mm3=None,
-        total_lesion_volume_mm3=0.0,
+    return OrganLabels.negative(
+        facts.organ,
         organ_volume_mm3=facts.organ_volume_mm3,
-        location=(),
-        attenuation=None,
-        lesion_mean_hu=None,
         parenchyma_mean_hu=facts.parenchyma_mean_hu,
         parenchyma_sd_hu=facts.parenchyma_sd_hu,
-        key_slice_z_vox=None,
-        max_diameter_z_vox=None,
-        bbox_xyxy_vox=None,
-        lesion_box_xyzxyz_vox=None,
         organ_box_xyzxyz_vox=facts.organ_box_xyzxyz_vox,
     )
 

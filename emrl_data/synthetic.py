@@ -783,24 +783,11 @@ def _organ_truth(organ: Organ, phantom: _Phantom, spacing_mm: tuple[float, float
     ct = np.ascontiguousarray(phantom.ct[box]).astype(np.float64)
 
     parenchyma = organ_mask & ~lesion_mask
-    negative = OrganLabels(
-        organ=organ,
-        has_lesion=False,
-        lesion_count=0,
-        long_axis_mm=None,
-        short_axis_mm=None,
-        volume_mm3=None,
-        total_lesion_volume_mm3=0.0,
+    negative = OrganLabels.negative(
+        organ,
         organ_volume_mm3=float(np.count_nonzero(organ_mask)) * voxel_mm3,
-        location=(),
-        attenuation=None,
-        lesion_mean_hu=None,
         parenchyma_mean_hu=float(ct[parenchyma].mean()),
         parenchyma_sd_hu=float(ct[parenchyma].std()),
-        key_slice_z_vox=None,
-        max_diameter_z_vox=None,
-        bbox_xyxy_vox=None,
-        lesion_box_xyzxyz_vox=None,
         organ_box_xyzxyz_vox=_tight_box(organ_mask, start),
     )
     labels, n = ndimage.label(lesion_mask, structure=np.ones((3, 3, 3), dtype=bool))
