@@ -163,6 +163,13 @@ class _OrganSource:
                 union = part if union is None else np.logical_or(union, part)
         return union
 
+    def mask_crop(self, structure: str, box: tuple[slice, slice, slice]) -> np.ndarray | None:
+        """`CaseImages.mask_crop` (values checked inside `box` only); the lesion: its union mask, cropped."""
+        if structure != self._lesion:
+            return self._images.mask_crop(structure, box)
+        full = self.mask(structure)
+        return None if full is None else full[box]
+
     def mask_box(self, structure: str) -> tuple[tuple[slice, slice, slice] | None] | None:
         """The box `CaseImages.mask_box` found for `structure` (the lesion: the union over its files), or None."""
         if structure != self._lesion:

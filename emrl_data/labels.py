@@ -259,7 +259,7 @@ def label_organ(
     if largest is None:
         logger.debug("%s: negative row (lesion file present: %s)", organ, lesion_file)
         return _negative_labels(organ_facts)
-    labels = _lesion_labels(organ_facts, largest, counts, ct, spacing, get, organ_masks, cfg)
+    labels = _lesion_labels(organ_facts, largest, counts, ct, spacing, _crop_getter(source, get), organ_masks, cfg)
     logger.debug("%s: %d lesion(s), largest %d voxels", organ, labels.lesion_count, largest.voxel_count)
     return labels
 
@@ -423,7 +423,7 @@ def _lesion_labels(
     counts: list[int],
     ct: np.ndarray,
     spacing: tuple[float, float, float],
-    get: _MaskGetter,
+    crop_of: Callable[[str, Box3], np.ndarray | None],
     organ_masks: dict[str, _Boxed],
     cfg: LabelConfig,
 ) -> OrganLabels:
@@ -432,7 +432,8 @@ def _lesion_labels(
     Args:
         facts: the organ-level labels; largest: the largest lesion component; counts: voxel counts of every kept one.
         ct: the full CT `(X, Y, Z)`; spacing: its voxel size in mm.
-        get: the case's masks (the location reads the organ's sub-structures); cfg: iso band and location share.
+        crop_of: a mask cropped to a box (the location reads the organ's sub-structures inside the lesion's box);
+        organ_masks: the organ's masks in their boxes; cfg: iso band and location share.
     """
     voxel_mm3 = spacing[0] * spacing[1] * spacing[2]
     x0, y0, z0 = (s.start for s in largest.box_vox)
@@ -453,7 +454,7 @@ def _lesion_labels(
         volume_mm3=largest.voxel_count * voxel_mm3,
         total_lesion_volume_mm3=sum(counts) * voxel_mm3,
         organ_volume_mm3=facts.organ_volume_mm3,
-        location=_location(facts.organ, largest, get, organ_masks, cfg.location_min_fraction),
+        location=_location(facts.organ, largest, crop_of, organ_masks, cfg.location_min_fraction),
         attenuation=attenuation,
         lesion_mean_hu=lesion_mean_hu,
         parenchyma_mean_hu=facts.parenchyma_mean_hu,
@@ -608,6 +609,27 @@ def _box_finder(source: MaskSource) -> Callable[[str, np.ndarray], Box3 | None]:
         return _mask_box(mask) if known is None else known[0]
 
     return box
+
+
+def _crop_getter(source: MaskSource, get: _MaskGetter) -> Callable[[str, Box3], np.ndarray | None]:
+    """Return `crop(structure, box)`: the mask of `structure` inside `box`, or None when the file is absent.
+
+    A source with `mask_crop(structure, box)` (optional; `CaseImages`) reads the file and checks its values only inside
+    the box, where they are used; otherwise the full mask comes from `get` (not kept) and is cropped.
+    """
+    crop_of = getattr(source, "mask_crop", None)
+
+    def crop(structure: str, box: Box3) -> np.ndarray | None:
+        if crop_of is None:
+            full = get(structure, keep=False)
+            return None if full is None else full[box]
+        out: np.ndarray | None = crop_of(structure, box)
+        want = tuple(s.stop - s.start for s in box)
+        if out is not None and out.shape != want:
+            raise ValueError(f"mask {structure!r} crop is not the box: {out.shape=} != {want}.")
+        return out
+
+    return crop
 
 
 def _union_crop(masks: list[_Boxed], box: Box3, like: np.ndarray) -> NDArray[np.bool_]:
@@ -825,7 +847,11 @@ def _attenuation(lesion_mean_hu: float, parenchyma_mean_hu: float, parenchyma_sd
 
 
 def _location(
-    organ: Organ, largest: _Largest, get: _MaskGetter, boxed: dict[str, _Boxed], min_fraction: float
+    organ: Organ,
+    largest: _Largest,
+    crop_of: Callable[[str, Box3], np.ndarray | None],
+    boxed: dict[str, _Boxed],
+    min_fraction: float,
 ) -> tuple[str, ...]:
     """Return the sub-structures holding more than `min_fraction` of the largest lesion's labelled voxels.
 
@@ -838,7 +864,7 @@ def _location(
     Args:
         organ: the organ row.
         largest: the largest lesion (its mask and box).
-        get: returns a full `(X, Y, Z)` mask by structure name, or None when the file is absent.
+        crop_of: returns a part mask cropped to a box (`_crop_getter`), or None when the file is absent.
         boxed: masks already read, kept inside their boxes (kidney sides: the organ masks), by structure name.
         min_fraction: a part is kept when its share is strictly above this.
 
@@ -849,14 +875,9 @@ def _location(
     labelled = np.zeros_like(comp)
     counts: dict[str, int] = {}
     for structure, name in ORGAN_STRUCTURES[organ].parts:
-        if structure in boxed:
-            crop = boxed[structure].window(largest.box_vox)
-        else:
-            part = get(structure, keep=False)
-            if part is None:
-                continue
-            crop = part[largest.box_vox]
-            del part
+        crop = boxed[structure].window(largest.box_vox) if structure in boxed else crop_of(structure, largest.box_vox)
+        if crop is None:
+            continue
         inside = comp & (crop if crop.dtype == np.bool_ else crop != 0)
         del crop
         counts[name] = int(np.count_nonzero(inside))

@@ -225,26 +225,72 @@ class CaseImages:
                 or lies off the body (whole case; only its organ when the file has the CT's own shape); MASK_ORIENTATION_CONFLICT or IMPLAUSIBLE_ORGAN_HU (with
                 `organ` set) when an organ mask fails the CT's evidence. The detail and `path` name the file.
         """
+        read = self._read_placed(structure, defer_values=False)
+        return None if read is None else self._orientation.apply(read[0])
+
+    def mask_crop(self, structure: str, box: Box3) -> np.ndarray | None:
+        """Read one structure's mask like `mask`, return only its crop to `box`, its values checked only there.
+
+        For the sub-structure masks (liver segments, pancreas head/body/tail) that labelling only reads inside the
+        largest lesion's box (`labels._location`): the file is still read whole, CRC32 and size checked, and placed
+        by the same rules as `mask`, but the 0/1 value check runs over the crop alone, since a value outside the box
+        cannot change the row (docs/decisions.md, "Sub-structure masks: values checked where they are used").
+        Organ masks are read and checked whole (`mask`), then cropped.
+
+        Args:
+            structure: the released structure name, e.g. "liver_segment_5".
+            box: half-open `(x, y, z)` slices in canonical RAS on the CT grid.
+
+        Returns:
+            bool read-only array of `box`'s shape (a view where the file was read zero-copy), or None when the case
+            has no file for `structure`.
+
+        Raises:
+            CaseDataError: as `mask`; BAD_MASK_VALUES when a value other than 0 or 1 lies inside `box`.
+        """
+        if _organ_of_mask(structure) is not None:
+            full = self.mask(structure)
+            return None if full is None else full[box]
+        read = self._read_placed(structure, defer_values=True)
+        if read is None:
+            return None
+        crop = self._orientation.apply(read[0])[box]
+        if crop.dtype != np.bool_:  # raw 1-byte voxels, not yet checked
+            if crop.size and int(crop.view(np.uint8).max()) > 1:
+                raise _bad_mask_values(crop, read[1], where=f" inside the box {_fmt_box(box)} that labelling reads")
+            crop = crop.view(np.bool_)
+        return crop
+
+    def _read_placed(self, structure: str, *, defer_values: bool) -> tuple[np.ndarray, str] | None:
+        """Read, place and verify one mask; return it in the CT's storage order with its relative path.
+
+        With `defer_values` a 1-byte unscaled mask of the CT's shape comes back as its raw (unchecked) bytes for
+        the caller to check where it reads them; every other mask comes back as a checked bool array.
+        """
         path = self._ref.structure_path(structure)
         if path is None:
             return None
         rel = self._ref.relative(path)
-        vol = _decode(path, rel, role="mask", cfg=self._cfg, find_box=structure not in _PART_ONLY_MASKS)
+        find_box = not defer_values and structure not in _PART_ONLY_MASKS
+        vol = _decode(path, rel, role="mask", cfg=self._cfg, find_box=find_box, defer_values=defer_values)
         self.file_digests[rel] = vol.digest
         ct_shape: tuple[int, int, int] = tuple(self._ct.data.shape)  # type: ignore[assignment]
         same_affine = np.allclose(vol.affine, self._ct.affine, atol=_AFFINE_ATOL)
         self._boxes.pop(structure, None)
-        if vol.data.shape == ct_shape:
+        data = vol.data
+        if data.dtype != np.bool_ and data.shape != ct_shape:
+            data = _to_mask(data, 1.0, 0.0, rel)  # placement copies the whole mask: check it whole
+        if data.shape == ct_shape:
             if not same_affine:
                 self._warn(f"{path.name}: affine disagrees with the CT's over the same shape; taken voxel for voxel")
-            stored, how = vol.data, "voxel for voxel"
+            stored, how = data, "voxel for voxel"
             if vol.box is not None:
                 self._boxes[structure] = (None if vol.box[0] is None else self._orientation.box(vol.box[0]),)
         elif same_affine:
-            stored, how = self._place_at_mini_crop(vol.data, rel), "at the CT's Mini body crop"
+            stored, how = self._place_at_mini_crop(data, rel), "at the CT's Mini body crop"
         else:
-            stored, how = _place_on_grid(vol.data, vol.affine, ct_shape, self._ct.affine, rel), "by the headers"
-        del vol
+            stored, how = _place_on_grid(data, vol.affine, ct_shape, self._ct.affine, rel), "by the headers"
+        del vol, data
         organ = _organ_of_mask(structure)
         if organ is not None:
             if self._evidence is None:
@@ -259,7 +305,7 @@ class CaseImages:
                 min_body_fraction=self._cfg.min_body_fraction,
                 same_grid=how == "voxel for voxel",
             )
-        return self._orientation.apply(stored)
+        return stored, rel
 
     def mask_box(self, structure: str) -> tuple[Box3 | None] | None:
         """Return the tight box of `structure`'s mask as last read by `mask`, if the read found it.
@@ -478,10 +524,14 @@ def _count_outside(view: np.ndarray, inside: list[slice]) -> int:
 # --- decoding --------------------------------------------------------------------------------------------------
 
 
-def _decode(path: Path, name: str, *, role: Role, cfg: LoadConfig, find_box: bool = False) -> NiftiVolume:
+def _decode(
+    path: Path, name: str, *, role: Role, cfg: LoadConfig, find_box: bool = False, defer_values: bool = False
+) -> NiftiVolume:
     """Read, validate and decode one file; `name` is how messages and `CaseDataError.path` call the file.
 
-    With `find_box` a 1-byte unscaled mask is checked by `_check_mask_bytes`, which also finds its box.
+    With `find_box` a 1-byte unscaled mask is checked by `_check_mask_bytes`, which also finds its box. With
+    `defer_values` a 1-byte unscaled mask is returned as its raw int8/uint8 voxels, NOT checked for {0, 1}: the
+    caller checks them where it reads them (`CaseImages.mask_crop`); other masks are converted and checked as usual.
     """
     if role not in ("ct", "mask"):
         raise ValueError(f"role={role!r} must be 'ct' or 'mask'.")
@@ -501,9 +551,10 @@ def _decode(path: Path, name: str, *, role: Role, cfg: LoadConfig, find_box: boo
     box: tuple[Box3 | None] | None = None
     if role == "ct":
         data = _to_ct(data, slope, inter, name)
-    elif find_box and (slope, inter) == (1.0, 0.0) and data.dtype.itemsize == 1:
-        box = (_check_mask_bytes(data, name),)
-        data = data.view(np.bool_)
+    elif (find_box or defer_values) and (slope, inter) == (1.0, 0.0) and data.dtype.itemsize == 1:
+        if find_box:
+            box = (_check_mask_bytes(data, name),)
+            data = data.view(np.bool_)
     else:
         data = _to_mask(data, slope, inter, name)
     return NiftiVolume(data=data, affine=hdr.affine, zooms_mm=hdr.zooms_mm, path=path, digest=digest, box=box)
@@ -792,14 +843,21 @@ def _or_projection(u8: np.ndarray) -> np.ndarray:
     return np.bitwise_or.reduce(words, axis=1).view(np.uint8).reshape(i, j, order="F")
 
 
-def _bad_mask_values(values: np.ndarray, name: str) -> CaseDataError:
+def _bad_mask_values(values: np.ndarray, name: str, *, where: str = "") -> CaseDataError:
     """Build the BAD_MASK_VALUES error listing the distinct values found (slow path, only on failure)."""
     distinct = np.unique(values[np.isfinite(values)] if values.dtype.kind == "f" else values)
     listed = [v.item() for v in distinct[:_MAX_LISTED_VALUES]]
     more = f" ... ({distinct.size} distinct)" if distinct.size > _MAX_LISTED_VALUES else ""
     return CaseDataError(
-        RejectReason.BAD_MASK_VALUES, f"{name}: mask must hold only 0 and 1, found values {listed}{more}", path=name
+        RejectReason.BAD_MASK_VALUES,
+        f"{name}: mask must hold only 0 and 1, found values {listed}{more}{where}",
+        path=name,
     )
+
+
+def _fmt_box(box: Box3) -> str:
+    """Format a half-open box as `x0:x1, y0:y1, z0:z1` for messages."""
+    return ", ".join(f"{s.start}:{s.stop}" for s in box)
 
 
 def _fmt(values: tuple[float, ...] | np.ndarray) -> str:
