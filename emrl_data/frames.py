@@ -275,14 +275,16 @@ def render_frames(
     lut = _window_lut_u16(float(cfg.window_width_hu), float(cfg.window_level_hu))
     shrinking = (cx1 - cx0) > size or (cy1 - cy0) > size
     interpolation = cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR
+    inside = cx0 >= 0 and cy0 >= 0 and cx1 <= ct_hu.shape[0] and cy1 <= ct_hu.shape[1]
     pngs: list[bytes] = []
     for z in frame_z_vox:
         if not 0 <= z < ct_hu.shape[2]:
             raise ValueError(f"Frame z={z} lies outside the volume's slices [0, {ct_hu.shape[2]}).")
-        crop = _crop_slice_padded(ct_hu[:, :, z], crop_xyxy_vox)
-        # Window first (int16 read as uint16 indexes the rotated LUT), then (x, y) -> (row = y, col = x), both
-        # reversed: anterior on top, patient right on the left. Same pixels as windowing after the transpose.
-        grey = np.ascontiguousarray(lut.take(crop.view(np.uint16)).T[::-1, ::-1])
+        # (x, y) -> (row = y, col = x), both reversed: anterior on top, patient right on the left. Windowing through
+        # the LUT (int16 read as uint16 indexes the rotated LUT) gathers straight from that view into a new
+        # C-contiguous image: one pass, no copy of the crop (the padded copy only where the crop leaves the slice).
+        crop = ct_hu[cx0:cx1, cy0:cy1, z] if inside else _crop_slice_padded(ct_hu[:, :, z], crop_xyxy_vox)
+        grey = lut.take(crop.view(np.uint16).T[::-1, ::-1])
         frame = cv2.resize(grey, (size, size), interpolation=interpolation).astype(np.uint8, copy=False)
         pngs.append(encode_png_gray8(frame, level=cfg.png_compress_level))
     return pngs
@@ -293,7 +295,7 @@ _INT_LIST = pa.list_(pa.int32())
 
 def _png_chunk(kind: bytes, data: bytes) -> bytes:
     """One PNG chunk: length, type, data, CRC-32 of type + data."""
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(data, zlib.crc32(kind)))
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", isal_zlib.crc32(data, zlib.crc32(kind)))
 
 
 def encode_png_gray8(image: NDArray[np.uint8], *, level: int = 1) -> bytes:
