@@ -806,9 +806,10 @@ def _to_mask(data: np.ndarray, slope: float, inter: float, name: str) -> np.ndar
 def _check_mask_bytes(data: np.ndarray, name: str) -> Box3 | None:
     """Check that every byte of a 1-byte mask is 0 or 1 and return the box of its nonzero voxels, in one pass.
 
-    One bitwise OR over the slowest axis (slice after slice, memory order) projects the volume to `(I, J)`: a byte
-    with any bit above bit 0 (a value > 1, or an int8 negative) shows in the projection, and the projection's
-    nonzero rows and columns are the box's I and J extents. The K extent comes from the sub-block over that box.
+    One bitwise OR over the slowest axis (slab of slices after slab, memory order) projects the volume to `(I, J)`:
+    a byte with any bit above bit 0 (a value > 1, or an int8 negative) shows in the projection, and the
+    projection's nonzero rows and columns are the box's I and J extents. The same pass notes which slabs hold a
+    nonzero byte, so the K extent only needs the first and last of them re-read (inside the I-J box).
 
     Args:
         data: (I, J, K) int8/uint8 voxels, Fortran-ordered (the inflated buffer).
@@ -821,26 +822,44 @@ def _check_mask_bytes(data: np.ndarray, name: str) -> Box3 | None:
         CaseDataError: BAD_MASK_VALUES for any value other than 0 or 1.
     """
     u8 = data.view(np.uint8)
-    proj = _or_projection(u8)
+    proj, slabs = _or_projection(u8)
     if int(proj.max(initial=0)) > 1:
         raise _bad_mask_values(data, name)
     rows = np.flatnonzero(proj.any(axis=1))
-    if rows.size == 0:
+    if rows.size == 0 or not slabs:
         return None
     cols = np.flatnonzero(proj.any(axis=0))
     i0, i1, j0, j1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
-    along = np.flatnonzero(u8[i0:i1, j0:j1, :].any(axis=(0, 1)))
-    return slice(i0, i1), slice(j0, j1), slice(int(along[0]), int(along[-1]) + 1)
+    (a, b), (c, d) = slabs[0], slabs[-1]
+    first = np.flatnonzero(u8[i0:i1, j0:j1, a:b].any(axis=(0, 1)))
+    last = np.flatnonzero(u8[i0:i1, j0:j1, c:d].any(axis=(0, 1)))
+    return slice(i0, i1), slice(j0, j1), slice(a + int(first[0]), c + int(last[-1]) + 1)
 
 
-def _or_projection(u8: np.ndarray) -> np.ndarray:
-    """Bitwise OR of a Fortran-ordered (I, J, K) uint8 volume over K, 8 voxels per uint64 word where the layout
-    allows (the same bytes as the uint8 reduction, ~12 % less CPU)."""
+_SLAB_BYTES = 1 << 22  # the OR projection reduces ~4 MiB of slices at a time
+
+
+def _or_projection(u8: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Bitwise OR of a Fortran-ordered (I, J, K) uint8 volume over K, and the `(k0, k1)` slabs that hold a nonzero
+    byte (in order; one slab `(0, K)` when the layout allows no slabs).
+
+    8 voxels per uint64 word where the layout allows (the same bytes as the uint8 reduction, ~12 % less CPU); each
+    slab's OR is tested while it is in cache, which gives the slabs for the K extent at no extra read.
+    """
     i, j, k = u8.shape
     if (i * j) % 8 or not u8.flags.f_contiguous:
-        return np.bitwise_or.reduce(u8, axis=2)
+        return np.bitwise_or.reduce(u8, axis=2), [(0, k)]
     words = u8.reshape(-1, order="F").view(np.uint64).reshape(i * j // 8, k, order="F")
-    return np.bitwise_or.reduce(words, axis=1).view(np.uint8).reshape(i, j, order="F")
+    proj = np.zeros(i * j // 8, dtype=np.uint64)
+    part = np.empty_like(proj)
+    step = max(1, _SLAB_BYTES // (i * j))
+    slabs = []
+    for k0 in range(0, k, step):
+        np.bitwise_or.reduce(words[:, k0 : k0 + step], axis=1, out=part)
+        if part.any():
+            proj |= part
+            slabs.append((k0, min(k, k0 + step)))
+    return proj.view(np.uint8).reshape(i, j, order="F"), slabs
 
 
 def _bad_mask_values(values: np.ndarray, name: str, *, where: str = "") -> CaseDataError:

@@ -784,6 +784,30 @@ def test_check_mask_bytes_finds_the_tight_box(shape: tuple[int, int, int]) -> No
 
 
 @pytest.mark.parametrize(
+    ("voxels", "box"),
+    [
+        ([(2, 1, 3), (5, 2, 9)], (slice(2, 6), slice(1, 3), slice(3, 10))),  # first and last slab differ, gap between
+        ([(0, 0, 0), (15, 7, 12)], (slice(0, 16), slice(0, 8), slice(0, 13))),  # the first and last slices
+        ([(4, 4, 7)], (slice(4, 5), slice(4, 5), slice(7, 8))),  # one voxel in one slab
+        ([(3, 2, 4), (6, 5, 5)], (slice(3, 7), slice(2, 6), slice(4, 6))),  # both in slab 4:6
+    ],
+)
+def test_check_mask_bytes_k_extent_from_slabs(monkeypatch: pytest.MonkeyPatch, voxels, box) -> None:
+    """With slabs of 2 slices the K extent comes from the first and last nonzero slabs; the box is the same."""
+    from emrl_data import nifti
+
+    monkeypatch.setattr(nifti, "_SLAB_BYTES", 16 * 8 * 2)
+    data = np.zeros((16, 8, 13), dtype=np.uint8, order="F")
+    for v in voxels:
+        data[v] = 1
+    assert nifti._check_mask_bytes(data, "m.nii.gz") == box
+    data[9, 1, 11] = 2  # a bad value in an otherwise empty slab
+    with pytest.raises(CaseDataError) as info:
+        nifti._check_mask_bytes(data, "m.nii.gz")
+    assert info.value.reason == RejectReason.BAD_MASK_VALUES
+
+
+@pytest.mark.parametrize(
     ("dtype", "value", "listed"), [(np.uint8, 2, "[0, 2]"), (np.int8, -1, "[-1, 0]"), (np.uint8, 255, "[0, 255]")]
 )
 def test_check_mask_bytes_refuses_values_other_than_0_and_1(dtype: type, value: int, listed: str) -> None:
