@@ -277,7 +277,7 @@ class CaseImages:
         ct_shape: tuple[int, int, int] = tuple(self._ct.data.shape)  # type: ignore[assignment]
         same_affine = np.allclose(vol.affine, self._ct.affine, atol=_AFFINE_ATOL)
         self._boxes.pop(structure, None)
-        data = vol.data
+        data, box = vol.data, None
         if data.dtype != np.bool_ and data.shape != ct_shape:
             data = _to_mask(data, 1.0, 0.0, rel)  # placement copies the whole mask: check it whole
         if data.shape == ct_shape:
@@ -285,7 +285,8 @@ class CaseImages:
                 self._warn(f"{path.name}: affine disagrees with the CT's over the same shape; taken voxel for voxel")
             stored, how = data, "voxel for voxel"
             if vol.box is not None:
-                self._boxes[structure] = (None if vol.box[0] is None else self._orientation.box(vol.box[0]),)
+                box = vol.box[0]
+                self._boxes[structure] = (None if box is None else self._orientation.box(box),)
         elif same_affine:
             stored, how = self._place_at_mini_crop(data, rel), "at the CT's Mini body crop"
         else:
@@ -304,6 +305,7 @@ class CaseImages:
                 how=how,
                 min_body_fraction=self._cfg.min_body_fraction,
                 same_grid=how == "voxel for voxel",
+                box=box,
             )
         return stored, rel
 

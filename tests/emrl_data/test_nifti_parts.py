@@ -109,3 +109,25 @@ def test_mask_crop_of_a_corrupt_gzip_is_still_refused(clean, tmp_path: Path) -> 
     with pytest.raises(CaseDataError) as err:
         open_case(ref).mask_crop(SEGMENT, (slice(x0, x1), slice(y0, y1), slice(z0, z1)))
     assert err.value.reason == RejectReason.CORRUPT_GZIP
+
+
+@pytest.mark.parametrize("n_voxels", [1, 7, 40, 3000])  # few voxels: the sample grid gets finer, down to every voxel
+def test_organ_evidence_sampled_in_the_box_is_the_same(n_voxels: int) -> None:
+    """`BodyEvidence.score` with the mask's tight box reads only the box and gives exactly the full-volume score."""
+    from emrl_data.placement import BodyEvidence
+
+    rng = np.random.default_rng(n_voxels)
+    shape = (203, 170, 131)  # sample grid stride (3, 2, 2)
+    ct = np.full(shape, -1000, dtype=np.int16, order="F")
+    ct[8:190, 6:160, :] = rng.integers(-100, 200, size=(182, 154, 131), dtype=np.int16)
+    affine = np.diag([0.8, 0.8, 2.5, 1.0])
+    evidence = BodyEvidence(ct, affine)
+    mask = np.zeros(shape, dtype=np.bool_, order="F")
+    lo, hi = np.array([37, 41, 17]), np.array([121, 97, 88])
+    for v in rng.integers(lo, hi, size=(n_voxels, 3)):
+        mask[tuple(v)] = True
+    nz = np.nonzero(mask)
+    box = tuple(slice(int(a.min()), int(a.max()) + 1) for a in nz)
+    for flip in (None, 0, 1, 2):
+        assert evidence.score(mask, flip, box=box) == evidence.score(mask, flip)  # type: ignore[arg-type]
+    assert evidence.stride == (3, 2, 2) and evidence.score(mask, box=box) is not None
