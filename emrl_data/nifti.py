@@ -62,8 +62,8 @@ _SPATIAL_UNIT_TO_MM = {0: 1.0, 1: 1000.0, 2: 1.0, 3: 0.001}
 _INT16_MIN, _INT16_MAX = -32768, 32767
 
 
-# Sub-structure files that are no organ mask: `labels` only crops them to a lesion's box, so their box is not needed
-# and their values are checked by the cheaper max() pass.
+# Sub-structure files that are no organ mask: `labels` only reads them inside a lesion's box (`CaseImages.mask_crop`,
+# values checked in that crop); their box is not needed, so a full `mask()` read checks them by the cheaper max() pass.
 _PART_ONLY_MASKS = frozenset(s for spec in ORGAN_STRUCTURES.values() for s, _ in spec.parts) - frozenset(
     s for spec in ORGAN_STRUCTURES.values() for s in spec.organ_masks
 )
