@@ -42,7 +42,7 @@ from emrl_data.sft_set import (
 )
 from emrl_data.shards import write_json_atomic
 from emrl_data.types import Organ
-from flows._common import Progress, batched, git_sha
+from flows._common import Progress, batched, git_sha, rejection_table
 from flows.runners import make_task_runner
 
 
@@ -267,12 +267,8 @@ def _artifacts(
     create_table_artifact(key="build-sft-set-counts", table=table, description="rows per table, split and organ")
     create_table_artifact(
         key="build-sft-set-rejections",
-        table=[
-            {"case_id": r.case_id, "organ": r.organ or "", "step": r.step, "reason": str(r.reason), "detail": r.detail}
-            for r in rejections
-        ]
-        or [{"case_id": "", "organ": "", "step": "", "reason": "none", "detail": ""}],
-        description="every rejection with its reason code",
+        table=rejection_table(rejections),
+        description="every rejection with its reason code (details clipped: the full text is in rejections/)",
     )
     create_markdown_artifact(key="build-sft-set-summary", markdown=summary_md, description="run summary")
     create_markdown_artifact(
