@@ -233,11 +233,12 @@ def _curate_cases(
     return keys, n_cached
 
 
-def _contact_sheet_artifact(path: Path, thumbnail_width_px: int = 480) -> None:
+def _contact_sheet_artifact(path: Path, thumbnail_width_px: int = 720) -> None:
     """Show the contact sheet in the Prefect UI: a markdown artifact with a small JPEG thumbnail and the file's path.
 
     An image artifact would print its whole data URL under the picture; a markdown image shows only the picture.
-    The thumbnail (at most `thumbnail_width_px` wide, about 20-40 KB) is for a glance; the PNG at `path` is for reading.
+    The thumbnail (at most `thumbnail_width_px` wide: the UI's width at 1024 px, labels still legible; about 60 KB) is for
+    a glance; the PNG at `path` is for reading.
     """
     image = cv2.imdecode(np.frombuffer(path.read_bytes(), np.uint8), cv2.IMREAD_COLOR)
     if image.shape[1] > thumbnail_width_px:

@@ -35,7 +35,7 @@ MAX_HEADER_CHARS = 16
 MAX_CELL_CHARS = 60
 WIDTH_BUDGET = 100  # sum over columns of (widest cell + 4) characters: ~720 px at a 1024 px wide window
 MAX_LINK_CHARS = 100
-MAX_IMAGE_BYTES = 64_000  # the one inline picture allowed per artifact (the contact sheet's JPEG thumbnail)
+MAX_IMAGE_BYTES = 100_000  # the one inline picture allowed per artifact (the contact sheet: a 720 px JPEG, ~60 KB)
 SMALL_FRAMES = {"frames": {"frame_size_px": 64, "max_frames": 8}}
 
 _IMAGE = re.compile(r"!\[[^\]]*\]\((data:image/jpeg;base64,([A-Za-z0-9+/=]+))\)")
