@@ -16,6 +16,9 @@ from __future__ import annotations
 import base64
 import json
 import re
+import threading
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -281,25 +284,66 @@ def _artifacts_of(flow_run_id: Any) -> list[Any]:
         )
 
 
-@pytest.mark.slow
-def test_every_artifact_of_a_build_sft_set_run_fits(prefect_harness, tmp_path: Path) -> None:
+def _problems(artifacts: dict[str, Any]) -> dict[str, list[str]]:
+    return {
+        key: markdown_problems(a.data) if a.type == "markdown" else table_artifact_problems(json.loads(a.data))
+        for key, a in artifacts.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def built(prefect_harness, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """A real build-sft-set run on a 16-case synthetic atlas (with its defective cases); its output and artifacts."""
     from flows.build_sft_set import build_sft_set_flow
 
-    write_atlas(tmp_path / "atlas", demo_specs(16))  # with its defective cases: the rejections table is not empty
+    root = tmp_path_factory.mktemp("artifacts")
+    write_atlas(root / "atlas", demo_specs(16))
     state = build_sft_set_flow(
-        atlas_root=str(tmp_path / "atlas"), output_dir=str(tmp_path / "out"), batch_size=4, max_workers=2,
+        atlas_root=str(root / "atlas"), output_dir=str(root / "out"), batch_size=4, max_workers=2,
         config=SMALL_FRAMES, return_state=True,
     )  # fmt: skip
-    artifacts = {a.key: a for a in _artifacts_of(state.state_details.flow_run_id) if a.key}
+    return root / "out", {a.key: a for a in _artifacts_of(state.state_details.flow_run_id) if a.key}
+
+
+@pytest.mark.slow
+def test_every_artifact_of_a_build_sft_set_run_fits(built: tuple[Path, dict[str, Any]]) -> None:
+    _, artifacts = built
     assert set(artifacts) == {"build-sft-set-counts", "build-sft-set-rejections", "build-sft-set-summary",
                               "build-sft-set-qa", "build-sft-set-contact-sheet"}  # fmt: skip
-    problems = {}
-    for key, artifact in artifacts.items():
-        if artifact.type == "markdown":
-            problems[key] = markdown_problems(artifact.data)
-        else:
-            problems[key] = table_artifact_problems(json.loads(artifact.data))
-    assert problems == {key: [] for key in artifacts}
+    assert _problems(artifacts) == {key: [] for key in artifacts}
     (picture,) = _IMAGE.findall(artifacts["build-sft-set-contact-sheet"].data)
     assert base64.b64decode(picture[1])[:2] == b"\xff\xd8"  # a JPEG thumbnail, shown as a picture, never as a link
     assert len(json.loads(artifacts["build-sft-set-rejections"].data)) >= 2  # the atlas's defective cases
+
+
+@pytest.fixture
+def negative_model() -> Iterator[str]:
+    """A loopback OpenAI-compatible endpoint that never sees a lesion (the deployment tests' stub); yields …/v1."""
+    from tests.flows.test_deployments import _NegativeReportHandler
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _NegativeReportHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.mark.slow
+def test_every_artifact_of_a_build_rl_hardset_run_fits(
+    built: tuple[Path, dict[str, Any]], negative_model: str, tmp_path: Path
+) -> None:
+    from flows.build_rl_hardset import build_rl_hardset_flow
+
+    out, _ = built
+    state = build_rl_hardset_flow(
+        sft_dir=str(out / "sft"), output_dir=str(tmp_path), backend="openai", endpoint_url=negative_model,
+        endpoint_model="negative-stub", n_bootstrap=50, return_state=True,
+    )  # fmt: skip
+    artifacts = {a.key: a for a in _artifacts_of(state.state_details.flow_run_id) if a.key}
+    assert set(artifacts) == {"build-rl-hardset-summary", "build-rl-hardset-rows"}
+    assert _problems(artifacts) == {key: [] for key in artifacts}
+    summary = artifacts["build-rl-hardset-summary"].data
+    assert summary.count("| organ | pos / neg | Sen | Sen ≤2 | Sen >2 | Spec | B-Acc |") == 2  # train and test
+    assert summary.count("#### Table 1: 95 % intervals") == 2
