@@ -11,8 +11,10 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import yaml
 
 
@@ -246,7 +248,11 @@ def _total_rows(row_counts: Mapping[str, Mapping[str, int]]) -> int:
 
 
 def _front_matter(
-    table: str, features: dict[str, Any], row_counts: Mapping[str, Mapping[str, int]], splits: Sequence[str]
+    table: str,
+    features: dict[str, Any],
+    row_counts: Mapping[str, Mapping[str, int]],
+    splits: Sequence[str],
+    split_bytes: Mapping[str, int] | None = None,
 ) -> str:
     """Return the YAML front matter: license, tasks, the `default` config and `dataset_info` (features, splits)."""
     front_matter = {
@@ -266,10 +272,28 @@ def _front_matter(
         ],
         "dataset_info": {
             "features": features_to_yaml_list(features),
-            "splits": [{"name": split, "num_examples": _split_rows(row_counts.get(split, {}))} for split in splits],
+            "splits": [
+                {"name": split}
+                | ({"num_bytes": split_bytes[split]} if split_bytes is not None else {})
+                | {"num_examples": _split_rows(row_counts.get(split, {}))}
+                for split in splits
+            ],
         },
     }
     return yaml.safe_dump(front_matter, sort_keys=False, allow_unicode=True, width=1000)
+
+
+def parquet_split_bytes(data_dir: Path, splits: Sequence[str]) -> dict[str, int]:
+    """Uncompressed bytes of each split's shards `data_dir/{split}-*.parquet`, from the Parquet footers.
+
+    This is the `num_bytes` of the card's `dataset_info.splits` (the data's size in memory, not on disk); it is read
+    from the footers only, so it is exact for the shards and costs no decoding.
+    """
+    sizes = {}
+    for split in splits:
+        metadata = [pq.read_metadata(p) for p in sorted(Path(data_dir).glob(f"{split}-*.parquet"))]
+        sizes[split] = sum(m.row_group(i).total_byte_size for m in metadata for i in range(m.num_row_groups))
+    return sizes
 
 
 # The three release-dependent parts of a card. An unreleased card (a local build) has the `None` forms; `release_card`
@@ -378,12 +402,13 @@ def render_dataset_card(
     version: str | None = None,
     repo_id: str | None = None,
     descriptions: Mapping[str, str] | None = None,
+    split_bytes: Mapping[str, int] | None = None,
 ) -> str:
     """Return the `README.md` text of a table folder: Hub YAML front matter, then the card body.
 
     The front matter declares the license, one `default` config whose splits read `data/{split}-*.parquet`, and
     `dataset_info` with the features (image columns as `dtype: image` / `list: image`) and the rows of every split
-    (`splits: [{name, num_examples}]`). The body says what the table is, how to load it, the provenance (release,
+    (`splits: [{name, num_bytes, num_examples}]`; `datasets` ignores a split list without `num_bytes`). The body says what the table is, how to load it, the provenance (release,
     pipeline version, git sha, config fingerprint), the row counts, the columns, the label definitions, Table 1/2
     when given, the license and the complete citations. Every table cell is escaped (`md_cell`).
 
@@ -401,6 +426,7 @@ def render_dataset_card(
         version: the release version `X.Y.Z` (the repo tag is `vX.Y.Z`), or None for a local build.
         repo_id: the Hub dataset repo `owner/name` of the release; given exactly when `version` is.
         descriptions: column name -> meaning (plain text; escaped here).
+        split_bytes: uncompressed bytes per split (`parquet_split_bytes`); None leaves `num_bytes` out.
 
     Returns:
         The card text, starting with `---` and ending with a newline.
@@ -438,4 +464,4 @@ def render_dataset_card(
         f'(Li et al., "{EMRL_TITLE}", MICCAI 2026, arXiv 2606.23888).',
         CITATIONS,
     ]
-    return f"---\n{_front_matter(table, features, row_counts, splits)}---\n\n" + "\n\n".join(body) + "\n"
+    return f"---\n{_front_matter(table, features, row_counts, splits, split_bytes)}---\n\n" + "\n\n".join(body) + "\n"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from emrl_data.card import render_dataset_card
+from emrl_data.card import parquet_split_bytes, render_dataset_card
 from emrl_data.config import SftConfig
 from emrl_data.outcome import Rejection
 from emrl_data.records import SCHEMAS, check_required, column_descriptions, hub_features
@@ -108,6 +108,7 @@ def finish_table(
         metrics_markdown=metrics_markdown,
         splits=tuple(counts),
         descriptions=column_descriptions(name),
+        split_bytes=parquet_split_bytes(table_dir / "data", tuple(counts)),
     )
     write_text_atomic(card, table_dir / "README.md")
     manifest = table_manifest(table_dir, {**provenance, "row_counts": {s: dict(c) for s, c in counts.items()}})

@@ -8,7 +8,8 @@ convention. The "overall" Table-2 figure is the mean of the four averaged column
 
 Conventions:
 
-* Values are fractions in JSON and percentages (2 decimals) in markdown.
+* Values are fractions in JSON and percentages (2 decimals) in markdown; the markdown's 95 % intervals (1 decimal)
+  are tables of their own, so that every table fits the Prefect UI at 1024 px.
 * A cell with no rows of its kind (no negatives, no lesion <= 2 cm, ...) is NaN: "n/a" in markdown, null in JSON,
   never 0. Averages run over the organs whose value is defined.
 * Intervals: percentile bootstrap (2.5 %, 97.5 %) over `n_bootstrap` replicates that resample rows **within each
@@ -48,6 +49,7 @@ logger = logging.getLogger(__name__)
 TABLE1_METRICS = ("sen", "sen_le2", "sen_gt2", "spec", "bacc")
 TABLE2_METRICS = ("size", "location", "enhancement", "k_hit")
 TABLE1_LABELS = {"sen": "Sen", "sen_le2": "Sen ≤2 cm", "sen_gt2": "Sen >2 cm", "spec": "Spec", "bacc": "B-Acc"}
+_TABLE1_HEADERS = TABLE1_LABELS | {"sen_le2": "Sen ≤2", "sen_gt2": "Sen >2"}  # markdown: short, the legend says cm
 TABLE2_LABELS = {"size": "Size", "location": "Location", "enhancement": "Enhancement", "k_hit": "K-Hit"}
 AVERAGE = "average"
 SMALL_LESION_MAX_CM = 2.0
@@ -85,6 +87,16 @@ class Metric:
             return f"{100 * self.value:.2f}"
         return f"{100 * self.value:.2f} [{100 * self.ci_low:.2f}, {100 * self.ci_high:.2f}]"
 
+    def value_markdown(self) -> str:
+        """Return the point estimate alone: "87.93" (percent), or "n/a"."""
+        return "n/a" if math.isnan(self.value) else f"{100 * self.value:.2f}"
+
+    def interval_markdown(self) -> str:
+        """Return the 95 % interval as "85.1–90.2" (percent, 1 decimal), or "n/a" when undefined."""
+        if math.isnan(self.ci_low) or math.isnan(self.ci_high):
+            return "n/a"
+        return f"{100 * self.ci_low:.1f}–{100 * self.ci_high:.1f}"
+
 
 @dataclass(frozen=True, slots=True)
 class EvaluationResult:
@@ -111,40 +123,55 @@ class EvaluationResult:
     seed: int
 
     def to_markdown(self) -> str:
-        """Return both tables as markdown (percent, 95 % interval in brackets)."""
+        """Return both tables as markdown that fits the Prefect UI at 1024 px (no column cut off).
+
+        Values (percent, 2 decimals) and their 95 % intervals (1 decimal) are separate tables of at most 7 short
+        columns; the definitions behind the short headers are in a legend line at the end.
+        """
+        t1_head = [_TABLE1_HEADERS[m] for m in TABLE1_METRICS]
+        t2_head = [TABLE2_LABELS[m] for m in TABLE2_METRICS]
+        t1_blanks = ["" for _ in TABLE1_METRICS[:-1]]
+        t1_values = [
+            [o, f"{self.counts[o]['positives']} / {self.counts[o]['negatives']}"]
+            + [self.table1[o][m].value_markdown() for m in TABLE1_METRICS]
+            for o in self.organs
+        ] + [[AVERAGE, "", *t1_blanks, self.average_bacc.value_markdown()]]
+        t1_ranges = [[o] + [self.table1[o][m].interval_markdown() for m in TABLE1_METRICS] for o in self.organs]
+        t1_ranges.append([AVERAGE, *t1_blanks, self.average_bacc.interval_markdown()])
+        organs = (*self.organs, AVERAGE)
+        t2_values = [
+            [o, "" if o == AVERAGE else str(self.counts[o]["positives"])]
+            + [self.table2[o][m].value_markdown() for m in TABLE2_METRICS]
+            for o in organs
+        ]
+        t2_ranges = [[o] + [self.table2[o][m].interval_markdown() for m in TABLE2_METRICS] for o in organs]
+        bootstrapped = self.n_bootstrap > 0
         lines = [
-            "## Table 1: lesion detection",
+            "### Table 1: lesion detection (%)",
             "",
-            "| organ | positives / negatives | " + " | ".join(TABLE1_LABELS[m] for m in TABLE1_METRICS) + " |",
-            "| --- | --- |" + " --- |" * len(TABLE1_METRICS),
+            *_markdown_table(["organ", "pos / neg", *t1_head], t1_values),
         ]
-        for organ in self.organs:
-            c = self.counts[organ]
-            cells = " | ".join(self.table1[organ][m].to_markdown() for m in TABLE1_METRICS)
-            lines.append(f"| {organ} | {c['positives']} / {c['negatives']} | {cells} |")
-        blanks = " | ".join("" for _ in TABLE1_METRICS[:-1])
-        lines.append(f"| **average** | | {blanks} | {self.average_bacc.to_markdown()} |")
+        if bootstrapped:
+            lines += ["", "#### Table 1: 95 % intervals", "", *_markdown_table(["organ", *t1_head], t1_ranges)]
         lines += [
             "",
-            "## Table 2: attribute accuracy over true positives (a missed lesion counts as wrong)",
+            "### Table 2: attribute accuracy (%)",
             "",
-            "| organ | positives | " + " | ".join(TABLE2_LABELS[m] for m in TABLE2_METRICS) + " |",
-            "| --- | --- |" + " --- |" * len(TABLE2_METRICS),
+            *_markdown_table(["organ", "pos", *t2_head], t2_values),
         ]
-        for organ in (*self.organs, AVERAGE):
-            n_pos = str(self.counts[organ]["positives"]) if organ != AVERAGE else ""
-            name = "**average**" if organ == AVERAGE else organ
-            cells = " | ".join(self.table2[organ][m].to_markdown() for m in TABLE2_METRICS)
-            lines.append(f"| {name} | {n_pos} | {cells} |")
-        lines += [
-            "",
-            f"Table 2 overall average: {self.table2_overall.to_markdown()}",
-            "",
-            f"Percent; 95 % percentile bootstrap intervals ({self.n_bootstrap} replicates, rows resampled within "
-            f"organ, seed {self.seed}). n/a: no rows of that kind.",
-            "",
-        ]
-        return "\n".join(lines)
+        if bootstrapped:
+            lines += ["", "#### Table 2: 95 % intervals", "", *_markdown_table(["organ", *t2_head], t2_ranges)]
+        overall = self.table2_overall
+        interval = f" (95 % interval {overall.interval_markdown()})" if bootstrapped else ""
+        lines += ["", f"Table 2 overall (mean of its four averages): **{overall.value_markdown()}**{interval}", ""]
+        lines += [_LEGEND, ""]
+        lines.append(
+            f"Intervals: 95 % percentile bootstrap, {self.n_bootstrap} replicates, rows resampled within organ, "
+            f"seed {self.seed}."
+            if bootstrapped
+            else "No intervals (n_bootstrap=0)."
+        )
+        return "\n".join(lines) + "\n"
 
     def to_json(self) -> dict[str, Any]:
         """Return both tables as a JSON-safe dict (fractions; NaN -> None)."""
@@ -159,6 +186,21 @@ class EvaluationResult:
             "table2": {o: {m: c.to_json() for m, c in cells.items()} for o, cells in self.table2.items()},
             "table2_overall": self.table2_overall.to_json(),
         }
+
+
+_LEGEND = (
+    "Values in %. pos / neg: positive / negative rows. Sen ≤2, Sen >2: sensitivity on lesions whose true long axis "
+    "is ≤ 2 cm, > 2 cm. B-Acc = (Sen + Spec) / 2. Table 2 is over every true positive: a missed lesion counts as "
+    "wrong on every attribute. n/a: no rows of that kind."
+)
+
+
+def _markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Return the lines of a markdown table; a row named `AVERAGE` is printed in bold."""
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for name, *cells in rows:
+        lines.append("| " + " | ".join([f"**{name}**" if name == AVERAGE else name, *cells]) + " |")
+    return lines
 
 
 def _json_float(value: float) -> float | None:

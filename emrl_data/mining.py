@@ -212,7 +212,7 @@ def write_split_metrics(
     }
     for split, result in results.items():
         write_evaluation(result, out_dir / f"metrics_{split}")
-    text = "\n\n".join(f"### SFT model on the {s} split\n\n{r.to_markdown()}" for s, r in results.items())
+    text = "\n\n".join(f"## SFT model on the {s} split\n\n{r.to_markdown()}" for s, r in results.items())
     write_text_atomic(text + "\n", out_dir / "metrics.md")
     # The same values as `metrics_<split>/metrics.json` (that file is `to_json()` through a strict JSON round trip).
     write_json_atomic({s: json.loads(json.dumps(r.to_json(), allow_nan=False)) for s, r in results.items()},

@@ -22,7 +22,7 @@ from emrl_data.frames import draw_contact_sheet
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.records import SFT_SCHEMA, check_required
 from emrl_data.shards import write_split_streaming
-from emrl_data.types import Split, row_id
+from emrl_data.types import Organ, Split, row_id
 
 
 TABLES = ("findings", "sft", "rejections")
@@ -241,14 +241,11 @@ def summary_markdown(summary: Mapping[str, Any], contact_sheet: Path | None) -> 
         f"git `{summary['git_sha']}`",
         f"- split source: {summary['split_source']}; took {summary['seconds']} s ({summary['cases_per_s']} cases/s)",
         "",
-        "| table | split | rows by organ/label |",
-        "|---|---|---|",
+        *_rows_table(summary),
+        "",
+        "Rows per organ: positive / negative.",
     ]
-    for table in ("organ_rows", "sft_rows"):
-        for split, counts in summary[table].items():
-            detail = ", ".join(f"{k} {v}" for k, v in counts.items() if k != "total")
-            lines.append(f"| {table} | {split} | **{counts['total']}**: {detail} |")
-    lines += ["", "| rejection (step/reason) | cases |", "|---|---|"]
+    lines += ["", "| step/reason | cases |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in summary["rejections"].items()] or ["| none | 0 |"]
     if summary["qa_flags"]:
         lines += ["", "QA flags (see qa.md): " + ", ".join(f"{k} {v}" for k, v in summary["qa_flags"].items())]
@@ -259,6 +256,18 @@ def summary_markdown(summary: Mapping[str, Any], contact_sheet: Path | None) -> 
     if contact_sheet is not None:
         lines.append(f"- contact sheet (key frames with boxes): {contact_sheet}")
     return "\n".join(lines) + "\n"
+
+
+def _rows_table(summary: Mapping[str, Any]) -> list[str]:
+    """Rows per table and split, one column per organ ("positive / negative"): narrow enough for the Prefect UI."""
+    groups = [(t, split, counts) for t in ("organ_rows", "sft_rows") for split, counts in summary[t].items()]
+    named = {key.split("/")[0] for _, _, counts in groups for key in counts if key != "total"}
+    organs = [str(o) for o in Organ if str(o) in named] + sorted(named - {str(o) for o in Organ})
+    rows = [["table", "split", "rows", *organs], ["---"] * (3 + len(organs))]
+    for table, split, counts in groups:
+        cells = [f"{counts.get(f'{o}/positive', 0)} / {counts.get(f'{o}/negative', 0)}" for o in organs]
+        rows.append([table, split, f"**{counts['total']}**", *cells])
+    return ["| " + " | ".join(row) + " |" for row in rows]
 
 
 def write_contact_sheet(

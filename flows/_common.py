@@ -17,6 +17,8 @@ from prefect.exceptions import MissingContextError
 
 T = TypeVar("T")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# Prefect's UI cuts table cells off at the table's edge (no wrap, no visible scroll bar): artifact cells stay short.
+ARTIFACT_DETAIL_CHARS = 40  # the rejections table fits its 4 columns at 1024 px (looked at in Chromium)
 
 
 def git_sha() -> str | None:
@@ -34,6 +36,27 @@ def git_sha() -> str | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     return f"{sha}-dirty" if dirty else sha
+
+
+def clip(text: str, max_chars: int = ARTIFACT_DETAIL_CHARS) -> str:
+    """`text` cut to at most `max_chars` characters, ending in "…" when it was cut."""
+    return text if len(text) <= max_chars else text[: max_chars - 1].rstrip() + "…"
+
+
+def rejection_table(rejections: Sequence[Any], detail_chars: int = ARTIFACT_DETAIL_CHARS) -> list[dict[str, str]]:
+    """The rows of the rejections table artifact: case, organ, step/reason and a detail short enough for the UI.
+
+    The detail drops the file's folders up to the case's own (the case id is in its column) and is clipped to
+    `detail_chars`; the full text stays in the `rejections` table and `qa.md`. One placeholder row when there is none.
+    """
+    rows = []
+    for r in rejections:
+        detail = r.detail
+        if r.path and detail.startswith(r.path):
+            detail = r.path.split(f"{r.case_id}/", 1)[-1] + detail[len(r.path) :]
+        rows.append({"case_id": r.case_id, "organ": r.organ or "", "step/reason": f"{r.step}/{r.reason}",
+                     "detail": clip(detail, detail_chars)})  # fmt: skip
+    return rows or [{"case_id": "", "organ": "", "step/reason": "none", "detail": ""}]
 
 
 def batched(items: Sequence[T], size: int) -> list[list[T]]:

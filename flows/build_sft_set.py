@@ -42,7 +42,7 @@ from emrl_data.sft_set import (
 )
 from emrl_data.shards import write_json_atomic
 from emrl_data.types import Organ
-from flows._common import Progress, batched, git_sha
+from flows._common import Progress, batched, git_sha, rejection_table
 from flows.runners import make_task_runner
 
 
@@ -233,11 +233,12 @@ def _curate_cases(
     return keys, n_cached
 
 
-def _contact_sheet_artifact(path: Path, thumbnail_width_px: int = 480) -> None:
+def _contact_sheet_artifact(path: Path, thumbnail_width_px: int = 720) -> None:
     """Show the contact sheet in the Prefect UI: a markdown artifact with a small JPEG thumbnail and the file's path.
 
     An image artifact would print its whole data URL under the picture; a markdown image shows only the picture.
-    The thumbnail (at most `thumbnail_width_px` wide, about 20-40 KB) is for a glance; the PNG at `path` is for reading.
+    The thumbnail (at most `thumbnail_width_px` wide: the UI's width at 1024 px, labels still legible; about 60 KB) is for
+    a glance; the PNG at `path` is for reading.
     """
     image = cv2.imdecode(np.frombuffer(path.read_bytes(), np.uint8), cv2.IMREAD_COLOR)
     if image.shape[1] > thumbnail_width_px:
@@ -267,12 +268,8 @@ def _artifacts(
     create_table_artifact(key="build-sft-set-counts", table=table, description="rows per table, split and organ")
     create_table_artifact(
         key="build-sft-set-rejections",
-        table=[
-            {"case_id": r.case_id, "organ": r.organ or "", "step": r.step, "reason": str(r.reason), "detail": r.detail}
-            for r in rejections
-        ]
-        or [{"case_id": "", "organ": "", "step": "", "reason": "none", "detail": ""}],
-        description="every rejection with its reason code",
+        table=rejection_table(rejections),
+        description="every rejection with its reason code (details clipped: the full text is in rejections/)",
     )
     create_markdown_artifact(key="build-sft-set-summary", markdown=summary_md, description="run summary")
     create_markdown_artifact(

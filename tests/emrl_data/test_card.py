@@ -16,7 +16,14 @@ from datasets import ClassLabel, Features, Image, LargeList, List, Value
 from huggingface_hub import DatasetCard, DatasetCardData
 from PIL import Image as PILImage
 
-from emrl_data.card import DEFAULT_LABEL_DEFINITIONS, features_to_yaml_list, md_cell, release_card, render_dataset_card
+from emrl_data.card import (
+    DEFAULT_LABEL_DEFINITIONS,
+    features_to_yaml_list,
+    md_cell,
+    parquet_split_bytes,
+    release_card,
+    render_dataset_card,
+)
 
 
 SFT_LIKE = Features(
@@ -226,6 +233,32 @@ def test_card_parses_with_huggingface_hub_dataset_card() -> None:
 def test_split_sizes_count_groups_when_there_is_no_total() -> None:
     front = _front_matter(_card(row_counts={"train": {"a/x": 2, "b/y": 3}}, splits=("train",)))
     assert front["dataset_info"]["splits"] == [{"name": "train", "num_examples": 5}]
+
+
+def test_split_sizes_carry_num_bytes_so_datasets_keeps_them(tmp_path: Path) -> None:
+    # Without num_bytes, `datasets` logs "The `splits` field in YAML is malformed or missing the
+    # name/num_examples/num_bytes fields" and drops the split list (seen when publishing).
+    data = tmp_path / "data"
+    data.mkdir()
+    table = pa.table({"a": pa.array(["x" * 100] * 10), "b": pa.array(range(10), pa.int64())})
+    pq.write_table(table, data / "train-00000-of-00002.parquet", row_group_size=4)  # 3 row groups
+    pq.write_table(table.slice(0, 5), data / "train-00001-of-00002.parquet")
+    pq.write_table(table.slice(0, 1), data / "test-00000-of-00001.parquet")
+    sizes = parquet_split_bytes(data, ("train", "test"))
+    footers = [pq.read_metadata(p) for p in sorted(data.glob("train-*.parquet"))]
+    assert sizes["train"] == sum(m.row_group(i).total_byte_size for m in footers for i in range(m.num_row_groups))
+    assert sizes["test"] == pq.read_metadata(data / "test-00000-of-00001.parquet").row_group(0).total_byte_size
+    assert sizes["train"] > sizes["test"] > 0
+    front = _front_matter(_card(split_bytes=sizes))
+    assert front["dataset_info"]["splits"] == [
+        {"name": "train", "num_bytes": sizes["train"], "num_examples": 5},
+        {"name": "test", "num_bytes": sizes["test"], "num_examples": 1},
+    ]
+    parsed = datasets.SplitDict._from_yaml_list(front["dataset_info"]["splits"])  # raises without num_bytes
+    assert {name: (s.num_bytes, s.num_examples) for name, s in parsed.items()} == {
+        "train": (sizes["train"], 5),
+        "test": (sizes["test"], 1),
+    }
 
 
 def test_emrl_bibtex_is_complete() -> None:

@@ -161,7 +161,7 @@ def test_markdown_layout() -> None:
     md = evaluate(ROWS, n_bootstrap=0).to_markdown()
     assert "| liver | 4 / 4 | 75.00 | 50.00 | 100.00 | 75.00 | 75.00 |" in md
     assert "| pancreas | 2 / 1 | 50.00 | n/a | 50.00 | 0.00 | 25.00 |" in md
-    assert "| **average** | |  |  |  |  | 50.00 |" in md
+    assert "| **average** |  |  |  |  |  | 50.00 |" in md
 
 
 def test_write_evaluation(tmp_path: Path) -> None:

@@ -153,7 +153,7 @@ def test_hard_set_rows_join_the_chosen_rows_to_their_frames_and_prediction(monke
 def test_write_split_metrics_writes_each_split_and_merges_them_in_memory(tmp_path: Path) -> None:
     collected = _collected()
     text = write_split_metrics(collected.scored, tmp_path, n_bootstrap=0)
-    assert text.startswith("### SFT model on the train split\n\n") and "### SFT model on the test split" in text
+    assert text.startswith("## SFT model on the train split\n\n") and "## SFT model on the test split" in text
     assert (tmp_path / "metrics.md").read_text() == text + "\n"
     merged = json.loads((tmp_path / "metrics.json").read_text())
     assert set(merged) == {"train", "test"}

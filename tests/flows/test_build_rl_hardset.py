@@ -61,7 +61,7 @@ def test_rl_hardset_end_to_end_and_resume(sft_out: Path, tmp_path: Path, monkeyp
         assert row["split"] == "train" and row["hard_reasons"]
         assert row["sft_prediction"] == by_id[(row["case_id"], row["organ"])]["prediction"]
         assert len(row["frames"]) == row["n_frames"] and row["frames"][0].size == (64, 64)
-    assert (sft_out / "rl_hardset/metrics.md").read_text().count("Table 1") == 2  # train and test
+    assert (sft_out / "rl_hardset/metrics.md").read_text().count("### Table 1: lesion detection") == 2  # train, test
     assert (sft_out / "rl_hardset/README.md").is_file() and (sft_out / "rl_hardset/manifest.json").is_file()
 
     # A rerun finds every prediction in the store and generates nothing.
