@@ -38,6 +38,7 @@ from emrl_data.shards import sha256_file, write_json_atomic, write_text_atomic
 from emrl_data.types import row_id
 from flows._common import FailFastOnAuth, Progress, git_sha
 from inference import OpenAIBackend, ResultStore, TransformersBackend, request_from_row, run_inference
+from inference.backends import DIALECTS, MAX_TOKENS_FIELDS
 
 
 def _shards(sft_dir: Path, split: str) -> list[Path]:
@@ -65,10 +66,44 @@ def _make_backend(
             raise ValueError("backend='openai' needs endpoint_url (…/v1) and endpoint_model.")
         return FailFastOnAuth(  # a refused key stops at the first batch, not after every row
             OpenAIBackend(
-                endpoint_url, endpoint_model, max_concurrency=kw["max_concurrency"], max_tokens=kw["max_new_tokens"]
+                endpoint_url,
+                endpoint_model,
+                max_concurrency=kw["max_concurrency"],
+                max_tokens=kw["max_new_tokens"],
+                dialect=kw["dialect"],
+                max_tokens_field=kw["max_tokens_field"],
             )
         )
     raise ValueError(f"backend={backend!r}; expected 'transformers' or 'openai'.")
+
+
+@task(cache_policy=NO_CACHE)
+def probe_task(sft_dir: str, backend_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Probe the endpoint with the first train row before any row is sent (`OpenAIBackend.probe`).
+
+    Raises:
+        EndpointAuthError, EndpointProbeError: one line each; the run stops here.
+    """
+    logger = get_run_logger()
+    row = next(_iter_rows(Path(sft_dir), "train", ["case_id", "organ", "prompt", "frames"], batch=1), None)
+    if row is None:
+        logger.warning("probe skipped: the train split has no rows")
+        return {}
+    backend = _make_backend(**backend_kwargs).backend
+    try:
+        report = backend.probe(request_from_row(row))
+    finally:
+        backend.close()
+    tokens = (
+        f"prompt tokens {report.prompt_tokens[0]} -> {report.prompt_tokens[1]}"
+        if report.usage_reported
+        else "no usage reported (frames not checked)"
+    )
+    logger.info(
+        "probe ok: %s, dialect %s, %d -> %d frames: %s (%.1f s)",
+        backend.model, backend.dialect, *report.frame_counts, tokens, report.seconds,
+    )  # fmt: skip
+    return {"frame_counts": list(report.frame_counts), "prompt_tokens": list(report.prompt_tokens)}
 
 
 @task(cache_policy=NO_CACHE)
@@ -123,6 +158,9 @@ def build_rl_hardset_flow(
     backend: str = "transformers",
     endpoint_url: str | None = None,
     endpoint_model: str | None = None,
+    dialect: str = "vllm",
+    max_tokens_field: str = "max_tokens",
+    probe: bool = True,
     target_size: int = 2000,
     batch_size: int = 4,
     max_new_tokens: int = 256,
@@ -141,6 +179,12 @@ def build_rl_hardset_flow(
         backend: "transformers" (local checkpoint) or "openai" (an OpenAI-compatible endpoint such as `vllm serve`).
         endpoint_url: the endpoint's base URL including `/v1` (backend "openai").
         endpoint_model: the model name the endpoint serves (backend "openai").
+        dialect: how requests are written (backend "openai"): "vllm" (the frames as one `video_url` plus vLLM's
+            fields; our checkpoints on `vllm serve`) or "openai" (one `image_url` per frame, standard fields only;
+            `transformers serve`, hosted APIs). `docs/serving.md`.
+        max_tokens_field: "max_tokens" or "max_completion_tokens" (OpenAI's newer models) (backend "openai").
+        probe: send the first train row twice (2 and 4 frames) before the run: a wrong endpoint, model name, key or
+            dialect, or a server that drops the frames, stops the run in one line before any row (backend "openai").
         target_size: the cap of the hard set (paper: about 2K).
         batch_size: rows per generate call.
         max_new_tokens: generation length cap.
@@ -158,13 +202,19 @@ def build_rl_hardset_flow(
     sft, out = Path(sft_dir).resolve(), Path(output_dir).resolve()
     if not _shards(sft, "train"):
         raise FileNotFoundError(f"No train shards under {sft / 'data'}; run build-sft-set first.")
+    if dialect not in DIALECTS or max_tokens_field not in MAX_TOKENS_FIELDS:
+        raise ValueError(f"{dialect=} must be one of {DIALECTS}; {max_tokens_field=} one of {MAX_TOKENS_FIELDS}.")
     model = model_path if backend == "transformers" else f"{endpoint_url}#{endpoint_model}"
-    fingerprint = _store_fingerprint(sft, model_path, model, max_new_tokens)
+    request_format = dialect if backend == "openai" else None  # the dialect changes what the model sees
+    fingerprint = _store_fingerprint(sft, model_path, model, max_new_tokens, request_format)
     store_path = out / ".work" / f"predictions-{fingerprint}.jsonl"
     store_path.parent.mkdir(parents=True, exist_ok=True)
     backend_kwargs = {"backend": backend, "model_path": model_path, "endpoint_url": endpoint_url,
                       "endpoint_model": endpoint_model, "batch_size": batch_size, "max_new_tokens": max_new_tokens,
-                      "max_concurrency": max_concurrency, "device": device}  # fmt: skip
+                      "max_concurrency": max_concurrency, "device": device, "dialect": dialect,
+                      "max_tokens_field": max_tokens_field}  # fmt: skip
+    if backend == "openai" and probe:
+        probe_task(str(sft), backend_kwargs)
     results = predict_task(str(sft), list(SPLITS), str(store_path), backend_kwargs, limit)
 
     # Score every predicted row with the shared scorer, then select the hard rows of the train split.
@@ -199,16 +249,19 @@ def _fail_on_failed_predictions(failed: Sequence[Mapping[str, Any]], max_failed_
         )
 
 
-def _store_fingerprint(sft: Path, model_path: str | None, model: str | None, max_new_tokens: int) -> str:
-    """Key of the prediction store: the model, the generation settings and the exact SFT shards (16 hex digits)."""
-    key_src = json.dumps(
-        {
-            "model": str(Path(model_path).resolve()) if model_path else model,
-            "max_new_tokens": max_new_tokens,
-            "shards": [sha256_file(p) for s in SPLITS for p in _shards(sft, s)],
-        },
-        sort_keys=True,
-    )
+def _store_fingerprint(
+    sft: Path, model_path: str | None, model: str | None, max_new_tokens: int, dialect: str | None = None
+) -> str:
+    """Key of the prediction store: the model, the generation settings, the request dialect of an endpoint other than
+    the default "vllm" (so earlier stores keep their key) and the exact SFT shards (16 hex digits)."""
+    key: dict[str, Any] = {
+        "model": str(Path(model_path).resolve()) if model_path else model,
+        "max_new_tokens": max_new_tokens,
+        "shards": [sha256_file(p) for s in SPLITS for p in _shards(sft, s)],
+    }
+    if dialect not in (None, "vllm"):
+        key["dialect"] = dialect
+    key_src = json.dumps(key, sort_keys=True)
     return hashlib.sha256(key_src.encode()).hexdigest()[:16]
 
 

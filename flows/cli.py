@@ -2,7 +2,7 @@
 
     emrl synth OUT [--cases 32] [--layout split|combined]
     emrl build-sft-set ATLAS OUT [--batch-size 8] [--workers 2] [--limit N] [--frame-size 448] [--max-frames 32]
-    emrl build-rl-hardset OUT/sft OUT (--model SFT_DIR | --endpoint URL --endpoint-model NAME)
+    emrl build-rl-hardset OUT/sft OUT (--model SFT_DIR | --endpoint URL --endpoint-model NAME [--dialect openai])
     emrl publish OUT/sft ORG/NAME X.Y.Z [--local-root DIR]
     emrl eval OUT/predictions [--out eval-output]
     emrl demo [--out demo-output]
@@ -133,8 +133,10 @@ def _check_build_rl_hardset(args: argparse.Namespace) -> None:
         raise UsageError(
             "--endpoint needs --endpoint-model", "add --endpoint-model NAME (the model the server serves)"
         )
-    if args.endpoint_model and not args.endpoint:
-        raise UsageError("--endpoint-model is only used with --endpoint", "add --endpoint URL/v1, or drop it")
+    for given, option in ((args.endpoint_model, "--endpoint-model"), (args.dialect, "--dialect"),
+                          (args.max_tokens_field, "--max-tokens-field"), (args.no_probe, "--no-probe")):  # fmt: skip
+        if given and not args.endpoint:
+            raise UsageError(f"{option} is only used with --endpoint", "add --endpoint URL/v1, or drop it")
     if args.model is not None and not Path(args.model).is_dir():
         raise UsageError(f"the model folder {args.model} does not exist", "pass a local checkpoint folder (--model)")
     if args.model is not None and not (Path(args.model) / "config.json").is_file():
@@ -169,7 +171,8 @@ def _check_endpoint(base_url: str, model: str, timeout_s: float = 10.0) -> None:
             served = [m["id"] for m in response.json().get("data", [])]
         except (ValueError, AttributeError, KeyError, TypeError):
             return  # not the OpenAI models list: the first request will tell
-        if served and model not in served:
+        # `transformers serve PATH` lists its Hub cache, not the model it was given by path: the probe checks that name.
+        if served and model not in served and not Path(model).is_dir():
             raise UsageError(
                 f"the endpoint serves {', '.join(served[:5])}, not {model!r}", f"--endpoint-model {served[0]}"
             )
@@ -274,6 +277,9 @@ def _build_rl_hardset(args: argparse.Namespace) -> dict:
         backend="openai" if args.endpoint else "transformers",
         endpoint_url=args.endpoint,
         endpoint_model=args.endpoint_model,
+        dialect=args.dialect or "vllm",
+        max_tokens_field=args.max_tokens_field or "max_tokens",
+        probe=not args.no_probe,
         target_size=args.target_size,
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens,
@@ -544,6 +550,27 @@ def _add_build_rl_hardset(sub: Any, common: list[argparse.ArgumentParser]) -> No
         help="model name the endpoint serves (needed with --endpoint)",
     )
     p.add_argument(
+        "--dialect",
+        choices=["vllm", "openai"],
+        default=None,
+        help="request format (--endpoint; default vllm): vllm = the frames as one video_url plus vLLM's fields "
+        "(our checkpoints on `vllm serve`); openai = one image_url per frame, standard fields only "
+        "(`transformers serve`, hosted APIs). See docs/serving.md",
+    )
+    p.add_argument(
+        "--max-tokens-field",
+        choices=["max_tokens", "max_completion_tokens"],
+        default=None,
+        help="name of the length cap in requests (--endpoint; default max_tokens); OpenAI's newer models (o-series, "
+        "GPT-5) want max_completion_tokens",
+    )
+    p.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="skip the probe (--endpoint): by default the first train row is sent twice (2 and 4 frames) before the "
+        "run, and a wrong endpoint, model, key or dialect, or a server that drops the frames, stops it in one line",
+    )
+    p.add_argument(
         "--target-size", metavar="N", type=_positive(), default=2000, help="cap of the hard set (paper: about 2K)"
     )
     p.add_argument(
@@ -745,6 +772,8 @@ def _explain(exc: BaseException) -> tuple[str, str]:
         return text, "fix the atlas folder or the file named above, then rerun (docs/decisions.md: atlas robustness)"
     if name == "EndpointAuthError":
         return text, "export OPENAI_API_KEY=<a key the endpoint accepts>, then rerun (finished rows are kept)"
+    if name == "EndpointProbeError":
+        return text, getattr(exc, "fix", "check --endpoint, --endpoint-model and --dialect")
     network = ("ConnectError", "ConnectTimeout", "ConnectionError", "OfflineModeIsEnabled", "ReadTimeout")
     if any(n in network for n in (name, *(type(c).__name__ for c in _causes(exc)))):
         return f"network problem: {name}: {text}", "check the connection (and HF_ENDPOINT / --endpoint), then rerun"
