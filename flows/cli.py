@@ -4,7 +4,7 @@
     emrl build-sft-set ATLAS OUT [--batch-size 8] [--workers 2] [--limit N] [--frame-size 448] [--max-frames 32]
     emrl build-rl-hardset OUT/sft OUT (--model SFT_DIR | --endpoint URL --endpoint-model NAME [--dialect openai])
     emrl publish OUT/sft ORG/NAME X.Y.Z [--local-root DIR]
-    emrl eval OUT/predictions [--out eval-output]
+    emrl eval OUT/predictions [OTHER/predictions ...] [--out eval-output]
     emrl demo [--out demo-output]
 
 It lives in `flows/` because it runs the Prefect flows; `emrl_data` stays free of Prefect.
@@ -183,7 +183,8 @@ def _check_demo(args: argparse.Namespace) -> None:
 
 
 def _check_eval(args: argparse.Namespace) -> None:
-    _prediction_files(Path(args.predictions))
+    for path in args.predictions:
+        _prediction_files(Path(path))
     _check_output(args.out)
 
 
@@ -327,15 +328,20 @@ def _prediction_files(path: Path) -> list[Path]:
     raise UsageError(f"no .parquet or .jsonl files in {path} or {path / 'data'}", "pass OUT/predictions or a file")
 
 
-def _eval(args: argparse.Namespace) -> None:
+def _read_predictions(args: argparse.Namespace) -> Any:
+    """All prediction rows of `args.predictions` as one polars frame (split filtered, failed inferences left out).
+
+    With several inputs, a file without a `model` column is named by its path, so that it gets its own tables.
+    """
     import polars as pl
 
-    from emrl_data.evaluation import evaluate, score_predictions, write_evaluation
-
-    frames = [
-        pl.read_ndjson(f) if f.suffix in (".jsonl", ".ndjson") else pl.read_parquet(f)
-        for f in _prediction_files(Path(args.predictions))
-    ]
+    frames = []
+    for given in args.predictions:
+        for f in _prediction_files(Path(given)):
+            frame = pl.read_ndjson(f) if f.suffix in (".jsonl", ".ndjson") else pl.read_parquet(f)
+            if len(args.predictions) > 1 and "model" not in frame.columns:
+                frame = frame.with_columns(pl.lit(str(given)).alias("model"))
+            frames.append(frame)
     frame = pl.concat(frames, how="diagonal_relaxed")
     if args.split != "all":
         if "split" not in frame.columns:
@@ -347,13 +353,45 @@ def _eval(args: argparse.Namespace) -> None:
         if failed:
             print(f"  {failed} row(s) without a prediction (inference errors) left out")
     if frame.height == 0:
-        raise UsageError(f"no prediction rows in {args.predictions} (split {args.split})", "check the path/--split")
-    rows = score_predictions(frame.to_dicts(), text_column=args.text_column)
-    result = evaluate(rows, n_bootstrap=args.bootstrap, seed=args.seed)
-    paths = write_evaluation(result, Path(args.out))
-    print(result.to_markdown())
-    for kind, written in paths.items():
-        print(f"  {kind:<9} {written}")
+        where = " ".join(str(p) for p in args.predictions)
+        raise UsageError(f"no prediction rows in {where} (split {args.split})", "check the path/--split")
+    return frame
+
+
+def _by_model(frame: Any) -> list[tuple[str | None, Any]]:
+    """Split the rows by their `model` column, in order of first appearance; one unnamed group without it."""
+    import polars as pl
+
+    if "model" not in frame.columns:
+        return [(None, frame)]
+    frame = frame.with_columns(pl.col("model").fill_null("(unnamed)"))
+    names = frame.get_column("model").unique(maintain_order=True).to_list()
+    return [(name, frame.filter(pl.col("model") == name)) for name in names]
+
+
+def _eval(args: argparse.Namespace) -> None:
+    from emrl_data.evaluation import evaluate, score_predictions, write_evaluation
+
+    groups = _by_model(_read_predictions(args))
+    compared = []
+    for index, (model, part) in enumerate(groups, start=1):
+        out = Path(args.out) if len(groups) == 1 else Path(args.out) / f"model-{index}"
+        rows = score_predictions(part.to_dicts(), text_column=args.text_column)
+        result = evaluate(rows, n_bootstrap=args.bootstrap, seed=args.seed)
+        paths = write_evaluation(result, out, model=model)
+        if model is not None:
+            print(f"# Model: {model}\n")
+        print(result.to_markdown())
+        for kind, written in paths.items():
+            print(f"  {kind:<9} {written}")
+        compared.append((model, index, part.height, result))
+    if len(groups) > 1:
+        print(
+            "\n## Models side by side\n\n| model | folder | rows | average B-Acc | Table 2 overall |\n| --- | --- | --- | --- | --- |"
+        )
+        for model, index, n_rows, result in compared:
+            cells = f"{result.average_bacc.to_markdown()} | {result.table2_overall.to_markdown()}"
+            print(f"| {model} | model-{index} | {n_rows} | {cells} |")
 
 
 # The CPU demo renders smaller frames than the real default (448 px x <= 32 frames) so that training and mining a
@@ -637,8 +675,10 @@ def _add_eval(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "predictions",
         type=Path,
+        nargs="+",
         help="OUT/predictions (from build-rl-hardset), or a parquet/jsonl file with the sft truth "
-        "columns and a report column",
+        "columns and a report column; several (e.g. our model's and a hosted model's): Table 1/2 per model, "
+        "named by the rows' model column, each in OUT/model-N/, then the models side by side",
     )
     p.add_argument(
         "--out", metavar="DIR", type=Path, default=Path("eval-output"), help="folder for metrics.md, .json and .png"
