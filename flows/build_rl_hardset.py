@@ -78,16 +78,16 @@ def _make_backend(
 
 
 @task(cache_policy=NO_CACHE)
-def probe_task(sft_dir: str, backend_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Probe the endpoint with the first train row before any row is sent (`OpenAIBackend.probe`).
+def probe_task(sft_dir: str, split: str, backend_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Probe the endpoint with the first row of `split` before any row is sent (`OpenAIBackend.probe`).
 
     Raises:
         EndpointAuthError, EndpointProbeError: one line each; the run stops here.
     """
     logger = get_run_logger()
-    row = next(_iter_rows(Path(sft_dir), "train", ["case_id", "organ", "prompt", "frames"], batch=1), None)
+    row = next(_iter_rows(Path(sft_dir), split, ["case_id", "organ", "prompt", "frames"], batch=1), None)
     if row is None:
-        logger.warning("probe skipped: the train split has no rows")
+        logger.warning("probe skipped: the %s split has no rows", split)
         return {}
     backend = _make_backend(**backend_kwargs).backend
     try:
@@ -161,6 +161,7 @@ def build_rl_hardset_flow(
     dialect: str = "vllm",
     max_tokens_field: str = "max_tokens",
     probe: bool = True,
+    splits: list[str] | None = None,
     target_size: int = 2000,
     batch_size: int = 4,
     max_new_tokens: int = 256,
@@ -185,6 +186,8 @@ def build_rl_hardset_flow(
         max_tokens_field: "max_tokens" or "max_completion_tokens" (OpenAI's newer models) (backend "openai").
         probe: send the first train row twice (2 and 4 frames) before the run: a wrong endpoint, model name, key or
             dialect, or a server that drops the frames, stops the run in one line before any row (backend "openai").
+        splits: the splits to predict (default both). `["test"]` evaluates a model on the test split only (a served
+            or hosted comparison model: `predictions/` and its metrics; the hard set is then empty).
         target_size: the cap of the hard set (paper: about 2K).
         batch_size: rows per generate call.
         max_new_tokens: generation length cap.
@@ -202,6 +205,9 @@ def build_rl_hardset_flow(
     sft, out = Path(sft_dir).resolve(), Path(output_dir).resolve()
     if not _shards(sft, "train"):
         raise FileNotFoundError(f"No train shards under {sft / 'data'}; run build-sft-set first.")
+    splits = list(SPLITS) if splits is None else [s for s in SPLITS if s in splits]  # in table order
+    if not splits:
+        raise ValueError(f"splits must name at least one of {list(SPLITS)}.")
     if dialect not in DIALECTS or max_tokens_field not in MAX_TOKENS_FIELDS:
         raise ValueError(f"{dialect=} must be one of {DIALECTS}; {max_tokens_field=} one of {MAX_TOKENS_FIELDS}.")
     model = model_path if backend == "transformers" else f"{endpoint_url}#{endpoint_model}"
@@ -214,8 +220,8 @@ def build_rl_hardset_flow(
                       "max_concurrency": max_concurrency, "device": device, "dialect": dialect,
                       "max_tokens_field": max_tokens_field}  # fmt: skip
     if backend == "openai" and probe:
-        probe_task(str(sft), backend_kwargs)
-    results = predict_task(str(sft), list(SPLITS), str(store_path), backend_kwargs, limit)
+        probe_task(str(sft), splits[0], backend_kwargs)
+    results = predict_task(str(sft), splits, str(store_path), backend_kwargs, limit)
 
     # Score every predicted row with the shared scorer, then select the hard rows of the train split.
     columns = [*PREDICTION_TRUTH_COLUMNS, "frames"]

@@ -281,6 +281,7 @@ def _build_rl_hardset(args: argparse.Namespace) -> dict:
         dialect=args.dialect or "vllm",
         max_tokens_field=args.max_tokens_field or "max_tokens",
         probe=not args.no_probe,
+        splits=None if args.split == "all" else [args.split],
         target_size=args.target_size,
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens,
@@ -607,6 +608,13 @@ def _add_build_rl_hardset(sub: Any, common: list[argparse.ArgumentParser]) -> No
         action="store_true",
         help="skip the probe (--endpoint): by default the first train row is sent twice (2 and 4 frames) before the "
         "run, and a wrong endpoint, model, key or dialect, or a server that drops the frames, stops it in one line",
+    )
+    p.add_argument(
+        "--split",
+        choices=["all", "train", "test"],
+        default="all",
+        help="predict the rows of this split only; test: evaluate a (served or hosted) model on the test split, "
+        "no hard set",
     )
     p.add_argument(
         "--target-size", metavar="N", type=_positive(), default=2000, help="cap of the hard set (paper: about 2K)"

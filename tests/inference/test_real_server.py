@@ -103,25 +103,51 @@ def _mine(sft_out: Path, out: Path, endpoint: str, model: str) -> list[str]:
             "--dialect", "openai", "--limit", "2", "--max-new-tokens", "12", "--bootstrap", "10"]  # fmt: skip
 
 
-def test_emrl_mining_then_eval_against_transformers_serve(
-    endpoint: str, checkpoint: Path, sft_out: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    main(_mine(sft_out, tmp_path, endpoint, str(checkpoint)))
-    rows = pq.read_table(tmp_path / "predictions" / "data").to_pylist()
+@pytest.fixture(scope="module")
+def mined(endpoint: str, checkpoint: Path, sft_out: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """OUT of `emrl build-rl-hardset --dialect openai` against the server (two rows of each split)."""
+    out = tmp_path_factory.mktemp("served")
+    main(_mine(sft_out, out, endpoint, str(checkpoint)))
+    return out
+
+
+def test_emrl_mining_against_transformers_serve(mined: Path, endpoint: str, checkpoint: Path, sft_out: Path) -> None:
+    rows = pq.read_table(mined / "predictions" / "data").to_pylist()
     sft_rows = pq.read_table(sft_out / "sft" / "data", columns=["split"]).to_pylist()
     expected = sum(min(2, sum(r["split"] == split for r in sft_rows)) for split in ("train", "test"))
     assert len(rows) == expected >= 3  # --limit 2: at most two rows of each split
     for row in rows:  # every row has a prediction: parsed, or a recorded parse failure; no inference error
         assert row["inference_error"] is None and isinstance(row["prediction"], str), row
         assert row["score_existence"] in (0.0, 1.0) and row["model"] == f"{endpoint}#{checkpoint}"
-    summary = json.loads((tmp_path / "rl_hardset" / "summary.json").read_text())
-    assert summary["predictions"] == expected
+    summary = json.loads((mined / "rl_hardset" / "summary.json").read_text())
+    assert summary["predictions"] == expected and summary["failed_predictions"] == 0
+
+
+def test_emrl_eval_puts_the_served_model_beside_ours(
+    mined: Path, endpoint: str, sft_out: Path, tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # "Our model": the same tiny weights (seed 0), run locally on the test split (frames as one video).
+    ours = tmp_path / "ours"
+    main(["build-rl-hardset", str(sft_out / "sft"), str(ours), "--model", str(tiny_dir), "--device", "cpu",
+          "--split", "test", "--limit", "2", "--max-new-tokens", "12", "--bootstrap", "10"])  # fmt: skip
+    assert {r["split"] for r in pq.read_table(ours / "predictions" / "data").to_pylist()} == {"test"}
     capsys.readouterr()
 
-    main(["eval", str(tmp_path / "predictions"), "--out", str(tmp_path / "eval"), "--bootstrap", "10"])
+    eval_dir = tmp_path / "eval"
+    main(["eval", str(ours / "predictions"), str(mined / "predictions"), "--split", "test", "--out", str(eval_dir),
+          "--bootstrap", "10"])  # fmt: skip
     printed = capsys.readouterr().out
-    assert f"Model: {endpoint}#{checkpoint}" in printed and "## Table 1" in printed and "## Table 2" in printed
-    assert f"Model: {endpoint}#{checkpoint}" in (tmp_path / "eval" / "metrics.md").read_text()
+    served_name = pq.read_table(mined / "predictions" / "data", columns=["model"]).to_pylist()[0]["model"]
+    for index, name in enumerate((str(tiny_dir), served_name), start=1):
+        assert f"# Model: {name}" in printed
+        assert (eval_dir / f"model-{index}" / "metrics.md").read_text().startswith(f"# Model: {name}\n\n## Table 1")
+        assert json.loads((eval_dir / f"model-{index}" / "metrics.json").read_text())["model"] == name
+    side_by_side = printed[printed.index("## Models side by side") :].splitlines()
+    assert side_by_side[2] == "| model | folder | rows | average B-Acc | Table 2 overall |"
+    assert [line.split(" | ")[:2] for line in side_by_side[4:6]] == [
+        [f"| {tiny_dir}", "model-1"],
+        [f"| {served_name}", "model-2"],
+    ]
 
 
 def test_emrl_mining_with_a_wrong_model_name_stops_in_one_line(
