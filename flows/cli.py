@@ -606,7 +606,7 @@ def _add_build_rl_hardset(sub: Any, common: list[argparse.ArgumentParser]) -> No
     p.add_argument(
         "--no-probe",
         action="store_true",
-        help="skip the probe (--endpoint): by default the first train row is sent twice (2 and 4 frames) before the "
+        help="skip the probe (--endpoint): by default the first row is sent twice (2 and 4 frames) before the "
         "run, and a wrong endpoint, model, key or dialect, or a server that drops the frames, stops it in one line",
     )
     p.add_argument(

@@ -123,6 +123,17 @@ def test_endpoint_needs_a_model_name(sft_dir: Path, capsys: pytest.CaptureFixtur
     assert "one of the arguments --model --endpoint is required" in err
 
 
+@pytest.mark.parametrize(
+    "option", [["--dialect", "openai"], ["--max-tokens-field", "max_completion_tokens"], ["--no-probe"]]
+)
+def test_endpoint_options_need_an_endpoint(
+    option: list[str], sft_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "config.json").write_text("{}")  # a checkpoint folder as far as the cheap checks go
+    err = _fails(["build-rl-hardset", str(sft_dir), str(sft_dir.parent), "--model", str(tmp_path), *option], capsys)
+    assert f"{option[0]} is only used with --endpoint" in err and "add --endpoint URL/v1, or drop it" in err
+
+
 def test_missing_model_folder(sft_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = _fails(["build-rl-hardset", str(sft_dir), str(sft_dir.parent), "--model", str(sft_dir / "nope")], capsys)
     assert f"the model folder {sft_dir / 'nope'} does not exist" in err
