@@ -26,6 +26,7 @@ from tqdm import tqdm
 from emrl_data import __version__
 from emrl_data.mining import (
     SPLITS,
+    CollectedPredictions,
     HardRow,
     build_summary,
     collect_predictions,
@@ -203,13 +204,7 @@ def build_rl_hardset_flow(
     logger = get_run_logger()
     started = time.perf_counter()
     sft, out = Path(sft_dir).resolve(), Path(output_dir).resolve()
-    if not _shards(sft, "train"):
-        raise FileNotFoundError(f"No train shards under {sft / 'data'}; run build-sft-set first.")
-    splits = list(SPLITS) if splits is None else [s for s in SPLITS if s in splits]  # in table order
-    if not splits:
-        raise ValueError(f"splits must name at least one of {list(SPLITS)}.")
-    if dialect not in DIALECTS or max_tokens_field not in MAX_TOKENS_FIELDS:
-        raise ValueError(f"{dialect=} must be one of {DIALECTS}; {max_tokens_field=} one of {MAX_TOKENS_FIELDS}.")
+    splits = _checked_settings(sft, splits, dialect, max_tokens_field)
     model = model_path if backend == "transformers" else f"{endpoint_url}#{endpoint_model}"
     request_format = dialect if backend == "openai" else None  # the dialect changes what the model sees
     fingerprint = _store_fingerprint(sft, model_path, model, max_new_tokens, request_format)
@@ -230,6 +225,39 @@ def build_rl_hardset_flow(
 
     provenance = {"pipeline_version": __version__, "git_sha": git_sha(), "config_fingerprint": fingerprint,
                   "model": str(model), "sft_dir": str(sft), "target_size": target_size}  # fmt: skip
+    summary = _write_outputs(sft, out, collected, chosen, provenance, n_bootstrap, started)
+    logger.info("build-rl-hardset: %d hard rows of %d train rows", len(chosen), len(collected.scored["train"]))
+    _fail_on_failed_predictions(collected.failed, max_failed_predictions)
+    return summary
+
+
+def _checked_settings(sft: Path, splits: list[str] | None, dialect: str, max_tokens_field: str) -> list[str]:
+    """Return the splits to predict, in table order (default: all).
+
+    Raises:
+        FileNotFoundError: no train shards (build-sft-set has not run).
+        ValueError: no known split, or an unknown dialect or length-cap field.
+    """
+    if not _shards(sft, "train"):
+        raise FileNotFoundError(f"No train shards under {sft / 'data'}; run build-sft-set first.")
+    chosen = list(SPLITS) if splits is None else [s for s in SPLITS if s in splits]
+    if not chosen:
+        raise ValueError(f"splits must name at least one of {list(SPLITS)}; got {splits!r}.")
+    if dialect not in DIALECTS or max_tokens_field not in MAX_TOKENS_FIELDS:
+        raise ValueError(f"{dialect=} must be one of {DIALECTS}; {max_tokens_field=} one of {MAX_TOKENS_FIELDS}.")
+    return chosen
+
+
+def _write_outputs(
+    sft: Path,
+    out: Path,
+    collected: CollectedPredictions,
+    chosen: Sequence[HardRow],
+    provenance: dict[str, Any],
+    n_bootstrap: int,
+    started: float,
+) -> dict[str, Any]:
+    """Write `predictions/`, `rl_hardset/` (tables, metrics, summary.json/md) and the artifacts; return the summary."""
     metrics_text = write_hardset_tables(
         out, _iter_rows(sft, "train"), collected, chosen, provenance=provenance, n_bootstrap=n_bootstrap
     )
@@ -240,8 +268,6 @@ def build_rl_hardset_flow(
     summary_md = summary_markdown(summary, metrics_text)
     write_text_atomic(summary_md, out / "rl_hardset" / "summary.md")
     _artifacts(summary_md, chosen)
-    logger.info("build-rl-hardset: %d hard rows of %d train rows", len(chosen), len(collected.scored["train"]))
-    _fail_on_failed_predictions(collected.failed, max_failed_predictions)
     return summary
 
 

@@ -588,27 +588,7 @@ def _add_build_rl_hardset(sub: Any, common: list[argparse.ArgumentParser]) -> No
         default=None,
         help="model name the endpoint serves (needed with --endpoint)",
     )
-    p.add_argument(
-        "--dialect",
-        choices=["vllm", "openai"],
-        default=None,
-        help="request format (--endpoint; default vllm): vllm = the frames as one video_url plus vLLM's fields "
-        "(our checkpoints on `vllm serve`); openai = one image_url per frame, standard fields only "
-        "(`transformers serve`, hosted APIs). See docs/serving.md",
-    )
-    p.add_argument(
-        "--max-tokens-field",
-        choices=["max_tokens", "max_completion_tokens"],
-        default=None,
-        help="name of the length cap in requests (--endpoint; default max_tokens); OpenAI's newer models (o-series, "
-        "GPT-5) want max_completion_tokens",
-    )
-    p.add_argument(
-        "--no-probe",
-        action="store_true",
-        help="skip the probe (--endpoint): by default the first row is sent twice (2 and 4 frames) before the "
-        "run, and a wrong endpoint, model, key or dialect, or a server that drops the frames, stops it in one line",
-    )
+    _add_endpoint_options(p)
     p.add_argument(
         "--split",
         choices=["all", "train", "test"],
@@ -645,6 +625,31 @@ def _add_build_rl_hardset(sub: Any, common: list[argparse.ArgumentParser]) -> No
         help="only the first N rows of each split, for smoke runs (default: all)",
     )
     p.set_defaults(func=_build_rl_hardset, check=_check_build_rl_hardset, prefect=True)
+
+
+def _add_endpoint_options(p: argparse.ArgumentParser) -> None:
+    """The request options of `build-rl-hardset --endpoint` (docs/serving.md)."""
+    p.add_argument(
+        "--dialect",
+        choices=["vllm", "openai"],
+        default=None,
+        help="request format, with --endpoint (default: vllm): vllm = the frames as one video_url plus vLLM's fields "
+        "(our checkpoints on `vllm serve`); openai = one image_url per frame, standard fields only "
+        "(`transformers serve`, hosted APIs). See docs/serving.md",
+    )
+    p.add_argument(
+        "--max-tokens-field",
+        choices=["max_tokens", "max_completion_tokens"],
+        default=None,
+        help="name of the length cap in requests, with --endpoint (default: max_tokens); OpenAI's newer models (o-series, "
+        "GPT-5) want max_completion_tokens",
+    )
+    p.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="skip the probe (--endpoint): by default the first row is sent twice (2 and 4 frames) before the "
+        "run, and a wrong endpoint, model, key or dialect, or a server that drops the frames, stops it in one line",
+    )
 
 
 def _add_publish(sub: Any, common: list[argparse.ArgumentParser]) -> None:

@@ -192,7 +192,7 @@ def create_app(backend: InferenceBackend, served_model_name: str) -> FastAPI:
                 return error_response(401, "Incorrect API key provided.", code="invalid_api_key")
             if fault is not None:
                 return error_response(fault, f"injected fault {fault}")
-            return _complete(body, **mode)
+            return complete(backend, served_model_name, body, **mode)
         finally:
             with lock:
                 state["in_flight"] -= 1
@@ -206,46 +206,50 @@ def create_app(backend: InferenceBackend, served_model_name: str) -> FastAPI:
                     return
             time.sleep(0.005)
 
-    def _complete(body: dict[str, Any], *, strict: bool, drop_frames: bool, usage: bool) -> JSONResponse:
-        if strict and (unexpected := set(body) - standard_fields()):
-            return error_response(422, f"Unexpected fields in the request: {sorted(unexpected)}")
-        if body.get("model") != served_model_name:
-            msg = f"The model `{body.get('model')}` does not exist."
-            return error_response(404, msg, code="model_not_found", param="model")
-        if body.get("stream"):
-            return error_response(400, "streaming is not supported by this server.", param="stream")
-        if body.get("n", 1) != 1:
-            return error_response(400, "only n=1 is supported.", param="n")
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            return error_response(400, "max_tokens must be a positive integer.", param="max_tokens")
-        try:
-            prompt, frames = parse_messages(body.get("messages"), strict=strict)
-        except BadRequest as exc:
-            return error_response(400, str(exc), param="messages")
-        if not frames:
-            return error_response(400, "at least one image or video frame is required.", param="messages")
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
-        request = InferenceRequest(rid, prompt, frames)
-        result = backend.generate([request], max_new_tokens=max_tokens)[0]  # type: ignore[call-arg]
-        if result.error is not None:
-            return error_response(500, result.error)
-        choice = {"index": 0, "message": {"role": "assistant", "content": result.text}, "finish_reason": "stop"}
-        content: dict[str, Any] = {
-            "id": rid,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": served_model_name,
-            "choices": [choice],
-        }
-        if usage:
-            prompt_tokens = backend.count_prompt_tokens(request, with_frames=not drop_frames)  # type: ignore[attr-defined]
-            completion_tokens = backend.count_text_tokens(result.text)  # type: ignore[attr-defined]
-            content["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                                "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
-        return JSONResponse(content=content)
-
     return app
+
+
+def complete(
+    backend: Any, served_model_name: str, body: dict[str, Any], *, strict: bool, drop_frames: bool, usage: bool
+) -> JSONResponse:
+    """Answer one chat-completions request with `backend` (a `TransformersBackend`), or an OpenAI-shaped error."""
+    if strict and (unexpected := set(body) - standard_fields()):
+        return error_response(422, f"Unexpected fields in the request: {sorted(unexpected)}")
+    if body.get("model") != served_model_name:
+        msg = f"The model `{body.get('model')}` does not exist."
+        return error_response(404, msg, code="model_not_found", param="model")
+    if body.get("stream"):
+        return error_response(400, "streaming is not supported by this server.", param="stream")
+    if body.get("n", 1) != 1:
+        return error_response(400, "only n=1 is supported.", param="n")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        return error_response(400, "max_tokens must be a positive integer.", param="max_tokens")
+    try:
+        prompt, frames = parse_messages(body.get("messages"), strict=strict)
+    except BadRequest as exc:
+        return error_response(400, str(exc), param="messages")
+    if not frames:
+        return error_response(400, "at least one image or video frame is required.", param="messages")
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    request = InferenceRequest(rid, prompt, frames)
+    result = backend.generate([request], max_new_tokens=max_tokens)[0]  # type: ignore[call-arg]
+    if result.error is not None:
+        return error_response(500, result.error)
+    choice = {"index": 0, "message": {"role": "assistant", "content": result.text}, "finish_reason": "stop"}
+    content: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": served_model_name,
+        "choices": [choice],
+    }
+    if usage:
+        prompt_tokens = backend.count_prompt_tokens(request, with_frames=not drop_frames)  # type: ignore[attr-defined]
+        completion_tokens = backend.count_text_tokens(result.text)  # type: ignore[attr-defined]
+        content["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                            "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
+    return JSONResponse(content=content)
 
 
 def main(argv: list[str] | None = None) -> None:
