@@ -23,7 +23,15 @@ $(VENV)/.installed: pyproject.toml
 demo: venv
 	PREFECT_LOGGING_LEVEL=WARNING $(BIN)/emrl demo --out demo-output
 
-test: venv
+# `transformers serve` in the real-server test needs torchvision (Qwen3-VL's video processor class); the CPU torch cannot
+# load PyPI's CUDA-linked build, so it goes to a side folder on that server's PYTHONPATH only, never into the venv
+# (tests/inference/serve_launcher.py, docs/serving.md).
+SERVE_TV := .cache/serve-tv
+$(SERVE_TV)/.installed: $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet --no-deps --upgrade --target $(SERVE_TV) "torchvision==0.28.0"
+	touch $@
+
+test: venv $(SERVE_TV)/.installed
 	$(BIN)/ruff check emrl_data flows train inference tests bench
 	$(BIN)/ruff format --check emrl_data flows train inference tests bench
 	$(BIN)/lint-imports
@@ -49,7 +57,7 @@ train-smoke: venv
 	bash train/device_check.sh --tiny demo-output/device_check.json
 
 clean:
-	rm -rf demo-output .prefect-home .pytest_cache
+	rm -rf demo-output .prefect-home .pytest_cache .cache
 
 # A local Prefect server + work pool + deployments + worker (state, logs and DB in .prefect-home/server/). Prints each
 # step as it happens, then the UI address and the `prefect deployment run FLOW/DEPLOYMENT --watch` lines in pipeline

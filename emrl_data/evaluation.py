@@ -544,8 +544,14 @@ def _plot(result: EvaluationResult) -> bytes:
     return buffer.getvalue()
 
 
-def write_evaluation(result: EvaluationResult, out_dir: str | Path) -> dict[str, Path]:
+def write_evaluation(result: EvaluationResult, out_dir: str | Path, *, model: str | None = None) -> dict[str, Path]:
     """Write `metrics.md`, `metrics.json` and `metrics.png` into `out_dir` (created if missing), atomically.
+
+    Args:
+        result: the tables.
+        out_dir: the folder.
+        model: the evaluated model's name (the `model` column of the predictions): a "# Model: NAME" line above the
+            tables and a "model" key in the JSON; None writes neither.
 
     Returns:
         {"markdown": path, "json": path, "plot": path}.
@@ -553,8 +559,10 @@ def write_evaluation(result: EvaluationResult, out_dir: str | Path) -> dict[str,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": out / "metrics.md", "json": out / "metrics.json", "plot": out / "metrics.png"}
-    _write_atomic(paths["markdown"], result.to_markdown().encode())
-    _write_atomic(paths["json"], (json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n").encode())
+    heading = f"# Model: {model}\n\n" if model is not None else ""
+    as_json = {"model": model, **result.to_json()} if model is not None else result.to_json()
+    _write_atomic(paths["markdown"], (heading + result.to_markdown()).encode())
+    _write_atomic(paths["json"], (json.dumps(as_json, indent=2, allow_nan=False) + "\n").encode())
     _write_atomic(paths["plot"], _plot(result))
     logger.info("Wrote %s", ", ".join(str(p) for p in paths.values()))
     return paths

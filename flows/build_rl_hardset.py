@@ -26,6 +26,7 @@ from tqdm import tqdm
 from emrl_data import __version__
 from emrl_data.mining import (
     SPLITS,
+    CollectedPredictions,
     HardRow,
     build_summary,
     collect_predictions,
@@ -38,6 +39,7 @@ from emrl_data.shards import sha256_file, write_json_atomic, write_text_atomic
 from emrl_data.types import row_id
 from flows._common import FailFastOnAuth, Progress, git_sha
 from inference import OpenAIBackend, ResultStore, TransformersBackend, request_from_row, run_inference
+from inference.backends import DIALECTS, MAX_TOKENS_FIELDS
 
 
 def _shards(sft_dir: Path, split: str) -> list[Path]:
@@ -65,10 +67,44 @@ def _make_backend(
             raise ValueError("backend='openai' needs endpoint_url (…/v1) and endpoint_model.")
         return FailFastOnAuth(  # a refused key stops at the first batch, not after every row
             OpenAIBackend(
-                endpoint_url, endpoint_model, max_concurrency=kw["max_concurrency"], max_tokens=kw["max_new_tokens"]
+                endpoint_url,
+                endpoint_model,
+                max_concurrency=kw["max_concurrency"],
+                max_tokens=kw["max_new_tokens"],
+                dialect=kw["dialect"],
+                max_tokens_field=kw["max_tokens_field"],
             )
         )
     raise ValueError(f"backend={backend!r}; expected 'transformers' or 'openai'.")
+
+
+@task(cache_policy=NO_CACHE)
+def probe_task(sft_dir: str, split: str, backend_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Probe the endpoint with the first row of `split` before any row is sent (`OpenAIBackend.probe`).
+
+    Raises:
+        EndpointAuthError, EndpointProbeError: one line each; the run stops here.
+    """
+    logger = get_run_logger()
+    row = next(_iter_rows(Path(sft_dir), split, ["case_id", "organ", "prompt", "frames"], batch=1), None)
+    if row is None:
+        logger.warning("probe skipped: the %s split has no rows", split)
+        return {}
+    backend = _make_backend(**backend_kwargs).backend
+    try:
+        report = backend.probe(request_from_row(row))
+    finally:
+        backend.close()
+    tokens = (
+        f"prompt tokens {report.prompt_tokens[0]} -> {report.prompt_tokens[1]}"
+        if report.usage_reported
+        else "no usage reported (frames not checked)"
+    )
+    logger.info(
+        "probe ok: %s, dialect %s, %d -> %d frames: %s (%.1f s)",
+        backend.model, backend.dialect, *report.frame_counts, tokens, report.seconds,
+    )  # fmt: skip
+    return {"frame_counts": list(report.frame_counts), "prompt_tokens": list(report.prompt_tokens)}
 
 
 @task(cache_policy=NO_CACHE)
@@ -123,6 +159,10 @@ def build_rl_hardset_flow(
     backend: str = "transformers",
     endpoint_url: str | None = None,
     endpoint_model: str | None = None,
+    dialect: str = "vllm",
+    max_tokens_field: str = "max_tokens",
+    probe: bool = True,
+    splits: list[str] | None = None,
     target_size: int = 2000,
     batch_size: int = 4,
     max_new_tokens: int = 256,
@@ -141,6 +181,14 @@ def build_rl_hardset_flow(
         backend: "transformers" (local checkpoint) or "openai" (an OpenAI-compatible endpoint such as `vllm serve`).
         endpoint_url: the endpoint's base URL including `/v1` (backend "openai").
         endpoint_model: the model name the endpoint serves (backend "openai").
+        dialect: how requests are written (backend "openai"): "vllm" (the frames as one `video_url` plus vLLM's
+            fields; our checkpoints on `vllm serve`) or "openai" (one `image_url` per frame, standard fields only;
+            `transformers serve`, hosted APIs). `docs/serving.md`.
+        max_tokens_field: "max_tokens" or "max_completion_tokens" (OpenAI's newer models) (backend "openai").
+        probe: send the first train row twice (2 and 4 frames) before the run: a wrong endpoint, model name, key or
+            dialect, or a server that drops the frames, stops the run in one line before any row (backend "openai").
+        splits: the splits to predict (default both). `["test"]` evaluates a model on the test split only (a served
+            or hosted comparison model: `predictions/` and its metrics; the hard set is then empty).
         target_size: the cap of the hard set (paper: about 2K).
         batch_size: rows per generate call.
         max_new_tokens: generation length cap.
@@ -156,16 +204,19 @@ def build_rl_hardset_flow(
     logger = get_run_logger()
     started = time.perf_counter()
     sft, out = Path(sft_dir).resolve(), Path(output_dir).resolve()
-    if not _shards(sft, "train"):
-        raise FileNotFoundError(f"No train shards under {sft / 'data'}; run build-sft-set first.")
+    splits = _checked_settings(sft, splits, dialect, max_tokens_field)
     model = model_path if backend == "transformers" else f"{endpoint_url}#{endpoint_model}"
-    fingerprint = _store_fingerprint(sft, model_path, model, max_new_tokens)
+    request_format = dialect if backend == "openai" else None  # the dialect changes what the model sees
+    fingerprint = _store_fingerprint(sft, model_path, model, max_new_tokens, request_format)
     store_path = out / ".work" / f"predictions-{fingerprint}.jsonl"
     store_path.parent.mkdir(parents=True, exist_ok=True)
     backend_kwargs = {"backend": backend, "model_path": model_path, "endpoint_url": endpoint_url,
                       "endpoint_model": endpoint_model, "batch_size": batch_size, "max_new_tokens": max_new_tokens,
-                      "max_concurrency": max_concurrency, "device": device}  # fmt: skip
-    results = predict_task(str(sft), list(SPLITS), str(store_path), backend_kwargs, limit)
+                      "max_concurrency": max_concurrency, "device": device, "dialect": dialect,
+                      "max_tokens_field": max_tokens_field}  # fmt: skip
+    if backend == "openai" and probe:
+        probe_task(str(sft), splits[0], backend_kwargs)
+    results = predict_task(str(sft), splits, str(store_path), backend_kwargs, limit)
 
     # Score every predicted row with the shared scorer, then select the hard rows of the train split.
     columns = [*PREDICTION_TRUTH_COLUMNS, "frames"]
@@ -174,6 +225,39 @@ def build_rl_hardset_flow(
 
     provenance = {"pipeline_version": __version__, "git_sha": git_sha(), "config_fingerprint": fingerprint,
                   "model": str(model), "sft_dir": str(sft), "target_size": target_size}  # fmt: skip
+    summary = _write_outputs(sft, out, collected, chosen, provenance, n_bootstrap, started)
+    logger.info("build-rl-hardset: %d hard rows of %d train rows", len(chosen), len(collected.scored["train"]))
+    _fail_on_failed_predictions(collected.failed, max_failed_predictions)
+    return summary
+
+
+def _checked_settings(sft: Path, splits: list[str] | None, dialect: str, max_tokens_field: str) -> list[str]:
+    """Return the splits to predict, in table order (default: all).
+
+    Raises:
+        FileNotFoundError: no train shards (build-sft-set has not run).
+        ValueError: no known split, or an unknown dialect or length-cap field.
+    """
+    if not _shards(sft, "train"):
+        raise FileNotFoundError(f"No train shards under {sft / 'data'}; run build-sft-set first.")
+    chosen = list(SPLITS) if splits is None else [s for s in SPLITS if s in splits]
+    if not chosen:
+        raise ValueError(f"splits must name at least one of {list(SPLITS)}; got {splits!r}.")
+    if dialect not in DIALECTS or max_tokens_field not in MAX_TOKENS_FIELDS:
+        raise ValueError(f"{dialect=} must be one of {DIALECTS}; {max_tokens_field=} one of {MAX_TOKENS_FIELDS}.")
+    return chosen
+
+
+def _write_outputs(
+    sft: Path,
+    out: Path,
+    collected: CollectedPredictions,
+    chosen: Sequence[HardRow],
+    provenance: dict[str, Any],
+    n_bootstrap: int,
+    started: float,
+) -> dict[str, Any]:
+    """Write `predictions/`, `rl_hardset/` (tables, metrics, summary.json/md) and the artifacts; return the summary."""
     metrics_text = write_hardset_tables(
         out, _iter_rows(sft, "train"), collected, chosen, provenance=provenance, n_bootstrap=n_bootstrap
     )
@@ -184,8 +268,6 @@ def build_rl_hardset_flow(
     summary_md = summary_markdown(summary, metrics_text)
     write_text_atomic(summary_md, out / "rl_hardset" / "summary.md")
     _artifacts(summary_md, chosen)
-    logger.info("build-rl-hardset: %d hard rows of %d train rows", len(chosen), len(collected.scored["train"]))
-    _fail_on_failed_predictions(collected.failed, max_failed_predictions)
     return summary
 
 
@@ -199,16 +281,19 @@ def _fail_on_failed_predictions(failed: Sequence[Mapping[str, Any]], max_failed_
         )
 
 
-def _store_fingerprint(sft: Path, model_path: str | None, model: str | None, max_new_tokens: int) -> str:
-    """Key of the prediction store: the model, the generation settings and the exact SFT shards (16 hex digits)."""
-    key_src = json.dumps(
-        {
-            "model": str(Path(model_path).resolve()) if model_path else model,
-            "max_new_tokens": max_new_tokens,
-            "shards": [sha256_file(p) for s in SPLITS for p in _shards(sft, s)],
-        },
-        sort_keys=True,
-    )
+def _store_fingerprint(
+    sft: Path, model_path: str | None, model: str | None, max_new_tokens: int, dialect: str | None = None
+) -> str:
+    """Key of the prediction store: the model, the generation settings, the request dialect of an endpoint other than
+    the default "vllm" (so earlier stores keep their key) and the exact SFT shards (16 hex digits)."""
+    key: dict[str, Any] = {
+        "model": str(Path(model_path).resolve()) if model_path else model,
+        "max_new_tokens": max_new_tokens,
+        "shards": [sha256_file(p) for s in SPLITS for p in _shards(sft, s)],
+    }
+    if dialect not in (None, "vllm"):
+        key["dialect"] = dialect
+    key_src = json.dumps(key, sort_keys=True)
     return hashlib.sha256(key_src.encode()).hexdigest()[:16]
 
 

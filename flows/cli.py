@@ -2,9 +2,9 @@
 
     emrl synth OUT [--cases 32] [--layout split|combined]
     emrl build-sft-set ATLAS OUT [--batch-size 8] [--workers 2] [--limit N] [--frame-size 448] [--max-frames 32]
-    emrl build-rl-hardset OUT/sft OUT (--model SFT_DIR | --endpoint URL --endpoint-model NAME)
+    emrl build-rl-hardset OUT/sft OUT (--model SFT_DIR | --endpoint URL --endpoint-model NAME [--dialect openai])
     emrl publish OUT/sft ORG/NAME X.Y.Z [--local-root DIR]
-    emrl eval OUT/predictions [--out eval-output]
+    emrl eval OUT/predictions [OTHER/predictions ...] [--out eval-output]
     emrl demo [--out demo-output]
 
 It lives in `flows/` because it runs the Prefect flows; `emrl_data` stays free of Prefect.
@@ -133,8 +133,10 @@ def _check_build_rl_hardset(args: argparse.Namespace) -> None:
         raise UsageError(
             "--endpoint needs --endpoint-model", "add --endpoint-model NAME (the model the server serves)"
         )
-    if args.endpoint_model and not args.endpoint:
-        raise UsageError("--endpoint-model is only used with --endpoint", "add --endpoint URL/v1, or drop it")
+    for given, option in ((args.endpoint_model, "--endpoint-model"), (args.dialect, "--dialect"),
+                          (args.max_tokens_field, "--max-tokens-field"), (args.no_probe, "--no-probe")):  # fmt: skip
+        if given and not args.endpoint:
+            raise UsageError(f"{option} is only used with --endpoint", "add --endpoint URL/v1, or drop it")
     if args.model is not None and not Path(args.model).is_dir():
         raise UsageError(f"the model folder {args.model} does not exist", "pass a local checkpoint folder (--model)")
     if args.model is not None and not (Path(args.model) / "config.json").is_file():
@@ -169,7 +171,8 @@ def _check_endpoint(base_url: str, model: str, timeout_s: float = 10.0) -> None:
             served = [m["id"] for m in response.json().get("data", [])]
         except (ValueError, AttributeError, KeyError, TypeError):
             return  # not the OpenAI models list: the first request will tell
-        if served and model not in served:
+        # `transformers serve PATH` lists its Hub cache, not the model it was given by path: the probe checks that name.
+        if served and model not in served and not Path(model).is_dir():
             raise UsageError(
                 f"the endpoint serves {', '.join(served[:5])}, not {model!r}", f"--endpoint-model {served[0]}"
             )
@@ -180,7 +183,8 @@ def _check_demo(args: argparse.Namespace) -> None:
 
 
 def _check_eval(args: argparse.Namespace) -> None:
-    _prediction_files(Path(args.predictions))
+    for path in args.predictions:
+        _prediction_files(Path(path))
     _check_output(args.out)
 
 
@@ -274,6 +278,10 @@ def _build_rl_hardset(args: argparse.Namespace) -> dict:
         backend="openai" if args.endpoint else "transformers",
         endpoint_url=args.endpoint,
         endpoint_model=args.endpoint_model,
+        dialect=args.dialect or "vllm",
+        max_tokens_field=args.max_tokens_field or "max_tokens",
+        probe=not args.no_probe,
+        splits=None if args.split == "all" else [args.split],
         target_size=args.target_size,
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens,
@@ -321,15 +329,20 @@ def _prediction_files(path: Path) -> list[Path]:
     raise UsageError(f"no .parquet or .jsonl files in {path} or {path / 'data'}", "pass OUT/predictions or a file")
 
 
-def _eval(args: argparse.Namespace) -> None:
+def _read_predictions(args: argparse.Namespace) -> Any:
+    """All prediction rows of `args.predictions` as one polars frame (split filtered, failed inferences left out).
+
+    With several inputs, a file without a `model` column is named by its path, so that it gets its own tables.
+    """
     import polars as pl
 
-    from emrl_data.evaluation import evaluate, score_predictions, write_evaluation
-
-    frames = [
-        pl.read_ndjson(f) if f.suffix in (".jsonl", ".ndjson") else pl.read_parquet(f)
-        for f in _prediction_files(Path(args.predictions))
-    ]
+    frames = []
+    for given in args.predictions:
+        for f in _prediction_files(Path(given)):
+            frame = pl.read_ndjson(f) if f.suffix in (".jsonl", ".ndjson") else pl.read_parquet(f)
+            if len(args.predictions) > 1 and "model" not in frame.columns:
+                frame = frame.with_columns(pl.lit(str(given)).alias("model"))
+            frames.append(frame)
     frame = pl.concat(frames, how="diagonal_relaxed")
     if args.split != "all":
         if "split" not in frame.columns:
@@ -341,13 +354,45 @@ def _eval(args: argparse.Namespace) -> None:
         if failed:
             print(f"  {failed} row(s) without a prediction (inference errors) left out")
     if frame.height == 0:
-        raise UsageError(f"no prediction rows in {args.predictions} (split {args.split})", "check the path/--split")
-    rows = score_predictions(frame.to_dicts(), text_column=args.text_column)
-    result = evaluate(rows, n_bootstrap=args.bootstrap, seed=args.seed)
-    paths = write_evaluation(result, Path(args.out))
-    print(result.to_markdown())
-    for kind, written in paths.items():
-        print(f"  {kind:<9} {written}")
+        where = " ".join(str(p) for p in args.predictions)
+        raise UsageError(f"no prediction rows in {where} (split {args.split})", "check the path/--split")
+    return frame
+
+
+def _by_model(frame: Any) -> list[tuple[str | None, Any]]:
+    """Split the rows by their `model` column, in order of first appearance; one unnamed group without it."""
+    import polars as pl
+
+    if "model" not in frame.columns:
+        return [(None, frame)]
+    frame = frame.with_columns(pl.col("model").fill_null("(unnamed)"))
+    names = frame.get_column("model").unique(maintain_order=True).to_list()
+    return [(name, frame.filter(pl.col("model") == name)) for name in names]
+
+
+def _eval(args: argparse.Namespace) -> None:
+    from emrl_data.evaluation import evaluate, score_predictions, write_evaluation
+
+    groups = _by_model(_read_predictions(args))
+    compared = []
+    for index, (model, part) in enumerate(groups, start=1):
+        out = Path(args.out) if len(groups) == 1 else Path(args.out) / f"model-{index}"
+        rows = score_predictions(part.to_dicts(), text_column=args.text_column)
+        result = evaluate(rows, n_bootstrap=args.bootstrap, seed=args.seed)
+        paths = write_evaluation(result, out, model=model)
+        if model is not None:
+            print(f"# Model: {model}\n")
+        print(result.to_markdown())
+        for kind, written in paths.items():
+            print(f"  {kind:<9} {written}")
+        compared.append((model, index, part.height, result))
+    if len(groups) > 1:
+        print(
+            "\n## Models side by side\n\n| model | folder | rows | average B-Acc | Table 2 overall |\n| --- | --- | --- | --- | --- |"
+        )
+        for model, index, n_rows, result in compared:
+            cells = f"{result.average_bacc.to_markdown()} | {result.table2_overall.to_markdown()}"
+            print(f"| {model} | model-{index} | {n_rows} | {cells} |")
 
 
 # The CPU demo renders smaller frames than the real default (448 px x <= 32 frames) so that training and mining a
@@ -543,6 +588,14 @@ def _add_build_rl_hardset(sub: Any, common: list[argparse.ArgumentParser]) -> No
         default=None,
         help="model name the endpoint serves (needed with --endpoint)",
     )
+    _add_endpoint_options(p)
+    p.add_argument(
+        "--split",
+        choices=["all", "train", "test"],
+        default="all",
+        help="predict the rows of this split only; test: evaluate a (served or hosted) model on the test split, "
+        "no hard set",
+    )
     p.add_argument(
         "--target-size", metavar="N", type=_positive(), default=2000, help="cap of the hard set (paper: about 2K)"
     )
@@ -572,6 +625,31 @@ def _add_build_rl_hardset(sub: Any, common: list[argparse.ArgumentParser]) -> No
         help="only the first N rows of each split, for smoke runs (default: all)",
     )
     p.set_defaults(func=_build_rl_hardset, check=_check_build_rl_hardset, prefect=True)
+
+
+def _add_endpoint_options(p: argparse.ArgumentParser) -> None:
+    """The request options of `build-rl-hardset --endpoint` (docs/serving.md)."""
+    p.add_argument(
+        "--dialect",
+        choices=["vllm", "openai"],
+        default=None,
+        help="request format, with --endpoint (default: vllm): vllm = the frames as one video_url plus vLLM's fields "
+        "(our checkpoints on `vllm serve`); openai = one image_url per frame, standard fields only "
+        "(`transformers serve`, hosted APIs). See docs/serving.md",
+    )
+    p.add_argument(
+        "--max-tokens-field",
+        choices=["max_tokens", "max_completion_tokens"],
+        default=None,
+        help="name of the length cap in requests, with --endpoint (default: max_tokens); OpenAI's newer models (o-series, "
+        "GPT-5) want max_completion_tokens",
+    )
+    p.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="skip the probe (--endpoint): by default the first row is sent twice (2 and 4 frames) before the "
+        "run, and a wrong endpoint, model, key or dialect, or a server that drops the frames, stops it in one line",
+    )
 
 
 def _add_publish(sub: Any, common: list[argparse.ArgumentParser]) -> None:
@@ -610,8 +688,10 @@ def _add_eval(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "predictions",
         type=Path,
+        nargs="+",
         help="OUT/predictions (from build-rl-hardset), or a parquet/jsonl file with the sft truth "
-        "columns and a report column",
+        "columns and a report column; several (e.g. our model's and a hosted model's): Table 1/2 per model, "
+        "named by the rows' model column, each in OUT/model-N/, then the models side by side",
     )
     p.add_argument(
         "--out", metavar="DIR", type=Path, default=Path("eval-output"), help="folder for metrics.md, .json and .png"
@@ -745,6 +825,8 @@ def _explain(exc: BaseException) -> tuple[str, str]:
         return text, "fix the atlas folder or the file named above, then rerun (docs/decisions.md: atlas robustness)"
     if name == "EndpointAuthError":
         return text, "export OPENAI_API_KEY=<a key the endpoint accepts>, then rerun (finished rows are kept)"
+    if name == "EndpointProbeError":
+        return text, getattr(exc, "fix", "check --endpoint, --endpoint-model and --dialect")
     network = ("ConnectError", "ConnectTimeout", "ConnectionError", "OfflineModeIsEnabled", "ReadTimeout")
     if any(n in network for n in (name, *(type(c).__name__ for c in _causes(exc)))):
         return f"network problem: {name}: {text}", "check the connection (and HF_ENDPOINT / --endpoint), then rerun"

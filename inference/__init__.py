@@ -6,12 +6,15 @@ only when a `TransformersBackend` is built, so the HTTP backend and the store st
 """
 
 from inference.backends import (
+    DIALECTS,
     VLLM_VIDEO_EXTRA_BODY,
     EndpointAuthError,
+    EndpointProbeError,
     InferenceBackend,
     InferenceRequest,
     InferenceResult,
     OpenAIBackend,
+    ProbeReport,
     TransformersBackend,
     request_from_row,
 )
@@ -19,12 +22,15 @@ from inference.store import ResultStore, run_inference
 
 
 __all__ = [
+    "DIALECTS",
     "VLLM_VIDEO_EXTRA_BODY",
     "EndpointAuthError",
+    "EndpointProbeError",
     "InferenceBackend",
     "InferenceRequest",
     "InferenceResult",
     "OpenAIBackend",
+    "ProbeReport",
     "ResultStore",
     "TransformersBackend",
     "request_from_row",

@@ -15,20 +15,31 @@ result with `text=None` and `error` set, so the caller (`inference.store.run_inf
   since every other row would fail the same way. (Why a hand-written client and not the `openai` SDK:
   `docs/decisions.md`, "OpenAI-compatible client".)
 
-How the frames are sent to an OpenAI-compatible server (`frames_as`):
+How the frames are sent to an OpenAI-compatible server (`dialect`; `docs/serving.md` says which to use where):
 
-* `"video"` (default): one `video_url` part whose URL is `data:video/jpeg;base64,<frame 1>,<frame 2>,...` (each frame
-  base64 PNG bytes, comma separated), then the prompt text: the same user turn as training (video first, then text).
-  This is vLLM's frame-sequence video format (`VideoMediaIO.load_base64` splits on commas when the media type is
-  `video/jpeg` and opens every frame with PIL, so lossless PNG frames are accepted; metadata `fps=1`,
-  `frames_indices=range(N)`, `do_sample_frames=False`), which gives the timestamps `(2j + 0.5)` seconds of our encoder.
-  For Qwen3-VL, vLLM needs: `--limit-mm-per-prompt '{"video": 1}'`, `--media-io-kwargs '{"video": {"num_frames": -1}}'`
-  (else only the first 32 frames are kept), and no frame resampling or pixel-budget shrinking, which
-  `VLLM_VIDEO_EXTRA_BODY` asks for per request (`mm_processor_kwargs`, `media_io_kwargs`). vLLM expands the chat
-  template's `<|vision_start|><|video_pad|><|vision_end|>` triple the way `train.data` does (the reference layout;
-  `training.md` §4). Token-id equality with training is still a GPU check (`training.md` §7 (a)).
-* `"images"`: one `image_url` part (`data:image/png;base64,...`) per frame, then the text. Any vision server accepts
-  this, but Qwen3-VL then sees N separate images (each frame duplicated in time), not the video it was trained on.
+* `"vllm"` (default, for our own checkpoints on `vllm serve`): one `video_url` part whose URL is
+  `data:video/jpeg;base64,<frame 1>,<frame 2>,...` (each frame base64 PNG bytes, comma separated), then the prompt
+  text: the same user turn as training (video first, then text). This is vLLM's frame-sequence video format
+  (`VideoMediaIO.load_base64` splits on commas when the media type is `video/jpeg` and opens every frame with PIL, so
+  lossless PNG frames are accepted; metadata `fps=1`, `frames_indices=range(N)`, `do_sample_frames=False`), which
+  gives the timestamps `(2j + 0.5)` seconds of our encoder. For Qwen3-VL, vLLM needs:
+  `--limit-mm-per-prompt '{"video": 1}'`, `--media-io-kwargs '{"video": {"num_frames": -1}}'` (else only the first 32
+  frames are kept), and no frame resampling or pixel-budget shrinking, which `VLLM_VIDEO_EXTRA_BODY` asks for per
+  request (`mm_processor_kwargs`, `media_io_kwargs`: vLLM's own fields, which a strict server refuses). vLLM expands
+  the chat template's `<|vision_start|><|video_pad|><|vision_end|>` triple the way `train.data` does (the reference
+  layout; `training.md` §4). Token-id equality with training is still a GPU check (`training.md` §7 (a)).
+* `"openai"` (`transformers serve`, hosted APIs, any strict OpenAI-compatible server): one `image_url` part
+  (`data:image/png;base64,...`) per frame in frame order, then the text, and only standard chat-completions fields
+  (`model`, `messages`, the length cap, `temperature`, `stream`). The model then sees N separate images (for Qwen3-VL
+  each frame duplicated in time), not the video it was trained on.
+
+The length cap is sent as `max_tokens` (default; vLLM and `transformers serve` read it, and `transformers serve`
+ignores `max_completion_tokens` with a warning) or as `max_completion_tokens` (`max_tokens_field`; OpenAI's newer
+models, e.g. the o-series and GPT-5, refuse `max_tokens`).
+
+`OpenAIBackend.probe` sends one row twice before a run (with fewer and with more frames): it checks the endpoint, the
+model name, the key and, when the server reports `usage.prompt_tokens`, that the frames reach the model (the prompt
+grows with the frame count). A failure raises `EndpointProbeError` with a one-line problem and a one-line fix.
 """
 
 from __future__ import annotations
@@ -64,6 +75,12 @@ VLLM_VIDEO_EXTRA_BODY: dict[str, Any] = {
     "media_io_kwargs": {"video": {"num_frames": -1, "fps": 1}},
 }
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
+DIALECTS: tuple[str, ...] = ("vllm", "openai")
+MAX_TOKENS_FIELDS: tuple[str, ...] = ("max_tokens", "max_completion_tokens")
+# Frame counts of the probe's two requests, 2 then 4 in both dialects: Qwen3-VL groups video frames in pairs (temporal
+# patch 2), so 1 and 2 frames make the same number of video tokens, and a server may feed N images as one video.
+PROBE_FRAME_COUNTS: dict[str, tuple[int, int]] = {"openai": (2, 4), "vllm": (2, 4)}
+PROBE_MAX_TOKENS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +250,27 @@ class TransformersBackend:
                 out.extend(self._generate_chunk(chunk, cap))
         return out
 
+    def count_prompt_tokens(self, request: InferenceRequest, *, with_frames: bool = True) -> int:
+        """Return the length in tokens of the request's prompt as the model sees it (chat layout, video expanded).
+
+        Args:
+            request: the request.
+            with_frames: False counts the prompt a text-only server would build (the frames dropped).
+        """
+        from train.data import frames_to_array, render_prompt_text  # noqa: PLC0415
+
+        if not with_frames:
+            msgs = [{"role": "user", "content": [{"type": "text", "text": request.prompt}]}]
+            text = self.processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+            return len(self.processor.tokenizer(text)["input_ids"])
+        video = frames_to_array([{"bytes": b} for b in request.frames_png])
+        batch = self.processor(text=[render_prompt_text(self.processor, request.prompt)], videos=[video])
+        return len(batch["input_ids"][0])
+
+    def count_text_tokens(self, text: str | None) -> int:
+        """Return the number of tokens of a generated text (0 for None)."""
+        return 0 if text is None else len(self.processor.tokenizer(text, add_special_tokens=False)["input_ids"])
+
     def _generate_chunk(self, chunk: Sequence[InferenceRequest], cap: int) -> list[InferenceResult]:
         from train.data import frames_to_array  # noqa: PLC0415
 
@@ -291,6 +329,36 @@ class EndpointAuthError(RuntimeError):
     """The endpoint refused the API key (HTTP 401 or 403). `str(err)` is one line naming the fix."""
 
 
+class EndpointProbeError(RuntimeError):
+    """The probe before a run failed. `str(err)` is one line naming the problem; `fix` is one line naming the fix."""
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(" ".join(problem.split())[:400])
+        self.fix = " ".join(fix.split())[:300]
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeReport:
+    """What the probe saw.
+
+    Attributes:
+        frame_counts: the frame counts of its two requests.
+        prompt_tokens: `usage.prompt_tokens` of each request, None where the server reported no usage.
+        text: the answer to the second request.
+        seconds: wall time of both requests.
+    """
+
+    frame_counts: tuple[int, int]
+    prompt_tokens: tuple[int | None, int | None]
+    text: str
+    seconds: float
+
+    @property
+    def usage_reported(self) -> bool:
+        """True when the server reported the prompt tokens of both requests."""
+        return None not in self.prompt_tokens
+
+
 AUTH_STATUSES = frozenset({401, 403})
 
 
@@ -299,10 +367,11 @@ def _is_retryable_status(status: int) -> bool:
 
 
 def _error_message(resp: httpx.Response) -> str:
-    """Return the server's error message (OpenAI `{"error": {"message"}}` or vLLM `{"message"}`), shortened."""
+    """Return the server's error message, shortened: OpenAI `{"error": {"message"}}`, vLLM `{"message"}` or FastAPI's
+    `{"detail"}` (`transformers serve`)."""
     try:
         body = resp.json()
-        msg = body.get("error", body)
+        msg = body.get("error", body.get("detail", body))
         msg = msg.get("message", msg) if isinstance(msg, Mapping) else msg
     except Exception:  # noqa: BLE001 (any non-JSON body)
         msg = resp.text
@@ -310,7 +379,7 @@ def _error_message(resp: httpx.Response) -> str:
 
 
 class OpenAIBackend:
-    """Chat completions on an OpenAI-compatible server (`vllm serve`), bounded concurrency, timeouts and retries.
+    """Chat completions on an OpenAI-compatible server, bounded concurrency, timeouts and retries.
 
     Args:
         base_url: the API root including `/v1`, e.g. "http://127.0.0.1:8000/v1".
@@ -319,12 +388,13 @@ class OpenAIBackend:
         timeout_s: per-attempt timeout (connect, write, and the wait for the non-streamed answer). A timed-out
             request is not retried (the same request would time out again); a connect timeout is.
         retries: retries after the first attempt, on connection errors, HTTP 429 and 5xx only.
-        max_tokens: generation length cap sent as `max_tokens`.
+        max_tokens: generation length cap, sent as the field `max_tokens_field` names.
         api_key_env: environment variable holding the API key, sent as a bearer token when set; never logged.
-        frames_as: "video" (one `video_url` data URI of comma-separated frames) or "images" (one `image_url` per
-            frame); see the module docstring.
-        extra_body: extra top-level request fields; default `VLLM_VIDEO_EXTRA_BODY` when `frames_as="video"`, else
-            none. Pass `{}` to send none.
+        dialect: "vllm" (one `video_url` data URI of comma-separated frames plus vLLM's per-request fields) or
+            "openai" (one `image_url` per frame, standard fields only); see the module docstring.
+        max_tokens_field: "max_tokens" (default) or "max_completion_tokens" (OpenAI's newer models).
+        extra_body: extra top-level request fields; default `VLLM_VIDEO_EXTRA_BODY` for the "vllm" dialect, none for
+            "openai". Pass `{}` to send none.
         backoff_s: first retry delay; doubles per retry, with jitter, capped at `max_backoff_s`. A `Retry-After`
             header (seconds) is honoured up to `max_backoff_s`.
         max_backoff_s: longest delay between attempts.
@@ -342,23 +412,27 @@ class OpenAIBackend:
         retries: int = 3,
         max_tokens: int = 256,
         api_key_env: str = "OPENAI_API_KEY",
-        frames_as: Literal["video", "images"] = "video",
+        dialect: Literal["vllm", "openai"] = "vllm",
+        max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens",
         extra_body: Mapping[str, Any] | None = None,
         backoff_s: float = 0.5,
         max_backoff_s: float = 30.0,
     ) -> None:
         if max_concurrency < 1 or retries < 0 or max_tokens < 1 or timeout_s <= 0:
             raise ValueError(f"Bad limits: {max_concurrency=}, {retries=}, {max_tokens=}, {timeout_s=}.")
-        if frames_as not in ("video", "images"):
-            raise ValueError(f"frames_as must be 'video' or 'images'; got {frames_as!r}.")
+        if dialect not in DIALECTS:
+            raise ValueError(f"dialect must be one of {DIALECTS}; got {dialect!r}.")
+        if max_tokens_field not in MAX_TOKENS_FIELDS:
+            raise ValueError(f"max_tokens_field must be one of {MAX_TOKENS_FIELDS}; got {max_tokens_field!r}.")
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
         self.max_concurrency = max_concurrency
         self.timeout_s = float(timeout_s)
         self.retries = retries
         self.max_tokens = max_tokens
-        self.frames_as = frames_as
-        default_extra = VLLM_VIDEO_EXTRA_BODY if frames_as == "video" else {}
+        self.dialect = dialect
+        self.max_tokens_field = max_tokens_field
+        default_extra = VLLM_VIDEO_EXTRA_BODY if dialect == "vllm" else {}
         self.extra_body = dict(default_extra if extra_body is None else extra_body)
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
@@ -370,16 +444,20 @@ class OpenAIBackend:
             limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
         )
         logger.info(
-            "OpenAIBackend: %s model=%s, concurrency %d, API key from $%s: %s",
+            "OpenAIBackend: %s model=%s, dialect %s, concurrency %d, API key from $%s: %s",
             self.url,
             model,
+            dialect,
             max_concurrency,
             api_key_env,
             "set" if self._api_key else "not set",
         )
 
     def __repr__(self) -> str:
-        return f"OpenAIBackend(url={self.url!r}, model={self.model!r}, max_concurrency={self.max_concurrency})"
+        return (
+            f"OpenAIBackend(url={self.url!r}, model={self.model!r}, dialect={self.dialect!r}, "
+            f"max_concurrency={self.max_concurrency})"
+        )
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
@@ -392,9 +470,14 @@ class OpenAIBackend:
         self.close()
 
     def payload(self, request: InferenceRequest) -> dict[str, Any]:
-        """Return the JSON body of one chat-completions call: the frames, then the prompt; greedy (`temperature=0`)."""
+        """Return the JSON body of one chat-completions call in the backend's dialect: the frames, then the prompt;
+        greedy (`temperature=0`).
+
+        "vllm": `{model, messages: [user: video_url, text], max_tokens, temperature, n, stream, mm_processor_kwargs,
+        media_io_kwargs}`. "openai": `{model, messages: [user: image_url x N, text], max_tokens, temperature, stream}`.
+        """
         b64 = [base64.b64encode(png).decode("ascii") for png in request.frames_png]
-        if self.frames_as == "video":
+        if self.dialect == "vllm":
             parts: list[dict[str, Any]] = [
                 {"type": "video_url", "video_url": {"url": "data:video/jpeg;base64," + ",".join(b64)}}
             ]
@@ -404,11 +487,12 @@ class OpenAIBackend:
         body: dict[str, Any] = {
             "model": self.model,
             "messages": [{"role": "user", "content": parts}],
-            "max_tokens": self.max_tokens,
+            self.max_tokens_field: self.max_tokens,
             "temperature": 0.0,
-            "n": 1,
-            "stream": False,
         }
+        if self.dialect == "vllm":
+            body["n"] = 1
+        body["stream"] = False
         body.update(copy.deepcopy(self.extra_body))
         return body
 
@@ -427,6 +511,82 @@ class OpenAIBackend:
         finally:
             pool.shutdown(wait=True, cancel_futures=True)  # after an auth error: drop the queued requests
 
+    def probe(self, request: InferenceRequest) -> ProbeReport:
+        """Send one row twice, with fewer then more frames (`PROBE_FRAME_COUNTS`), before a run sends every row.
+
+        Checks, in one or two requests: that the endpoint answers, that it serves `model` under that name, that it
+        accepts the key and the dialect's request, that the answer has a text, and, when the server reports
+        `usage.prompt_tokens` for both, that the prompt grows with the frame count (the frames reach the model).
+        When usage is absent it logs a warning and passes. Frames are reused in order when the row has fewer.
+
+        Raises:
+            EndpointAuthError: HTTP 401/403 (one line naming the key's variable).
+            EndpointProbeError: any other failure (one line; `fix` names what to change).
+        """
+        start = time.perf_counter()
+        counts = PROBE_FRAME_COUNTS[self.dialect]
+        tokens: list[int | None] = []
+        text = ""
+        for n in counts:
+            frames = [request.frames_png[i % len(request.frames_png)] for i in range(n)]
+            body = self.payload(InferenceRequest(f"{request.request_id}#probe{n}", request.prompt, frames))
+            body[self.max_tokens_field] = min(self.max_tokens, PROBE_MAX_TOKENS)
+            resp, error, _ = self._send(f"probe ({n} frames)", body)
+            if resp is None:
+                raise EndpointProbeError(f"{self._what()} failed: {error}", self._probe_fix(error))
+            text, prompt_tokens = self._probe_answer(resp)
+            tokens.append(prompt_tokens)
+        report = ProbeReport(counts, (tokens[0], tokens[1]), text, time.perf_counter() - start)
+        if not report.usage_reported:
+            logger.warning(
+                "%s: the server reports no usage.prompt_tokens, so the probe cannot check that the frames reach the "
+                "model; going on.",
+                self._what(),
+            )
+        elif tokens[1] <= tokens[0]:  # type: ignore[operator]
+            raise EndpointProbeError(
+                f"{self._what()}: the frames do not reach the model: {tokens[0]} prompt tokens with {counts[0]} "
+                f"frame(s) and {tokens[1]} with {counts[1]} (the server dropped the {self._media()})",
+                "serve a vision checkpoint whose processor the server loads (transformers serve: processor_class "
+                "Qwen3VLProcessor, see docs/serving.md), and check --dialect",
+            )
+        return report
+
+    def _what(self) -> str:
+        return f"probe of {self.url} (model {self.model!r}, dialect {self.dialect})"
+
+    def _media(self) -> str:
+        return "video" if self.dialect == "vllm" else "images"
+
+    def _probe_answer(self, resp: httpx.Response) -> tuple[str, int | None]:
+        """Return the answer's text and `usage.prompt_tokens` (None when absent); raise on a malformed answer."""
+        try:
+            body = resp.json()
+            text = body["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            problem = f"{self._what()}: malformed answer ({type(exc).__name__}: {exc})"
+            raise EndpointProbeError(problem, "point --endpoint at an OpenAI-compatible /v1 base URL") from None
+        if not isinstance(text, str):
+            problem = f"{self._what()}: the answer's content is {type(text).__name__}, not text"
+            raise EndpointProbeError(problem, "point --endpoint at an OpenAI-compatible /v1 base URL")
+        usage = body.get("usage") if isinstance(body, Mapping) else None
+        tokens = usage.get("prompt_tokens") if isinstance(usage, Mapping) else None
+        return text, tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None
+
+    def _probe_fix(self, error: str) -> str:
+        """The fix line for a failed probe request, from its error."""
+        low = error.lower()
+        if error.startswith(("connection error", "timeout")):
+            return "start the server or fix --endpoint (the base URL including /v1)"
+        client_error = error.startswith(("HTTP 400", "HTTP 404", "HTTP 422"))
+        if error.startswith("HTTP 404") or (client_error and ("model" in low or "pinned" in low)):
+            return "pass the name the server serves as --endpoint-model (transformers serve: the path it was given)"
+        if client_error and self.dialect == "vllm":
+            return "this server refuses vLLM's request fields or video_url: use --dialect openai"
+        if client_error and "max_tokens" in low:
+            return "this model wants the length cap as max_completion_tokens: --max-tokens-field max_completion_tokens"
+        return "check the server's log, --endpoint, --endpoint-model and --dialect, then rerun"
+
     def _delay(self, attempt: int, resp: httpx.Response | None) -> float:
         if resp is not None and (after := resp.headers.get("retry-after")):
             try:
@@ -440,8 +600,18 @@ class OpenAIBackend:
         if self._auth_failure is not None:  # the key was refused already: do not send more
             raise EndpointAuthError(self._auth_failure)
         start = time.perf_counter()
+        resp, error, attempt = self._send(request.request_id, self.payload(request))
+        if resp is None:
+            return self._result(request, None, error, start, attempt)
+        return self._parse(request, resp, start, attempt)
+
+    def _send(self, label: str, body: Mapping[str, Any]) -> tuple[httpx.Response | None, str, int]:
+        """POST `body` with retries; return (the HTTP 200 response or None, the last error, attempts made).
+
+        Raises:
+            EndpointAuthError: on HTTP 401/403 (and remembers it: later requests are not sent).
+        """
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        body = self.payload(request)
         error = "not attempted"
         attempt = 0
         for attempt in range(1, self.retries + 2):
@@ -451,25 +621,23 @@ class OpenAIBackend:
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
                 error = f"connection error: {type(exc).__name__}: {exc}"
             except httpx.TimeoutException:
-                return self._result(request, None, f"timeout after {self.timeout_s:.1f} s", start, attempt)
+                return None, f"timeout after {self.timeout_s:.1f} s", attempt
             except httpx.TransportError as exc:  # the connection broke (reset, closed mid-response)
                 error = f"connection error: {type(exc).__name__}: {exc}"
             else:
                 if resp.status_code == 200:
-                    return self._parse(request, resp, start, attempt)
+                    return resp, "", attempt
                 error = f"HTTP {resp.status_code}: {_error_message(resp)}"
                 if resp.status_code in AUTH_STATUSES:
                     self._auth_failure = self._auth_message(error)
                     raise EndpointAuthError(self._auth_failure)
                 if not _is_retryable_status(resp.status_code):
-                    return self._result(request, None, error, start, attempt)
+                    return None, error, attempt
             if attempt <= self.retries:
                 delay = self._delay(attempt, resp)
-                logger.warning(
-                    "%s: attempt %d failed (%s); retrying in %.2f s", request.request_id, attempt, error, delay
-                )
+                logger.warning("%s: attempt %d failed (%s); retrying in %.2f s", label, attempt, error, delay)
                 time.sleep(delay)
-        return self._result(request, None, error, start, attempt)
+        return None, error, attempt
 
     def _auth_message(self, error: str) -> str:
         """Return the one-line message of an auth failure (the key itself never appears)."""

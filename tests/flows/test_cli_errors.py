@@ -123,6 +123,17 @@ def test_endpoint_needs_a_model_name(sft_dir: Path, capsys: pytest.CaptureFixtur
     assert "one of the arguments --model --endpoint is required" in err
 
 
+@pytest.mark.parametrize(
+    "option", [["--dialect", "openai"], ["--max-tokens-field", "max_completion_tokens"], ["--no-probe"]]
+)
+def test_endpoint_options_need_an_endpoint(
+    option: list[str], sft_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "config.json").write_text("{}")  # a checkpoint folder as far as the cheap checks go
+    err = _fails(["build-rl-hardset", str(sft_dir), str(sft_dir.parent), "--model", str(tmp_path), *option], capsys)
+    assert f"{option[0]} is only used with --endpoint" in err and "add --endpoint URL/v1, or drop it" in err
+
+
 def test_missing_model_folder(sft_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = _fails(["build-rl-hardset", str(sft_dir), str(sft_dir.parent), "--model", str(sft_dir / "nope")], capsys)
     assert f"the model folder {sft_dir / 'nope'} does not exist" in err
@@ -367,7 +378,7 @@ def test_a_key_refused_mid_run_stops_at_the_first_batch(
     for url in _serve(chat_status=401):  # /models answers (no auth there), chat completions refuse the key
         handler_posts = _Stub.__subclasses__()[-1].posts
         args = ["build-rl-hardset", str(sft_out / "sft"), str(tmp_path), "--endpoint", url, "--endpoint-model",
-                "stub-model", "--batch-size", "2", "--concurrency", "2"]  # fmt: skip
+                "stub-model", "--batch-size", "2", "--concurrency", "2", "--no-probe"]  # fmt: skip
         with pytest.raises(SystemExit) as exited:
             main(args)
     out, err = capsys.readouterr()
@@ -390,7 +401,7 @@ def test_ctrl_c_stops_mining_promptly_and_the_rerun_resumes(
     for url in _serve(delay_s=1.0):
         stub = _Stub.__subclasses__()[-1]
         args = ["build-rl-hardset", str(sft_out / "sft"), str(tmp_path), "--endpoint", url, "--endpoint-model",
-                "stub-model", "--batch-size", "1", "--concurrency", "1", "--bootstrap", "10"]  # fmt: skip
+                "stub-model", "--batch-size", "1", "--concurrency", "1", "--bootstrap", "10", "--no-probe"]  # fmt: skip
         env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(ROOT)}
         proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip

@@ -1,24 +1,26 @@
-"""A minimal OpenAI-compatible chat-completions server for the `OpenAIBackend` tests (loopback only).
+"""A minimal OpenAI-compatible chat-completions server for fault injection in the `OpenAIBackend` tests (loopback only).
 
-Why not `transformers serve` (transformers 5.17, checked here): (1) it refuses to start without the `openai` package
-(`is_serve_available()` needs the `transformers[serving]` extra, which the project does not install); (2) it loads the
-processor with `AutoProcessor`, which for our checkpoints returns only the tokenizer (`CTQwen3VLProcessor` is not a
-registered class, and the stock `Qwen3VLProcessor` needs torchvision for its video processor, which cannot be installed
-on the CPU box, `training.md` §6.1), so the server would treat the model as text-only; (3) its `video_url` path decodes
-a video file and samples frames by fps, which is not the CT layout of training.
-
-So this server speaks the real protocol over HTTP and runs the tiny checkpoint through the real `TransformersBackend`:
+A real server (`transformers serve`, `tests/inference/test_real_server.py`) checks the "openai" dialect end to end, but
+it cannot misbehave on demand (429, 5xx, timeouts, a server that drops images) and it cannot take vLLM's frame-sequence
+`video_url`. This server speaks the real protocol over HTTP and runs the tiny checkpoint through the real
+`TransformersBackend` (every request's frames, video or images, are fed as one CT video, as in training):
 
 * `POST /v1/chat/completions`: one user message whose content holds a `video_url` (`data:video/jpeg;base64,` then
   comma-separated base64 frames, vLLM's format) or `image_url` data URIs, and text parts; greedy; `max_tokens` or
   `max_completion_tokens`. Errors in OpenAI's shape `{"error": {"message", "type", "param", "code"}}`: 400 invalid
   request (bad JSON, unsupported part, undecodable image, `n != 1`, streaming), 401 missing/wrong bearer key (only
-  when `EMRL_TEST_SERVER_API_KEY` is set), 404 unknown model, 500 generation failure.
+  when `EMRL_TEST_SERVER_API_KEY` is set), 404 unknown model, 500 generation failure. The answer reports
+  `usage.prompt_tokens` (the prompt's length as the model sees it, frames included) and `completion_tokens`.
 * `GET /v1/models`, `GET /health`.
-* Test controls (not OpenAI): `POST /_test/control {"faults": [503, 400, ...], "delay_s": 0.5, "hold_until_in_flight": 3}` makes the
-  next requests answer those status codes (one each), every request wait until that many requests have been in
-  flight at once (a barrier, 60 s at most), then `delay_s`; `GET /_test/stats` returns
-  `{"requests", "in_flight", "max_in_flight"}`; `POST /_test/reset` clears both.
+* Test controls (not OpenAI): `POST /_test/control {"faults": [503, 400, ...], "delay_s": 0.5, "hold_until_in_flight": 3,
+  "strict": true, "drop_frames": true, "usage": false}` makes the next requests answer those status codes (one
+  each), every request wait until that many requests have been in flight at once (a barrier, 60 s at most), then
+  `delay_s`. `strict` refuses what a strict OpenAI-compatible server refuses (`transformers serve`, hosted APIs): a
+  top-level field outside the `openai` SDK's chat-completions parameters (HTTP 422 "Unexpected fields in the request",
+  `transformers serve`'s words) and a `video_url` part (HTTP 400). `drop_frames` answers as a server that ignores the
+  images (a text-only processor): the prompt tokens count the text only. `usage: false` leaves `usage` out.
+  `GET /_test/stats` returns `{"requests", "in_flight", "max_in_flight"}`; `GET /_test/last_request` the last chat
+  request's JSON body; `POST /_test/reset` clears all of it.
 
     python -m tests.inference.openai_server --model-path DIR --port-file FILE [--served-model-name tiny]
 
@@ -53,6 +55,16 @@ logger = logging.getLogger(__name__)
 
 API_KEY_ENV = "EMRL_TEST_SERVER_API_KEY"
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error"}
+_DEFAULTS: dict[str, Any] = {"faults": [], "delay_s": 0.0, "hold_until": 0, "strict": False, "drop_frames": False,
+                             "usage": True, "last_request": None}  # fmt: skip
+
+
+def standard_fields() -> frozenset[str]:
+    """The top-level fields of a standard chat-completions request, as the `openai` SDK types them."""
+    from openai.types.chat import completion_create_params as params  # noqa: PLC0415 (only strict mode needs it)
+
+    typed = params.CompletionCreateParamsNonStreaming
+    return frozenset(typed.__required_keys__ | typed.__optional_keys__)
 
 
 def error_response(status: int, message: str, *, code: str | None = None, param: str | None = None) -> JSONResponse:
@@ -84,11 +96,12 @@ def _decode_data_uri(url: str, part_type: str) -> list[bytes]:
     return frames
 
 
-def parse_messages(messages: Any) -> tuple[str, list[bytes]]:
+def parse_messages(messages: Any, *, strict: bool = False) -> tuple[str, list[bytes]]:
     """Return the prompt text and the frames of the (single) user message.
 
     Raises:
-        BadRequest: on a shape this server does not support.
+        BadRequest: on a shape this server does not support (in strict mode also a `video_url` part, which is not an
+            OpenAI content part).
     """
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list.")
@@ -103,6 +116,8 @@ def parse_messages(messages: Any) -> tuple[str, list[bytes]]:
     texts, frames = [], []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
+        if strict and kind == "video_url":
+            raise BadRequest("unsupported content part type 'video_url' (not an OpenAI content part).")
         if kind == "text":
             texts.append(str(part.get("text", "")))
         elif kind in ("image_url", "video_url"):
@@ -118,9 +133,7 @@ def parse_messages(messages: Any) -> tuple[str, list[bytes]]:
 def create_app(backend: InferenceBackend, served_model_name: str) -> FastAPI:
     """Return the FastAPI app serving `backend` (a `TransformersBackend`) as `served_model_name`."""
     app = FastAPI()
-    state: dict[str, Any] = {
-        "requests": 0, "in_flight": 0, "max_in_flight": 0, "faults": [], "delay_s": 0.0, "hold_until": 0
-    }  # fmt: skip
+    state: dict[str, Any] = {"requests": 0, "in_flight": 0, "max_in_flight": 0, **_DEFAULTS}
     lock = threading.Lock()
     api_key = os.environ.get(API_KEY_ENV) or None
 
@@ -142,18 +155,24 @@ def create_app(backend: InferenceBackend, served_model_name: str) -> FastAPI:
             state["faults"] = [int(c) for c in body.get("faults", [])]
             state["delay_s"] = float(body.get("delay_s", 0.0))
             state["hold_until"] = int(body.get("hold_until_in_flight", 0))
+            state.update({k: bool(body[k]) for k in ("strict", "drop_frames", "usage") if k in body})
         return {"ok": True}
 
     @app.post("/_test/reset")
     def reset() -> dict[str, Any]:
         with lock:
-            state.update(requests=0, in_flight=0, max_in_flight=0, faults=[], delay_s=0.0, hold_until=0)
+            state.update(requests=0, in_flight=0, max_in_flight=0, **{**_DEFAULTS, "faults": []})
         return {"ok": True}
 
     @app.get("/_test/stats")
     def stats() -> dict[str, Any]:
         with lock:
             return {k: state[k] for k in ("requests", "in_flight", "max_in_flight")}
+
+    @app.get("/_test/last_request")
+    def last_request() -> Any:
+        with lock:
+            return state["last_request"]
 
     @app.post("/v1/chat/completions")
     def chat(request: Request, body: dict[str, Any] = Body(...)) -> JSONResponse:  # noqa: B008
@@ -163,6 +182,8 @@ def create_app(backend: InferenceBackend, served_model_name: str) -> FastAPI:
             state["max_in_flight"] = max(state["max_in_flight"], state["in_flight"])
             fault = state["faults"].pop(0) if state["faults"] else None
             delay = state["delay_s"]
+            state["last_request"] = body
+            mode = {k: state[k] for k in ("strict", "drop_frames", "usage")}
         try:
             _hold(state["hold_until"])
             if delay:
@@ -171,7 +192,7 @@ def create_app(backend: InferenceBackend, served_model_name: str) -> FastAPI:
                 return error_response(401, "Incorrect API key provided.", code="invalid_api_key")
             if fault is not None:
                 return error_response(fault, f"injected fault {fault}")
-            return _complete(body)
+            return complete(backend, served_model_name, body, **mode)
         finally:
             with lock:
                 state["in_flight"] -= 1
@@ -185,38 +206,50 @@ def create_app(backend: InferenceBackend, served_model_name: str) -> FastAPI:
                     return
             time.sleep(0.005)
 
-    def _complete(body: dict[str, Any]) -> JSONResponse:
-        if body.get("model") != served_model_name:
-            msg = f"The model `{body.get('model')}` does not exist."
-            return error_response(404, msg, code="model_not_found", param="model")
-        if body.get("stream"):
-            return error_response(400, "streaming is not supported by this server.", param="stream")
-        if body.get("n", 1) != 1:
-            return error_response(400, "only n=1 is supported.", param="n")
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            return error_response(400, "max_tokens must be a positive integer.", param="max_tokens")
-        try:
-            prompt, frames = parse_messages(body.get("messages"))
-        except BadRequest as exc:
-            return error_response(400, str(exc), param="messages")
-        if not frames:
-            return error_response(400, "at least one image or video frame is required.", param="messages")
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
-        result = backend.generate([InferenceRequest(rid, prompt, frames)], max_new_tokens=max_tokens)[0]  # type: ignore[call-arg]
-        if result.error is not None:
-            return error_response(500, result.error)
-        choice = {"index": 0, "message": {"role": "assistant", "content": result.text}, "finish_reason": "stop"}
-        content = {
-            "id": rid,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": served_model_name,
-            "choices": [choice],
-        }
-        return JSONResponse(content=content)
-
     return app
+
+
+def complete(
+    backend: Any, served_model_name: str, body: dict[str, Any], *, strict: bool, drop_frames: bool, usage: bool
+) -> JSONResponse:
+    """Answer one chat-completions request with `backend` (a `TransformersBackend`), or an OpenAI-shaped error."""
+    if strict and (unexpected := set(body) - standard_fields()):
+        return error_response(422, f"Unexpected fields in the request: {sorted(unexpected)}")
+    if body.get("model") != served_model_name:
+        msg = f"The model `{body.get('model')}` does not exist."
+        return error_response(404, msg, code="model_not_found", param="model")
+    if body.get("stream"):
+        return error_response(400, "streaming is not supported by this server.", param="stream")
+    if body.get("n", 1) != 1:
+        return error_response(400, "only n=1 is supported.", param="n")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        return error_response(400, "max_tokens must be a positive integer.", param="max_tokens")
+    try:
+        prompt, frames = parse_messages(body.get("messages"), strict=strict)
+    except BadRequest as exc:
+        return error_response(400, str(exc), param="messages")
+    if not frames:
+        return error_response(400, "at least one image or video frame is required.", param="messages")
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    request = InferenceRequest(rid, prompt, frames)
+    result = backend.generate([request], max_new_tokens=max_tokens)[0]  # type: ignore[call-arg]
+    if result.error is not None:
+        return error_response(500, result.error)
+    choice = {"index": 0, "message": {"role": "assistant", "content": result.text}, "finish_reason": "stop"}
+    content: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": served_model_name,
+        "choices": [choice],
+    }
+    if usage:
+        prompt_tokens = backend.count_prompt_tokens(request, with_frames=not drop_frames)  # type: ignore[attr-defined]
+        completion_tokens = backend.count_text_tokens(result.text)  # type: ignore[attr-defined]
+        content["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                            "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
+    return JSONResponse(content=content)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,9 +1,11 @@
-"""OpenAIBackend against a real OpenAI-compatible HTTP server on loopback (tiny checkpoint, TransformersBackend).
+"""OpenAIBackend against the protocol test server on loopback (tiny checkpoint, TransformersBackend): both dialects'
+exact request shapes, a strict server, the probe, and fault injection (429, 5xx, timeouts, auth).
 
-`transformers serve` is not usable here (see `openai_server.py`), so the test starts `tests/inference/openai_server.py`
-in a subprocess and stops it by PID, even when a test fails.
+The server (`tests/inference/openai_server.py`) runs in a subprocess, stopped by PID even when a test fails. The
+"openai" dialect against a server nobody here wrote is `test_real_server.py`.
 """
 
+import base64
 import logging
 import os
 import signal
@@ -16,7 +18,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from inference.backends import EndpointAuthError, InferenceRequest, OpenAIBackend, TransformersBackend
+from inference.backends import (
+    VLLM_VIDEO_EXTRA_BODY,
+    EndpointAuthError,
+    EndpointProbeError,
+    InferenceRequest,
+    OpenAIBackend,
+    TransformersBackend,
+)
 from inference.store import ResultStore, run_inference
 from tests.inference.openai_server import API_KEY_ENV
 
@@ -56,8 +65,8 @@ def server(tiny_dir, tmp_path_factory):
 def control(server):
     httpx.post(f"{server}/_test/reset", timeout=10)
 
-    def set_(faults=(), delay_s=0.0, hold_until_in_flight=0):
-        body = {"faults": list(faults), "delay_s": delay_s, "hold_until_in_flight": hold_until_in_flight}
+    def set_(faults=(), delay_s=0.0, hold_until_in_flight=0, **modes):  # modes: strict, drop_frames, usage
+        body = {"faults": list(faults), "delay_s": delay_s, "hold_until_in_flight": hold_until_in_flight, **modes}
         httpx.post(f"{server}/_test/control", json=body, timeout=10)
 
     yield set_
@@ -84,36 +93,88 @@ def make_backend(server, monkeypatch):
         backend.close()
 
 
+@pytest.fixture(scope="module")
+def local(tiny_dir) -> TransformersBackend:
+    return TransformersBackend(str(tiny_dir), device="cpu", max_new_tokens=8)
+
+
+def _last_request(server) -> dict:
+    return httpx.get(f"{server}/_test/last_request", timeout=10).json()
+
+
+def _b64(frames: list[bytes]) -> list[str]:
+    return [base64.b64encode(f).decode("ascii") for f in frames]
+
+
 @pytest.mark.parametrize(
-    "frames_as",
+    "dialect",
     [
-        "video",  # one video_url data URI of comma-separated frames (vLLM's format): the training layout
-        "images",  # one image_url per frame: the server still feeds them as one CT video here
+        "vllm",  # one video_url data URI of comma-separated frames (vLLM's format): the training layout
+        "openai",  # one image_url per frame: this server still feeds them as one CT video
     ],
 )
-def test_http_text_equals_local_greedy_text(server, control, tiny_dir, requests3, make_backend, caplog, frames_as):
+def test_http_text_equals_local_greedy_text(server, control, local, requests3, make_backend, caplog, dialect):
     caplog.set_level(logging.DEBUG)
-    backend = make_backend(frames_as=frames_as)
+    backend = make_backend(dialect=dialect)
     remote = backend.generate(requests3)
-    local = TransformersBackend(str(tiny_dir), device="cpu", max_new_tokens=8).generate(requests3)
     assert [r.request_id for r in remote] == [r.request_id for r in requests3]  # order kept
     assert all(r.ok and r.attempts == 1 for r in remote), remote
-    assert [r.text for r in remote] == [r.text for r in local]  # same model, same greedy text, over HTTP
+    assert [r.text for r in remote] == [r.text for r in local.generate(requests3)]  # same greedy text, over HTTP
     assert API_KEY not in caplog.text and API_KEY not in repr(backend)
 
 
-def test_payload_shape(server, make_backend, requests3):
-    backend = make_backend()
-    body = backend.payload(requests3[1])
-    parts = body["messages"][0]["content"]
-    assert [p["type"] for p in parts] == ["video_url", "text"]  # video first, then the prompt (as in training)
-    assert parts[0]["video_url"]["url"].startswith("data:video/jpeg;base64,")
-    assert parts[0]["video_url"]["url"].count(",") == 5  # the prefix's comma + 4 separators between 5 frames
-    assert body["temperature"] == 0.0 and body["max_tokens"] == 8
-    assert body["media_io_kwargs"] == {"video": {"num_frames": -1, "fps": 1}}
-    images = make_backend(frames_as="images").payload(requests3[1])
-    assert [p["type"] for p in images["messages"][0]["content"]] == ["image_url"] * 5 + ["text"]
-    assert "media_io_kwargs" not in images
+def test_vllm_dialect_request_shape(server, control, make_backend, requests3):
+    request = requests3[1]
+    assert make_backend().generate([request])[0].ok
+    video = {"type": "video_url", "video_url": {"url": "data:video/jpeg;base64," + ",".join(_b64(request.frames_png))}}
+    assert _last_request(server) == {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": [video, {"type": "text", "text": request.prompt}]}],
+        "max_tokens": 8,
+        "temperature": 0.0,
+        "n": 1,
+        "stream": False,
+        "mm_processor_kwargs": {"do_sample_frames": False, "size": {"shortest_edge": 1024, "longest_edge": 1 << 30}},
+        "media_io_kwargs": {"video": {"num_frames": -1, "fps": 1}},
+    }
+    assert VLLM_VIDEO_EXTRA_BODY["media_io_kwargs"] == {"video": {"num_frames": -1, "fps": 1}}
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_openai_dialect_request_shape_passes_a_strict_server(server, control, make_backend, requests3, field):
+    control(strict=True)  # refuses any field outside the openai SDK's chat-completions parameters, and video_url
+    request = requests3[1]
+    assert make_backend(dialect="openai", max_tokens_field=field).generate([request])[0].ok
+    images = [
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b}"}} for b in _b64(request.frames_png)
+    ]
+    assert _last_request(server) == {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": [*images, {"type": "text", "text": request.prompt}]}],
+        field: 8,
+        "temperature": 0.0,
+        "stream": False,
+    }
+
+
+@pytest.mark.parametrize(
+    ("extra_body", "error"),
+    [
+        (None, "HTTP 422: Unexpected fields in the request: ['media_io_kwargs', 'mm_processor_kwargs']"),
+        ({}, "HTTP 400: unsupported content part type 'video_url' (not an OpenAI content part)."),
+    ],
+)
+def test_a_strict_server_refuses_the_vllm_dialect(server, control, make_backend, requests3, extra_body, error):
+    control(strict=True)
+    result = make_backend(extra_body=extra_body).generate(requests3[:1])[0]
+    assert result.error == error and result.attempts == 1
+
+
+def test_unknown_dialect_or_length_field_is_refused():
+    with pytest.raises(ValueError, match=r"dialect must be one of \('vllm', 'openai'\); got 'video'"):
+        OpenAIBackend("http://127.0.0.1:9/v1", "m", dialect="video")
+    with pytest.raises(ValueError, match="max_tokens_field must be one of"):
+        OpenAIBackend("http://127.0.0.1:9/v1", "m", max_tokens_field="max_new_tokens")
 
 
 @pytest.mark.parametrize(
@@ -216,3 +277,97 @@ def test_run_inference_over_http_resumes(server, control, make_backend, requests
         out = run_inference(backend, requests3, store, batch_size=2)
     assert _stats(server)["requests"] == 3  # the rerun sent only the missing row
     assert list(out) == [r.request_id for r in requests3] and all(r.ok for r in out.values())
+
+
+# The probe before a run --------------------------------------------------------------------------------------------
+
+
+def _with_frames(request: InferenceRequest, n: int) -> InferenceRequest:
+    return InferenceRequest(request.request_id, request.prompt, request.frames_png[:n])
+
+
+@pytest.mark.parametrize("dialect", ["vllm", "openai"])
+def test_probe_sees_the_prompt_grow_with_the_frames(server, control, local, make_backend, requests3, dialect):
+    control(strict=dialect == "openai")
+    report = make_backend(dialect=dialect).probe(requests3[0])
+    expected = tuple(local.count_prompt_tokens(_with_frames(requests3[0], n)) for n in (2, 4))
+    assert report.frame_counts == (2, 4) and report.prompt_tokens == expected and report.usage_reported
+    assert expected[1] > expected[0]
+    assert _stats(server)["requests"] == 2
+
+
+def test_probe_reuses_frames_of_a_short_row(server, control, make_backend, requests3):
+    one_frame = _with_frames(requests3[0], 1)
+    make_backend(dialect="openai").probe(one_frame)
+    parts = _last_request(server)["messages"][0]["content"]
+    assert [p["image_url"]["url"] for p in parts[:-1]] == [
+        f"data:image/png;base64,{_b64(one_frame.frames_png)[0]}"
+    ] * 4
+
+
+def _probe_fails(backend: OpenAIBackend, request: InferenceRequest) -> EndpointProbeError:
+    with pytest.raises(EndpointProbeError) as caught:
+        backend.probe(request)
+    assert "\n" not in str(caught.value) and "\n" not in caught.value.fix  # one line each
+    return caught.value
+
+
+def test_probe_wrong_model_is_one_line(server, control, make_backend, requests3):
+    backend = make_backend(dialect="openai")
+    backend.model = "no-such-model"
+    err = _probe_fails(backend, requests3[0])
+    assert str(err) == (
+        f"probe of {server}/v1/chat/completions (model 'no-such-model', dialect openai) failed: "
+        "HTTP 404: The model `no-such-model` does not exist."
+    )
+    assert err.fix == "pass the name the server serves as --endpoint-model (transformers serve: the path it was given)"
+    assert _stats(server)["requests"] == 1  # nothing after the first refusal
+
+
+def test_probe_refused_key_is_one_line(server, control, make_backend, requests3, monkeypatch):
+    monkeypatch.delenv("EMRL_AUTH_KEY", raising=False)
+    with pytest.raises(EndpointAuthError) as caught:
+        make_backend(dialect="openai", api_key_env="EMRL_AUTH_KEY").probe(requests3[0])
+    assert str(caught.value) == (
+        f"{server}/v1/chat/completions refused the request (HTTP 401: Incorrect API key provided.); "
+        "$EMRL_AUTH_KEY is not set: set it to the endpoint's API key."
+    )
+    assert _stats(server)["requests"] == 1
+
+
+def test_probe_catches_a_server_that_drops_the_images(server, control, local, make_backend, requests3):
+    control(drop_frames=True)
+    err = _probe_fails(make_backend(dialect="openai"), requests3[0])
+    text_only = local.count_prompt_tokens(requests3[0], with_frames=False)
+    assert str(err) == (
+        f"probe of {server}/v1/chat/completions (model 'tiny', dialect openai): the frames do not reach the model: "
+        f"{text_only} prompt tokens with 2 frame(s) and {text_only} with 4 (the server dropped the images)"
+    )
+    assert err.fix.startswith("serve a vision checkpoint whose processor the server loads")
+
+
+def test_probe_strict_server_and_vllm_dialect(server, control, make_backend, requests3):
+    control(strict=True)
+    err = _probe_fails(make_backend(), requests3[0])
+    assert str(err).endswith(
+        "failed: HTTP 422: Unexpected fields in the request: ['media_io_kwargs', 'mm_processor_kwargs']"
+    )
+    assert err.fix == "this server refuses vLLM's request fields or video_url: use --dialect openai"
+
+
+def test_probe_unreachable_endpoint(make_backend, requests3):
+    with socket.socket() as s:  # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    err = _probe_fails(make_backend(f"http://127.0.0.1:{port}/v1", retries=0), requests3[0])
+    assert "failed: connection error: ConnectError" in str(err)
+    assert err.fix == "start the server or fix --endpoint (the base URL including /v1)"
+
+
+def test_probe_without_usage_warns_and_goes_on(server, control, make_backend, requests3, caplog):
+    control(usage=False)
+    report = make_backend(dialect="openai").probe(requests3[0])
+    assert report.prompt_tokens == (None, None) and not report.usage_reported and report.text
+    assert "the server reports no usage.prompt_tokens, so the probe cannot check that the frames reach the model" in (
+        caplog.text
+    )
