@@ -34,6 +34,8 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 from transformers.processing_utils import ProcessorMixin
 
+from train.checkpoint import STANDARD_PROCESSOR_CLASS, write_standard_processor_files
+
 
 logger = logging.getLogger(__name__)
 
@@ -263,9 +265,28 @@ class CTQwen3VLProcessor(Qwen3VLProcessor):
             out["video_grid_thw"] = torch.cat(grids)
         return out
 
+    def save_pretrained(self, save_directory: str | Path, push_to_hub: bool = False, **kwargs: Any) -> list[str]:
+        """Save as a standard Qwen3-VL processor: `processor_class` `Qwen3VLProcessor`, image + video processor configs.
+
+        The base class writes our class name and no video processor; `train.checkpoint` then rewrites the processor
+        files to the form transformers writes for a real `Qwen3VLProcessor` (issue 15), so `AutoProcessor`, vLLM and
+        `transformers serve` see Qwen3-VL. Every save path (`train.sft`, `train.grpo`, `train.tiny`, the trainers'
+        intermediate checkpoints) goes through here.
+        """
+        if push_to_hub:
+            raise ValueError("push_to_hub is not supported here; save locally, then publish the folder.")
+        files = super().save_pretrained(str(save_directory), **kwargs)
+        self.tokenizer._set_processor_class(STANDARD_PROCESSOR_CLASS)  # the in-memory tokenizer names it too
+        write_standard_processor_files(save_directory, self.image_processor.to_dict())
+        return files
+
     @classmethod
     def from_pretrained(cls, path: str | Path, **kwargs: Any) -> CTQwen3VLProcessor:  # type: ignore[override]
-        """Load a processor saved by `save_pretrained` (tokenizer, image processor config and chat template)."""
+        """Load a processor saved by `save_pretrained` (tokenizer, image processor config and chat template).
+
+        Works on standard Qwen3-VL checkpoints (ours since issue 15, and the base model) and on ones saved with the
+        old custom class name; only the tokenizer, the image processor settings and the template are read.
+        """
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
         image_processor = Qwen2VLImageProcessorPil.from_pretrained(path)
         template = getattr(tokenizer, "chat_template", None) or qwen3_vl_chat_template()
