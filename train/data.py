@@ -130,8 +130,10 @@ def video_placeholder(n_groups: int, tokens_per_group: int, fps: float = 1.0) ->
 def encode_ct_video(frames: Any, fps: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, str]:
     """Encode CT frames as Qwen3-VL video inputs, deterministically and without torchvision.
 
-    Equivalent to `Qwen3VLVideoProcessor` with `do_sample_frames=False` and a size that keeps each frame
-    (`training.md` §5: max |Δ| 5.9e-8, identical grid). Grayscale is replicated to 3 channels, scaled to [0, 1] and
+    Equivalent to the stock `Qwen3VLVideoProcessor` with the settings our checkpoints save (`train.checkpoint`:
+    `do_sample_frames=False`, a size budget that keeps each frame) and `video_metadata` fps = 1: max |Δ| 5.9e-8 and
+    the same grid, also for sides that are not multiples of 32 (the resize is torchvision's: uint8, bicubic,
+    antialiased), tested in `tests/train/test_standard_checkpoint.py`. Grayscale is replicated to 3 channels, scaled to [0, 1] and
     normalised with mean = std = 0.5. An odd frame count repeats the last frame (as HF does).
 
     Args:
@@ -144,11 +146,12 @@ def encode_ct_video(frames: Any, fps: float = 1.0) -> tuple[torch.Tensor, torch.
         and the placeholder text (`video_placeholder`).
     """
     arr = frames_to_array(frames)
-    x = torch.from_numpy(arr).float().div_(255.0).unsqueeze(1).expand(-1, 3, -1, -1)  # (N, 3, H, W) in [0, 1]
-    n, _, h, w = x.shape
+    u8 = torch.from_numpy(arr).unsqueeze(1)  # (N, 1, H, W) uint8
+    n, _, h, w = u8.shape
     h2, w2 = max(FACTOR, round(h / FACTOR) * FACTOR), max(FACTOR, round(w / FACTOR) * FACTOR)
-    if (h2, w2) != (h, w):
-        x = F.interpolate(x, size=(h2, w2), mode="bicubic", align_corners=False).clamp_(0.0, 1.0)
+    if (h2, w2) != (h, w):  # as the stock processor resizes (torchvision: uint8, bicubic, antialiased): bit-equal
+        u8 = F.interpolate(u8, size=(h2, w2), mode="bicubic", align_corners=False, antialias=True)
+    x = u8.float().div_(255.0).expand(-1, 3, -1, -1)  # (N, 3, H', W') in [0, 1], grayscale replicated
     x = (x - 0.5) / 0.5
     if n % TEMPORAL_PATCH:
         x = torch.cat([x, x[-1:].expand(TEMPORAL_PATCH - n % TEMPORAL_PATCH, -1, -1, -1)], 0)

@@ -55,3 +55,4 @@ def test_device_check_tiny(tmp_path):
     assert set(data["sft"]["changed"]) == {"vit", "projector"}
     assert {"projector", "llm"} <= set(data["grpo"]["changed"]) and "vit" in data["grpo"]["unchanged"]
     assert len(data["grpo"]["step_s"]) == 2
+    assert data["auto_processor"]["skipped"].startswith("--tiny (CPU): torchvision cannot be imported")

@@ -328,3 +328,38 @@ def test_emrl_upgrade_checkpoint(sft_ckpt, tmp_path):
                          capture_output=True, text=True, check=False)  # fmt: skip
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [f"error: {tmp_path} is not a checkpoint: no config.json."]
+
+
+_DEVICE_STEP = """
+import json, sys
+from pathlib import Path
+import numpy as np
+import torch
+lib = torch.library.Library("torchvision", "DEF")  # the schemas PyPI torchvision checks at import (hf_reference.py)
+lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+import torchvision
+from train.device_check import auto_processor_check
+from train.tiny import build_config, build_processor
+p = build_processor()
+n, px = int(sys.argv[2]), int(sys.argv[3])
+frames = np.random.default_rng(0).integers(0, 256, (n, px, px), dtype=np.uint8)
+print(json.dumps(auto_processor_check(p, build_config(p.tokenizer), Path(sys.argv[1]), frames)))
+"""
+
+
+@pytest.mark.parametrize(("n", "px", "grid"), [(5, 64, [3, 4, 4]), (4, 70, [2, 4, 4])])
+def test_device_check_auto_processor_step(tmp_path, n, px, grid):
+    """The device check's AutoProcessor step (it runs on the GPU machine), here with torchvision in a subprocess.
+
+    5 frames: the odd frame is repeated as the stock processor does; 70 px: resized to 64 exactly as torchvision does.
+    """
+    env = {**os.environ, "PYTHONPATH": f"{_torchvision_dir()}{os.pathsep}{REPO}"}
+    done = subprocess.run([sys.executable, "-c", _DEVICE_STEP, str(tmp_path), str(n), str(px)], cwd=REPO, env=env,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (result["processor"], result["video_processor"]) == ("Qwen3VLProcessor", "Qwen3VLVideoProcessor")
+    assert result["video_grid_thw"] == grid
+    assert result["video_pixels_max_abs_diff"] <= 1e-6
+    assert _json(tmp_path / "checkpoint" / "processor_config.json")["processor_class"] == "Qwen3VLProcessor"
