@@ -3,7 +3,8 @@
 Owns:
 * `encode_ct_video`: a deterministic, torch-only Qwen3-VL video encoder (no torchvision, no frame resampling, no
   pixel budget: every frame is used at its own size, rounded to a multiple of 32 only when it is not one already).
-* `CTQwen3VLProcessor`: `Qwen3VLProcessor` without a video processor; it expands every
+* `CTQwen3VLProcessor`: `Qwen3VLProcessor` without a video processor (in memory only: `save_pretrained` writes a
+  standard Qwen3-VL processor, `train.checkpoint`); it expands every
   `<|vision_start|><|video_pad|><|vision_end|>` triple with `encode_ct_video` (the Qwen reference / vLLM layout, one
   `<t seconds><|vision_start|><|video_pad|>*n<|vision_end|>` block per frame pair, no outer wrapper) and lets the base
   class handle text and images (the verifier's single key frame is an image).
