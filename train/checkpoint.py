@@ -167,7 +167,10 @@ def check_checkpoint_dir(directory: str | Path) -> Path:
     d = Path(directory)
     if not d.is_dir():
         raise NotACheckpointError(f"{d} is not a directory.")
-    config = _read(d / "config.json")
+    try:
+        config = _read(d / "config.json")
+    except ValueError as exc:  # json.JSONDecodeError
+        raise NotACheckpointError(f"{d / 'config.json'} is not valid JSON ({exc}).") from None
     if config is None:
         raise NotACheckpointError(f"{d} is not a checkpoint: no config.json.")
     if config.get("model_type") != "qwen3_vl":

@@ -312,7 +312,17 @@ def test_upgrade_refuses_a_folder_that_is_not_a_checkpoint(tmp_path, capsys):
     assert err == f"error: {tmp_path} is not a checkpoint: no config.json.\n"
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     assert upgrade_main([str(tmp_path)]) == 2
-    assert "model_type='llama'" in capsys.readouterr().err
+    assert (
+        capsys.readouterr().err == f"error: {tmp_path} is not a Qwen3-VL checkpoint: config.json model_type='llama'.\n"
+    )
+    (tmp_path / "config.json").write_text("{not json")
+    assert upgrade_main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {tmp_path / 'config.json'} is not valid JSON (")
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3_vl"}')
+    assert upgrade_main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path} is not a checkpoint: no tokenizer_config.json.\n"
+    assert upgrade_main([str(tmp_path / "notes.txt")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'notes.txt'} is not a directory.\n"
 
 
 def test_emrl_upgrade_checkpoint(sft_ckpt, tmp_path):
