@@ -717,6 +717,24 @@ def _add_demo(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_demo, check=_check_demo, prefect=True)
 
 
+def _add_upgrade_checkpoint(sub: Any, common: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "upgrade-checkpoint",
+        parents=common,
+        help="rewrite an old checkpoint (custom processor class) as a standard Qwen3-VL one, in place",
+        description="Set processor_class Qwen3VLProcessor and write the image/video processor configs, so "
+        "AutoProcessor, vLLM and `transformers serve` load it as Qwen3-VL (python -m train.upgrade_checkpoint). "
+        "Idempotent; exit 2 when DIR is not a Qwen3-VL checkpoint.",
+    )
+    p.add_argument("dirs", nargs="+", metavar="DIR", type=Path, help="checkpoint folder (e.g. OUT/sft_model)")
+    p.set_defaults(func=_upgrade_checkpoint)
+
+
+def _upgrade_checkpoint(args: argparse.Namespace) -> int:
+    cmd = [sys.executable, "-m", "train.upgrade_checkpoint", *(str(Path(d).resolve()) for d in args.dirs)]
+    return subprocess.run(cmd, cwd=PROJECT_ROOT, check=False).returncode  # flows never import train
+
+
 def _up_message(state: Any) -> str:
     """What `emrl server up` prints: addresses, the run commands in pipeline order, how to stop."""
     from flows.server import ENV_NAME
@@ -807,6 +825,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_eval,
         _add_demo,
         _add_server,
+        _add_upgrade_checkpoint,
     ):
         add(sub, common)
     for choice in sub.choices.values():

@@ -3,7 +3,8 @@
 Owns:
 * `encode_ct_video`: a deterministic, torch-only Qwen3-VL video encoder (no torchvision, no frame resampling, no
   pixel budget: every frame is used at its own size, rounded to a multiple of 32 only when it is not one already).
-* `CTQwen3VLProcessor`: `Qwen3VLProcessor` without a video processor; it expands every
+* `CTQwen3VLProcessor`: `Qwen3VLProcessor` without a video processor (in memory only: `save_pretrained` writes a
+  standard Qwen3-VL processor, `train.checkpoint`); it expands every
   `<|vision_start|><|video_pad|><|vision_end|>` triple with `encode_ct_video` (the Qwen reference / vLLM layout, one
   `<t seconds><|vision_start|><|video_pad|>*n<|vision_end|>` block per frame pair, no outer wrapper) and lets the base
   class handle text and images (the verifier's single key frame is an image).
@@ -33,6 +34,8 @@ from transformers import AutoTokenizer, BatchFeature, Qwen3VLForConditionalGener
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 from transformers.processing_utils import ProcessorMixin
+
+from train.checkpoint import STANDARD_PROCESSOR_CLASS, write_standard_processor_files
 
 
 logger = logging.getLogger(__name__)
@@ -128,8 +131,10 @@ def video_placeholder(n_groups: int, tokens_per_group: int, fps: float = 1.0) ->
 def encode_ct_video(frames: Any, fps: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, str]:
     """Encode CT frames as Qwen3-VL video inputs, deterministically and without torchvision.
 
-    Equivalent to `Qwen3VLVideoProcessor` with `do_sample_frames=False` and a size that keeps each frame
-    (`training.md` §5: max |Δ| 5.9e-8, identical grid). Grayscale is replicated to 3 channels, scaled to [0, 1] and
+    Equivalent to the stock `Qwen3VLVideoProcessor` with the settings our checkpoints save (`train.checkpoint`:
+    `do_sample_frames=False`, a size budget that keeps each frame) and `video_metadata` fps = 1: max |Δ| 5.9e-8 and
+    the same grid, also for sides that are not multiples of 32 (the resize is torchvision's: uint8, bicubic,
+    antialiased), tested in `tests/train/test_standard_checkpoint.py`. Grayscale is replicated to 3 channels, scaled to [0, 1] and
     normalised with mean = std = 0.5. An odd frame count repeats the last frame (as HF does).
 
     Args:
@@ -142,11 +147,12 @@ def encode_ct_video(frames: Any, fps: float = 1.0) -> tuple[torch.Tensor, torch.
         and the placeholder text (`video_placeholder`).
     """
     arr = frames_to_array(frames)
-    x = torch.from_numpy(arr).float().div_(255.0).unsqueeze(1).expand(-1, 3, -1, -1)  # (N, 3, H, W) in [0, 1]
-    n, _, h, w = x.shape
+    u8 = torch.from_numpy(arr).unsqueeze(1)  # (N, 1, H, W) uint8
+    n, _, h, w = u8.shape
     h2, w2 = max(FACTOR, round(h / FACTOR) * FACTOR), max(FACTOR, round(w / FACTOR) * FACTOR)
-    if (h2, w2) != (h, w):
-        x = F.interpolate(x, size=(h2, w2), mode="bicubic", align_corners=False).clamp_(0.0, 1.0)
+    if (h2, w2) != (h, w):  # as the stock processor resizes (torchvision: uint8, bicubic, antialiased): bit-equal
+        u8 = F.interpolate(u8, size=(h2, w2), mode="bicubic", align_corners=False, antialias=True)
+    x = u8.float().div_(255.0).expand(-1, 3, -1, -1)  # (N, 3, H', W') in [0, 1], grayscale replicated
     x = (x - 0.5) / 0.5
     if n % TEMPORAL_PATCH:
         x = torch.cat([x, x[-1:].expand(TEMPORAL_PATCH - n % TEMPORAL_PATCH, -1, -1, -1)], 0)
@@ -263,9 +269,28 @@ class CTQwen3VLProcessor(Qwen3VLProcessor):
             out["video_grid_thw"] = torch.cat(grids)
         return out
 
+    def save_pretrained(self, save_directory: str | Path, push_to_hub: bool = False, **kwargs: Any) -> list[str]:
+        """Save as a standard Qwen3-VL processor: `processor_class` `Qwen3VLProcessor`, image + video processor configs.
+
+        The base class writes our class name and no video processor; `train.checkpoint` then rewrites the processor
+        files to the form transformers writes for a real `Qwen3VLProcessor` (issue 15), so `AutoProcessor`, vLLM and
+        `transformers serve` see Qwen3-VL. Every save path (`train.sft`, `train.grpo`, `train.tiny`, the trainers'
+        intermediate checkpoints) goes through here.
+        """
+        if push_to_hub:
+            raise ValueError("push_to_hub is not supported here; save locally, then publish the folder.")
+        files = super().save_pretrained(str(save_directory), **kwargs)
+        self.tokenizer._set_processor_class(STANDARD_PROCESSOR_CLASS)  # the in-memory tokenizer names it too
+        write_standard_processor_files(save_directory, self.image_processor.to_dict())
+        return files
+
     @classmethod
     def from_pretrained(cls, path: str | Path, **kwargs: Any) -> CTQwen3VLProcessor:  # type: ignore[override]
-        """Load a processor saved by `save_pretrained` (tokenizer, image processor config and chat template)."""
+        """Load a processor saved by `save_pretrained` (tokenizer, image processor config and chat template).
+
+        Works on standard Qwen3-VL checkpoints (ours since issue 15, and the base model) and on ones saved with the
+        old custom class name; only the tokenizer, the image processor settings and the template are read.
+        """
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
         image_processor = Qwen2VLImageProcessorPil.from_pretrained(path)
         template = getattr(tokenizer, "chat_template", None) or qwen3_vl_chat_template()

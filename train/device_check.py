@@ -14,7 +14,9 @@ trains, bf16 for frozen weights and compute.
   vocabulary and ids beyond it (the 8B vocabulary is 151,936) are suppressed, so every sampled token decodes.
 
 Asserts: finite losses, nonzero gradient norms, changed/unchanged parameter groups, peak memory below the card's
-capacity (margin printed). Prints one JSON line. `--tiny` runs the same code on CPU with the tiny model (suite).
+capacity (margin printed); and that the processor, saved as `train/` saves checkpoints, loads with stock
+`AutoProcessor` as a `Qwen3VLProcessor` with a `Qwen3VLVideoProcessor` whose encoding equals `encode_ct_video`
+(issue 15; needs torchvision, so skipped with a printed reason under `--tiny`). Prints one JSON line. `--tiny` runs the same code on CPU with the tiny model (suite).
 
     python3 -m train.device_check --output $OUT/device_check.json
     python3 -m train.device_check --tiny --output /tmp/device_check.json
@@ -173,6 +175,58 @@ def _grpo_steps(model: Any, processor: Any, dataset: Any, work: Path, common: di
             "changed": sorted(changed), "unchanged": sorted(same)}  # fmt: skip
 
 
+def auto_processor_check(processor: Any, config: Any, work: Path, frames: Any) -> dict[str, Any]:
+    """Save the processor as every `train/` checkpoint is saved; load it back with stock `AutoProcessor` (issue 15).
+
+    Asserts that transformers resolves a `Qwen3VLProcessor` with a `Qwen3VLVideoProcessor` (needs torchvision) and
+    that the stock video processor, with the saved settings and `video_metadata` fps = 1, gives the pixels and grid
+    of `encode_ct_video` (max |diff| <= 1e-6).
+
+    Args:
+        processor: the training processor (`CTQwen3VLProcessor`).
+        config: the model config (written beside the processor files, as in a checkpoint).
+        work: a scratch folder; the files go to `work/checkpoint`.
+        frames: `(N, H, W)` uint8 frames to encode both ways.
+    """
+    import numpy as np  # noqa: PLC0415
+    from transformers import AutoProcessor  # noqa: PLC0415
+
+    from train.data import encode_ct_video  # noqa: PLC0415
+
+    ckpt = work / "checkpoint"
+    processor.save_pretrained(ckpt)
+    config.save_pretrained(ckpt)
+    stock = AutoProcessor.from_pretrained(ckpt)
+    names = (type(stock).__name__, type(getattr(stock, "video_processor", None)).__name__)
+    assert names == ("Qwen3VLProcessor", "Qwen3VLVideoProcessor"), f"AutoProcessor loaded {names}"
+    n = len(frames)
+    meta = [{"total_num_frames": n, "fps": 1.0, "frames_indices": list(range(n))}]
+    out = stock.video_processor(videos=[np.repeat(frames[..., None], 3, axis=-1)], video_metadata=meta,
+                                return_tensors="pt")  # fmt: skip
+    pixels, grid, _ = encode_ct_video(frames)
+    assert out["video_grid_thw"].tolist() == grid.tolist(), (out["video_grid_thw"].tolist(), grid.tolist())
+    diff = float((out["pixel_values_videos"].float() - pixels).abs().max())
+    assert diff <= 1e-6, f"stock video processor differs from encode_ct_video by {diff}"
+    return {"processor": names[0], "video_processor": names[1], "video_grid_thw": grid.tolist()[0],
+            "video_pixels_max_abs_diff": diff}  # fmt: skip
+
+
+def _auto_processor_step(processor: Any, config: Any, work: Path, frames: Any, tiny: bool) -> dict[str, Any]:
+    """Run `auto_processor_check` on the GPU machine; on CPU (`--tiny`) skip it with a printed reason."""
+    import importlib.util  # noqa: PLC0415
+
+    reason = None
+    if tiny:
+        reason = "--tiny (CPU): torchvision cannot be imported next to the CPU torch; tests/train/" \
+                 "test_standard_checkpoint.py runs this check in a torchvision subprocess"  # fmt: skip
+    elif importlib.util.find_spec("torchvision") is None:
+        reason = "torchvision is not installed here, and Qwen3VLVideoProcessor requires it"
+    if reason is not None:
+        print(f"device check: AutoProcessor step skipped: {reason}")
+        return {"skipped": reason}
+    return auto_processor_check(processor, config, work, frames)
+
+
 def _grpo_rows(dataset: Any) -> Any:
     from train.data import to_grpo_dataset  # noqa: PLC0415
 
@@ -209,6 +263,8 @@ def run_check(*, tiny: bool, work_dir: Path) -> dict[str, Any]:
                             size_px=shape["px"])  # fmt: skip
     dataset = load_split(table, "train")
     res["build_s"] = round(time.perf_counter() - t0, 1)
+    frames = frames_to_array(dataset[0]["frames"])
+    res["auto_processor"] = _auto_processor_step(processor, model.config, work_dir, frames, tiny)
     common = {"bf16": on_gpu, "use_cpu": not on_gpu, "report_to": "none", "save_strategy": "no", "logging_steps": 1}
     res["sft"] = _sft_step(model, processor, dataset, work_dir, common, shape["frozen"])
     shape["prompt_len"] = res["sft"]["seq_len"]

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Device check (issue 8 item 6): one SFT step + two E-MRL GRPO steps (verifier on) on a Qwen3-VL-8B-shaped random
 # model, 32 frames of 448², G = 8, 512-token completions, on one GPU; asserts and prints one JSON line.
+# Also (issue 15): the processor saved as a checkpoint loads with stock AutoProcessor as Qwen3VLProcessor with a
+# Qwen3VLVideoProcessor (needs the machine's torchvision) and encodes the frames as encode_ct_video; --tiny skips it.
 # Budget: <= 8 minutes including setup. The GPU machine has torch/transformers/accelerate/peft/pyarrow but not trl or
 # datasets: carry them as wheels in .whl/ (train/fetch_wheels.sh writes them; the `device` tool's `carry: [".whl"]`).
 #   train/device_check.sh [--tiny] [OUTPUT_JSON]

@@ -35,6 +35,12 @@ def test_grpo_cli_all_rewards(sft_table, tiny_dir, tmp_path):
                str(tiny_dir), "--output_dir", str(out), "--max_steps", "1", "--max_completion_length", "8"])  # fmt: skip
     assert (out / "reward_curve.png").exists()
     Qwen3VLForConditionalGeneration.from_pretrained(out)
+    # A GRPO checkpoint is a standard Qwen3-VL one too (issue 15; the full check is in test_standard_checkpoint.py).
+    for name in ("processor_config.json", "tokenizer_config.json", "preprocessor_config.json",
+                 "video_preprocessor_config.json"):  # fmt: skip
+        assert json.loads((out / name).read_text())["processor_class"] == "Qwen3VLProcessor", name
+    video = json.loads((out / "processor_config.json").read_text())["video_processor"]
+    assert video["video_processor_type"] == "Qwen3VLVideoProcessor" and video["do_sample_frames"] is False
 
 
 def test_device_check_tiny(tmp_path):
@@ -49,3 +55,4 @@ def test_device_check_tiny(tmp_path):
     assert set(data["sft"]["changed"]) == {"vit", "projector"}
     assert {"projector", "llm"} <= set(data["grpo"]["changed"]) and "vit" in data["grpo"]["unchanged"]
     assert len(data["grpo"]["step_s"]) == 2
+    assert data["auto_processor"]["skipped"].startswith("--tiny (CPU): torchvision cannot be imported")
