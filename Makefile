@@ -23,15 +23,15 @@ $(VENV)/.installed: pyproject.toml
 demo: venv
 	PREFECT_LOGGING_LEVEL=WARNING $(BIN)/emrl demo --out demo-output
 
-# `transformers serve` in the real-server test needs torchvision (Qwen3-VL's video processor class); the CPU torch cannot
-# load PyPI's CUDA-linked build, so it goes to a side folder on that server's PYTHONPATH only, never into the venv
-# (tests/inference/serve_launcher.py, docs/serving.md).
-SERVE_TV := .cache/serve-tv
-$(SERVE_TV)/.installed: $(VENV)/.installed
-	$(BIN)/python -m pip install --quiet --no-deps --upgrade --target $(SERVE_TV) "torchvision==0.28.0"
+# `transformers serve` in the real-server test and the stock AutoProcessor comparison need torchvision (Qwen3-VL's
+# video processor class). The CPU torch cannot load PyPI's CUDA-linked build as it is, so it goes to a side folder on
+# those subprocesses' PYTHONPATH only, never into the venv (tests/torchvision_side.py).
+SIDE_TV := .cache/torchvision
+$(SIDE_TV)/.installed: $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet --no-deps --upgrade --target $(SIDE_TV) "torchvision==0.28.0"
 	touch $@
 
-test: venv $(SERVE_TV)/.installed
+test: venv $(SIDE_TV)/.installed
 	$(BIN)/ruff check emrl_data flows train inference tests bench
 	$(BIN)/ruff format --check emrl_data flows train inference tests bench
 	$(BIN)/lint-imports

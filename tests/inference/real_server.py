@@ -1,5 +1,5 @@
 """A real OpenAI-compatible server for the tests: `transformers serve` (transformers 5.17) on loopback, serving a tiny
-Qwen3-VL checkpoint saved here in the standard form (`processor_class: Qwen3VLProcessor`).
+Qwen3-VL checkpoint as `train.tiny.save_tiny` writes it (standard form: `processor_class: Qwen3VLProcessor`).
 
 `ServerProcess(model_dir, workdir)` starts it through `serve_launcher.py` (why a launcher: its docstring) on a free
 127.0.0.1 port without waiting (a test can prepare its data meanwhile), `wait()` returns the base URL (…/v1) once
@@ -8,7 +8,6 @@ Qwen3-VL checkpoint saved here in the standard form (`processor_class: Qwen3VLPr
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -21,49 +20,11 @@ from pathlib import Path
 
 import httpx
 
+from tests import torchvision_side
 
-ROOT = Path(__file__).resolve().parents[2]
+
 LAUNCHER = Path(__file__).with_name("serve_launcher.py")
-# torchvision for the server process only (`make test` installs it there; never into the venv).
-SERVE_TORCHVISION = Path(os.environ.get("EMRL_SERVE_TORCHVISION", ROOT / ".cache" / "serve-tv"))
-SERVE_TORCHVISION_INSTALL = (
-    f".venv/bin/python -m pip install --no-deps --target {SERVE_TORCHVISION} 'torchvision==0.28.0'"
-)
 STARTUP_TIMEOUT_S = 180  # a hang guard for a loaded machine, not a timing assertion
-
-
-def save_standard_checkpoint(out: Path, *, seed: int = 0) -> Path:
-    """Save the tiny Qwen3-VL of `train.tiny` with a standard Qwen3-VL processor configuration, as the Qwen3-VL
-    release lays it out: `preprocessor_config.json` (the image processor), `video_preprocessor_config.json`,
-    `chat_template.jinja`, the tokenizer, each declaring `processor_class: Qwen3VLProcessor`.
-
-    The image processor is training's (`train.data.make_image_processor`, patch 16, merge 2, mean/std 0.5, a 32²
-    minimum pixel budget so that a 64² frame stays 64²); the video processor has Qwen3-VL-8B-Instruct's settings.
-    (After the standard-checkpoint issue is merged, `train.tiny.save_tiny` writes this form itself.)
-    """
-    from train.tiny import build_model, build_processor  # noqa: PLC0415
-
-    processor = build_processor()
-    model = build_model(processor.tokenizer, seed=seed)
-    model.save_pretrained(out)
-    processor.tokenizer.save_pretrained(out)  # tokenizer.json, tokenizer_config.json, chat_template.jinja
-    standard = {"processor_class": "Qwen3VLProcessor"}
-    image = {**processor.image_processor.to_dict(), **standard}
-    video = {
-        "video_processor_type": "Qwen3VLVideoProcessor",
-        "patch_size": 16,
-        "temporal_patch_size": 2,
-        "merge_size": 2,
-        "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5],
-        "size": {"shortest_edge": 4096, "longest_edge": 25165824},
-        **standard,
-    }
-    tokenizer = {**json.loads((out / "tokenizer_config.json").read_text()), **standard}
-    for name, body in (("preprocessor_config.json", image), ("video_preprocessor_config.json", video),
-                       ("tokenizer_config.json", tokenizer)):  # fmt: skip
-        (out / name).write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
-    return out
 
 
 def _free_port() -> int:
@@ -84,14 +45,12 @@ class ServerProcess:
     """
 
     def __init__(self, model_dir: Path, workdir: Path) -> None:
-        if not (SERVE_TORCHVISION / "torchvision").is_dir():
-            raise RuntimeError(
-                f"no torchvision in {SERVE_TORCHVISION}: run `make test` (or {SERVE_TORCHVISION_INSTALL})"
-            )
+        if problem := torchvision_side.missing():
+            raise RuntimeError(problem)
         (workdir / "hf-cache").mkdir(parents=True, exist_ok=True)
         self.log = workdir / "transformers-serve.log"  # a file, not a pipe: a full pipe would block the server
         self.port = _free_port()
-        env = {**os.environ, "PYTHONPATH": str(SERVE_TORCHVISION), "HF_HUB_OFFLINE": "1",
+        env = {**os.environ, "PYTHONPATH": str(torchvision_side.DIR), "HF_HUB_OFFLINE": "1",
                "HF_HUB_CACHE": str(workdir / "hf-cache"), "HF_HUB_DISABLE_TELEMETRY": "1"}  # fmt: skip
         cmd = [sys.executable, str(LAUNCHER), "serve", str(model_dir), "--host", "127.0.0.1", "--port",
                str(self.port), "--device", "cpu", "--dtype", "float32"]  # fmt: skip

@@ -1,6 +1,6 @@
 """Run the real `transformers serve` CLI (transformers 5.17) on this CPU machine, where torchvision's C++ ops cannot load.
 
-    PYTHONPATH=.cache/serve-tv python tests/inference/serve_launcher.py serve MODEL_DIR --host 127.0.0.1 --port N
+    PYTHONPATH=.cache/torchvision python tests/inference/serve_launcher.py serve MODEL_DIR --host 127.0.0.1 --port N
 
 The arguments are those of `transformers ...`; the server is transformers' own (`transformers.cli.transformers.main`).
 Two adjustments are made before it starts, none inside the server's code (why: `docs/decisions.md`, "A real
@@ -9,7 +9,7 @@ OpenAI-compatible server in make test"):
 1. torchvision. `AutoProcessor` builds `Qwen3VLProcessor` only with its video processor, and every transformers video
    processor requires torchvision. The only torchvision on PyPI for torch 2.13 (0.28.0) is CUDA-linked: its `_C.so` and
    `image.so` need `libtorch_cuda.so`, which the CPU torch lacks, and `import torchvision` then fails on the missing
-   `torchvision::nms` operator (`training.md` §6.1). `make test` installs it into a side folder (`.cache/serve-tv`,
+   `torchvision::nms` operator (`training.md` §6.1). `make test` installs it into a side folder (`tests/torchvision_side.py`,
    never into the venv), which the test puts on this process's PYTHONPATH only, and the `nms`/`qnms` operator schemas
    are defined here with `torch.library` so that the import succeeds. Only torchvision's Python code is used; no
    video is sent in the "openai" dialect.
@@ -22,16 +22,11 @@ OpenAI-compatible server in make test"):
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 
-def define_torchvision_operator_schemas() -> None:
-    """Define `torchvision::nms` and `torchvision::qnms` (schemas only) so that the CUDA-linked wheel imports on CPU."""
-    import torch  # noqa: PLC0415
-
-    library = torch.library.Library("torchvision", "DEF")  # kept alive in a module global below
-    library.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    library.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    globals()["_TORCHVISION_LIBRARY"] = library
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the torchvision side folder's helper
+from torchvision_side import define_operator_schemas  # noqa: E402
 
 
 def prefer_pil_image_processors() -> None:
@@ -48,7 +43,7 @@ def prefer_pil_image_processors() -> None:
 
 def main(argv: list[str]) -> None:
     """Adjust the environment (module docstring), then run `transformers ARGV`."""
-    define_torchvision_operator_schemas()
+    define_operator_schemas()
     import torchvision  # noqa: F401, PLC0415 (fail here, clearly, when the side folder is not on PYTHONPATH)
 
     prefer_pil_image_processors()

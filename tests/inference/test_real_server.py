@@ -19,7 +19,8 @@ from emrl_data.types import Organ, Split
 from flows.build_sft_set import build_sft_set_flow
 from flows.cli import main
 from inference.backends import EndpointProbeError, OpenAIBackend, request_from_row
-from tests.inference.real_server import ServerProcess, save_standard_checkpoint
+from tests.inference.real_server import ServerProcess
+from train.tiny import save_tiny
 
 
 FRAME_PX = 64
@@ -29,7 +30,8 @@ TOKENS_PER_FRAME = (FRAME_PX // 16) ** 2 // 4 + 2
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_standard_checkpoint(tmp_path_factory.mktemp("standard") / "tiny-qwen3-vl")
+    """The tiny Qwen3-VL as train/ saves every checkpoint: the standard form a server loads without our code."""
+    return save_tiny(tmp_path_factory.mktemp("standard") / "tiny-qwen3-vl")
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +142,7 @@ def test_emrl_eval_puts_the_served_model_beside_ours(
     served_name = pq.read_table(mined / "predictions" / "data", columns=["model"]).to_pylist()[0]["model"]
     for index, name in enumerate((str(tiny_dir), served_name), start=1):
         assert f"# Model: {name}" in printed
-        assert (eval_dir / f"model-{index}" / "metrics.md").read_text().startswith(f"# Model: {name}\n\n## Table 1")
+        assert (eval_dir / f"model-{index}" / "metrics.md").read_text().startswith(f"# Model: {name}\n\n### Table 1")
         assert json.loads((eval_dir / f"model-{index}" / "metrics.json").read_text())["model"] == name
     side_by_side = printed[printed.index("## Models side by side") :].splitlines()
     assert side_by_side[2] == "| model | folder | rows | average B-Acc | Table 2 overall |"

@@ -6,9 +6,8 @@ Loads CKPT with `AutoProcessor` as a server does (no project code is imported), 
 (with and without `video_metadata` fps=1) and as images, re-saves the processor with stock `save_pretrained`, and
 writes `OUT_DIR/reference.npz` (token ids, pixels, grids) and `OUT_DIR/reference.json` (classes, dict forms).
 
-The CPU torch lacks the CUDA operators PyPI torchvision's `_C.so` registers against: the two schemas it checks at
-import (`torchvision::nms`, `qnms`) are defined first (`docs/training.md` §6.1). Only for this comparison; torchvision
-is never installed into the venv.
+torchvision comes from the side folder of `tests/torchvision_side.py` (on this process's PYTHONPATH only), with the
+two operator schemas it checks at import defined first; it is never installed into the venv.
 """
 
 from __future__ import annotations
@@ -18,22 +17,18 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the torchvision side folder's helper
+from torchvision_side import define_operator_schemas  # noqa: E402
 
 
 PROMPT = "Describe the liver."
 
 
-def _define_torchvision_schemas() -> torch.library.Library:
-    lib = torch.library.Library("torchvision", "DEF")
-    lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    return lib
-
-
 def main(ckpt: str, frames_npy: str, out_dir: str) -> None:
     """Write the stock processor's encodings of the frames in `frames_npy` to `out_dir`."""
-    _lib = _define_torchvision_schemas()  # kept alive while torchvision is used
+    define_operator_schemas()
     import torchvision  # noqa: F401, PLC0415
     from PIL import Image  # noqa: PLC0415
     from transformers import AutoProcessor  # noqa: PLC0415

@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ from transformers import AutoModelForImageTextToText, AutoTokenizer, Qwen3VLForC
 from transformers.models.auto.image_processing_auto import AutoImageProcessor  # see test_stock_loaders
 from transformers.models.auto.processing_auto import AutoProcessor
 
+from tests import torchvision_side
 from train.checkpoint import BASE_IMAGE_PROCESSOR, BASE_VIDEO_PROCESSOR, CT_VIDEO_SIZE
 from train.data import (
     VIDEO_TRIPLE,
@@ -39,7 +39,6 @@ from train.upgrade_checkpoint import main as upgrade_main
 
 
 PROMPT = "Describe the liver."  # the prompt tests/train/hf_reference.py uses
-TORCHVISION = "torchvision==0.28.0"  # the release built against torch 2.13 (only for the subprocess below)
 REPO = Path(__file__).resolve().parents[2]
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json",
                    "tokenizer_config.json")  # fmt: skip
@@ -184,21 +183,10 @@ def test_video_placeholder_layout(sft_ckpt, frames):
 
 
 def _torchvision_dir() -> Path:
-    """PyPI torchvision unpacked into a temp folder (never into the venv); skip when the wheel cannot be fetched."""
-    target = Path(tempfile.gettempdir()) / f"emrl-{TORCHVISION.replace('==', '-')}"
-    if (target / "torchvision" / "__init__.py").is_file():
-        return target
-    staging = Path(tempfile.mkdtemp(prefix="emrl-torchvision-", dir=target.parent))
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(staging), TORCHVISION]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        pytest.skip(f"{TORCHVISION} could not be fetched for the stock-processor comparison: {done.stderr[-300:]}")
-    try:
-        staging.rename(target)
-    except OSError:  # another run got there first
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    """PyPI torchvision in the side folder `make test` fills (never the venv); a missing folder fails, naming the fix."""
+    if problem := torchvision_side.missing():
+        pytest.fail(problem)
+    return torchvision_side.DIR
 
 
 @pytest.fixture(scope="module")
