@@ -174,7 +174,10 @@ def dask_runner_kwargs(max_workers: int, address: str | None) -> dict[str, Any]:
 
 def ray_runner_kwargs(max_workers: int, address: str | None) -> dict[str, Any]:
     """Arguments of the Ray runner: every worker process starts with `HEAP_ENV` (the job's `runtime_env`)."""
-    init_kwargs: dict[str, Any] = {"runtime_env": {"env_vars": dict(HEAP_ENV)}}
+    # env_vars: glibc reads them when the worker process starts; the setup hook runs `reuse_heap` in each worker
+    # before its first task (so `heap_reused()` is true there, as on the other runners)
+    runtime_env = {"env_vars": dict(HEAP_ENV), "worker_process_setup_hook": reuse_heap}
+    init_kwargs: dict[str, Any] = {"runtime_env": runtime_env}
     if address is not None:
         return {"address": address, "init_kwargs": init_kwargs}
     return {"init_kwargs": {**init_kwargs, "num_cpus": max_workers, "include_dashboard": False}}
