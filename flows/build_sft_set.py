@@ -21,7 +21,10 @@ import numpy as np
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.futures import as_completed
+from prefect.states import Crashed
 from tqdm import tqdm
 
 from emrl_data.atlas import AtlasOrganMeta, AtlasPlan, CaseRef, plan_atlas
@@ -249,6 +252,7 @@ def _curate_cases(
                     if not is_lost_worker_error(exc) or index in resubmitted:
                         raise
                     get_run_logger().warning("batch %d lost its workers (%s): submitting it again", index, exc)
+                    _close_lost_task_run(future.task_run_id, exc)
                     resubmitted.add(index)
                     n_retried += 1
                     again[submit(batches[index])] = index
@@ -261,6 +265,18 @@ def _curate_cases(
                 progress.advance(len(done), resumed=sum(cached for _, _, cached in done))
             pending = again
     return keys, n_cached, n_retried
+
+
+def _close_lost_task_run(task_run_id: Any, exc: BaseException) -> None:
+    """Mark the task run of a batch the cluster gave up on as Crashed (its worker died while it ran, so nothing else
+    will end it); the batch goes on under a new task run. A batch that never started has no task run to close."""
+    with get_client(sync_client=True) as client:
+        try:
+            client.set_task_run_state(task_run_id, Crashed(message=f"its worker was lost ({exc}); batch resubmitted"))
+        except (ObjectNotFound, PrefectHTTPStatusError) as error:
+            status = getattr(getattr(error, "response", None), "status_code", 404)
+            if status != 404:  # the API refused: the run goes on, the old task run stays as it was
+                get_run_logger().warning("could not mark task run %s Crashed: %s", task_run_id, error)
 
 
 def _contact_sheet_artifact(path: Path, thumbnail_width_px: int = 480) -> None:
