@@ -22,11 +22,16 @@ Heap reuse (issue 10): every worker keeps its freed heap instead of handing it b
 inflate itself on a VM). `reuse_heap` sets glibc's malloc through `mallopt` and is applied when the runner starts its
 workers: in the flow process for `thread` (with one malloc arena: a worker thread in its own arena gets every big
 buffer from a fresh `mmap` whatever the other settings), as the process pool's `initializer` for `process`, through
-the Nanny's environment plus a worker plugin for `dask`, and through `runtime_env` environment variables for `ray`.
+the Nanny's environment plus `client.run` for `dask`, and through `runtime_env` (environment variables and a worker
+setup hook) for `ray`.
 `HEAP_ENV` holds the same settings as `MALLOC_*` variables for workers started by hand (`dask worker`, `ray start`).
 
 Runners that leave the flow's process (`process`, `dask`, `ray`) need the case store and any persisted task results
 on storage every worker can reach: see `docs/scaling.md`.
+
+An existing cluster is checked by `check_cluster` before any case is sent to it (the address answers, every worker
+imports the project and can write the output folder), and a batch lost with its worker is counted (`settle_future`)
+or resubmitted (`is_lost_worker_error`): docs/scaling.md, "Running on a cluster".
 
 `python -m flows.runners --kind dask --address tcp://sched:8786` runs a tiny smoke flow on a runner and prints which
 hosts and processes ran its tasks: check a cluster with it before sending it the atlas.
@@ -173,7 +178,8 @@ def dask_runner_kwargs(max_workers: int, address: str | None) -> dict[str, Any]:
 
 
 def ray_runner_kwargs(max_workers: int, address: str | None) -> dict[str, Any]:
-    """Arguments of the Ray runner: every worker process starts with `HEAP_ENV` (the job's `runtime_env`)."""
+    """Arguments of the Ray runner: every worker process starts with `HEAP_ENV` and runs `reuse_heap` before its first
+    task (the job's `runtime_env`)."""
     # env_vars: glibc reads them when the worker process starts; the setup hook runs `reuse_heap` in each worker
     # before its first task (so `heap_reused()` is true there, as on the other runners)
     runtime_env = {"env_vars": dict(HEAP_ENV), "worker_process_setup_hook": reuse_heap}
