@@ -118,11 +118,8 @@ def build_sft_set_flow(
 
     plan = _plan(root, limit, sft_cfg.test_fraction)
     store = CaseStore(out / ".work" / "cases")
-    # an existing cluster is checked before any case is sent to it (address, project on the workers, shared output)
-    check_cluster(task_runner, task_runner_address, store.root, read_dirs=(root,))
-    keys, n_cached, n_retried = _curate_cases(
-        plan, cfg, store, batch_size, max_workers, task_runner, task_runner_address
-    )
+    runner = (task_runner, task_runner_address)
+    keys, n_cached, n_retried = _curate_cases(plan, cfg, store, batch_size, max_workers, *runner)
     case_ids = [r.case_id for r in plan.refs]
     gathered = gather_case_results(case_ids, store, keys)
     rows, rejections = gathered.rows, [*plan.rejections, *gathered.rejections]
@@ -152,8 +149,7 @@ def build_sft_set_flow(
         warnings=plan.warnings,
         file_digests=gathered.file_digests,
         elapsed_s=time.perf_counter() - started,
-    )
-    summary["batches_retried"] = n_retried  # batches run again because the cluster lost a worker (docs/scaling.md)
+    ) | {"batches_retried": n_retried}  # batches run again because the cluster lost a worker (docs/scaling.md)
     write_json_atomic(summary, out / "manifest.json")
     sheet = write_contact_sheet(sft_rows, store, keys, out / "contact_sheet.png")
     _reports(out, summary, qa_markdown(qa), rejections, sheet)
@@ -220,6 +216,8 @@ def _curate_cases(
         The store key per case, the number of cases found in the store (resumed), and the batches retried.
     """
     refs, splits, metadata = list(plan.refs), plan.splits, plan.metadata
+    # an existing cluster is checked before any case is sent: address, project on the workers, shared atlas and output
+    check_cluster(task_runner, task_runner_address, store.root, read_dirs=tuple(sorted({r.root for r in refs})))
     progress = Progress(len(refs), "curating cases", unit="cases")
     keys: dict[str, str] = {}
     n_cached = n_retried = 0
