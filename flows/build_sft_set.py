@@ -24,7 +24,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.futures import as_completed
-from prefect.states import Crashed
+from prefect.states import Completed, Crashed, State
 from tqdm import tqdm
 
 from emrl_data.atlas import AtlasOrganMeta, AtlasPlan, CaseRef, plan_atlas
@@ -220,8 +220,9 @@ def _curate_cases(
     check_cluster(task_runner, task_runner_address, store.root, read_dirs=tuple(sorted({r.root for r in refs})))
     progress = Progress(len(refs), "curating cases", unit="cases")
     keys: dict[str, str] = {}
-    n_cached = n_retried = 0
+    n_cached = 0
     batches = list(batched(refs, batch_size))
+    lost_runs: dict[Any, State] = {}  # task run id -> its final state, for batches that lost a worker
     with (
         make_task_runner(task_runner, max_workers, address=task_runner_address) as runner,
         tqdm(total=len(refs), desc="curating cases", unit="case", file=sys.stderr, disable=None) as bar,
@@ -250,31 +251,45 @@ def _curate_cases(
                     if not is_lost_worker_error(exc) or index in resubmitted:
                         raise
                     get_run_logger().warning("batch %d lost its workers (%s): submitting it again", index, exc)
-                    _close_lost_task_run(future.task_run_id, exc)
+                    lost_runs[future.task_run_id] = Crashed(message=f"its worker was lost ({exc}); batch resubmitted")
                     resubmitted.add(index)
-                    n_retried += 1
                     again[submit(batches[index])] = index
                     continue
-                n_retried += settle_future(future) > 0
+                if settle_future(future) > 0:
+                    lost_runs[future.task_run_id] = Completed(message="ran again after its worker was lost")
                 for case_id, key, cached in done:
                     keys[case_id] = key
                     n_cached += cached
                 bar.update(len(done))
                 progress.advance(len(done), resumed=sum(cached for _, _, cached in done))
             pending = again
-    return keys, n_cached, n_retried
+    _record_lost_batches(lost_runs)
+    return keys, n_cached, len(lost_runs)
 
 
-def _close_lost_task_run(task_run_id: Any, exc: BaseException) -> None:
-    """Mark the task run of a batch the cluster gave up on as Crashed (its worker died while it ran, so nothing else
-    will end it); the batch goes on under a new task run. A batch that never started has no task run to close."""
+def _record_lost_batches(final_states: Mapping[Any, State], wait_s: float = 6.0) -> None:
+    """Write the final state of the task runs of batches that lost a worker, so none is left Running in the UI.
+
+    A batch Dask re-sent ran again under the same task run id: its result is here, so its run is Completed (the
+    server may otherwise keep the lost worker's Running: seen in tests/flows/test_cluster.py). A batch the flow
+    resubmitted goes on under a new task run: the lost one is Crashed. Workers report task runs as events, recorded
+    every few seconds, so a run not found yet is tried again for up to `wait_s`; one still not found never started.
+    """
+    waiting = dict(final_states)
+    deadline = time.monotonic() + wait_s
     with get_client(sync_client=True) as client:
-        try:
-            client.set_task_run_state(task_run_id, Crashed(message=f"its worker was lost ({exc}); batch resubmitted"))
-        except (ObjectNotFound, PrefectHTTPStatusError) as error:
-            status = getattr(getattr(error, "response", None), "status_code", 404)
-            if status != 404:  # the API refused: the run goes on, the old task run stays as it was
-                get_run_logger().warning("could not mark task run %s Crashed: %s", task_run_id, error)
+        while waiting:
+            for task_run_id, state in list(waiting.items()):
+                try:
+                    client.set_task_run_state(task_run_id, state, force=True)
+                    del waiting[task_run_id]
+                except (ObjectNotFound, PrefectHTTPStatusError) as error:
+                    if getattr(getattr(error, "response", None), "status_code", 404) != 404:
+                        get_run_logger().warning("could not record task run %s: %s", task_run_id, error)
+                        del waiting[task_run_id]
+            if waiting and time.monotonic() > deadline:
+                break
+            time.sleep(0.5 if waiting else 0)
 
 
 def _contact_sheet_artifact(path: Path, thumbnail_width_px: int = 480) -> None:
