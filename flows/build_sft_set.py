@@ -223,6 +223,7 @@ def _curate_cases(
     n_cached = 0
     batches = list(batched(refs, batch_size))
     lost_runs: dict[Any, State] = {}  # task run id -> its final state, for batches that lost a worker
+    consumed: list[Any] = []  # task run ids of the batches whose results are in hand
     with (
         make_task_runner(task_runner, max_workers, address=task_runner_address) as runner,
         tqdm(total=len(refs), desc="curating cases", unit="case", file=sys.stderr, disable=None) as bar,
@@ -257,13 +258,16 @@ def _curate_cases(
                     continue
                 if settle_future(future) > 0:
                     lost_runs[future.task_run_id] = Completed(message="ran again after its worker was lost")
+                consumed.append(future.task_run_id)
                 for case_id, key, cached in done:
                     keys[case_id] = key
                     n_cached += cached
                 bar.update(len(done))
                 progress.advance(len(done), resumed=sum(cached for _, _, cached in done))
             pending = again
-    _record_lost_batches(lost_runs)
+    if lost_runs:  # Dask also recomputes finished batches whose results were on the lost worker: same task run ids
+        done_runs = {run: Completed(message="finished (a worker was lost in this run)") for run in consumed}
+        _record_lost_batches({**done_runs, **lost_runs})
     return keys, n_cached, len(lost_runs)
 
 
