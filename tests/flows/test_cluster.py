@@ -291,7 +291,10 @@ def test_a_lost_worker_costs_a_retry_not_a_case(
             assert states == ["COMPLETED"] * N_CASES, ({s: states.count(s) for s in set(states)}, killer.held)
         else:  # a new task run per resubmitted batch; the lost ones that had started are Crashed, none left Running
             counts = {s: states.count(s) for s in set(states)}
-            assert counts.get("COMPLETED") == N_CASES and set(counts) <= {"COMPLETED", "CRASHED"}, (counts, killer.held)
+            assert counts.get("COMPLETED") == N_CASES and set(counts) <= {"COMPLETED", "CRASHED"}, (
+                counts,
+                killer.held,
+            )
             assert states.count("CRASHED") <= len(killer.held)  # those it had started, not those still queued on it
     finally:
         cluster.stop()
