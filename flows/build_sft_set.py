@@ -21,7 +21,10 @@ import numpy as np
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.futures import as_completed
+from prefect.states import Completed, Crashed, State
 from tqdm import tqdm
 
 from emrl_data.atlas import AtlasOrganMeta, AtlasPlan, CaseRef, plan_atlas
@@ -43,7 +46,7 @@ from emrl_data.sft_set import (
 from emrl_data.shards import write_json_atomic
 from emrl_data.types import Organ
 from flows._common import Progress, batched, git_sha, rejection_table
-from flows.runners import make_task_runner
+from flows.runners import check_cluster, is_lost_worker_error, make_task_runner, settle_future
 
 
 @task(cache_policy=NO_CACHE)
@@ -115,7 +118,8 @@ def build_sft_set_flow(
 
     plan = _plan(root, limit, sft_cfg.test_fraction)
     store = CaseStore(out / ".work" / "cases")
-    keys, n_cached = _curate_cases(plan, cfg, store, batch_size, max_workers, task_runner, task_runner_address)
+    runner = (task_runner, task_runner_address)
+    keys, n_cached, n_retried = _curate_cases(plan, cfg, store, batch_size, max_workers, *runner)
     case_ids = [r.case_id for r in plan.refs]
     gathered = gather_case_results(case_ids, store, keys)
     rows, rejections = gathered.rows, [*plan.rejections, *gathered.rejections]
@@ -145,7 +149,7 @@ def build_sft_set_flow(
         warnings=plan.warnings,
         file_digests=gathered.file_digests,
         elapsed_s=time.perf_counter() - started,
-    )
+    ) | {"batches_retried": n_retried}  # batches run again because the cluster lost a worker (docs/scaling.md)
     write_json_atomic(summary, out / "manifest.json")
     sheet = write_contact_sheet(sft_rows, store, keys, out / "contact_sheet.png")
     _reports(out, summary, qa_markdown(qa), rejections, sheet)
@@ -174,7 +178,9 @@ def _reports(
     out: Path, summary: Mapping[str, Any], qa_md: str, rejections: Sequence[Rejection], sheet: Path | None
 ) -> None:
     """Write `summary.md` and `qa.md` and publish the run's artifacts."""
-    summary_md = summary_markdown(summary, sheet)
+    lines = summary_markdown(summary, sheet).split("\n")
+    retried = f"- batches retried after a lost worker: {summary['batches_retried']}"
+    summary_md = "\n".join([*lines[:3], retried, *lines[3:]])  # under the cases line
     (out / "summary.md").write_text(summary_md)
     (out / "qa.md").write_text(qa_md)
     _artifacts(summary, rejections, summary_md, qa_md, sheet)
@@ -199,38 +205,95 @@ def _curate_cases(
     max_workers: int,
     task_runner: str,
     task_runner_address: str | None,
-) -> tuple[dict[str, str], int]:
-    """Submit one curation task per batch of cases, with progress; return the store key per case and the resumed count."""
+) -> tuple[dict[str, str], int, int]:
+    """Submit one curation task per batch of cases, with progress.
+
+    A batch whose workers were lost is run again: by the cluster itself (Dask re-sends a task whose worker died,
+    counted by `settle_future`), or here, once, when the cluster gave up on it (`KilledWorker`). The case store makes
+    a second run of a batch idempotent: cases the lost worker had finished are read back, not curated twice.
+
+    Returns:
+        The store key per case, the number of cases found in the store (resumed), and the batches retried.
+    """
     refs, splits, metadata = list(plan.refs), plan.splits, plan.metadata
+    # an existing cluster is checked before any case is sent: address, project on the workers, shared atlas and output
+    check_cluster(task_runner, task_runner_address, store.root, read_dirs=tuple(sorted({r.root for r in refs})))
     progress = Progress(len(refs), "curating cases", unit="cases")
     keys: dict[str, str] = {}
     n_cached = 0
+    batches = list(batched(refs, batch_size))
+    lost_runs: dict[Any, State] = {}  # task run id -> its final state, for batches that lost a worker
+    consumed: list[Any] = []  # task run ids of the batches whose results are in hand
     with (
         make_task_runner(task_runner, max_workers, address=task_runner_address) as runner,
         tqdm(total=len(refs), desc="curating cases", unit="case", file=sys.stderr, disable=None) as bar,
     ):
-        futures = [
-            runner.submit(
-                curate_batch_task,
-                parameters={
-                    "refs": batch,
-                    # only this batch's entries: tasks may be pickled to other processes or machines
-                    "splits": {r.case_id: splits[r.case_id] for r in batch},
-                    "metadata": {r.case_id: metadata[r.case_id] for r in batch if r.case_id in metadata},
-                    "cfg_dict": cfg.to_dict(),
-                    "store_dir": str(store.root),
-                },
-            )
-            for batch in batched(refs, batch_size)
-        ]
-        for future in as_completed(futures):
-            done = future.result()
-            for case_id, key, cached in done:
-                keys[case_id] = key
-                n_cached += cached
-            bar.update(len(done))
-            progress.advance(len(done), resumed=sum(cached for _, _, cached in done))
-    return keys, n_cached
+
+        def submit(batch: list[CaseRef]) -> Any:
+            parameters = {
+                "refs": batch,
+                # only this batch's entries: tasks may be pickled to other processes or machines
+                "splits": {r.case_id: splits[r.case_id] for r in batch},
+                "metadata": {r.case_id: metadata[r.case_id] for r in batch if r.case_id in metadata},
+                "cfg_dict": cfg.to_dict(),
+                "store_dir": str(store.root),
+            }
+            return runner.submit(curate_batch_task, parameters=parameters)
+
+        pending = {submit(batch): i for i, batch in enumerate(batches)}
+        resubmitted: set[int] = set()
+        while pending:
+            again = {}
+            for future in as_completed(list(pending)):
+                index = pending[future]
+                try:
+                    done = future.result()
+                except Exception as exc:
+                    if not is_lost_worker_error(exc) or index in resubmitted:
+                        raise
+                    get_run_logger().warning("batch %d lost its workers (%s): submitting it again", index, exc)
+                    lost_runs[future.task_run_id] = Crashed(message=f"its worker was lost ({exc}); batch resubmitted")
+                    resubmitted.add(index)
+                    again[submit(batches[index])] = index
+                    continue
+                if settle_future(future) > 0:
+                    lost_runs[future.task_run_id] = Completed(message="ran again after its worker was lost")
+                consumed.append(future.task_run_id)
+                for case_id, key, cached in done:
+                    keys[case_id] = key
+                    n_cached += cached
+                bar.update(len(done))
+                progress.advance(len(done), resumed=sum(cached for _, _, cached in done))
+            pending = again
+    if lost_runs:  # Dask also recomputes finished batches whose results were on the lost worker: same task run ids
+        done_runs = {run: Completed(message="finished (a worker was lost in this run)") for run in consumed}
+        _record_lost_batches({**done_runs, **lost_runs})
+    return keys, n_cached, len(lost_runs)
+
+
+def _record_lost_batches(final_states: Mapping[Any, State], wait_s: float = 6.0) -> None:
+    """Write the final state of the task runs of batches that lost a worker, so none is left Running in the UI.
+
+    A batch Dask re-sent ran again under the same task run id: its result is here, so its run is Completed (the
+    server may otherwise keep the lost worker's Running: seen in tests/flows/test_cluster.py). A batch the flow
+    resubmitted goes on under a new task run: the lost one is Crashed. Workers report task runs as events, recorded
+    every few seconds, so a run not found yet is tried again for up to `wait_s`; one still not found never started.
+    """
+    waiting = dict(final_states)
+    deadline = time.monotonic() + wait_s
+    with get_client(sync_client=True) as client:
+        while waiting:
+            for task_run_id, state in list(waiting.items()):
+                try:
+                    client.set_task_run_state(task_run_id, state, force=True)
+                    del waiting[task_run_id]
+                except (ObjectNotFound, PrefectHTTPStatusError) as error:
+                    if getattr(getattr(error, "response", None), "status_code", 404) != 404:
+                        get_run_logger().warning("could not record task run %s: %s", task_run_id, error)
+                        del waiting[task_run_id]
+            if waiting and time.monotonic() > deadline:
+                break
+            time.sleep(0.5 if waiting else 0)
 
 
 def _contact_sheet_artifact(path: Path, thumbnail_width_px: int = 720) -> None:

@@ -22,11 +22,16 @@ Heap reuse (issue 10): every worker keeps its freed heap instead of handing it b
 inflate itself on a VM). `reuse_heap` sets glibc's malloc through `mallopt` and is applied when the runner starts its
 workers: in the flow process for `thread` (with one malloc arena: a worker thread in its own arena gets every big
 buffer from a fresh `mmap` whatever the other settings), as the process pool's `initializer` for `process`, through
-the Nanny's environment plus a worker plugin for `dask`, and through `runtime_env` environment variables for `ray`.
+the Nanny's environment plus `client.run` for `dask`, and through `runtime_env` (environment variables and a worker
+setup hook) for `ray`.
 `HEAP_ENV` holds the same settings as `MALLOC_*` variables for workers started by hand (`dask worker`, `ray start`).
 
 Runners that leave the flow's process (`process`, `dask`, `ray`) need the case store and any persisted task results
 on storage every worker can reach: see `docs/scaling.md`.
+
+An existing cluster is checked by `check_cluster` before any case is sent to it (the address answers, every worker
+imports the project and can write the output folder), and a batch lost with its worker is counted (`settle_future`)
+or resubmitted (`is_lost_worker_error`): docs/scaling.md, "Running on a cluster".
 
 `python -m flows.runners --kind dask --address tcp://sched:8786` runs a tiny smoke flow on a runner and prints which
 hosts and processes ran its tasks: check a cluster with it before sending it the atlas.
@@ -173,11 +178,135 @@ def dask_runner_kwargs(max_workers: int, address: str | None) -> dict[str, Any]:
 
 
 def ray_runner_kwargs(max_workers: int, address: str | None) -> dict[str, Any]:
-    """Arguments of the Ray runner: every worker process starts with `HEAP_ENV` (the job's `runtime_env`)."""
-    init_kwargs: dict[str, Any] = {"runtime_env": {"env_vars": dict(HEAP_ENV)}}
+    """Arguments of the Ray runner: every worker process starts with `HEAP_ENV` and runs `reuse_heap` before its first
+    task (the job's `runtime_env`)."""
+    # env_vars: glibc reads them when the worker process starts; the setup hook runs `reuse_heap` in each worker
+    # before its first task (so `heap_reused()` is true there, as on the other runners)
+    runtime_env = {"env_vars": dict(HEAP_ENV), "worker_process_setup_hook": reuse_heap}
+    init_kwargs: dict[str, Any] = {"runtime_env": runtime_env}
     if address is not None:
         return {"address": address, "init_kwargs": init_kwargs}
     return {"init_kwargs": {**init_kwargs, "num_cpus": max_workers, "include_dashboard": False}}
+
+
+class ClusterPreflightError(RuntimeError):
+    """A cluster the flow cannot use: no answer at its address, a worker without the project, an unwritable output."""
+
+
+def check_cluster(
+    kind: str, address: str | None, output_dir: Path, read_dirs: tuple[Path, ...] = (), timeout_s: float = 10.0
+) -> int:
+    """Check an existing cluster before any case is sent to it; raise a one-line error naming the first problem.
+
+    Only `dask` with an `address` is checked (a local cluster is built from this process's own environment; Ray is
+    not installed here, see docs/scaling.md). Checks, in order: the scheduler answers within `timeout_s`; at least
+    one worker has joined within `timeout_s`; then on every worker: `emrl_data` and `flows.build_sft_set` import,
+    every folder of `read_dirs` (the atlas) exists, and a probe file can be written to and removed from
+    `output_dir` (which this process has created: a worker that does not see it is not on the shared storage).
+
+    Returns:
+        The number of workers checked (0 when there was nothing to check).
+
+    Raises:
+        ClusterPreflightError: the message names the address or the worker and the problem.
+    """
+    if kind != "dask" or address is None:
+        return 0
+    from distributed import Client  # the dask extra is installed: make_task_runner checked it first
+
+    try:
+        client = Client(address, timeout=timeout_s, set_as_default=False)
+    except (OSError, TimeoutError) as exc:
+        raise ClusterPreflightError(
+            f"the Dask scheduler at {address} does not answer within {timeout_s:g} s ({type(exc).__name__}: {exc}); "
+            "check the address and that `dask scheduler` runs there"
+        ) from None
+    with client:
+        workers = _wait_for_a_worker(client, address, timeout_s)
+        problems = client.run(_worker_probe(), str(output_dir), [str(p) for p in read_dirs])
+    for worker_address, found in sorted(problems.items()):
+        if found:
+            name = workers.get(worker_address, {}).get("name", worker_address)
+            raise ClusterPreflightError(f"Dask worker {name} ({worker_address}): {found[0]}")
+    return len(problems)
+
+
+def _wait_for_a_worker(client: Any, address: str, timeout_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while not (workers := client.scheduler_info(n_workers=-1)["workers"]):
+        if time.monotonic() > deadline:
+            raise ClusterPreflightError(f"the Dask scheduler at {address} has no worker after {timeout_s:g} s")
+        time.sleep(0.2)
+    return workers
+
+
+def _worker_probe() -> Any:
+    """The check run on every worker, built here so that it is pickled by value: it must run on a worker that cannot
+    import this module (the very problem it reports)."""
+
+    def probe(output_dir: str, read_dirs: list[str]) -> list[str]:
+        import importlib
+        import os
+        import socket
+        import uuid
+
+        for module in ("emrl_data", "flows.build_sft_set"):
+            try:
+                importlib.import_module(module)
+            except Exception as exc:  # noqa: BLE001 (any import failure is the finding)
+                return [
+                    f"cannot import {module} ({type(exc).__name__}: {exc}): install the project on every worker "
+                    "(pip install -e '.[dask]') or put its checkout on PYTHONPATH"
+                ]
+        for folder in read_dirs:
+            if not os.path.isdir(folder):
+                return [f"the atlas folder {folder} does not exist there: it must be on storage every worker sees"]
+        probe_file = os.path.join(output_dir, f".probe-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}")
+        try:
+            with open(probe_file, "wb") as f:
+                f.write(b"probe")
+            os.remove(probe_file)
+        except OSError as exc:
+            return [
+                f"cannot write to the output folder {output_dir} ({exc.strerror or exc}): it must be on storage "
+                "every worker sees and can write"
+            ]
+        return []
+
+    return probe
+
+
+def is_lost_worker_error(exc: BaseException) -> bool:
+    """Return whether a task future failed because the cluster lost the workers that ran it, not because the task
+    raised: Dask's `KilledWorker`, raised once the task was on more dying workers than the scheduler's
+    `distributed.scheduler.allowed-failures` (3 by default) allows. The flow may submit such a batch again."""
+    return type(exc).__name__ == "KilledWorker" and type(exc).__module__.startswith("distributed")
+
+
+def settle_future(future: Any) -> int:
+    """Release a consumed task future on its cluster and return how many times the cluster ran its task again.
+
+    For a Dask future: the times the scheduler re-sent the task because the worker that ran (or held) it was lost
+    (the task's `suspicious` count; 0 when no worker was lost). Releasing it right after its result is read keeps a
+    later lost worker from recomputing a batch whose result the flow already has. For other runners: 0.
+    """
+    wrapped = getattr(future, "wrapped_future", None)
+    if wrapped is None or not hasattr(wrapped, "client") or not hasattr(wrapped, "key"):
+        return 0
+    count = wrapped.client.run_on_scheduler(_suspicious_count(), wrapped.key)
+    wrapped.release()
+    return int(count)
+
+
+def _suspicious_count() -> Any:
+    """The scheduler-side lookup of `settle_future`, built here so that it is pickled by value (the scheduler does
+    not need the project installed)."""
+
+    def suspicious(key: Any, dask_scheduler: Any = None) -> int:
+        task = dask_scheduler.tasks.get(key)
+        return 0 if task is None else task.suspicious
+
+    return suspicious
 
 
 class HeapReuseThreadPoolTaskRunner(ThreadPoolTaskRunner):

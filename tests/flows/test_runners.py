@@ -77,12 +77,13 @@ def test_cluster_runner_arguments_carry_the_heap_settings() -> None:
     )
     assert HEAP_ENV.items() <= local["env"].items()  # overrides Dask's own MALLOC_TRIM_THRESHOLD_=65536
     assert dask_runner_kwargs(3, "tcp://sched:8786") == {"address": "tcp://sched:8786"}
+    ray_env = {"env_vars": HEAP_ENV, "worker_process_setup_hook": reuse_heap}  # reuse_heap runs in every Ray worker
     assert ray_runner_kwargs(2, None) == {
-        "init_kwargs": {"runtime_env": {"env_vars": HEAP_ENV}, "num_cpus": 2, "include_dashboard": False}
+        "init_kwargs": {"runtime_env": ray_env, "num_cpus": 2, "include_dashboard": False}
     }
     assert ray_runner_kwargs(2, "ray://head:10001") == {
         "address": "ray://head:10001",
-        "init_kwargs": {"runtime_env": {"env_vars": HEAP_ENV}},
+        "init_kwargs": {"runtime_env": ray_env},
     }
 
 
@@ -203,12 +204,15 @@ def thread_build(prefect_harness, tmp_path_factory: pytest.TempPathFactory) -> t
     "task_runner" not in inspect.signature(build_sft_set_flow.fn).parameters,
     reason="build-sft-set has no task_runner parameter yet",
 )
-@pytest.mark.parametrize("kind", ["process", "dask"])
+@pytest.mark.parametrize("kind", ["process", "dask", "ray"])
 def test_build_sft_set_on_worker_processes_equals_threads(
     thread_build: tuple[Path, dict[str, bytes]], tmp_path: Path, kind: str
 ) -> None:
-    """Scale-out on a real engine: a 2-process pool, and a Dask LocalCluster of 2 worker processes on loopback, write
-    the same shards, byte for byte, as the thread runner."""
+    """Scale-out on a real engine: a 2-process pool, a Dask LocalCluster of 2 worker processes on loopback, and (where
+    the ray extra is installed: the manual check of docs/scaling.md) a local Ray of 2 CPUs write the same shards,
+    byte for byte, as the thread runner. A Dask cluster of separate processes: tests/flows/test_cluster.py."""
+    if kind == "ray" and not runner_available(kind):
+        pytest.skip("the ray extra is not in the dev extra (docs/scaling.md, 'Ray: a manual check')")
     if not runner_available(kind):
         pytest.fail(f"the {kind} runner must be installed by the dev extra")
     atlas, thread_tables = thread_build
