@@ -846,6 +846,11 @@ def _explain(exc: BaseException) -> tuple[str, str]:
         return text, "export OPENAI_API_KEY=<a key the endpoint accepts>, then rerun (finished rows are kept)"
     if name == "EndpointProbeError":
         return text, getattr(exc, "fix", "check --endpoint, --endpoint-model and --dialect")
+    if name == "ClusterPreflightError":
+        return (
+            text,
+            "correct what the line above names (docs/scaling.md, 'Running on a cluster'), then rerun; no case was curated",
+        )
     network = ("ConnectError", "ConnectTimeout", "ConnectionError", "OfflineModeIsEnabled", "ReadTimeout")
     if any(n in network for n in (name, *(type(c).__name__ for c in _causes(exc)))):
         return f"network problem: {name}: {text}", "check the connection (and HF_ENDPOINT / --endpoint), then rerun"

@@ -30,6 +30,7 @@ from prefect.settings import get_current_settings
 
 from emrl_data.synthetic import demo_specs, write_atlas
 from flows.build_sft_set import build_sft_set_flow
+from flows.cli import main
 from flows.runners import HEAP_ENV, ClusterPreflightError, check_cluster
 
 
@@ -306,6 +307,34 @@ def test_an_address_that_does_not_answer_is_named(tmp_path: Path) -> None:
         check_cluster("dask", address, tmp_path, timeout_s=1)
     message = str(caught.value)
     assert message.startswith(f"the Dask scheduler at {address} does not answer within 1 s") and "\n" not in message
+
+
+def test_the_cli_names_an_unanswering_cluster_in_two_lines(
+    reference: tuple[Path, dict[str, bytes]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`emrl build-sft-set --task-runner dask --task-runner-address ...` with nothing there: the check's line and the
+    fix, exit 1, no traceback, and no case curated."""
+    atlas, _ = reference
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    argv = [
+        "build-sft-set",
+        str(atlas),
+        str(tmp_path / "out"),
+        "--task-runner",
+        "dask",
+        "--task-runner-address",
+        address,
+    ]
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert exited.value.code == 1 and "Traceback" not in out + err
+    assert err.strip().splitlines() == [
+        f"emrl build-sft-set: failed: the Dask scheduler at {address} does not answer within 10 s (OSError: Timed out "
+        f"trying to connect to {address} after 10 s); check the address and that `dask scheduler` runs there",
+        "  fix: correct what the line above names (docs/scaling.md, 'Running on a cluster'), then rerun; no case was curated",
+    ]
+    assert not list((tmp_path / "out").glob(".work/cases/*.arrow"))
 
 
 def test_a_worker_without_the_project_stops_the_flow_before_any_case(
