@@ -178,3 +178,23 @@ def validate_launch(accelerate_yaml: str | Path, training_yaml: str | Path, *, c
     if problems:
         raise TrainConfigError(f"{accelerate_yaml} with {training_yaml}: " + "; ".join(problems))
     return acc
+
+
+def bar_only(trainer: Any) -> Any:
+    """Keep the trainer's progress bar but stop it printing each logged step's metric dict (`step_logs: false`).
+
+    The metrics still reach `trainer_state.json`, the reward curve and the run's summary lines; only the console copy
+    goes (the demo prints a summary a person can read instead of ~40 dict lines). Returns `trainer`.
+    """
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback  # noqa: PLC0415 (torch stack)
+
+    class BarOnlyProgress(ProgressCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+            return None
+
+    printers = [cb for cb in trainer.callback_handler.callbacks if type(cb) in (ProgressCallback, PrinterCallback)]
+    for callback in printers:
+        trainer.remove_callback(callback)
+    if any(type(cb) is ProgressCallback for cb in printers):
+        trainer.add_callback(BarOnlyProgress)
+    return trainer

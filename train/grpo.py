@@ -33,6 +33,7 @@ from trl import GRPOConfig, GRPOTrainer, TrlParser
 from emrl_data.scoring import ScoringConfig
 from train.checks import (
     TrainConfigError,
+    bar_only,
     check_columns,
     check_frames,
     check_precision,
@@ -166,6 +167,12 @@ class GrpoScriptArguments:
         default=False, metadata={"help": "Also run a learning-rate-0 control on the same prompts and plot both."}
     )
     reward_curve_png: str | None = field(default=None, metadata={"help": "Default: <output_dir>/reward_curve.png."})
+    step_logs: bool = field(
+        default=True,
+        metadata={
+            "help": "Print each logged step's metrics (always kept in trainer_state.json); the demo sets false."
+        },
+    )
 
 
 def make_grpo_config(processor: CTQwen3VLProcessor, rewards: list[str], **overrides: Any) -> GRPOConfig:
@@ -354,6 +361,8 @@ def _train_one(script_args: GrpoScriptArguments, training_args: GRPOConfig, data
         lora_r=script_args.lora_r,
         lora_alpha=script_args.lora_alpha,
     )
+    if not script_args.step_logs:
+        bar_only(trainer)
     trainer.train()
     return trainer
 

@@ -25,6 +25,7 @@ from transformers import Qwen3VLForConditionalGeneration
 from trl import SFTConfig, SFTTrainer, TrlParser
 
 from train.checks import (
+    bar_only,
     check_columns,
     check_frames,
     check_precision,
@@ -66,6 +67,12 @@ class SftScriptArguments:
     lm_warmup_steps: int = field(
         default=0,
         metadata={"help": "Demo only (not the paper): full-model steps on the reports before the SFT freezing."},
+    )
+    step_logs: bool = field(
+        default=True,
+        metadata={
+            "help": "Print each logged step's metrics (always kept in trainer_state.json); the demo sets false."
+        },
     )
 
 
@@ -130,12 +137,15 @@ def _lm_warmup(
     steps: int,
     frame_px: int,
     lr: float | None = None,
+    step_logs: bool = True,
 ) -> float:
     """Demo stage: train every part of the model `steps` steps on the reports (frames at frame_px²); last loss."""
     warm = copy.deepcopy(args)
     warm.max_steps, warm.output_dir, warm.save_strategy = steps, str(Path(args.output_dir) / "lm_warmup"), "no"
     warm.learning_rate = lr if lr is not None else args.learning_rate
     trainer = build_sft_trainer(model, processor, dataset, warm, stage="lm_warmup", frame_px=frame_px or None)
+    if not step_logs:
+        bar_only(trainer)
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     del trainer
@@ -156,9 +166,12 @@ def run_sft(script_args: SftScriptArguments, training_args: SFTConfig) -> Path:
     start = time.perf_counter()
     if script_args.lm_warmup_steps > 0:
         warm_loss = _lm_warmup(model, processor, dataset, training_args, script_args.lm_warmup_steps,
-                               script_args.lm_warmup_frame_px, script_args.lm_warmup_learning_rate)  # fmt: skip
+                               script_args.lm_warmup_frame_px, script_args.lm_warmup_learning_rate,
+                               script_args.step_logs)  # fmt: skip
         print(f"LM warm-up (demo only): {script_args.lm_warmup_steps} full-model steps, last loss {warm_loss:.4f}")
     trainer = build_sft_trainer(model, processor, dataset, training_args)
+    if not script_args.step_logs:
+        bar_only(trainer)
     result = trainer.train()
     out = Path(training_args.output_dir)
     trainer.save_model(str(out))

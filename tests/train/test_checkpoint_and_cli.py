@@ -26,13 +26,28 @@ def test_sft_cli_then_checkpoint_reloads_and_generates(sft_table, tmp_path):
     assert not set(gen[0, inputs["input_ids"].shape[1] :].tolist()) & set(proc.vision_token_ids)
 
 
-def test_grpo_cli_all_rewards(sft_table, tiny_dir, tmp_path):
+@pytest.mark.parametrize("step_logs", ["true", "false"])
+def test_step_logs_false_keeps_the_metrics_but_not_the_console_dicts(sft_table, tmp_path, capsys, step_logs):
+    """`step_logs: false` (the demo's configs): no per-step metric dict on the console, the same log history on disk."""
+    out = tmp_path / "sft"
+    sft_main(["--config", "train/configs/sft_tiny.yaml", "--dataset_dir", str(sft_table), "--output_dir", str(out),
+              "--max_steps", "2", "--logging_steps", "1", "--step_logs", step_logs])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert printed.count("{'loss': ") == (2 if step_logs == "true" else 0)
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    assert [h["step"] for h in history if "loss" in h] == [1, 2]
+    assert "SFT done: 2 steps" in printed
+
+
+def test_grpo_cli_all_rewards(sft_table, tiny_dir, tmp_path, capsys):
     pytest.importorskip("emrl_data.scoring")
     from train.grpo import main as grpo_main
 
     out = tmp_path / "grpo"
     grpo_main(["--config", "train/configs/grpo_tiny.yaml", "--dataset_dir", str(sft_table), "--model_name_or_path",
-               str(tiny_dir), "--output_dir", str(out), "--max_steps", "1", "--max_completion_length", "8"])  # fmt: skip
+               str(tiny_dir), "--output_dir", str(out), "--max_steps", "1", "--max_completion_length", "8",
+               "--step_logs", "false"])  # fmt: skip
+    assert "{'loss': " not in capsys.readouterr().out  # logging_steps 1, but step_logs false: no console dict
     assert (out / "reward_curve.png").exists()
     Qwen3VLForConditionalGeneration.from_pretrained(out)
     # A GRPO checkpoint is a standard Qwen3-VL one too (issue 15; the full check is in test_standard_checkpoint.py).
