@@ -16,9 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-import threading
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ from emrl_data.sft_set import summary_markdown as sft_summary_markdown
 from emrl_data.synthetic import demo_specs, write_atlas
 from flows._common import clip, rejection_table
 from flows.publish import summary_markdown as publish_summary_markdown
+from tests.loopback import loopback_http
 
 
 MAX_COLUMNS = 7
@@ -321,13 +320,8 @@ def negative_model() -> Iterator[str]:
     """A loopback OpenAI-compatible endpoint that never sees a lesion (the deployment tests' stub); yields …/v1."""
     from tests.flows.test_deployments import _NegativeReportHandler
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _NegativeReportHandler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with loopback_http(_NegativeReportHandler) as base:
+        yield f"{base}/v1"
 
 
 @pytest.mark.slow

@@ -14,10 +14,9 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from emrl_data.report import NEGATIVE_FINDINGS, NEGATIVE_IMPRESSION
 from emrl_data.synthetic import CaseSpec, LesionSpec, write_atlas
 from emrl_data.types import Organ, Split
 from flows.cli import build_parser, main
+from tests.loopback import loopback_http
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,14 +181,8 @@ class _Stub(BaseHTTPRequestHandler):
 
 def _serve(**attributes: Any) -> Iterator[str]:
     handler = type("Stub", (_Stub,), {"posts": [], **attributes})
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with loopback_http(handler) as base:
+        yield f"{base}/v1"
 
 
 @pytest.mark.parametrize(("status", "key"), [(401, None), (403, "wrong")])
@@ -346,15 +340,10 @@ def test_publish_with_a_refused_token(
 ) -> None:
     from huggingface_hub import constants
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{httpd.server_address[1]}")
+    with loopback_http(_Hub) as base:
+        monkeypatch.setattr(constants, "ENDPOINT", base)
         monkeypatch.setenv("HF_TOKEN", "hf_wrong")
         err = _fails(["publish", str(table), "org/name", "1.0.0"], capsys)
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
     assert "the Hub refused the token (HTTP 401)" in err and "export HF_TOKEN=" in err
 
 

@@ -18,10 +18,9 @@ import re
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from flows import _procs
 from flows import server as ops
 from flows.build_sft_set import build_sft_set_flow
 from flows.cli import DEMO_FRAMES, _demo
+from tests.loopback import loopback_http
 
 
 pytestmark = pytest.mark.slow
@@ -306,14 +306,8 @@ class _NegativeReportHandler(BaseHTTPRequestHandler):
 @pytest.fixture
 def negative_model() -> Iterator[str]:
     """A loopback OpenAI-compatible endpoint (a model that never sees a lesion); yields its base URL (…/v1)."""
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _NegativeReportHandler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with loopback_http(_NegativeReportHandler) as base:
+        yield f"{base}/v1"
 
 
 def test_build_rl_hardset_deployment(
@@ -353,11 +347,9 @@ class _SlowNegativeReportHandler(_NegativeReportHandler):
 def test_serve_stop_marks_a_running_flow_run_cancelled(served: tuple[ops.ServerState, str], built: Path) -> None:
     """`make serve-stop` during a run: the run is stopped and shows Cancelled, not Running forever (runs last)."""
     state, _ = served
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _SlowNegativeReportHandler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
+    with loopback_http(_SlowNegativeReportHandler) as base:
         params = {"sft_dir": str(built / "sft"), "output_dir": str(built / "slow"), "backend": "openai",
-                  "endpoint_url": f"http://127.0.0.1:{httpd.server_address[1]}/v1", "endpoint_model": "slow",
+                  "endpoint_url": f"{base}/v1", "endpoint_model": "slow",
                   "batch_size": 1, "max_concurrency": 1}  # fmt: skip
         args = ["deployment", "run", "build-rl-hardset/build-rl-hardset"]
         for key, value in params.items():
@@ -368,8 +360,5 @@ def test_serve_stop_marks_a_running_flow_run_cancelled(served: tuple[ops.ServerS
             assert time.monotonic() < deadline, "the run never started"
             time.sleep(1)
         stopped = ops.server_down(home=Path(state.prefect_home))
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
     assert stopped[0].startswith("worker (pid ") and "1 flow run(s), marked Cancelled" in stopped
     assert stopped[-1].startswith("server (pid ")
