@@ -879,6 +879,26 @@ def _interrupt_handler() -> Callable[[int, Any], None]:
     return handle
 
 
+INTERRUPT_GRACE_S = 10.0  # how long an interrupted run may take to shut down in order before it is ended
+
+
+def _exit_within(seconds: float, code: int) -> None:
+    """End the process `seconds` from now unless it has ended by then (an orderly exit comes first).
+
+    After Ctrl-C, interpreter shutdown joins every non-daemon thread; a library thread still blocked (seen once in
+    ~20 runs: the process printed "interrupted" and then hung past 120 s) would keep it alive. This daemon thread
+    stops any temporary Prefect server this process started and exits with `code`.
+    """
+
+    def force() -> None:
+        time.sleep(seconds)
+        print(f"Still stopping after {seconds:g} s: exiting now. A rerun resumes.", file=sys.stderr, flush=True)
+        kill_temporary_servers()
+        os._exit(code)
+
+    threading.Thread(target=force, name="emrl-exit-guard", daemon=True).start()
+
+
 def _run(args: argparse.Namespace) -> Any:
     if getattr(args, "check", None) is not None:
         args.check(args)
@@ -891,7 +911,7 @@ def _run(args: argparse.Namespace) -> Any:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `emrl` command; exits 2 on a usage mistake, 1 on a failure, 130 on Ctrl-C."""
     configure_prefect_environment()  # before anything imports prefect
-    argv = sys.argv[1:] if argv is None else argv
+    argv_given, argv = argv, sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     # `emrl --debug CMD` too (a subcommand's own default would otherwise reset it), and EMRL_DEBUG=1
     args.debug = args.debug or "--debug" in argv or os.environ.get("EMRL_DEBUG", "") not in ("", "0")
@@ -906,6 +926,8 @@ def main(argv: list[str] | None = None) -> None:
         status = _run(args)
     except KeyboardInterrupt:
         print(f"\n{prog}: interrupted. Finished work is kept: rerun the same command to resume.", file=sys.stderr)
+        if in_main_thread and argv_given is None:  # the `emrl` process itself, not a caller's in-process main([...])
+            _exit_within(INTERRUPT_GRACE_S, 130)
         raise SystemExit(130) from None
     except UsageError as exc:
         if args.debug:

@@ -416,5 +416,26 @@ def test_ctrl_c_stops_mining_promptly_and_the_rerun_resumes(
     assert len(stub.posts) - done_before == total - stored_before  # the rerun asked only for the rows not stored
 
 
+def test_an_interrupted_process_ends_even_when_a_thread_holds_shutdown() -> None:
+    """The guard armed after Ctrl-C: a non-daemon thread that would keep the interpreter alive for 60 s does not."""
+    code = (
+        "import sys, threading, time\n"
+        "from flows.cli import _exit_within\n"
+        "threading.Thread(target=time.sleep, args=(60,)).start()  # a blocked, non-daemon library thread\n"
+        "_exit_within(0.5, 130)\n"
+        "sys.exit(130)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )  # fmt: skip  (a hang guard, not a timing assertion)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr == "Still stopping after 0.5 s: exiting now. A rerun resumes.\n"
+
+
 def _stored_predictions(out: Path) -> int:
     return sum(len(p.read_text().splitlines()) for p in (out / ".work").glob("predictions-*.jsonl"))
