@@ -18,6 +18,7 @@ are made before `prefect` is imported (`flows.prefect_env`).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import os
@@ -882,20 +883,30 @@ def _interrupt_handler() -> Callable[[int, Any], None]:
 INTERRUPT_GRACE_S = 10.0  # how long an interrupted run may take to shut down in order before it is ended
 
 
-def _exit_within(seconds: float, code: int) -> None:
+def _exit_within(seconds: float, code: int, *, debug: bool = False) -> None:
     """End the process `seconds` from now unless it has ended by then (an orderly exit comes first).
 
     After Ctrl-C, interpreter shutdown joins every non-daemon thread; a library thread still blocked (seen once in
     ~20 runs: the process printed "interrupted" and then hung past 120 s) would keep it alive. This daemon thread
-    stops any temporary Prefect server this process started and exits with `code`.
+    names the non-daemon threads still running (with `debug`, every thread's stack too), stops any temporary Prefect
+    server this process started and exits with `code`.
     """
 
     def force() -> None:
         time.sleep(seconds)
-        print(f"Still stopping after {seconds:g} s: exiting now. A rerun resumes.", file=sys.stderr, flush=True)
+        holding = sorted(
+            t.name for t in threading.enumerate() if t.is_alive() and not t.daemon and t is not main_thread
+        )
+        held_by = f" (threads still running: {', '.join(holding)})" if holding else ""
+        print(
+            f"Still stopping after {seconds:g} s{held_by}: exiting now. A rerun resumes.", file=sys.stderr, flush=True
+        )
+        if debug:  # where each thread is blocked, for a bug report
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         kill_temporary_servers()
         os._exit(code)
 
+    main_thread = threading.main_thread()
     threading.Thread(target=force, name="emrl-exit-guard", daemon=True).start()
 
 
@@ -927,7 +938,7 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print(f"\n{prog}: interrupted. Finished work is kept: rerun the same command to resume.", file=sys.stderr)
         if in_main_thread and argv_given is None:  # the `emrl` process itself, not a caller's in-process main([...])
-            _exit_within(INTERRUPT_GRACE_S, 130)
+            _exit_within(INTERRUPT_GRACE_S, 130, debug=args.debug)
         raise SystemExit(130) from None
     except UsageError as exc:
         if args.debug:

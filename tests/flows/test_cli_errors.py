@@ -416,13 +416,16 @@ def test_ctrl_c_stops_mining_promptly_and_the_rerun_resumes(
     assert len(stub.posts) - done_before == total - stored_before  # the rerun asked only for the rows not stored
 
 
-def test_an_interrupted_process_ends_even_when_a_thread_holds_shutdown() -> None:
-    """The guard armed after Ctrl-C: a non-daemon thread that would keep the interpreter alive for 60 s does not."""
+@pytest.mark.parametrize("debug", [False, True])
+def test_an_interrupted_process_ends_even_when_a_thread_holds_shutdown(debug: bool) -> None:
+    """The guard armed after Ctrl-C: a non-daemon thread that would keep the interpreter alive for 60 s does not, and
+    the message names it (with --debug, every thread's stack follows)."""
     code = (
         "import sys, threading, time\n"
         "from flows.cli import _exit_within\n"
-        "threading.Thread(target=time.sleep, args=(60,)).start()  # a blocked, non-daemon library thread\n"
-        "_exit_within(0.5, 130)\n"
+        "threading.Thread(target=time.sleep, args=(60,), name='stuck-client').start()  # a blocked library thread\n"
+        "threading.Thread(target=time.sleep, args=(60,), name='a-daemon', daemon=True).start()  # not holding exit\n"
+        f"_exit_within(0.5, 130, debug={debug})\n"
         "sys.exit(130)\n"
     )
     done = subprocess.run(
@@ -434,7 +437,14 @@ def test_an_interrupted_process_ends_even_when_a_thread_holds_shutdown() -> None
         timeout=30,
     )  # fmt: skip  (a hang guard, not a timing assertion)
     assert done.returncode == 130, done.stderr
-    assert done.stderr == "Still stopping after 0.5 s: exiting now. A rerun resumes.\n"
+    first, *rest = done.stderr.splitlines()
+    assert first == "Still stopping after 0.5 s (threads still running: stuck-client): exiting now. A rerun resumes."
+    if debug:  # faulthandler's dump: one block per thread, the stuck one asleep in its run()
+        assert sum(line.startswith("Thread 0x") for line in rest) == 3  # main, stuck-client, a-daemon
+        assert sum(line.startswith("Current thread 0x") for line in rest) == 1  # the guard itself
+        assert any("in run" in line for line in rest)
+    else:
+        assert rest == []
 
 
 def _stored_predictions(out: Path) -> int:
