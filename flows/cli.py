@@ -886,8 +886,9 @@ INTERRUPT_GRACE_S = 10.0  # how long an interrupted run may take to shut down in
 def _exit_within(seconds: float, code: int, *, debug: bool = False) -> None:
     """End the process `seconds` from now unless it has ended by then (an orderly exit comes first).
 
-    After Ctrl-C, interpreter shutdown joins every non-daemon thread; a library thread still blocked (seen once in
-    ~20 runs: the process printed "interrupted" and then hung past 120 s) would keep it alive. This daemon thread
+    After Ctrl-C, interpreter shutdown joins every non-daemon thread; a thread still blocked would keep it alive. Seen
+    once in ~20 runs under load: a request worker that Ctrl-C caught while `ThreadPoolExecutor.submit` waited for it
+    to start (fixed in `inference.backends.OpenAIBackend.generate`); a library thread could do the same. This daemon thread
     names the non-daemon threads still running (with `debug`, every thread's stack too), stops any temporary Prefect
     server this process started and exits with `code`.
     """

@@ -505,11 +505,14 @@ class OpenAIBackend:
         if not requests:
             return []
         pool = ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(requests)))
-        futures = [pool.submit(self._one, request) for request in requests]
         try:
+            # Submitting inside the try: Ctrl-C can land in `submit` while it waits for a new worker to start, after
+            # the thread runs but before the pool records it. Only the shutdown's wake-up on the shared queue ends
+            # such a worker; without it, it waits for work forever and interpreter shutdown waits on it.
+            futures = [pool.submit(self._one, request) for request in requests]
             return [future.result() for future in futures]
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)  # after an auth error: drop the queued requests
+            pool.shutdown(wait=True, cancel_futures=True)  # after an auth error or Ctrl-C: drop the queued requests
 
     def probe(self, request: InferenceRequest) -> ProbeReport:
         """Send one row twice, with fewer then more frames (`PROBE_FRAME_COUNTS`), before a run sends every row.

@@ -12,8 +12,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -371,3 +373,36 @@ def test_probe_without_usage_warns_and_goes_on(server, control, make_backend, re
     assert "the server reports no usage.prompt_tokens, so the probe cannot check that the frames reach the model" in (
         caplog.text
     )
+
+
+def test_ctrl_c_while_a_request_thread_starts_leaves_no_thread_behind(server, control, make_backend, requests3):
+    """Ctrl-C can land inside `submit` while it waits for a new worker thread to start: the thread runs but the pool
+    has not recorded it. It must still end (it shares the pool's queue); before, it waited on that queue forever and
+    interpreter shutdown waited on it (the `emrl` process hung after "interrupted", seen under load)."""
+    original = threading.Thread.start
+    started: list[tuple[threading.Thread, Any]] = []
+
+    def start(self: threading.Thread) -> None:
+        queue = self._args[1] if self.name.startswith("ThreadPoolExecutor") else None  # type: ignore[attr-defined]
+        original(self)
+        if queue is not None and not started:
+            started.append((self, queue))
+            raise KeyboardInterrupt  # the signal arrives while the new worker is starting
+
+    backend = make_backend(max_concurrency=1)
+    threading.Thread.start = start  # type: ignore[method-assign]
+    try:
+        # Kept, as the CLI's caller (Prefect's engine) keeps it: the traceback keeps the pool alive, so the pool's
+        # own garbage collection cannot be what ends the worker.
+        with pytest.raises(KeyboardInterrupt) as caught:
+            backend.generate(requests3)
+    finally:
+        threading.Thread.start = original  # type: ignore[method-assign]
+    ((worker, queue),) = started
+    try:
+        worker.join(timeout=20)  # a hang guard, not a timing assertion
+        assert not worker.is_alive(), "the worker started under Ctrl-C is still waiting for work"
+    finally:
+        queue.put(None)  # release it if the assertion failed
+    assert caught.type is KeyboardInterrupt
+    assert _stats(server)["requests"] <= 1  # at most the request queued before the interrupt was sent
