@@ -371,6 +371,19 @@ def _mean(points: list[tuple[int, float]]) -> float:
     return sum(v for _, v in points) / max(1, len(points))
 
 
+def run_minus_control(run: list[tuple[int, float]], control: list[tuple[int, float]]) -> tuple[float, float] | None:
+    """Mean per-step value of the run minus the control's, and its standard error (Welch: sample variances over
+    counts); None with fewer than 2 steps on either side. Steps are treated as independent draws, which a short run's
+    reward mostly is (each step samples new completions), so the error says how much of the gap is noise."""
+    if len(run) < 2 or len(control) < 2:
+        return None
+    a, b = [v for _, v in run], [v for _, v in control]
+    mean_a, mean_b = sum(a) / len(a), sum(b) / len(b)
+    var_a = sum((v - mean_a) ** 2 for v in a) / (len(a) - 1)
+    var_b = sum((v - mean_b) ** 2 for v in b) / (len(b) - 1)
+    return mean_a - mean_b, math.sqrt(var_a / len(a) + var_b / len(b))
+
+
 def run_grpo(script_args: GrpoScriptArguments, training_args: GRPOConfig) -> Path:
     """Train; save model, processor, `trainer_state.json` and the reward curve to `output_dir`; return the dir.
 
@@ -402,6 +415,12 @@ def run_grpo(script_args: GrpoScriptArguments, training_args: GRPOConfig) -> Pat
     for key, points in sorted(curve.items()):
         ctrl = f"   (lr-0 control mean {_mean(control[key]):.3f})" if control and key in control else ""
         print(f"  {key:>22}: " + " ".join(f"{v:.3f}" for _, v in points) + f"   mean {_mean(points):.3f}{ctrl}")
+    gap = run_minus_control(curve["reward"], control["reward"]) if control and "reward" in curve and "reward" in control else None  # fmt: skip
+    if gap is not None:
+        print(
+            f"  reward, run - lr-0 control: {gap[0]:+.3f} ± {gap[1]:.3f} (1 standard error over {len(curve['reward'])} "
+            f"and {len(control['reward'])} steps; a gap inside ~2 errors is noise)"
+        )
     zero_std = [h["frac_reward_zero_std"] for h in logs]
     grad = [h.get("grad_norm", float("nan")) for h in logs]
     print(f"  frac_reward_zero_std per step: {zero_std}; grad_norm per step: {[round(g, 4) for g in grad]}")

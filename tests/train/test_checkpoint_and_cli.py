@@ -71,3 +71,14 @@ def test_device_check_tiny(tmp_path):
     assert {"projector", "llm"} <= set(data["grpo"]["changed"]) and "vit" in data["grpo"]["unchanged"]
     assert len(data["grpo"]["step_s"]) == 2
     assert data["auto_processor"]["skipped"].startswith("--tiny (CPU): torchvision cannot be imported")
+
+
+def test_run_minus_control_is_the_mean_gap_with_its_welch_standard_error():
+    from train.grpo import run_minus_control
+
+    run = [(1, 0.1), (2, 0.3), (3, 0.2)]  # mean 0.2, sample variance 0.01
+    control = [(1, 0.0), (2, 0.2)]  # mean 0.1, sample variance 0.02
+    gap, error = run_minus_control(run, control)
+    assert gap == pytest.approx(0.1)
+    assert error == pytest.approx((0.01 / 3 + 0.02 / 2) ** 0.5)
+    assert run_minus_control(run, control[:1]) is None  # one step has no spread: no error to state
