@@ -888,9 +888,9 @@ def _exit_within(seconds: float, code: int, *, debug: bool = False) -> None:
 
     After Ctrl-C, interpreter shutdown joins every non-daemon thread; a thread still blocked would keep it alive. Seen
     once in ~20 runs under load: a request worker that Ctrl-C caught while `ThreadPoolExecutor.submit` waited for it
-    to start (fixed in `inference.backends.OpenAIBackend.generate`); a library thread could do the same. This daemon thread
-    names the non-daemon threads still running (with `debug`, every thread's stack too), stops any temporary Prefect
-    server this process started and exits with `code`.
+    to start (fixed in `inference.backends.OpenAIBackend.generate`); a library thread could do the same. This daemon
+    thread names the non-daemon threads still running (with `debug`, every thread's stack too), stops any temporary
+    Prefect server this process started and exits with `code`.
     """
 
     def force() -> None:

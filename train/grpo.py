@@ -415,7 +415,9 @@ def run_grpo(script_args: GrpoScriptArguments, training_args: GRPOConfig) -> Pat
     for key, points in sorted(curve.items()):
         ctrl = f"   (lr-0 control mean {_mean(control[key]):.3f})" if control and key in control else ""
         print(f"  {key:>22}: " + " ".join(f"{v:.3f}" for _, v in points) + f"   mean {_mean(points):.3f}{ctrl}")
-    gap = run_minus_control(curve["reward"], control["reward"]) if control and "reward" in curve and "reward" in control else None  # fmt: skip
+    gap = None
+    if control and "reward" in curve and "reward" in control:
+        gap = run_minus_control(curve["reward"], control["reward"])
     if gap is not None:
         print(
             f"  reward, run - lr-0 control: {gap[0]:+.3f} ± {gap[1]:.3f} (1 standard error over {len(curve['reward'])} "
