@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import io
+import logging
+import sys
 from collections.abc import Iterator
 
 import pytest
+from prefect.logging.handlers import PrefectConsoleHandler
 from prefect.settings import PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings
 from prefect.testing.utilities import prefect_test_harness
 
@@ -20,3 +24,32 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     with temporary_settings({PREFECT_RESULTS_LOCAL_STORAGE_PATH: tmp_path_factory.mktemp("prefect-results")}):
         with prefect_test_harness(server_startup_timeout=120):
             yield
+
+
+class _CurrentStderr(io.TextIOBase):
+    """Writes to whatever `sys.stderr` is at the moment of the write (this test's capture, not an earlier one's)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+@pytest.fixture(autouse=True)
+def _prefect_console_follows_the_capture() -> None:
+    """Point Prefect's console log handlers at the current stderr, whichever test created them.
+
+    A `PrefectConsoleHandler` keeps the stream it was built with. Built during a test that uses `capsys`, that is the
+    test's capture, closed when the test ends; every later log line then failed with "I/O operation on closed file",
+    and logging printed "--- Logging error --- Traceback" into the next test's stderr (the mid-run 401 test of
+    test_cli_errors.py failed that way when run after test_cli.py). Writing through `_CurrentStderr` keeps every
+    test's Prefect log lines in that test's own capture.
+    """
+    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in list(logging.root.manager.loggerDict))]
+    for handler in {h for logger in loggers for h in getattr(logger, "handlers", [])}:
+        if isinstance(handler, PrefectConsoleHandler) and not isinstance(handler.stream, _CurrentStderr):
+            handler.stream = handler.console.file = _CurrentStderr()
