@@ -92,8 +92,9 @@ class FairFloor:
     """Read and inflate exactly the files ours reads, into a reused heap; the better of ISA-L and libdeflate.
 
     Apart (not in the floor, reported beside it): the PNG encode of the very frames ours wrote for the case (decoded
-    once at start, re-encoded each round by `encode_png_gray8`, the fastest encoder measured, docs/scaling.md): the
-    output the spec requires, whatever the pipeline around it.
+    once at start, re-encoded each round by `encode_png_gray8`, the fastest encoder measured, docs/scaling.md), the
+    sha256 of each file and one read of each organ/lesion mask's voxels: work every row needs, whatever the pipeline
+    around it. Their time is taken out of the floor's, on both clocks.
     """
 
     def __init__(self, atlas: Path) -> None:
@@ -123,7 +124,7 @@ class FairFloor:
         from isal import isal_zlib
 
         seconds, cpu, out_bytes, read_bytes = {}, {}, 0, 0
-        beside = {"sha256_cpu_s": 0.0, "scan_cpu_s": 0.0}  # timed apart, inside the libdeflate pass
+        beside = {"sha256_cpu_s": 0.0, "scan_cpu_s": 0.0, "beside_wall_s": 0.0}  # timed apart, in the libdeflate pass
         for codec in ("isal", "libdeflate"):
             started, started_cpu = time.perf_counter(), time.process_time()
             out_bytes = 0
@@ -139,7 +140,8 @@ class FairFloor:
                 out_bytes += len(data)
                 del data
             seconds[codec], cpu[codec] = time.perf_counter() - started, time.process_time() - started_cpu
-        cpu["libdeflate"] -= sum(beside.values())
+        cpu["libdeflate"] -= beside["sha256_cpu_s"] + beside["scan_cpu_s"]
+        seconds["libdeflate"] -= beside.pop("beside_wall_s")
         best = min(cpu, key=cpu.__getitem__)  # the better codec on this case, by CPU time
         png_s, png_cpu_s = self._encode_frames(case)
         return {"isal_s": cpu["isal"], "libdeflate_s": cpu["libdeflate"], "files": len(self.files[case]),
@@ -156,16 +158,17 @@ class FairFloor:
 
         from emrl_data.nifti import _PART_ONLY_MASKS
 
-        started = time.process_time()
+        wall, started = time.perf_counter(), time.process_time()
         hashlib.sha256(raw).digest()
         into["sha256_cpu_s"] += time.process_time() - started
         stem = path.name.removesuffix(".gz").removesuffix(".nii")
-        if path.parent.name != "segmentations" or stem in _PART_ONLY_MASKS:
-            return
-        voxels = np.frombuffer(data, np.uint8)[352:]  # NIfTI-1 (the synthetic masks): vox_offset 352
-        started = time.process_time()
-        np.bitwise_or.reduce(voxels[: voxels.size // 8 * 8].view(np.uint64))
-        into["scan_cpu_s"] += time.process_time() - started
+        if path.parent.name == "segmentations" and stem not in _PART_ONLY_MASKS:
+            vox_offset = int(np.frombuffer(data, "<f4", count=1, offset=108)[0])  # NIfTI-1 (the bench's masks)
+            voxels = np.frombuffer(data, np.uint8)[vox_offset:]
+            started = time.process_time()
+            np.bitwise_or.reduce(voxels[: voxels.size // 8 * 8].view(np.uint64))
+            into["scan_cpu_s"] += time.process_time() - started
+        into["beside_wall_s"] += time.perf_counter() - wall
 
     def _encode_frames(self, case: str) -> tuple[float, float]:
         """Wall and CPU seconds to PNG-encode the case's frames (ours' pixels, ours' level)."""
