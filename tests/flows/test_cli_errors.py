@@ -147,6 +147,7 @@ class _Stub(BaseHTTPRequestHandler):
     models_status = 200
     chat_status = 200
     delay_s = 0.0
+    refuse_together = 0  # hold a refusal until this many requests arrived (both of a batch in flight, not a race)
     posts: list[float] = []
 
     def _send(self, status: int, body: Any) -> None:
@@ -166,6 +167,9 @@ class _Stub(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).posts.append(time.monotonic())
         if self.chat_status != 200:
+            deadline = time.monotonic() + 10.0
+            while len(self.posts) < self.refuse_together and time.monotonic() < deadline:
+                time.sleep(0.01)
             return self._send(self.chat_status, {"error": {"message": "Invalid API key"}})
         time.sleep(self.delay_s)
         prompt = next(p["text"] for p in body["messages"][0]["content"] if p["type"] == "text").lower()
@@ -364,7 +368,9 @@ def sft_out(prefect_harness, atlas: Path, tmp_path_factory: pytest.TempPathFacto
 def test_a_key_refused_mid_run_stops_at_the_first_batch(
     sft_out: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for url in _serve(chat_status=401):  # /models answers (no auth there), chat completions refuse the key
+    # /models answers (no auth there), chat completions refuse the key once both requests of the first batch are in
+    # flight (without the hold, the second thread may start after the first refusal and rightly not send at all)
+    for url in _serve(chat_status=401, refuse_together=2):
         handler_posts = _Stub.__subclasses__()[-1].posts
         args = ["build-rl-hardset", str(sft_out / "sft"), str(tmp_path), "--endpoint", url, "--endpoint-model",
                 "stub-model", "--batch-size", "2", "--concurrency", "2", "--no-probe"]  # fmt: skip
@@ -377,7 +383,7 @@ def test_a_key_refused_mid_run_stops_at_the_first_batch(
         "$OPENAI_API_KEY is not set: set it to the endpoint's API key.",
         "  fix: export OPENAI_API_KEY=<a key the endpoint accepts>, then rerun (finished rows are kept)",
     ]
-    assert len(handler_posts) == 2  # the first batch only, not every row
+    assert len(handler_posts) == 2  # the first batch only, not every row (the next batch is not sent)
     stored = [line for p in (tmp_path / ".work").glob("predictions-*.jsonl") for line in p.read_text().splitlines()]
     assert stored == []  # the refused rows are not stored: a rerun with a good key does them
 
