@@ -18,6 +18,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
@@ -338,16 +339,21 @@ def test_build_rl_hardset_deployment(
     assert hard and {(r["case_id"], r["organ"]) for r in hard} <= positives
 
 
-class _SlowNegativeReportHandler(_NegativeReportHandler):
+class _HeldNegativeReportHandler(_NegativeReportHandler):
+    """Holds every request until `release` is set, so the run is surely still running when the server stops."""
+
+    release = threading.Event()
+
     def do_POST(self) -> None:  # noqa: N802
-        time.sleep(2.0)
+        self.release.wait(timeout=RUN_TIMEOUT_S)
         super().do_POST()
 
 
 def test_serve_stop_marks_a_running_flow_run_cancelled(served: tuple[ops.ServerState, str], built: Path) -> None:
     """`make serve-stop` during a run: the run is stopped and shows Cancelled, not Running forever (runs last)."""
     state, _ = served
-    with loopback_http(_SlowNegativeReportHandler) as base:
+    _HeldNegativeReportHandler.release.clear()
+    with loopback_http(_HeldNegativeReportHandler) as base:
         params = {"sft_dir": str(built / "sft"), "output_dir": str(built / "slow"), "backend": "openai",
                   "endpoint_url": f"{base}/v1", "endpoint_model": "slow",
                   "batch_size": 1, "max_concurrency": 1}  # fmt: skip
@@ -359,6 +365,9 @@ def test_serve_stop_marks_a_running_flow_run_cancelled(served: tuple[ops.ServerS
         while _last_state(state, "build-rl-hardset/build-rl-hardset") != "RUNNING":
             assert time.monotonic() < deadline, "the run never started"
             time.sleep(1)
-        stopped = ops.server_down(home=Path(state.prefect_home))
+        try:
+            stopped = ops.server_down(home=Path(state.prefect_home))
+        finally:
+            _HeldNegativeReportHandler.release.set()  # let the held request threads end before the stub stops
     assert stopped[0].startswith("worker (pid ") and "1 flow run(s), marked Cancelled" in stopped
     assert stopped[-1].startswith("server (pid ")
