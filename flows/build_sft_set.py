@@ -226,10 +226,10 @@ def build_sft_set_flow(
     Returns:
         The run summary (also written to `summary.json`).
     """
-    logger = get_run_logger()
-    started = time.perf_counter()
     if case_timeout_s is not None and not case_timeout_s > 0:
         raise ValueError(f"case_timeout_s={case_timeout_s!r} must be a number of seconds > 0 (or None).")
+    logger = get_run_logger()
+    started = time.perf_counter()
     cfg = CurateConfig.from_dict(config or {})
     sft_cfg = SftConfig(negatives_per_positive=negatives_per_positive, seed=seed, test_fraction=test_fraction)
     root, out = Path(atlas_root).resolve(), Path(output_dir).resolve()
