@@ -57,7 +57,7 @@ class Rejection:
 
     case_id: str
     organ: str | None  # None when the whole case is rejected
-    step: str  # "discover", "metadata", "load", "labels", "frames"
+    step: str  # "discover", "metadata", "load", "labels", "frames"; "curate" for a case_timeout
     reason: RejectReason
     detail: str
     path: str | None = None  # the offending file, relative to the atlas root when possible
