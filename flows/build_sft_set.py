@@ -16,6 +16,7 @@ import statistics
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -56,10 +57,10 @@ from flows.runners import check_cluster, is_lost_worker_error, make_task_runner,
 
 # The per-case time bound (docs/operations.md, "Inputs that could stall a run"): a case still running after it is
 # abandoned as `case_timeout` and the run goes on. Unset (`case_timeout_s=None`), the bound is
-# max(CASE_TIMEOUT_FLOOR_S, CASE_TIMEOUT_MEDIAN_FACTOR x the median time of the cases this process curated so far).
+# max(CASE_TIMEOUT_FLOOR_S, CASE_TIMEOUT_MEDIAN_FACTOR x the median time of the last cases this process curated).
 CASE_TIMEOUT_FLOOR_S = 600.0
 CASE_TIMEOUT_MEDIAN_FACTOR = 10.0
-_case_seconds: list[float] = []  # curation times of this process's cases (not resumed ones), for the median
+_case_seconds: deque[float] = deque(maxlen=1000)  # curation times of this process's last cases (not resumed ones)
 _case_seconds_lock = threading.Lock()
 
 

@@ -249,9 +249,8 @@ def test_a_special_case_store_entry_is_refused_unread_and_recomputed(
 
     assert store.load_rows("k") is None  # the entry is "not there": never opened, never read
     if entry == "frames.arrow":  # (a special file where the JSON belongs is simply no entry)
-        assert f"case store entry k.case.json is unusable (k.frames.arrow: {_kind_text(kind)}, not a regular file)" in (
-            caplog.text
-        )
+        refused = f"case store entry k.case.json is unusable (k.frames.arrow: {_kind_text(kind)}, not a regular file)"
+        assert refused in caplog.text
     store.save("k", CaseResult(ID))  # a fifo is replaced by the atomic rename
     assert store.load_rows("k") == CaseResult(ID)
 

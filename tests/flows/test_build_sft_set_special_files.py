@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -163,6 +164,17 @@ def test_a_case_past_its_time_bound_is_a_case_timeout_and_the_run_goes_on(
     again = build_sft_set_flow(atlas_root=str(root), output_dir=str(out), batch_size=2, max_workers=1)
     assert again["cases_timed_out"] == 0 and again["cases_resumed_from_store"] == 2
     assert again["organ_rows"]["train"]["total"] == 6
+
+
+def test_the_default_time_bound_is_ten_times_the_median_case_with_a_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    seconds: deque[float] = deque(maxlen=1000)
+    monkeypatch.setattr(build, "_case_seconds", seconds)
+    assert build.case_time_bound(None) == 600.0  # no case yet: the floor
+    seconds.extend([1.0, 2.0, 100.0])
+    assert build.case_time_bound(None) == 600.0  # 10 x the median (2 s) is under the floor
+    seconds.extend([90.0, 95.0])
+    assert build.case_time_bound(None) == 900.0  # 10 x the median, 90 s
+    assert build.case_time_bound(7.5) == 7.5  # a configured bound is used as it is
 
 
 def test_case_timeout_must_be_positive(tmp_path: Path) -> None:
