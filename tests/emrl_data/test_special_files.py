@@ -205,7 +205,7 @@ def test_the_key_reads_only_files_rows_read(clean_atlas: Path, tmp_path: Path) -
     assert case_cache_key(ref, CFG, "train") == case_cache_key(ref, CFG, "train")  # deterministic
 
 
-@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "folder"])
+@pytest.mark.parametrize("kind", sorted(KINDS))
 def test_a_special_metadata_csv_is_a_run_warning(
     clean_atlas: Path, tmp_path: Path, kind: str, sockets: list[socket.socket]
 ) -> None:
@@ -222,7 +222,7 @@ def test_a_special_metadata_csv_is_a_run_warning(
     ]
 
 
-@pytest.mark.parametrize("kind", ["fifo", "dev_urandom", "folder"])
+@pytest.mark.parametrize("kind", sorted(KINDS))
 def test_a_special_split_file_stops_the_plan_in_one_line_naming_it(
     clean_atlas: Path, tmp_path: Path, kind: str, sockets: list[socket.socket]
 ) -> None:

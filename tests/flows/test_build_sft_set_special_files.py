@@ -219,6 +219,37 @@ def test_a_full_disk_fails_in_one_line_naming_the_shard_and_leaves_no_temporary_
     assert json.loads((out / "manifest.json").read_text())["cases_resumed_from_store"] == 2 and shard.exists()
 
 
+_EFBIG_STORE_SCRIPT = """
+import resource, signal, sys
+from pathlib import Path
+from emrl_data.curate import CaseResult, CaseStore
+from emrl_data.shards import OutputWriteError
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+row = {"organ": "liver", "frames": [{"bytes": b"x" * (2 << 20), "path": "f.png"}]}
+try:
+    CaseStore(Path(sys.argv[1])).save("k", CaseResult("BDMAP_00000001", rows=[row]))
+except OutputWriteError as err:
+    print(err)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_case_store_entry_over_the_file_size_limit_leaves_no_temporary_file(tmp_path: Path) -> None:
+    store = tmp_path / "cases"
+    done = subprocess.run(
+        [sys.executable, "-c", _EFBIG_STORE_SCRIPT, str(store)], capture_output=True, text=True, timeout=100, cwd=ROOT
+    )
+    assert done.returncode == 3, done.stderr
+    assert done.stdout.strip() == (
+        f"the file-size limit (ulimit -f) is reached while writing {store / 'k.frames.arrow'} (File too large, "
+        "EFBIG); finished cases are kept, raise the limit and rerun"
+    )
+    assert sorted(p.name for p in store.iterdir()) == []
+
+
 _EFBIG_SCRIPT = """
 import resource, signal, sys
 from pathlib import Path
