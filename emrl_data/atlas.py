@@ -26,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from emrl_data.fileio import describe_special, read_regular_bytes
 from emrl_data.organs import LOCATION_NAMES, METADATA_COLUMNS, ORGAN_STRUCTURES, OrganSpec  # noqa: F401 - re-exported
 from emrl_data.outcome import CaseDataError, Rejection, RejectReason
 from emrl_data.types import Organ, Split, is_valid_case_id
@@ -52,12 +53,18 @@ NIFTI_SUFFIXES = (".nii.gz", ".nii")
 _LESION_WORDS = re.compile(r"(tumou?r|cyst|lesion|mass|pdac|pnet|metasta|nodule|cancer|carcinoma|hcc|neoplasm)")
 
 
-def probe_file(path: Path, rel: str) -> bool:
-    """Return True for a regular file, False when nothing is at `path`; raise for anything in between.
+def probe_file(path: Path, rel: str, what: str = "a NIfTI file") -> bool:
+    """Return True for a regular file, False when nothing is at `path`; raise for anything in between. Opens nothing.
+
+    Args:
+        path: the file.
+        rel: how messages call it.
+        what: what belongs there, for messages ("a NIfTI file", "a CSV file").
 
     Raises:
         CaseDataError: UNREADABLE_FILE when the path exists (or is a link) but is not a readable regular file: a
-            folder, a dangling or looping symlink, a permission or I/O error on the way to it.
+            folder, a named pipe, a socket, a device (e.g. a symlink to /dev/zero), a dangling or looping symlink, a
+            permission or I/O error on the way to it; the detail names the kind.
     """
     try:
         st = os.stat(path)
@@ -72,8 +79,8 @@ def probe_file(path: Path, rel: str) -> bool:
             RejectReason.UNREADABLE_FILE, f"{rel}: cannot be read ({_os_reason(err)})", path=rel
         ) from None
     if not stat.S_ISREG(st.st_mode):
-        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-        raise CaseDataError(RejectReason.UNREADABLE_FILE, f"{rel}: {kind} where a NIfTI file belongs", path=rel)
+        kind = describe_special(path, st.st_mode)
+        raise CaseDataError(RejectReason.UNREADABLE_FILE, f"{rel}: {kind} where {what} belongs", path=rel)
     return True
 
 
@@ -133,6 +140,53 @@ class CaseRef:
             ) from None
         stems = {n[: -len(s)] for n in names for s in NIFTI_SUFFIXES if n.endswith(s)}
         return tuple(sorted(stems))
+
+
+# Every structure file a row may read (organ masks, lesion files and their aliases and fallbacks, sub-structures):
+# the case key hashes these files' content; any other file of the folder enters it by name only, never opened.
+USED_STRUCTURES = frozenset(
+    name
+    for spec in ORGAN_STRUCTURES.values()
+    for name in (
+        *spec.organ_masks,
+        spec.lesion_mask,
+        *spec.lesion_aliases,
+        *spec.lesion_fallbacks,
+        *(part for part, _ in spec.parts),
+    )
+)
+
+
+def structure_of(file_name: str) -> str | None:
+    """The structure a mask-folder entry holds (`liver.nii.gz` -> `liver`), None for a name without a NIfTI suffix."""
+    return next((file_name[: -len(s)] for s in NIFTI_SUFFIXES if file_name.endswith(s)), None)
+
+
+def special_entries(ref: CaseRef) -> tuple[tuple[str, str], ...]:
+    """Return `(path relative to the root, kind)` for every named pipe, socket or device (or symlink to one) in the
+    case's image folder and mask folder, sorted; opens nothing (`scandir`, plus one `stat` per symlink or special entry).
+
+    Folders, regular files and links that do not resolve are left out: a folder or a broken link where a file a row
+    needs belongs is already a rejection (`probe_file`), and anywhere else it is no input at all.
+    """
+    found = []
+    for folder in sorted({ref.ct_path.parent, ref.mask_dir}):
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False):
+                    continue
+                st = os.stat(entry.path)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+                continue
+            path = Path(entry.path)
+            found.append((printable(ref.relative(path)), describe_special(path, st.st_mode)))
+    return tuple(found)
 
 
 def lesion_files(ref: CaseRef, organ: Organ) -> tuple[str, ...]:
@@ -378,7 +432,7 @@ def read_csv_table(path: Path, *, key_column: str = "BDMAP ID") -> CsvTable:
     Raises:
         OSError: the file cannot be read.
     """
-    raw = path.read_bytes()
+    raw = read_regular_bytes(path)
     text_lines, undecodable, cp1252 = _decode_lines(raw[3:] if raw.startswith(b"\xef\xbb\xbf") else raw)
     delimiter = _sniff_delimiter(text_lines[0] if text_lines else "", key_column)
     # Process-wide and only ever raised (threads may read CSVs at once; restoring it would race).
@@ -533,7 +587,7 @@ def read_split_files(root: Path) -> SplitListing | None:
 def _plan_file(path: Path) -> bool:
     """True when a run-level file (metadata CSV, split file) exists; AtlasError when it exists but cannot be used."""
     try:
-        return probe_file(path, path.name)
+        return probe_file(path, path.name, "a CSV file")
     except CaseDataError as err:
         raise AtlasError(f"cannot use {err.detail} (fix or remove it: it decides splits or weak labels)") from None
 

@@ -15,7 +15,6 @@ import logging
 import math
 import os
 import shutil
-import stat
 import struct
 import threading
 import traceback
@@ -32,14 +31,18 @@ import xxhash
 from emrl_data import __version__
 from emrl_data.atlas import (
     ORGAN_STRUCTURES,
+    USED_STRUCTURES,
     AtlasOrganMeta,
     CaseRef,
     lesion_files,
     printable,
     probe_file,
+    special_entries,
+    structure_of,
     unrecognised_lesion_files,
 )
 from emrl_data.config import CurateConfig
+from emrl_data.fileio import FileChangedError, NotRegularFileError, check_unchanged, open_regular, read_regular_bytes
 from emrl_data.frames import build_frames
 from emrl_data.labels import OrganLabels, label_organ
 from emrl_data.nifti import CaseImages, open_case
@@ -52,6 +55,7 @@ from emrl_data.report import (
     render_prompt,
     render_report,
 )
+from emrl_data.shards import writing
 from emrl_data.types import Organ, row_values
 
 
@@ -66,6 +70,7 @@ class CaseResult:
     rows: list[dict[str, Any]] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
     file_digests: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # case-level notes for the run's warnings (special files)
 
 
 # Reasons that condemn the whole case when raised without an organ: the grid or geometry itself is wrong, so every
@@ -94,9 +99,25 @@ def curate_case(
         cfg: the curation config.
         metadata: the metadata CSV's weak labels for this case (None when there is no CSV row).
 
+    A named pipe, socket or device (or a symlink to one) in the case's folders that no rejection names (no row
+    needed it) is named in `CaseResult.warnings` instead: it was never opened.
+
     Returns:
         The rows (one per organ that could be labelled) and the rejections (whole case, or per organ).
     """
+    result = _curate(ref, split=split, cfg=cfg, metadata=metadata)
+    rejected = {r.path for r in result.rejections}
+    result.warnings = [
+        f"{rel}: {kind}, not read (no row uses it)" for rel, kind in special_entries(ref) if rel not in rejected
+    ]
+    for message in result.warnings:
+        logger.warning("%s: %s", ref.case_id, message)
+    return result
+
+
+def _curate(
+    ref: CaseRef, *, split: str, cfg: CurateConfig, metadata: Mapping[Organ, AtlasOrganMeta] | None
+) -> CaseResult:
     result = CaseResult(ref.case_id)
     try:
         probe_file(ref.ct_path, ref.relative(ref.ct_path))
@@ -340,6 +361,8 @@ def _unreadable(ref: CaseRef, organ: Organ | None, step: str, err: OSError) -> R
     code = errno.errorcode.get(err.errno or 0)
     reason = f"{err.strerror or err}" + (f", {code}" if code else "")
     detail = f"{rel}: cannot be read ({reason})"
+    if isinstance(err, NotRegularFileError | FileChangedError):  # the kind or the change says it all
+        detail = f"{rel}: {err.strerror}"
     organ_name = None if organ is None else str(organ)
     return Rejection(ref.case_id, organ_name, step, RejectReason.UNREADABLE_FILE, detail, rel if name else None)
 
@@ -357,30 +380,36 @@ def _unexpected(ref: CaseRef, organ: Organ | None, step: str, err: Exception) ->
 
 
 def case_cache_key(ref: CaseRef, cfg: CurateConfig, split: str, metadata_key: str = "") -> str:
-    """Return a key that changes when any of the case's files, the config, the split or the code version changes.
+    """Return a key that changes when any file a row reads, the config, the split or the code version changes.
 
-    Per file a real checksum of its content (`file_checksum`). Paths do not enter the key, so a moved atlas reuses
-    its cache. Never raises for a file problem: an unreadable file or folder enters the key as its error, so the case
-    is curated (and rejected as `unreadable_file`) and is curated again once the file can be read.
+    Per file a row may read (the CT and every mask-folder file of a structure in `USED_STRUCTURES`) a real checksum
+    of its content (`file_checksum`); every other entry of the mask folder enters by its name alone and is never
+    opened (a stray huge file or a named pipe costs nothing; its name stays in the key because the rows' warnings
+    name lesion-like files no rule reads). Paths do not enter the key, so a moved atlas reuses its cache. Never
+    raises for a file problem: an unreadable file, a special file (named pipe, device) or a folder enters the key as
+    its error, so the case is curated (and rejected as `unreadable_file`) and is curated again once it is fixed.
     """
     digest = hashlib.sha256()
     digest.update(f"{__version__}|{cfg.fingerprint()}|{ref.case_id}|{split}|{metadata_key}".encode())
-    entries = [("ct", ref.ct_path)]
+    entries: list[tuple[str, Path | None]] = [("ct", ref.ct_path)]
     try:
         names = sorted(os.listdir(ref.mask_dir))
     except (FileNotFoundError, NotADirectoryError):
         names = []
     except OSError as err:
-        names, entries = [], [*entries, ("segmentations/", ref.mask_dir)]
+        names = []
         digest.update(f"|segmentations/|error {err.errno}".encode())
-    entries += [(name, ref.mask_dir / name) for name in names]
+    entries += [(name, ref.mask_dir / name if structure_of(name) in USED_STRUCTURES else None) for name in names]
     for rel, path in entries:
-        if rel == "segmentations/":
-            continue
-        try:
-            fingerprint = file_checksum(path) if os.path.lexists(path) else "absent"
-        except OSError as err:
-            fingerprint = f"error {err.errno}"
+        if path is None:
+            fingerprint = "name only"
+        else:
+            try:
+                fingerprint = file_checksum(path) if os.path.lexists(path) else "absent"
+            except NotRegularFileError as err:
+                fingerprint = f"not a regular file: {err.kind}"
+            except OSError as err:
+                fingerprint = f"error {err.errno}"
         digest.update(f"|{rel}|{fingerprint}".encode("utf-8", "surrogateescape"))
     return digest.hexdigest()[:32]
 
@@ -398,22 +427,33 @@ def file_checksum(path: Path) -> str:
     in the first bytes implies; a multi-member stream, trailing padding or any other doubt falls back to xxh3-128 of
     the whole file, as does every uncompressed file.
 
+    Only a regular file is opened (`open_regular`), and never more than the size `stat` reported at the start is read.
+
     Raises:
+        NotRegularFileError: a named pipe, socket, device or folder (never opened, never read).
+        FileChangedError: the file changed size or was rewritten while it was read.
         OSError: the file cannot be read.
     """
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        head = fh.read(_HEAD_BYTES)
+    with open_regular(path) as fh:
+        before = os.fstat(fh.fileno())
+        size = before.st_size
+        head = fh.read(min(_HEAD_BYTES, size))
         if head[:2] == b"\x1f\x8b" and size >= 18:
             fh.seek(size - 8)
             tail = fh.read(8)
             expected = _nifti_payload_size(head)
-            if expected is not None and struct.unpack("<I", tail[4:])[0] == expected % 2**32:
+            if len(tail) == 8 and expected is not None and struct.unpack("<I", tail[4:])[0] == expected % 2**32:
+                check_unchanged(fh, before, path)
                 return f"gz:{size}:{hashlib.sha256(head).hexdigest()}:{tail.hex()}"
         fh.seek(0)
         hasher = xxhash.xxh3_128()
-        while chunk := fh.read(_CHUNK_BYTES):
+        left = size
+        while left > 0 and (chunk := fh.read(min(_CHUNK_BYTES, left))):
             hasher.update(chunk)
+            left -= len(chunk)
+        if left:
+            raise FileChangedError(path, f"{size} bytes at the start, {size - left} could be read")
+        check_unchanged(fh, before, path)
     return f"xxh3:{size}:{hasher.hexdigest()}"
 
 
@@ -501,6 +541,8 @@ class CaseStore:
             "file_digests": dict(result.file_digests),
             "frames_sha256": hashlib.sha256(arrow_bytes).hexdigest(),
         }
+        if result.warnings:  # only then: entries of cases without special files stay as they were
+            payload["warnings"] = list(result.warnings)
         body = json.dumps(payload, sort_keys=True, allow_nan=True, default=_json_scalar)
         document = json.dumps({"sha256": hashlib.sha256(body.encode()).hexdigest(), "payload": body})
         _write_atomic(arrow_bytes, self._arrow(key))
@@ -516,7 +558,13 @@ class CaseStore:
             Rejection(r["case_id"], r["organ"], r["step"], RejectReason(r["reason"]), r["detail"], r["path"])
             for r in payload["rejections"]
         ]
-        return CaseResult(payload["case_id"], list(payload["rows"]), rejections, dict(payload["file_digests"]))
+        return CaseResult(
+            payload["case_id"],
+            list(payload["rows"]),
+            rejections,
+            dict(payload["file_digests"]),
+            list(payload.get("warnings", [])),
+        )
 
     def _payload(self, key: str) -> tuple[dict[str, Any], bytes] | None:
         path = self._json(key)
@@ -573,13 +621,12 @@ _MAX_ARROW_BYTES = 4 << 30  # frames of one case: a few MiB
 
 
 def _read_bounded(path: Path, limit: int) -> bytes:
-    """Read a store file that must be a regular file of at most `limit` bytes (a planted link to a device or a huge
-    file is refused before reading)."""
-    with path.open("rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-            raise ValueError(f"{path.name}: not a regular file of at most {limit} bytes")
-        return fh.read()
+    """Read a store file that must be a regular file of at most `limit` bytes (a planted named pipe, link to a
+    device or huge file is refused before it is opened or read)."""
+    try:
+        return read_regular_bytes(path, limit)
+    except NotRegularFileError as err:
+        raise ValueError(f"{path.name}: {err.strerror}") from None
 
 
 def _write_atomic(data: bytes, path: Path) -> None:
@@ -587,6 +634,7 @@ def _write_atomic(data: bytes, path: Path) -> None:
         logger.warning("case store: %s is a folder where an entry belongs; replaced", path)
         shutil.rmtree(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    with tmp.open("wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
+    with writing(path, tmp):  # no room: `OutputWriteError` naming the entry, no temporary file left
+        with tmp.open("wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)

@@ -34,6 +34,7 @@ import deflate
 import numpy as np
 from isal import isal_zlib
 
+from emrl_data.fileio import check_unchanged, open_regular
 from emrl_data.outcome import CaseDataError, RejectReason
 
 
@@ -229,16 +230,22 @@ def read_payload(
         CaseDataError: CORRUPT_GZIP (bad stream, CRC/ISIZE mismatch, stream longer or shorter than the header says,
             garbage after the last member), ABSURD_SIZE (an uncompressed file of another size than its header
             implies), NOT_NIFTI (not gzip under a `.gz` name), or whatever `payload_size` raises.
+        NotRegularFileError: `path` is a named pipe, socket, device or folder (refused before it is opened).
+        FileChangedError: the file changed size or was rewritten while it was read (never a mix of two versions).
         OSError: the file cannot be opened or read.
     """
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+    with open_regular(path) as f:
+        before = os.fstat(f.fileno())
+        size = before.st_size  # no read goes past it
         head = f.read(min(size, _CHUNK_BYTES))
         if head[:2] != GZIP_MAGIC:
             if force_gzip:
                 raise CaseDataError(RejectReason.NOT_NIFTI, f"{name}: not a gzip stream", path=name)
-            return _read_plain(f, head, size, name, payload_size)
-        return _read_gzip(f, head, size, name, payload_size)
+            read = _read_plain(f, head, size, name, payload_size)
+        else:
+            read = _read_gzip(f, head, size, name, payload_size)
+        check_unchanged(f, before, path)
+        return read
 
 
 def _read_plain(

@@ -28,12 +28,13 @@ class RejectReason(StrEnum):
     MASK_GRID_MISMATCH = "mask_grid_mismatch"  # a mask cannot be placed on the CT grid
     BAD_METADATA_ROW = "bad_metadata_row"  # the case's metadata CSV row cannot be parsed (the case still runs)
     SPLIT_CONFLICT = "split_conflict"  # the case is listed in more than one split file (a train/test leak)
-    UNREADABLE_FILE = "unreadable_file"  # a case file or folder exists but cannot be read (permission, I/O, loop)
+    UNREADABLE_FILE = "unreadable_file"  # a file exists but cannot be read (permission, I/O, loop, pipe, device)
     NOT_A_CASE = "not_a_case"  # a discovery entry named like a case that cannot be one (file, loop, wrong place)
     IMPLAUSIBLE_SPACING = "implausible_spacing"  # a voxel size outside LoadConfig.spacing_range_mm
     GEOMETRY_CONFLICT = "geometry_conflict"  # sform / qform / pixdim of one file disagree beyond tolerance
     MASK_ORIENTATION_CONFLICT = "mask_orientation_conflict"  # a mask's mirror image fits the CT, the stored one not
     IMPLAUSIBLE_ORGAN_HU = "implausible_organ_hu"  # an organ's mean HU is outside its window (organ-level)
+    CASE_TIMEOUT = "case_timeout"  # the case ran past the per-case time bound and was abandoned (run goes on)
     UNEXPECTED_ERROR = "unexpected_error"  # a bug, not a data defect: fails the flow at the end
 
 
@@ -56,7 +57,7 @@ class Rejection:
 
     case_id: str
     organ: str | None  # None when the whole case is rejected
-    step: str  # "discover", "metadata", "load", "labels", "frames"
+    step: str  # "discover", "metadata", "load", "labels", "frames"; "curate" for a case_timeout
     reason: RejectReason
     detail: str
     path: str | None = None  # the offending file, relative to the atlas root when possible

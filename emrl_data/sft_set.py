@@ -9,7 +9,7 @@ store) -> `select_sft_rows` (`emrl_data.dataset`) -> `write_sft_set_tables` -> `
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from emrl_data.dataset import count_rejections, count_rows, finish_table, row_or
 from emrl_data.frames import draw_contact_sheet
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.records import SFT_SCHEMA, check_required
-from emrl_data.shards import write_split_streaming
+from emrl_data.shards import write_bytes_atomic, write_split_streaming
 from emrl_data.types import Organ, Split, row_id
 
 
@@ -39,11 +39,13 @@ class GatheredCases:
         rows: one `findings` row per organ row, sorted by `emrl_data.dataset.row_order`.
         rejections: the cases' rejections, in case order (the plan's own rejections are not included).
         file_digests: sha256 of every input file read, keyed `row_id(case_id, file name)`.
+        warnings: the cases' own warnings for the run (special files no row needed), in case order.
     """
 
     rows: list[dict[str, Any]]
     rejections: list[Rejection]
     file_digests: dict[str, str]
+    warnings: list[str] = field(default_factory=list)
 
 
 def sft_set_provenance(
@@ -84,15 +86,17 @@ def gather_case_results(case_ids: Sequence[str], store: CaseStore, keys: Mapping
     rows: list[dict[str, Any]] = []
     rejections: list[Rejection] = []
     digests: dict[str, str] = {}
+    warnings: list[str] = []
     for case_id in case_ids:
         result = store.load_rows(keys[case_id])
         if result is None:
             raise RuntimeError(f"case store entry of {case_id} vanished or broke during the run: {store.root}")
         rows += result.rows
         rejections += result.rejections
+        warnings += result.warnings
         digests.update({row_id(case_id, name): digest for name, digest in result.file_digests.items()})
     rows.sort(key=row_order)
-    return GatheredCases(rows, rejections, digests)
+    return GatheredCases(rows, rejections, digests, warnings)
 
 
 def rejection_rows(rejections: Iterable[Rejection]) -> list[dict[str, Any]]:
@@ -287,5 +291,5 @@ def write_contact_sheet(
         tiles.append(
             (row["frames"][k - 1]["bytes"], tuple(row["bbox_xyxy_px"]), f"{row['case_id'][-4:]} {row['organ']} k={k}")
         )
-    path.write_bytes(draw_contact_sheet(tiles))
+    write_bytes_atomic(draw_contact_sheet(tiles), path)
     return path

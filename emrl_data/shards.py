@@ -7,10 +7,12 @@ deflated), dictionary encoding and statistics on scalar columns only, row groups
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +51,77 @@ def _holds_binary(arrow_type: pa.DataType) -> bool:
     return False
 
 
+# errno -> (what happened, the fix) for a write that failed for lack of room
+_NO_ROOM = {
+    errno.ENOSPC: ("the disk is full", "free space and rerun"),
+    errno.EDQUOT: ("the disk quota is used up", "free space (or raise the quota) and rerun"),
+    errno.EFBIG: ("the file-size limit (ulimit -f) is reached", "raise the limit and rerun"),
+}
+_NO_ROOM_TEXT = {os.strerror(code): code for code in _NO_ROOM}  # pyarrow's errors carry the text, not always errno
+
+
+class OutputWriteError(OSError):
+    """A write of an output file failed for lack of room (ENOSPC, EDQUOT, or EFBIG under a file-size limit).
+
+    The message is one line naming the file and the cause; no temporary file is left behind, and what was finished
+    before (case-store entries, earlier tables) is kept, so a rerun resumes. `fix` says what to do.
+    """
+
+    def __init__(self, path: Path, code: int) -> None:
+        what, fix = _NO_ROOM[code]
+        name = errno.errorcode.get(code, str(code))
+        message = f"{what} while writing {path} ({os.strerror(code)}, {name}); finished cases are kept, {fix}"
+        super().__init__(code, message, os.fspath(path))
+        self.fix = f"{fix} the same command: it resumes from the finished cases (no temporary file was left)"
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def no_room_errno(err: BaseException) -> int | None:
+    """The errno of a write that failed for lack of room (`err` or any exception it was raised from), else None."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _NO_ROOM:
+            return current.errno
+        text = str(current)
+        code = next((c for message, c in _NO_ROOM_TEXT.items() if message in text), None)
+        if code is not None:
+            return code
+        current = current.__cause__ or current.__context__
+    return None
+
+
+@contextlib.contextmanager
+def writing(path: Path, *tmp_paths: Path) -> Iterator[None]:
+    """Around the write of `path` through `tmp_paths`: on any failure the temporary files are removed, and a failure
+    for lack of room becomes an `OutputWriteError` naming `path` and the cause."""
+    try:
+        yield
+    except BaseException as err:
+        for tmp in tmp_paths:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+        code = None if isinstance(err, OutputWriteError) else no_room_errno(err)
+        if code is not None:
+            raise OutputWriteError(path, code) from err
+        raise
+
+
 def write_parquet_atomic(table: pa.Table, path: Path) -> None:
-    """Write one Parquet file through a temporary name and rename it into place (readers never see half a file)."""
+    """Write one Parquet file through a temporary name and rename it into place (readers never see half a file).
+
+    Raises:
+        OutputWriteError: the disk (or quota, or file-size limit) has no room; no temporary file is left.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     rows_per_group = max(1, int(ROW_GROUP_BYTES // max(_row_bytes(table), 1)))
-    pq.write_table(table, tmp, row_group_size=rows_per_group, **_column_options(table.schema))
-    os.replace(tmp, path)
+    with writing(path, tmp):
+        pq.write_table(table, tmp, row_group_size=rows_per_group, **_column_options(table.schema))
+        os.replace(tmp, path)
 
 
 def write_split_shards(rows: Sequence[Mapping[str, Any]], schema: pa.Schema, data_dir: Path, split: str) -> list[Path]:
@@ -89,19 +155,23 @@ def sha256_file(path: Path, chunk_bytes: int = 8 * 1024**2) -> str:
 
 
 def write_json_atomic(data: Any, path: Path) -> None:
-    """Write JSON (sorted keys, indented) through a temporary file and rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    """Write JSON (sorted keys, indented) through a temporary file and rename (`OutputWriteError` without room)."""
+    write_text_atomic(json.dumps(data, indent=2, sort_keys=True) + "\n", path)
 
 
 def write_text_atomic(text: str, path: Path) -> None:
-    """Write text through a temporary file and rename."""
+    """Write text through a temporary file and rename (`OutputWriteError` without room; no temporary file left)."""
+    write_bytes_atomic(text.encode(), path)
+
+
+def write_bytes_atomic(data: bytes, path: Path) -> None:
+    """Write bytes through a temporary file and rename (`OutputWriteError` without room; no temporary file left)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    with writing(path, tmp):
+        with tmp.open("wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
 
 
 def table_manifest(table_dir: Path, extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -133,6 +203,9 @@ def write_split_streaming(
         split: the split name.
 
     Memory stays at about one row group (~100 MB) plus the row being produced.
+
+    Raises:
+        OutputWriteError: the disk (or quota, or file-size limit) has no room; every temporary shard is removed.
     """
     total = int(sum(row_bytes))
     n_shards = max(1, -(-total // MAX_SHARD_BYTES))
@@ -160,23 +233,38 @@ def write_split_streaming(
 
     columns = [f.name for f in schema]
     n_rows = 0
-    for index, row in enumerate(rows):
-        if shard_of[index] != current:
-            flush()
-            current = shard_of[index]
-        batch.append({c: row.get(c) for c in columns})
-        batch_bytes += row_bytes[index]
-        n_rows += 1
-        if batch_bytes >= ROW_GROUP_BYTES:
-            flush()
-    flush()
-    if n_rows != len(row_bytes):
-        raise ValueError(f"{split}: got {n_rows} rows but {len(row_bytes)} size estimates.")
-    for i in range(n_shards):
-        if writers[i] is None:  # an empty split (or shard) still gets a valid file
-            writers[i] = pq.ParquetWriter(tmp_paths[i], schema, **options)
-        writers[i].close()  # type: ignore[union-attr]
-        os.replace(tmp_paths[i], paths[i])
+    try:
+        for index, row in enumerate(rows):
+            if shard_of[index] != current:
+                flush()
+                current = shard_of[index]
+            batch.append({c: row.get(c) for c in columns})
+            batch_bytes += row_bytes[index]
+            n_rows += 1
+            if batch_bytes >= ROW_GROUP_BYTES:
+                flush()
+        flush()
+        if n_rows != len(row_bytes):
+            raise ValueError(f"{split}: got {n_rows} rows but {len(row_bytes)} size estimates.")
+        for i in range(n_shards):
+            current = i
+            if writers[i] is None:  # an empty split (or shard) still gets a valid file
+                writers[i] = pq.ParquetWriter(tmp_paths[i], schema, **options)
+            writer, writers[i] = writers[i], None
+            writer.close()  # type: ignore[union-attr]
+            os.replace(tmp_paths[i], paths[i])
+    except BaseException as err:
+        for open_writer in writers:  # release the files before removing them
+            if open_writer is not None:
+                with contextlib.suppress(Exception):
+                    open_writer.close()
+        for tmp in tmp_paths:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+        code = no_room_errno(err)
+        if code is not None:
+            raise OutputWriteError(paths[current], code) from err
+        raise
     for stale in data_dir.glob(f"{split}-*-of-*.parquet"):
         if stale not in paths:
             stale.unlink()

@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import base64
 import json
+import math
+import queue
+import statistics
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +35,9 @@ from tqdm import tqdm
 
 from emrl_data.atlas import AtlasOrganMeta, AtlasPlan, CaseRef, plan_atlas
 from emrl_data.config import CurateConfig, SftConfig
-from emrl_data.curate import PLAUSIBLE_ORGAN_VOLUME_CM3, CaseStore, case_cache_key, curate_case
+from emrl_data.curate import PLAUSIBLE_ORGAN_VOLUME_CM3, CaseResult, CaseStore, case_cache_key, curate_case
 from emrl_data.dataset import select_sft_rows
-from emrl_data.outcome import Rejection
+from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.qa import build_qa_report, qa_markdown
 from emrl_data.sft_set import (
     build_summary,
@@ -43,10 +49,93 @@ from emrl_data.sft_set import (
     write_contact_sheet,
     write_sft_set_tables,
 )
-from emrl_data.shards import write_json_atomic
+from emrl_data.shards import write_json_atomic, write_text_atomic
 from emrl_data.types import Organ
 from flows._common import Progress, batched, git_sha, rejection_table
 from flows.runners import check_cluster, is_lost_worker_error, make_task_runner, settle_future
+
+
+# The per-case time bound (docs/operations.md, "Inputs that could stall a run"): a case still running after it is
+# abandoned as `case_timeout` and the run goes on. Unset (`case_timeout_s=None`), the bound is
+# max(CASE_TIMEOUT_FLOOR_S, CASE_TIMEOUT_MEDIAN_FACTOR x the median time of the last cases this process curated).
+CASE_TIMEOUT_FLOOR_S = 600.0
+CASE_TIMEOUT_MEDIAN_FACTOR = 10.0
+_case_seconds: deque[float] = deque(maxlen=1000)  # curation times of this process's last cases (not resumed ones)
+_case_seconds_lock = threading.Lock()
+
+
+def case_time_bound(case_timeout_s: float | None) -> float:
+    """The time bound of the next case: `case_timeout_s` when set, else the adaptive default (floor or 10x median)."""
+    if case_timeout_s is not None:
+        return case_timeout_s
+    with _case_seconds_lock:
+        median = statistics.median(_case_seconds) if _case_seconds else 0.0
+    return max(CASE_TIMEOUT_FLOOR_S, CASE_TIMEOUT_MEDIAN_FACTOR * median)
+
+
+class CaseOverrunError(Exception):
+    """A case ran past its time bound (its thread is abandoned)."""
+
+
+class CaseThread:
+    """A daemon thread that runs the cases of one task-runner worker one at a time, under a time bound.
+
+    Kept per worker thread (so the decode buffers of its per-thread pool are reused from case to case) and replaced
+    when a case overruns: the abandoned thread finishes (or not) on its own and then exits; it holds no lock the run
+    needs, and being a daemon it never keeps the process alive.
+    """
+
+    _local = threading.local()
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        threading.Thread(target=_serve_cases, args=(self._jobs,), name="emrl-case", daemon=True).start()
+
+    @classmethod
+    def current(cls) -> CaseThread:
+        """The calling worker's case thread (started on first use)."""
+        found = getattr(cls._local, "thread", None)
+        if found is None:
+            found = cls._local.thread = cls()
+        return found
+
+    def run(self, job: Callable[[], Any], timeout_s: float) -> Any:
+        """Run `job` on this thread and return its result (or raise its exception) within `timeout_s`.
+
+        Raises:
+            CaseOverrunError: `job` is still running after `timeout_s`: this thread is abandoned (it exits once the
+                job ends) and the worker's next case gets a fresh one.
+        """
+        outcome: list[tuple[bool, Any]] = []
+        finished = threading.Event()
+        self._jobs.put((job, outcome, finished))
+        if not finished.wait(None if math.isinf(timeout_s) else timeout_s):
+            self._jobs.put(None)  # the thread exits when (if ever) the job ends
+            if getattr(CaseThread._local, "thread", None) is self:
+                CaseThread._local.thread = None
+            raise CaseOverrunError(f"still running after {timeout_s:g} s")
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return value
+
+    def __del__(self) -> None:  # its worker thread ended: let the case thread end too
+        self._jobs.put(None)
+
+
+def _serve_cases(jobs: queue.SimpleQueue[Any]) -> None:
+    while (item := jobs.get()) is not None:
+        job, outcome, finished = item
+        try:
+            outcome.append((True, job()))
+        except BaseException as exc:  # noqa: BLE001 (handed to the waiting worker)
+            outcome.append((False, exc))
+        finished.set()
+
+
+def timeout_key(case_id: str) -> str:
+    """The case-store key of a case abandoned past its time bound: never a content key, so a rerun curates it."""
+    return f"timeout-{case_id}"
 
 
 @task(cache_policy=NO_CACHE)
@@ -56,19 +145,45 @@ def curate_batch_task(
     metadata: dict[str, dict[Organ, AtlasOrganMeta]],
     cfg_dict: dict[str, Any],
     store_dir: str,
+    case_timeout_s: float | None = None,
 ) -> list[tuple[str, str, bool]]:
-    """Curate a batch of cases into the case store; return (case_id, key, was_cached) per case."""
+    """Curate a batch of cases into the case store; return (case_id, key, was_cached) per case.
+
+    Each case (its key, its curation and its store entry) runs on the worker's `CaseThread` under
+    `case_time_bound(case_timeout_s)`; a case past it is stored as a `case_timeout` rejection under `timeout_key`.
+    """
     cfg = CurateConfig.from_dict(cfg_dict)
     store = CaseStore(Path(store_dir))
     done = []
     for ref in refs:
-        meta = metadata.get(ref.case_id)
-        key = case_cache_key(ref, cfg, splits[ref.case_id], _meta_key(meta))
-        cached = store.has(key)
-        if not cached:
-            store.save(key, curate_case(ref, split=splits[ref.case_id], cfg=cfg, metadata=meta))
-        done.append((ref.case_id, key, cached))
+        split, meta = splits[ref.case_id], metadata.get(ref.case_id)
+        bound = case_time_bound(case_timeout_s)
+        try:
+            done.append(CaseThread.current().run(partial(_curate_one, ref, split, meta, cfg, store), bound))
+        except CaseOverrunError:
+            detail = (
+                f"{ref.case_id}: still running after {bound:g} s, the per-case time bound (--case-timeout); "
+                "abandoned, the run went on (a rerun tries it again)"
+            )
+            get_run_logger().warning("%s", detail)
+            rejection = Rejection(ref.case_id, None, "curate", RejectReason.CASE_TIMEOUT, detail)
+            store.save(timeout_key(ref.case_id), CaseResult(ref.case_id, rejections=[rejection]))
+            done.append((ref.case_id, timeout_key(ref.case_id), False))
     return done
+
+
+def _curate_one(
+    ref: CaseRef, split: str, meta: Mapping[Organ, AtlasOrganMeta] | None, cfg: CurateConfig, store: CaseStore
+) -> tuple[str, str, bool]:
+    key = case_cache_key(ref, cfg, split, _meta_key(meta))
+    if store.has(key):
+        return ref.case_id, key, True
+    started = time.perf_counter()
+    result = curate_case(ref, split=split, cfg=cfg, metadata=meta)
+    with _case_seconds_lock:
+        _case_seconds.append(time.perf_counter() - started)
+    store.save(key, result)
+    return ref.case_id, key, False
 
 
 def _meta_key(meta: Mapping[Organ, AtlasOrganMeta] | None) -> str:
@@ -89,6 +204,7 @@ def build_sft_set_flow(
     config: dict[str, Any] | None = None,
     task_runner: str = "thread",
     task_runner_address: str | None = None,
+    case_timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """Build the `findings`, `sft` and `rejections` tables from an AbdomenAtlas-layout folder.
 
@@ -105,10 +221,14 @@ def build_sft_set_flow(
         config: overrides of the curation config, e.g. {"frames": {"max_frames": 16}}.
         task_runner: "thread" (default), "process", "dask" or "ray" (docs/scaling.md).
         task_runner_address: an existing Dask scheduler or Ray cluster address (dask/ray only).
+        case_timeout_s: the per-case time bound in seconds: a case still running after it is abandoned as a
+            `case_timeout` rejection and the run goes on; None (default) = max(600 s, 10x the median case time).
 
     Returns:
         The run summary (also written to `summary.json`).
     """
+    if case_timeout_s is not None and not case_timeout_s > 0:
+        raise ValueError(f"case_timeout_s={case_timeout_s!r} must be a number of seconds > 0 (or None).")
     logger = get_run_logger()
     started = time.perf_counter()
     cfg = CurateConfig.from_dict(config or {})
@@ -119,10 +239,11 @@ def build_sft_set_flow(
     plan = _plan(root, limit, sft_cfg.test_fraction)
     store = CaseStore(out / ".work" / "cases")
     runner = (task_runner, task_runner_address)
-    keys, n_cached, n_retried = _curate_cases(plan, cfg, store, batch_size, max_workers, *runner)
+    keys, n_cached, n_retried = _curate_cases(plan, cfg, store, batch_size, max_workers, *runner, case_timeout_s)
     case_ids = [r.case_id for r in plan.refs]
     gathered = gather_case_results(case_ids, store, keys)
     rows, rejections = gathered.rows, [*plan.rejections, *gathered.rejections]
+    warnings = (*plan.warnings, *gathered.warnings)  # atlas warnings, then special files no row needed
     sft_rows = select_sft_rows(rows, sft_cfg)
 
     provenance = sft_set_provenance(cfg, sft_cfg, plan, git_sha=git_sha())
@@ -133,7 +254,7 @@ def build_sft_set_flow(
         rows,
         rejections,
         plausible_volume_cm3=PLAUSIBLE_ORGAN_VOLUME_CM3,
-        warnings=plan.warnings,
+        warnings=warnings,
         file_digests=gathered.file_digests,
     )
     summary = build_summary(
@@ -146,10 +267,13 @@ def build_sft_set_flow(
         sft_rows=sft_rows,
         rejections=rejections,
         qa_flags=qa.flag_counts,
-        warnings=plan.warnings,
+        warnings=warnings,
         file_digests=gathered.file_digests,
         elapsed_s=time.perf_counter() - started,
-    ) | {"batches_retried": n_retried}  # batches run again because the cluster lost a worker (docs/scaling.md)
+    ) | {
+        "batches_retried": n_retried,  # batches run again because the cluster lost a worker (docs/scaling.md)
+        "cases_timed_out": sum(r.reason == RejectReason.CASE_TIMEOUT for r in rejections),
+    }
     write_json_atomic(summary, out / "manifest.json")
     sheet = write_contact_sheet(sft_rows, store, keys, out / "contact_sheet.png")
     _reports(out, summary, qa_markdown(qa), rejections, sheet)
@@ -180,9 +304,10 @@ def _reports(
     """Write `summary.md` and `qa.md` and publish the run's artifacts."""
     lines = summary_markdown(summary, sheet).split("\n")
     retried = f"- batches retried after a lost worker: {summary['batches_retried']}"
-    summary_md = "\n".join([*lines[:3], retried, *lines[3:]])  # under the cases line
-    (out / "summary.md").write_text(summary_md)
-    (out / "qa.md").write_text(qa_md)
+    timed_out = f"- cases abandoned past the per-case time bound (case_timeout): {summary['cases_timed_out']}"
+    summary_md = "\n".join([*lines[:3], retried, timed_out, *lines[3:]])  # under the cases line
+    write_text_atomic(summary_md, out / "summary.md")
+    write_text_atomic(qa_md, out / "qa.md")
     _artifacts(summary, rejections, summary_md, qa_md, sheet)
 
 
@@ -205,6 +330,7 @@ def _curate_cases(
     max_workers: int,
     task_runner: str,
     task_runner_address: str | None,
+    case_timeout_s: float | None = None,
 ) -> tuple[dict[str, str], int, int]:
     """Submit one curation task per batch of cases, with progress.
 
@@ -237,6 +363,7 @@ def _curate_cases(
                 "metadata": {r.case_id: metadata[r.case_id] for r in batch if r.case_id in metadata},
                 "cfg_dict": cfg.to_dict(),
                 "store_dir": str(store.root),
+                "case_timeout_s": case_timeout_s,
             }
             return runner.submit(curate_batch_task, parameters=parameters)
 

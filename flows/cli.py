@@ -263,6 +263,7 @@ def _build_sft_set(args: argparse.Namespace) -> dict:
         config=_frame_overrides(args),
         task_runner=args.task_runner,
         task_runner_address=args.task_runner_address,
+        case_timeout_s=args.case_timeout,
     )
     print()
     print((Path(args.out) / "summary.md").read_text())
@@ -556,6 +557,14 @@ def _add_build_sft_set(sub: Any, common: list[argparse.ArgumentParser]) -> None:
         default=0,
         help="fail when more cases than this hit an unexpected (non-data) error",
     )
+    p.add_argument(
+        "--case-timeout",
+        metavar="SECONDS",
+        type=_positive(float, 0.01),
+        default=None,
+        help="abandon a case still running after this long as a case_timeout rejection; the run goes on "
+        "(default: max(600 s, 10x the median case time); docs/operations.md)",
+    )
     p.set_defaults(func=_build_sft_set, check=_check_build_sft_set, prefect=True)
 
 
@@ -841,6 +850,8 @@ def _explain(exc: BaseException) -> tuple[str, str]:
     text = " ".join(str(exc).split())[:300] or name
     if isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError)):
         return f"{name}: {text}", "check the path and its permissions"
+    if name == "OutputWriteError":  # no room to write: the message names the file and the cause
+        return text, getattr(exc, "fix", "free space and rerun")
     if name in ("AtlasError", "NoCasesError"):
         return text, "fix the atlas folder or the file named above, then rerun (docs/decisions.md: atlas robustness)"
     if name == "EndpointAuthError":

@@ -465,7 +465,7 @@ def test_split_files_that_cannot_be_used_stop_the_plan_in_one_line(tmp_path: Pat
     assert plan_atlas(root).warnings == ("TrainTestIDS/IID_test.csv lists no valid case id (column 0)",)
     (root / "TrainTestIDS/IID_test.csv").unlink()
     (root / "TrainTestIDS/IID_test.csv").mkdir()  # a split decides train vs test: never guessed around
-    with pytest.raises(AtlasError, match=r"^cannot use IID_test.csv: a folder where a NIfTI file belongs"):
+    with pytest.raises(AtlasError, match=r"^cannot use IID_test.csv: a folder where a CSV file belongs"):
         plan_atlas(root)
 
 
