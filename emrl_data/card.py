@@ -17,15 +17,18 @@ from typing import Any
 import pyarrow.parquet as pq
 import yaml
 
+from emrl_data.organs import ORGANS
+
 
 LICENSE_NAME = "abdomenatlas-3.0"
 LICENSE_LINK = "https://huggingface.co/datasets/AbdomenAtlas/AbdomenAtlas3.0Mini"
 REPO_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 VERSION_PATTERN = re.compile(r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$")
 
+# "{organs}" stands for the registered organs (`organ_names_prose`), filled in when a card is rendered.
 TABLE_DESCRIPTIONS: dict[str, str] = {
     "sft": (
-        "Supervised fine-tuning set: one row per (case, organ) for liver, pancreas and kidney. Each row holds the "
+        "Supervised fine-tuning set: one row per (case, organ) for {organs}. Each row holds the "
         "organ's axial CT frames (8-bit grayscale PNG, numbered 1..N from inferior to superior), the user prompt, "
         "the target report in the E-MRL format and the label columns, named exactly as the GRPO reward arguments."
     ),
@@ -50,7 +53,7 @@ TABLE_TASKS: dict[str, list[str]] = {
 DEFAULT_TASKS = ["image-text-to-text"]
 TAGS = ["medical", "ct", "radiology", "tumor", "abdomenatlas", "radgpt", "e-mrl"]
 
-# SPEC §4: what every label column means.
+# SPEC §4: what every label column means ("{locations}": each registered organ's location names, `location_prose`).
 LABEL_DEFINITIONS: tuple[tuple[str, str], ...] = (
     ("`has_lesion`", "the organ's lesion mask has at least one component that survives the noise filter"),
     (
@@ -77,8 +80,7 @@ LABEL_DEFINITIONS: tuple[tuple[str, str], ...] = (
     ),
     (
         "`location`",
-        "sub-structures holding more than 10 % of the lesion's labelled voxels: liver segments `1`..`8`, pancreas "
-        "`head`/`body`/`tail`, kidney `left`/`right`; a sorted list",
+        "sub-structures holding more than 10 % of the lesion's labelled voxels ({locations}); a sorted list",
     ),
     (
         "`attenuation`",
@@ -381,11 +383,43 @@ def _label_table(definitions: Sequence[tuple[str, str]]) -> str:
     return "\n".join(rows)
 
 
-DEFAULT_LABEL_DEFINITIONS = (
-    _label_table(LABEL_DEFINITIONS)
-    + "\n\nVolumes are in canonical RAS voxel order `(x, y, z)`, z from inferior to superior. Values from the "
-    "atlas metadata CSV are kept beside ours as `atlas_*` columns, never silently preferred."
-)
+def organ_names_prose() -> str:
+    """Return the registered organs as prose, in registry order ("liver, pancreas and kidney")."""
+    names = [str(organ) for organ in ORGANS]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def location_prose() -> str:
+    """Return each registered organ's location names ("liver `1`..`8`, pancreas `head`/`body`/`tail`, ...")."""
+    parts = []
+    for organ, spec in ORGANS.items():
+        names = spec.location_names
+        if not names:
+            parts.append(f"{organ}: none, the whole organ")
+        elif all(n.isdigit() for n in names) and [int(n) for n in names] == list(
+            range(int(names[0]), int(names[0]) + len(names))
+        ):
+            parts.append(f"{organ} `{names[0]}`..`{names[-1]}`")
+        else:
+            parts.append(f"{organ} " + "/".join(f"`{n}`" for n in names))
+    return ", ".join(parts)
+
+
+def default_label_definitions() -> str:
+    """Return SPEC §4's label table for the organs registered now, with the volume convention."""
+    locations = location_prose()
+    definitions = [(label, text.replace("{locations}", locations)) for label, text in LABEL_DEFINITIONS]
+    return (
+        _label_table(definitions)
+        + "\n\nVolumes are in canonical RAS voxel order `(x, y, z)`, z from inferior to superior. Values from the "
+        "atlas metadata CSV are kept beside ours as `atlas_*` columns, never silently preferred."
+    )
+
+
+def table_description(table: str) -> str:
+    """Return the card's opening paragraph for `table`, naming the organs registered now."""
+    text = TABLE_DESCRIPTIONS.get(table, f"The `{table}` table of the E-MRL data pipeline.")
+    return text.replace("{organs}", organ_names_prose())
 
 
 def render_dataset_card(
@@ -439,7 +473,7 @@ def render_dataset_card(
     _check_release(version, repo_id)
     body = [
         _title(table, version),
-        TABLE_DESCRIPTIONS.get(table, f"The `{table}` table of the E-MRL data pipeline."),
+        table_description(table),
         "Built from AbdomenAtlas 3.0 CT volumes and per-structure masks by the E-MRL data pipeline, a reference "
         "implementation of the data side of E-MRL (MICCAI 2026, arXiv 2606.23888).",
         "## Loading",
@@ -451,7 +485,7 @@ def render_dataset_card(
         "## Columns",
         _columns_table(features, descriptions or {}),
         "## Label definitions",
-        (label_definitions if label_definitions is not None else DEFAULT_LABEL_DEFINITIONS).strip(),
+        (label_definitions if label_definitions is not None else default_label_definitions()).strip(),
     ]
     if metrics_markdown is not None:
         body += ["## Results", metrics_markdown.strip()]

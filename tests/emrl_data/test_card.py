@@ -17,13 +17,15 @@ from huggingface_hub import DatasetCard, DatasetCardData
 from PIL import Image as PILImage
 
 from emrl_data.card import (
-    DEFAULT_LABEL_DEFINITIONS,
+    default_label_definitions,
     features_to_yaml_list,
     md_cell,
     parquet_split_bytes,
     release_card,
     render_dataset_card,
 )
+from emrl_data.organs import register_organ, unregister_organ
+from tests.emrl_data.test_organs import SPLEEN
 
 
 SFT_LIKE = Features(
@@ -278,18 +280,33 @@ def test_emrl_bibtex_is_complete() -> None:
 
 def test_render_dataset_card_sections() -> None:
     default = _card()
-    assert DEFAULT_LABEL_DEFINITIONS in default
+    assert default_label_definitions() in default
     assert "## Results" not in default
     custom = _card(
         label_definitions="Custom labels.", metrics_markdown="| organ | B-Acc |\n| --- | --- |\n| liver | 0.9 |"
     )
     assert "## Label definitions\n\nCustom labels.\n" in custom
-    assert DEFAULT_LABEL_DEFINITIONS not in custom
+    assert default_label_definitions() not in custom
     assert "## Results\n\n| organ | B-Acc |" in custom
     assert "| `frames` | `list<image>` |" in default
     assert "| `location` | `list<string>` |" in default
     for citation in ("2501.04678", "2606.23888", "Bassi"):
         assert citation in default
+
+
+def test_card_prose_names_the_registered_organs() -> None:
+    """The organ list and the location vocabulary come from the registry, so a registered organ is named too."""
+    default = _card()
+    assert "one row per (case, organ) for liver, pancreas and kidney. Each row" in default
+    assert "voxels (liver `1`..`8`, pancreas `head`/`body`/`tail`, kidney `left`/`right`); a sorted list" in default
+    register_organ(SPLEEN)
+    try:
+        with_spleen = _card()
+    finally:
+        unregister_organ("spleen")
+    assert "one row per (case, organ) for liver, pancreas, kidney and spleen. Each row" in with_spleen
+    assert "kidney `left`/`right`, spleen: none, the whole organ); a sorted list" in with_spleen
+    assert _card() == default
 
 
 @pytest.mark.parametrize(
