@@ -75,6 +75,11 @@ bench: venv
 	$(BIN)/python bench/curate.py
 	$(BIN)/python bench/scoring.py
 
+# Mining rows/s: the local transformers backend vs vLLM (CPU build) on the same rows and checkpoint, ratio in one run.
+.PHONY: bench-vllm
+bench-vllm: venv vllm-env
+	$(BIN)/python bench/mining_vllm.py
+
 # A tiny Qwen3-VL (built locally from a config) trained for a few dozen SFT steps on the demo SFT set (CPU).
 train-smoke: venv
 	test -d demo-output/sft || $(MAKE) demo

@@ -125,7 +125,7 @@ def _mine(sft_out: Path, out: Path, *source: str) -> None:
 def mined(endpoint: str, checkpoint: Path, sft_out: Path, tmp_path_factory: pytest.TempPathFactory):
     """OUT of build-rl-hardset through vLLM (default dialect) and OUT of the local backend, same rows and weights."""
     through_vllm, through_local = tmp_path_factory.mktemp("mined-vllm"), tmp_path_factory.mktemp("mined-local")
-    _mine(sft_out, through_vllm, "--endpoint", endpoint, "--endpoint-model", NAME)
+    _mine(sft_out, through_vllm, "--endpoint", endpoint, "--endpoint-model", NAME, "--dialect", "vllm")
     _mine(sft_out, through_local, "--model", str(checkpoint), "--device", "cpu")
     return through_vllm, through_local
 
