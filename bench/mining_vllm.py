@@ -71,20 +71,18 @@ def main(argv: list[str] | None = None) -> None:
             server.stop()
     equal = sum(a.text == b.text for a, b in zip(local_out, vllm_out, strict=True))
     failed = sum(not r.ok for r in vllm_out)
-    first_diff = []  # per differing row: the index of the first differing generated token
+    first_diff = []  # per differing row: the length of the common prefix of the two texts, in characters
     for a, b in zip(local_out, vllm_out, strict=True):
         if a.ok and b.ok and a.text != b.text:
-            ta, tb = (local.processor.tokenizer(t, add_special_tokens=False)["input_ids"] for t in (a.text, b.text))
-            first_diff.append(
-                next((i for i, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y), min(len(ta), len(tb)))
-            )
+            pairs = zip(a.text, b.text, strict=False)
+            first_diff.append(next((i for i, (x, y) in enumerate(pairs) if x != y), min(len(a.text), len(b.text))))
     print(f"rows: {args.rows} x {args.frames} frames of {args.px}² px, greedy, max_new_tokens {args.max_new_tokens}, "
           f"checkpoint {args.checkpoint or 'tiny (tests)'}")  # fmt: skip
     print(f"local transformers (batch {args.batch_size}): {args.rows / local_s:8.2f} rows/s ({local_s:.2f} s)")
     print(f"vLLM {version} CPU (concurrency {args.concurrency}): {args.rows / vllm_s:8.2f} rows/s ({vllm_s:.2f} s)")
     print(f"ratio vLLM / local: {local_s / vllm_s:.2f}x; equal texts: {equal}/{args.rows}; vLLM failures: {failed}")
     if first_diff:
-        print(f"differing rows: first differing generated token at index {sorted(first_diff)} (float32 greedy)")
+        print(f"differing rows: the texts agree on their first {sorted(first_diff)} characters (float32 greedy)")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -295,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     cmd = serve_command(args.checkpoint, host=args.host, port=args.port, name=args.name,
                         max_model_len=args.max_model_len)  # fmt: skip
-    print(" ".join(cmd), file=sys.stderr)
+    print(shlex.join(cmd), file=sys.stderr)
     os.execve(cmd[0], cmd, serve_env())
     return 0  # not reached
 
