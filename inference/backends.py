@@ -613,7 +613,7 @@ class OpenAIBackend:
         if any(nxt != video for nxt in opened):
             raise EndpointProbeError(
                 f"{self._what()}: the server wraps the video in an extra <|vision_start|>…<|vision_end|> pair "
-                f"({len(opened)} vision starts for {sum(1 for nxt in opened if nxt == video)} frame pairs), "
+                f"({len(opened)} vision starts for {sum(1 for nxt in opened if nxt == video)} frame pair(s)), "
                 "so the model does not see the training layout",
                 f"start vLLM with the chat template inference.vllm_server writes (--chat-template): {SERVE_HINT}",
             )

@@ -198,7 +198,7 @@ def test_a_video_wrapped_once_more_than_in_training_stops_the_probe(endpoint, sf
     with pytest.raises(EndpointProbeError) as caught:
         backend._check_video_layout(httpx.Response(200, json={"prompt_token_ids": wrapped}))
     pairs = (len(request.frames_png) + 1) // 2
-    assert f"({pairs + 1} vision starts for {pairs} frame pairs)" in str(caught.value)
+    assert f"({pairs + 1} vision starts for {pairs} frame pair(s))" in str(caught.value)
     assert caught.value.fix.startswith("start vLLM with the chat template inference.vllm_server writes")
     backend.close()
 
