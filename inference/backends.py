@@ -22,12 +22,12 @@ How the frames are sent to an OpenAI-compatible server (`dialect`; `docs/serving
   text: the same user turn as training (video first, then text). This is vLLM's frame-sequence video format
   (`VideoMediaIO.load_base64` splits on commas when the media type is `video/jpeg` and opens every frame with PIL, so
   lossless PNG frames are accepted; metadata `fps=1`, `frames_indices=range(N)`, `do_sample_frames=False`), which
-  gives the timestamps `(2j + 0.5)` seconds of our encoder. For Qwen3-VL, vLLM needs:
-  `--limit-mm-per-prompt '{"video": 1}'`, `--media-io-kwargs '{"video": {"num_frames": -1}}'` (else only the first 32
-  frames are kept), and no frame resampling or pixel-budget shrinking, which `VLLM_VIDEO_EXTRA_BODY` asks for per
-  request (`mm_processor_kwargs`, `media_io_kwargs`: vLLM's own fields, which a strict server refuses). vLLM expands
-  the chat template's `<|vision_start|><|video_pad|><|vision_end|>` triple the way `train.data` does (the reference
-  layout; `training.md` §4). Token-id equality with training is still a GPU check (`training.md` §7 (a)).
+  gives the timestamps of our encoder. The request carries no per-request processor settings: vLLM 0.32 refuses
+  `mm_processor_kwargs` and `media_io_kwargs` unless started with `--trust-request-mm-kwargs`, and the settings that
+  make vLLM encode a row exactly as training does are the server's, fixed at launch by `inference.vllm_server`
+  (`make vllm-serve`: `--mm-processor-kwargs`, `--media-io-kwargs`, `--limit-mm-per-prompt` and a chat template whose
+  video is `<|video_pad|>` alone). Served so, vLLM builds the training prompt token for token
+  (`tests/inference/test_vllm_server.py`); the probe checks the layout (`return_token_ids`) and the vLLM version.
 * `"openai"` (`transformers serve`, hosted APIs, any strict OpenAI-compatible server): one `image_url` part
   (`data:image/png;base64,...`) per frame in frame order, then the text, and only standard chat-completions fields
   (`model`, `messages`, the length cap, `temperature`, `stream`). The model then sees N separate images (for Qwen3-VL
@@ -65,15 +65,14 @@ from emrl_data.types import row_id
 
 logger = logging.getLogger(__name__)
 
-# Per-request fields that make vLLM keep every CT frame at its own size (see the module docstring); other
-# OpenAI-compatible servers ignore unknown fields or need `extra_body={}`.
-VLLM_VIDEO_EXTRA_BODY: dict[str, Any] = {
-    "mm_processor_kwargs": {
-        "do_sample_frames": False,
-        "size": {"shortest_edge": 32 * 32, "longest_edge": 1 << 30},  # a pixel budget that never resizes a frame
-    },
-    "media_io_kwargs": {"video": {"num_frames": -1, "fps": 1}},
-}
+# Extra per-request fields of the "vllm" dialect: none. The video settings are the server's, fixed at launch
+# (`inference.vllm_server`): per-request `mm_processor_kwargs` / `media_io_kwargs` would need the server to trust every
+# client (`--trust-request-mm-kwargs`), and would make what the model sees depend on each client (docs/serving.md).
+VLLM_VIDEO_EXTRA_BODY: dict[str, Any] = {}
+# The vLLM releases the "vllm" dialect and the served layout were verified with (`inference.vllm_server`).
+SUPPORTED_VLLM = ((0, 32), (0, 33))
+SUPPORTED_VLLM_TEXT = ">=0.32,<0.33"
+SERVE_HINT = "make vllm-serve CKPT=DIR (python -m inference.vllm_server DIR; docs/serving.md)"
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 DIALECTS: tuple[str, ...] = ("vllm", "openai")
 MAX_TOKENS_FIELDS: tuple[str, ...] = ("max_tokens", "max_completion_tokens")
@@ -473,8 +472,7 @@ class OpenAIBackend:
         """Return the JSON body of one chat-completions call in the backend's dialect: the frames, then the prompt;
         greedy (`temperature=0`).
 
-        "vllm": `{model, messages: [user: video_url, text], max_tokens, temperature, n, stream, mm_processor_kwargs,
-        media_io_kwargs}`. "openai": `{model, messages: [user: image_url x N, text], max_tokens, temperature, stream}`.
+        "vllm": `{model, messages: [user: video_url, text], max_tokens, temperature, n, stream}`. "openai": `{model, messages: [user: image_url x N, text], max_tokens, temperature, stream}`.
         """
         b64 = [base64.b64encode(png).decode("ascii") for png in request.frames_png]
         if self.dialect == "vllm":
@@ -530,15 +528,20 @@ class OpenAIBackend:
         counts = PROBE_FRAME_COUNTS[self.dialect]
         tokens: list[int | None] = []
         text = ""
+        is_vllm = self.dialect == "vllm" and self._check_vllm_version()
         for n in counts:
             frames = [request.frames_png[i % len(request.frames_png)] for i in range(n)]
             body = self.payload(InferenceRequest(f"{request.request_id}#probe{n}", request.prompt, frames))
             body[self.max_tokens_field] = min(self.max_tokens, PROBE_MAX_TOKENS)
+            if is_vllm:
+                body["return_token_ids"] = True  # vLLM answers with the prompt's token ids: the layout is checked
             resp, error, _ = self._send(f"probe ({n} frames)", body)
             if resp is None:
                 raise EndpointProbeError(f"{self._what()} failed: {error}", self._probe_fix(error))
             text, prompt_tokens = self._probe_answer(resp)
             tokens.append(prompt_tokens)
+            if is_vllm:
+                self._check_video_layout(resp)
         report = ProbeReport(counts, (tokens[0], tokens[1]), text, time.perf_counter() - start)
         if not report.usage_reported:
             logger.warning(
@@ -554,6 +557,66 @@ class OpenAIBackend:
                 "Qwen3VLProcessor, see docs/serving.md), and check --dialect",
             )
         return report
+
+    def _check_vllm_version(self) -> bool:
+        """Refuse a vLLM outside `SUPPORTED_VLLM`; return whether the server reported a vLLM version (`GET /version`).
+
+        Raises:
+            EndpointProbeError: a reported version outside the supported range.
+        """
+        root = self.url.removesuffix("/chat/completions").removesuffix("/v1")
+        try:
+            resp = self._client.get(root + "/version", timeout=min(self.timeout_s, 10.0))
+            version = resp.json().get("version") if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return False  # not vLLM, or no version endpoint: the requests will tell
+        if not isinstance(version, str):
+            return False
+        parts = version.split(".")
+        try:
+            major_minor = (int(parts[0]), int(parts[1]))
+        except (IndexError, ValueError):
+            return False
+        if not SUPPORTED_VLLM[0] <= major_minor < SUPPORTED_VLLM[1]:
+            raise EndpointProbeError(
+                f"{self._what()}: the server runs vLLM {version}, outside the supported range {SUPPORTED_VLLM_TEXT}",
+                f"serve with vLLM{SUPPORTED_VLLM_TEXT} (GPU: pip install 'vllm{SUPPORTED_VLLM_TEXT}'; CPU: {SERVE_HINT})",
+            )
+        return True
+
+    def _check_video_layout(self, resp: httpx.Response) -> None:
+        """When vLLM returns the prompt's token ids: every `<|vision_start|>` must open a run of video tokens.
+
+        A server started without the serving chat template wraps the whole video in one more start/end pair than
+        training (`inference.vllm_server.serving_chat_template`): that start is followed by a timestamp, not by
+        video tokens. The vision tokens are found without a tokenizer: the video tokens are the longest run of one
+        id, the start token the id before it.
+        """
+        try:
+            ids = resp.json().get("prompt_token_ids")
+        except (ValueError, AttributeError):
+            return
+        if not isinstance(ids, list) or len(ids) < 3:
+            return
+        best, best_len, i = 0, 0, 0
+        while i < len(ids):
+            j = i
+            while j < len(ids) and ids[j] == ids[i]:
+                j += 1
+            if j - i > best_len:
+                best, best_len = i, j - i
+            i = j
+        if best_len < 2 or best == 0:
+            return  # no recognisable run of video tokens (e.g. frames of one token): nothing to check
+        video, start = ids[best], ids[best - 1]
+        opened = [ids[k + 1] if k + 1 < len(ids) else None for k, t in enumerate(ids) if t == start]
+        if any(nxt != video for nxt in opened):
+            raise EndpointProbeError(
+                f"{self._what()}: the server wraps the video in an extra <|vision_start|>…<|vision_end|> pair "
+                f"({len(opened)} vision starts for {sum(1 for nxt in opened if nxt == video)} frame pair(s)), "
+                "so the model does not see the training layout",
+                f"start vLLM with the chat template inference.vllm_server writes (--chat-template): {SERVE_HINT}",
+            )
 
     def _what(self) -> str:
         return f"probe of {self.url} (model {self.model!r}, dialect {self.dialect})"
@@ -584,11 +647,27 @@ class OpenAIBackend:
         client_error = error.startswith(("HTTP 400", "HTTP 404", "HTTP 422"))
         if error.startswith("HTTP 404") or (client_error and ("model" in low or "pinned" in low)):
             return "pass the name the server serves as --endpoint-model (transformers serve: the path it was given)"
-        if client_error and self.dialect == "vllm":
-            return "this server refuses vLLM's request fields or video_url: use --dialect openai"
+        if self.dialect == "vllm" and (client_error or error.startswith("HTTP 5")):
+            return self._vllm_refusal_fix(low)
         if client_error and "max_tokens" in low:
             return "this model wants the length cap as max_completion_tokens: --max-tokens-field max_completion_tokens"
         return "check the server's log, --endpoint, --endpoint-model and --dialect, then rerun"
+
+    def _vllm_refusal_fix(self, low: str) -> str:
+        """The fix for a refused "vllm"-dialect request: always a way to send the video, never the "openai" dialect
+        (N images: not the input our checkpoints were trained on)."""
+        if "trust-request-mm-kwargs" in low or "per-request" in low:
+            return (
+                "send no per-request mm_processor_kwargs/media_io_kwargs (the default); the server's launch flags "
+                f"carry them: {SERVE_HINT}"
+            )
+        if "at most" in low or "limit" in low or "video" in low and "not supported" in low:
+            return f"start vLLM with --limit-mm-per-prompt '{{\"video\": 1}}' (and the other flags of {SERVE_HINT})"
+        return (
+            "this server does not take the frames as one video (its log says why), the input our checkpoints were "
+            f"trained on: serve the checkpoint with vLLM, {SERVE_HINT} (--dialect openai would send N images, a "
+            "different input)"
+        )
 
     def _delay(self, attempt: int, resp: httpx.Response | None) -> float:
         if resp is not None and (after := resp.headers.get("retry-after")):

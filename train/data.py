@@ -116,14 +116,24 @@ def video_key(frames: NDArray[np.uint8]) -> tuple[tuple[int, ...], bytes]:
     return frames.shape, hashlib.blake2b(np.ascontiguousarray(frames).tobytes(), digest_size=16).digest()
 
 
-def video_placeholder(n_groups: int, tokens_per_group: int, fps: float = 1.0) -> str:
+def video_placeholder(n_groups: int, tokens_per_group: int, fps: float = 1.0, *, n_frames: int | None = None) -> str:
     """Return the placeholder text of one video: one timestamped block per frame pair (reference layout).
 
-    Frame pair j (frames 2j, 2j+1, 0-based) gets `<{(2j + 0.5) / fps:.1f} seconds>`, as HF/Qwen compute it from
-    `frames_indices / fps` averaged over the pair.
+    Frame pair j (frames 2j, 2j+1, 0-based) gets `<{(2j + 0.5) / fps:.1f} seconds>`, as HF/Qwen and vLLM compute it
+    from `frames_indices / fps` averaged over the pair. With an odd `n_frames` the last pair is the last frame twice
+    (its index repeated, as HF and vLLM pad it), so its timestamp is `(n_frames - 1) / fps`.
+
+    Args:
+        n_groups: frame pairs (`ceil(n_frames / 2)`).
+        tokens_per_group: video tokens per pair.
+        fps: frames per second of the timestamps.
+        n_frames: frames before padding; `2 * n_groups` when None.
     """
+    last = 2 * n_groups - 1 if n_frames is None else n_frames - 1
     return "".join(
-        f"<{(2 * j + 0.5) / fps:.1f} seconds><|vision_start|>" + "<|video_pad|>" * tokens_per_group + "<|vision_end|>"
+        f"<{(2 * j + min(2 * j + 1, last)) / 2 / fps:.1f} seconds><|vision_start|>"
+        + "<|video_pad|>" * tokens_per_group
+        + "<|vision_end|>"
         for j in range(n_groups)
     )
 
@@ -161,7 +171,7 @@ def encode_ct_video(frames: Any, fps: float = 1.0) -> tuple[torch.Tensor, torch.
                   PATCH_SIZE)  # fmt: skip
     p = p.permute(0, 1, 4, 7, 5, 8, 3, 2, 6, 9).reshape(gt * gh * gw, 3 * TEMPORAL_PATCH * PATCH_SIZE * PATCH_SIZE)
     grid = torch.tensor([[gt, gh, gw]], dtype=torch.long)
-    return p.contiguous(), grid, video_placeholder(gt, gh * gw // (MERGE_SIZE**2), fps)
+    return p.contiguous(), grid, video_placeholder(gt, gh * gw // (MERGE_SIZE**2), fps, n_frames=n)
 
 
 class CTQwen3VLProcessor(Qwen3VLProcessor):
@@ -232,7 +242,7 @@ class CTQwen3VLProcessor(Qwen3VLProcessor):
             return pixels, grid, text
         pixels, grid = cached
         t, h, w = (int(v) for v in grid[0])
-        return pixels, grid, video_placeholder(t, h * w // (MERGE_SIZE**2), self.video_fps)
+        return pixels, grid, video_placeholder(t, h * w // (MERGE_SIZE**2), self.video_fps, n_frames=arr.shape[0])
 
     def validate_inputs(self, images: Any = None, text: Any = None, videos: Any = None, **kwargs) -> None:
         """Accept already-expanded video tokens; the base checks only that something was given."""

@@ -6,6 +6,8 @@ import io
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -50,6 +52,34 @@ class EchoBackend:
             self.seen.append(r.request_id)
             out.append(InferenceResult(r.request_id, f"echo:{r.request_id}", None, self.delay_s, 1))
         return out
+
+
+def build_small_sft_set(tmp_path_factory: Any, frame_px: int = 64) -> Path:
+    """OUT of build-sft-set over two synthetic cases (one train, one test; a liver lesion each): `frame_px`² frames,
+    at most 6 a row. Needs the Prefect harness (the flow runs through the engine)."""
+    from emrl_data.synthetic import CaseSpec, LesionSpec, write_atlas  # noqa: PLC0415
+    from emrl_data.types import Organ, Split  # noqa: PLC0415
+    from flows.build_sft_set import build_sft_set_flow  # noqa: PLC0415
+
+    root = tmp_path_factory.mktemp("atlas")
+    lesion = (LesionSpec(Organ.LIVER, "5", (12.0, 10.0, 10.0), "hypo"),)
+    specs = [
+        CaseSpec(f"BDMAP_0000000{i}", shape=(96, 80, 32), lesions=lesion, seed=i, split=split)
+        for i, split in ((1, Split.TRAIN), (2, Split.TEST))
+    ]
+    write_atlas(root, specs)
+    out = tmp_path_factory.mktemp("out")
+    frames = {"frames": {"frame_size_px": frame_px, "max_frames": 6}}
+    build_sft_set_flow(atlas_root=str(root), output_dir=str(out), config=frames)
+    return out
+
+
+def first_train_row(sft_out: Path) -> dict:
+    """The first train row of OUT/sft (`case_id`, `organ`, `prompt`, `frames`)."""
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    path = sorted((sft_out / "sft" / "data").glob("train-*.parquet"))[0]
+    return pq.read_table(path, columns=["case_id", "organ", "prompt", "frames"]).slice(0, 1).to_pylist()[0]
 
 
 def text_requests(n: int) -> list[InferenceRequest]:

@@ -136,10 +136,8 @@ def test_vllm_dialect_request_shape(server, control, make_backend, requests3):
         "temperature": 0.0,
         "n": 1,
         "stream": False,
-        "mm_processor_kwargs": {"do_sample_frames": False, "size": {"shortest_edge": 1024, "longest_edge": 1 << 30}},
-        "media_io_kwargs": {"video": {"num_frames": -1, "fps": 1}},
-    }
-    assert VLLM_VIDEO_EXTRA_BODY["media_io_kwargs"] == {"video": {"num_frames": -1, "fps": 1}}
+    }  # no per-request processor settings: the server's launch flags carry them (inference.vllm_server)
+    assert VLLM_VIDEO_EXTRA_BODY == {}
 
 
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
@@ -162,8 +160,8 @@ def test_openai_dialect_request_shape_passes_a_strict_server(server, control, ma
 @pytest.mark.parametrize(
     ("extra_body", "error"),
     [
-        (None, "HTTP 422: Unexpected fields in the request: ['media_io_kwargs', 'mm_processor_kwargs']"),
-        ({}, "HTTP 400: unsupported content part type 'video_url' (not an OpenAI content part)."),
+        (None, "HTTP 400: unsupported content part type 'video_url' (not an OpenAI content part)."),
+        ({"media_io_kwargs": {}}, "HTTP 422: Unexpected fields in the request: ['media_io_kwargs']"),
     ],
 )
 def test_a_strict_server_refuses_the_vllm_dialect(server, control, make_backend, requests3, extra_body, error):
@@ -352,9 +350,13 @@ def test_probe_strict_server_and_vllm_dialect(server, control, make_backend, req
     control(strict=True)
     err = _probe_fails(make_backend(), requests3[0])
     assert str(err).endswith(
-        "failed: HTTP 422: Unexpected fields in the request: ['media_io_kwargs', 'mm_processor_kwargs']"
+        "failed: HTTP 400: unsupported content part type 'video_url' (not an OpenAI content part)."
     )
-    assert err.fix == "this server refuses vLLM's request fields or video_url: use --dialect openai"
+    assert err.fix == (  # never "use --dialect openai": N images are not the input the checkpoint was trained on
+        "this server does not take the frames as one video (its log says why), the input our checkpoints were "
+        "trained on: serve the checkpoint with vLLM, make vllm-serve CKPT=DIR (python -m inference.vllm_server DIR; "
+        "docs/serving.md) (--dialect openai would send N images, a different input)"
+    )
 
 
 def test_probe_unreachable_endpoint(make_backend, requests3):

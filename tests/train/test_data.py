@@ -52,9 +52,14 @@ def test_video_placeholder_layout_is_pinned():
         "<2.5 seconds><|vision_start|><|video_pad|><|video_pad|><|vision_end|>"
     )
     assert video_placeholder(2, 2) == expected
+    # Three frames: the last pair is frame 2 twice (its index repeated, as transformers and vLLM pad an odd count),
+    # so its timestamp is (2 + 2) / 2 = 2.0 s, the stamp vLLM 0.32 builds (tests/inference/test_vllm_server.py).
     _, _, text = encode_ct_video(_frames(3, 32))
     assert text == "<0.5 seconds><|vision_start|><|video_pad|><|vision_end|>" * 1 + (
-        "<2.5 seconds><|vision_start|><|video_pad|><|vision_end|>"
+        "<2.0 seconds><|vision_start|><|video_pad|><|vision_end|>"
+    )
+    assert video_placeholder(3, 1, n_frames=5).startswith("<0.5 seconds>") and "<4.0 seconds>" in video_placeholder(
+        3, 1, n_frames=5
     )
 
 

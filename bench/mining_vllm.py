@@ -1,0 +1,89 @@
+"""Mining throughput (rows/s): the local transformers backend vs vLLM (CPU build) on the same rows and checkpoint.
+
+Starts `vllm serve` through `inference.vllm_server.VLLMServer` (the flags of `make vllm-serve`; needs `make vllm-env`),
+then times the same requests through both backends, one after the other in this run, greedy, same length cap:
+
+* local: `TransformersBackend(batch_size=B).generate(rows)` (what `--model DIR` runs);
+* vLLM: `OpenAIBackend(concurrency=C, dialect "vllm").generate(rows)` (what `--endpoint` runs; vLLM batches them).
+
+Each is timed `--repeat` times after one warm-up pass; the best is kept. Prints rows/s of each, the ratio, and whether
+the texts were equal. The rows are synthetic CT-like frames (random 8-bit, `--frames` of `--px`²), the checkpoint the
+tiny Qwen3-VL of the tests unless `--checkpoint` names one.
+
+    python bench/mining_vllm.py [--rows 16] [--frames 8] [--px 64] [--max-new-tokens 32] [--checkpoint DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `tests.inference.helpers`
+from inference.backends import OpenAIBackend, TransformersBackend  # noqa: E402
+from inference.vllm_server import VLLMServer  # noqa: E402
+from tests.inference.helpers import make_requests  # noqa: E402
+
+
+def _best(fn, repeat: int) -> tuple[float, list]:
+    fn()  # warm-up (first-call compilation, caches)
+    best, out = float("inf"), []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - start)
+    return best, out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--frames", type=int, default=8)
+    parser.add_argument("--px", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=8, help="local backend: requests per generate call")
+    parser.add_argument("--concurrency", type=int, default=8, help="vLLM: requests in flight")
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--checkpoint", default=None, help="a checkpoint folder (default: the tiny test model)")
+    args = parser.parse_args(argv)
+
+    rows = make_requests([args.frames] * args.rows, size_px=args.px, seed=1)
+    with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
+        ckpt = Path(args.checkpoint) if args.checkpoint else None
+        if ckpt is None:
+            from train.tiny import save_tiny  # noqa: PLC0415
+
+            ckpt = save_tiny(Path(tmp) / "tiny")
+        server = VLLMServer(ckpt, Path(tmp) / "serve", name="bench")
+        try:
+            local = TransformersBackend(str(ckpt), device="cpu", batch_size=args.batch_size,
+                                        max_new_tokens=args.max_new_tokens, dtype="float32")  # fmt: skip
+            local_s, local_out = _best(lambda: local.generate(rows), args.repeat)
+            url = server.wait()
+            with OpenAIBackend(url, "bench", max_concurrency=args.concurrency, max_tokens=args.max_new_tokens,
+                               timeout_s=600) as remote:  # fmt: skip
+                vllm_s, vllm_out = _best(lambda: remote.generate(rows), args.repeat)
+            version = server.version
+        finally:
+            server.stop()
+    equal = sum(a.text == b.text for a, b in zip(local_out, vllm_out, strict=True))
+    failed = sum(not r.ok for r in vllm_out)
+    first_diff = []  # per differing row: the length of the common prefix of the two texts, in characters
+    for a, b in zip(local_out, vllm_out, strict=True):
+        if a.ok and b.ok and a.text != b.text:
+            pairs = zip(a.text, b.text, strict=False)
+            first_diff.append(next((i for i, (x, y) in enumerate(pairs) if x != y), min(len(a.text), len(b.text))))
+    print(f"rows: {args.rows} x {args.frames} frames of {args.px}² px, greedy, max_new_tokens {args.max_new_tokens}, "
+          f"checkpoint {args.checkpoint or 'tiny (tests)'}")  # fmt: skip
+    print(f"local transformers (batch {args.batch_size}): {args.rows / local_s:8.2f} rows/s ({local_s:.2f} s)")
+    print(f"vLLM {version} CPU (concurrency {args.concurrency}): {args.rows / vllm_s:8.2f} rows/s ({vllm_s:.2f} s)")
+    print(f"ratio vLLM / local: {local_s / vllm_s:.2f}x; equal texts: {equal}/{args.rows}; vLLM failures: {failed}")
+    if first_diff:
+        print(f"differing rows: the texts agree on their first {sorted(first_diff)} characters (float32 greedy)")
+
+
+if __name__ == "__main__":
+    main()
