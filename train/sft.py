@@ -35,6 +35,7 @@ from train.checks import (
     run_cli,
 )
 from train.data import CTQwen3VLProcessor, SFTCollator, load_split
+from train.distributed import add_rank_report, check_launch, prepare_deepspeed_cpu
 from train.freeze import set_stage_trainable
 from train.tiny import build_model, build_processor
 
@@ -67,6 +68,10 @@ class SftScriptArguments:
     lm_warmup_steps: int = field(
         default=0,
         metadata={"help": "Demo only (not the paper): full-model steps on the reports before the SFT freezing."},
+    )
+    samples_per_step: int | None = field(
+        default=None,
+        metadata={"help": "Processes x per-device batch x accumulation must equal this (checked at launch)."},
     )
     step_logs: bool = field(
         default=True,
@@ -172,6 +177,7 @@ def run_sft(script_args: SftScriptArguments, training_args: SFTConfig) -> Path:
     trainer = build_sft_trainer(model, processor, dataset, training_args)
     if not script_args.step_logs:
         bar_only(trainer)
+    add_rank_report(trainer)
     result = trainer.train()
     out = Path(training_args.output_dir)
     trainer.save_model(str(out))
@@ -189,8 +195,10 @@ def run_sft(script_args: SftScriptArguments, training_args: SFTConfig) -> Path:
 def main(argv: list[str] | None = None) -> None:
     """CLI entry: `python -m train.sft --config YAML [--dataset_dir D] [--output_dir O] [overrides]`."""
     logging.basicConfig(level=logging.INFO)
+    prepare_deepspeed_cpu()
     parser = TrlParser((SftScriptArguments, SFTConfig))
     script_args, training_args = parser.parse_args_and_config(argv)
+    check_launch("sft", script_args, training_args)  # before any weight loads
     run_sft(script_args, training_args)
 
 
