@@ -31,7 +31,14 @@ $(SIDE_TV)/.installed: $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet --no-deps --upgrade --target $(SIDE_TV) "torchvision==0.28.0"
 	touch $@
 
-test: venv $(SIDE_TV)/.installed
+# DeepSpeed (the `.[deepspeed]` extra, pinned) for the 2-rank ZeRO-2/3 tests on CPU (tests/train/test_ranks.py): no op
+# is built (DS_BUILD_OPS=0); --no-build-isolation lets its setup see the venv's CPU torch instead of fetching another.
+DEEPSPEED := $(VENV)/.deepspeed-installed
+$(DEEPSPEED): $(VENV)/.installed
+	DS_BUILD_OPS=0 $(BIN)/python -m pip install --quiet --no-build-isolation -e ".[deepspeed]"
+	touch $@
+
+test: venv $(SIDE_TV)/.installed $(DEEPSPEED)
 	$(BIN)/ruff check emrl_data flows train inference tests bench
 	$(BIN)/ruff format --check emrl_data flows train inference tests bench
 	$(BIN)/lint-imports

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -122,25 +123,33 @@ def check_qwen3_vl_checkpoint(path: str | None) -> None:
         )
 
 
+def _say(line: str) -> None:
+    """Print an error line on stderr once per launch (local rank 0, or a process outside `accelerate launch`)."""
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(line, file=sys.stderr)
+
+
 def run_cli(main: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> None:
     """Run a training CLI; a configuration or input error ends with one line on stderr and exit code 2.
 
     `TrainConfigError`, the parser's unknown-key `ValueError` and a missing file are user errors; anything else is a
-    bug and keeps its traceback.
+    bug and keeps its traceback. Under `accelerate launch` every rank exits 2 but only local rank 0 prints the line.
     """
     try:
         main(argv)
     except (TrainConfigError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _say(f"error: {exc}")
         raise SystemExit(2) from None
     except ValueError as exc:
         text = str(exc)
         if "Unknown arguments from config file" in text or "not used by the HfArgumentParser" in text:
-            print(f"error: unknown config key: {text.splitlines()[0]}", file=sys.stderr)
+            _say(f"error: unknown config key: {text.splitlines()[0]}")
             raise SystemExit(2) from None
         if "generation_batch_size" in text or "num_generations" in text:  # GRPOConfig's batch checks (world size)
-            print(f"error: GRPO batch: {text.splitlines()[0]} Make processes x per_device_train_batch_size x "
-                  "gradient_accumulation_steps a multiple of num_generations.", file=sys.stderr)  # fmt: skip
+            _say(
+                f"error: GRPO batch: {text.splitlines()[0]} Make processes x per_device_train_batch_size x "
+                "gradient_accumulation_steps a multiple of num_generations."
+            )
             raise SystemExit(2) from None
         raise
 
@@ -195,14 +204,21 @@ def check_launch_settings(acc: dict[str, Any], train: dict[str, Any]) -> list[st
     return problems
 
 
-def validate_launch(accelerate_yaml: str | Path, training_yaml: str | Path, *, completions_per_step: int = 64) -> dict:
+def validate_launch(
+    accelerate_yaml: str | Path,
+    training_yaml: str | Path,
+    *,
+    completions_per_step: int = 64,
+    num_processes: int | None = None,
+) -> dict:
     """Check an accelerate (+ DeepSpeed) config against a training config without importing deepspeed.
 
     The rules are `check_launch_settings`; the per-step target is the training config's `completions_per_step` /
     `samples_per_step`, else `completions_per_step` (the paper's 8 prompts x 8 completions). The launchers
     (`train/launch/*.sh`) run this as `python -m train.checks ACCEL_YAML TRAINING_YAML` before `accelerate launch`;
     the entry points apply the same rules to what `accelerate launch` exported (`train.distributed.check_launch`).
-    Returns the parsed accelerate config.
+    `num_processes` overrides the accelerate file's count (`accelerate launch --num_processes N`). Returns the
+    parsed accelerate config.
 
     Raises:
         TrainConfigError: naming the inconsistent keys.
@@ -210,6 +226,8 @@ def validate_launch(accelerate_yaml: str | Path, training_yaml: str | Path, *, c
     import yaml  # noqa: PLC0415
 
     acc = yaml.safe_load(Path(accelerate_yaml).read_text())
+    if num_processes is not None:
+        acc["num_processes"] = num_processes
     train = dict(yaml.safe_load(Path(training_yaml).read_text()) or {})
     acc.setdefault("mixed_precision", "no")
     if "completions_per_step" not in train and "samples_per_step" not in train:
@@ -251,20 +269,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     import yaml  # noqa: PLC0415
 
-    acc_path: str | Path = args.accelerate_yaml
-    if args.num_processes is not None:
-        import tempfile  # noqa: PLC0415
-
-        acc = yaml.safe_load(Path(acc_path).read_text())
-        acc["num_processes"] = args.num_processes
-        acc_path = Path(tempfile.mkdtemp()) / Path(args.accelerate_yaml).name
-        Path(acc_path).write_text(yaml.safe_dump(acc))
     try:
-        uses_ds = (yaml.safe_load(Path(acc_path).read_text()) or {}).get("distributed_type") == "DEEPSPEED"
-        if uses_ds and importlib.util.find_spec("deepspeed") is None:
+        acc = yaml.safe_load(Path(args.accelerate_yaml).read_text()) or {}
+        if acc.get("distributed_type") == "DEEPSPEED" and importlib.util.find_spec("deepspeed") is None:
             raise TrainConfigError(f"{args.accelerate_yaml} uses DeepSpeed, which is not installed; install it with "
                                    "DS_BUILD_OPS=0 pip install --no-build-isolation '.[deepspeed]'.")  # fmt: skip
-        validate_launch(acc_path, args.training_yaml)
+        validate_launch(args.accelerate_yaml, args.training_yaml, num_processes=args.num_processes)
     except (TrainConfigError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
