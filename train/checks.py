@@ -179,7 +179,7 @@ def check_launch_settings(acc: dict[str, Any], train: dict[str, Any]) -> list[st
     try:
         check_precision(str(train.get("dtype", "float32")), lora=int(train.get("lora_r", 0)) > 0)
     except TrainConfigError as exc:
-        problems.append(str(exc))
+        problems.append(str(exc).rstrip("."))
     n_proc, micro = int(acc.get("num_processes", 1)), int(train.get("per_device_train_batch_size", 1))
     accum = int(train.get("gradient_accumulation_steps", 1))
     per_step = n_proc * micro * accum

@@ -138,6 +138,22 @@ def prepare_deepspeed_cpu(env: Mapping[str, str] | None = None) -> bool:
     return True
 
 
+def policy_load_kwargs(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """`from_pretrained` keyword arguments that load the policy straight onto this rank's GPU (no host copy).
+
+    `{"device_map": {"": "cuda:<LOCAL_RANK>"}}` with CUDA, except under ZeRO-3 (`zero.Init` shards the weights at
+    load and refuses a device map); `{}` on CPU. Host memory per node per path: `train.memory_plan.host_plan`.
+    """
+    import torch  # noqa: PLC0415
+
+    env = os.environ if env is None else env
+    if not torch.cuda.is_available():
+        return {}
+    if launch_settings_from_env(env).get("deepspeed_config", {}).get("zero_stage") == 3:
+        return {}
+    return {"device_map": {"": f"cuda:{int(env.get('LOCAL_RANK', '0') or 0)}"}}
+
+
 def _rank() -> tuple[int, int]:
     import torch.distributed as dist  # noqa: PLC0415
 

@@ -50,7 +50,13 @@ from train.data import (
     to_grpo_dataset,
     video_key,
 )
-from train.distributed import add_rank_report, check_launch, prepare_deepspeed_cpu, prompt_seeded_rng
+from train.distributed import (
+    add_rank_report,
+    check_launch,
+    policy_load_kwargs,
+    prepare_deepspeed_cpu,
+    prompt_seeded_rng,
+)
 from train.freeze import set_stage_trainable
 from train.rewards import REWARD_NAMES, Verifier, make_reward_funcs, reward_weights_for
 
@@ -213,12 +219,16 @@ def make_grpo_config(processor: CTQwen3VLProcessor, rewards: list[str], **overri
 
 
 def finalize_grpo_config(args: GRPOConfig, processor: CTQwen3VLProcessor, rewards: list[str]) -> GRPOConfig:
-    """Set what the video trainer needs: keep every column, suppress the vision tokens, weights per reward.
+    """Set what the video trainer needs: keep every column, suppress the vision tokens, weights per reward, and a bf16
+    reference model when `bf16` compute is on (half the memory of TRL's default, the policy's fp32; bf16 autocast
+    rounds the matmul weights to bf16 anyway).
 
     Raises:
         ValueError: when `reward_weights` is given with a length other than the number of rewards.
     """
     args.remove_unused_columns = False
+    if args.bf16 and args.beta > 0:  # TRL builds the frozen reference in the policy's dtype (fp32) unless told
+        args.model_init_kwargs = {**(args.model_init_kwargs or {}), "dtype": "bfloat16"}
     gen = dict(args.generation_kwargs or {})
     gen["suppress_tokens"] = sorted(set(gen.get("suppress_tokens", [])) | set(processor.vision_token_ids))
     args.generation_kwargs = gen
@@ -287,7 +297,9 @@ def build_grpo_trainer(
     check_qwen3_vl_checkpoint(model_path)
     rewards = list(rewards or REWARD_NAMES)
     processor = CTQwen3VLProcessor.from_pretrained(model_path)
-    model = Qwen3VLForConditionalGeneration.from_pretrained(model_path, dtype=getattr(torch, dtype))
+    model = Qwen3VLForConditionalGeneration.from_pretrained(
+        model_path, dtype=getattr(torch, dtype), **policy_load_kwargs()
+    )
     set_stage_trainable(model, "grpo")
     if lora_r > 0:
         model = _apply_lora(model, lora_r, lora_alpha)

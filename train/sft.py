@@ -35,7 +35,7 @@ from train.checks import (
     run_cli,
 )
 from train.data import CTQwen3VLProcessor, SFTCollator, load_split
-from train.distributed import add_rank_report, check_launch, prepare_deepspeed_cpu
+from train.distributed import add_rank_report, check_launch, policy_load_kwargs, prepare_deepspeed_cpu
 from train.freeze import set_stage_trainable
 from train.tiny import build_model, build_processor
 
@@ -91,7 +91,9 @@ def load_policy(
         return build_model(processor.tokenizer, seed=tiny_seed), processor
     check_qwen3_vl_checkpoint(model_name_or_path)
     torch_dtype = getattr(torch, dtype)
-    model = Qwen3VLForConditionalGeneration.from_pretrained(model_name_or_path, dtype=torch_dtype)
+    model = Qwen3VLForConditionalGeneration.from_pretrained(
+        model_name_or_path, dtype=torch_dtype, **policy_load_kwargs()
+    )
     return model, CTQwen3VLProcessor.from_pretrained(model_name_or_path)
 
 
