@@ -140,3 +140,16 @@ def test_validate_launch_reads_the_training_configs_target(tmp_path):
     assert validate_launch("train/launch/zero2.yaml", cfg)["num_processes"] == 8
     with pytest.raises(TrainConfigError, match="= 16, not completions_per_step=32"):
         validate_launch("train/launch/zero2.yaml", cfg, num_processes=4)
+
+
+def test_policy_loads_onto_the_ranks_gpu_except_under_zero3(monkeypatch):
+    import torch
+
+    from train.distributed import policy_load_kwargs
+
+    assert policy_load_kwargs({"WORLD_SIZE": "2", "LOCAL_RANK": "1"}) == {}  # CPU: the trainer places the model
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    zero2 = {**ZERO3_ON_4, "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2", "LOCAL_RANK": "3"}
+    assert policy_load_kwargs(zero2) == {"device_map": {"": "cuda:3"}}
+    assert policy_load_kwargs({}) == {"device_map": {"": "cuda:0"}}  # one GPU, plain python -m
+    assert policy_load_kwargs({**ZERO3_ON_4, "LOCAL_RANK": "3"}) == {}  # zero.Init shards at load
