@@ -210,6 +210,7 @@ def validate_launch(
     *,
     completions_per_step: int = 64,
     num_processes: int | None = None,
+    training_overrides: dict[str, Any] | None = None,
 ) -> dict:
     """Check an accelerate (+ DeepSpeed) config against a training config without importing deepspeed.
 
@@ -217,7 +218,8 @@ def validate_launch(
     `samples_per_step`, else `completions_per_step` (the paper's 8 prompts x 8 completions). The launchers
     (`train/launch/*.sh`) run this as `python -m train.checks ACCEL_YAML TRAINING_YAML` before `accelerate launch`;
     the entry points apply the same rules to what `accelerate launch` exported (`train.distributed.check_launch`).
-    `num_processes` overrides the accelerate file's count (`accelerate launch --num_processes N`). Returns the
+    `accelerate_yaml` "none" is one process without `accelerate launch` (the 1-GPU launchers). `num_processes`
+    overrides the accelerate file's count, `training_overrides` the training file's keys (CLI flags of the run) (`accelerate launch --num_processes N`). Returns the
     parsed accelerate config.
 
     Raises:
@@ -225,11 +227,12 @@ def validate_launch(
     """
     import yaml  # noqa: PLC0415
 
-    acc = yaml.safe_load(Path(accelerate_yaml).read_text())
+    acc = {"num_processes": 1} if str(accelerate_yaml) == "none" else yaml.safe_load(Path(accelerate_yaml).read_text())
     if num_processes is not None:
         acc["num_processes"] = num_processes
-    train = dict(yaml.safe_load(Path(training_yaml).read_text()) or {})
-    acc.setdefault("mixed_precision", "no")
+    train = {**(yaml.safe_load(Path(training_yaml).read_text()) or {}), **(training_overrides or {})}
+    if str(accelerate_yaml) != "none":  # an accelerate file without mixed_precision runs fp32
+        acc.setdefault("mixed_precision", "no")
     if "completions_per_step" not in train and "samples_per_step" not in train:
         train["completions_per_step"] = completions_per_step
     problems = check_launch_settings(acc, train)
@@ -263,18 +266,23 @@ def main(argv: list[str] | None = None) -> None:
     import argparse  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(description="Check an accelerate config against a training config.")
-    parser.add_argument("accelerate_yaml")
+    parser.add_argument("accelerate_yaml", help='accelerate config, or "none" for one process without accelerate')
     parser.add_argument("training_yaml")
     parser.add_argument("--num_processes", type=int, default=None, help="override the accelerate file's count")
+    parser.add_argument("--gradient_accumulation_steps", type=int, default=None, help="override the training file's")
     args = parser.parse_args(argv)
     import yaml  # noqa: PLC0415
 
     try:
-        acc = yaml.safe_load(Path(args.accelerate_yaml).read_text()) or {}
+        acc = {} if args.accelerate_yaml == "none" else yaml.safe_load(Path(args.accelerate_yaml).read_text()) or {}
         if acc.get("distributed_type") == "DEEPSPEED" and importlib.util.find_spec("deepspeed") is None:
             raise TrainConfigError(f"{args.accelerate_yaml} uses DeepSpeed, which is not installed; install it with "
                                    "DS_BUILD_OPS=0 pip install --no-build-isolation '.[deepspeed]'.")  # fmt: skip
-        validate_launch(args.accelerate_yaml, args.training_yaml, num_processes=args.num_processes)
+        overrides = {}
+        if args.gradient_accumulation_steps is not None:
+            overrides["gradient_accumulation_steps"] = args.gradient_accumulation_steps
+        validate_launch(args.accelerate_yaml, args.training_yaml, num_processes=args.num_processes,
+                        training_overrides=overrides)  # fmt: skip
     except (TrainConfigError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

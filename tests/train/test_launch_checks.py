@@ -153,3 +153,15 @@ def test_policy_loads_onto_the_ranks_gpu_except_under_zero3(monkeypatch):
     assert policy_load_kwargs(zero2) == {"device_map": {"": "cuda:3"}}
     assert policy_load_kwargs({}) == {"device_map": {"": "cuda:0"}}  # one GPU, plain python -m
     assert policy_load_kwargs({**ZERO3_ON_4, "LOCAL_RANK": "3"}) == {}  # zero.Init shards at load
+
+
+def test_one_gpu_launchers_check_the_launch():
+    ok = subprocess.run([sys.executable, "-m", "train.checks", "none", "train/configs/grpo_lora.yaml"],
+                        capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    with pytest.raises(TrainConfigError, match=r"1 x 1 x 8 = 8, not samples_per_step=64 \(set gradient_accumulation_"):
+        validate_launch("none", "train/configs/sft.yaml")
+    validate_launch("none", "train/configs/sft.yaml", training_overrides={"gradient_accumulation_steps": 64})
+    for script in ("grpo_1gpu.sh", "sft_1gpu.sh"):
+        text = Path(f"train/launch/{script}").read_text()
+        assert text.index("-m train.checks none") < text.index(f"-m train.{script.split('_')[0]} ")
