@@ -72,10 +72,12 @@ def launch_settings_from_env(env: Mapping[str, str] | None = None) -> dict[str, 
 
 
 def training_settings(stage: str, script_args: Any, training_args: Any) -> dict[str, Any]:
-    """Return the keys of the parsed training config that the launch rules read."""
+    """Return the keys of the parsed training config that the launch rules read (`use_cpu` is true without CUDA)."""
+    import torch  # noqa: PLC0415
+
     train = {
         "bf16": bool(training_args.bf16),
-        "use_cpu": bool(training_args.use_cpu),
+        "use_cpu": bool(training_args.use_cpu) or not torch.cuda.is_available(),
         "dtype": script_args.dtype,
         "lora_r": int(getattr(script_args, "lora_r", 0)),
         "per_device_train_batch_size": int(training_args.per_device_train_batch_size),

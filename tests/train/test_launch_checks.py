@@ -71,9 +71,13 @@ def test_zero_stage_without_deepspeed_installed(tmp_path, monkeypatch):
         check_launch("grpo", script, training, env={**ZERO3_ON_4, "WORLD_SIZE": "8"})
 
 
-def test_gpu_launch_needs_bf16_and_zero3_sft_needs_a_checkpoint(tmp_path):
+def test_gpu_launch_needs_bf16_and_zero3_sft_needs_a_checkpoint(tmp_path, monkeypatch):
+    import torch
+
     script, training = _parse("sft", "train/configs/sft.yaml", tmp_path)
     training.use_cpu = False
+    check_launch("sft", script, training, env={**ZERO3_ON_4, "WORLD_SIZE": "8"})  # no CUDA here: fp32 CPU compute
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(TrainConfigError, match="bf16 compute must be on in both files"):
         check_launch("sft", script, training, env={**ZERO3_ON_4, "WORLD_SIZE": "8"})
     training.bf16, script.model_name_or_path = True, None
