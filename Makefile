@@ -56,7 +56,14 @@ vllm-serve: venv vllm-env
 	@test -n "$(CKPT)" || { echo "usage: make vllm-serve CKPT=checkpoint-folder [PORT=8000] [NAME=served-name]" >&2; exit 2; }
 	$(BIN)/python -m inference.vllm_server "$(CKPT)" $(if $(PORT),--port $(PORT)) $(if $(NAME),--name "$(NAME)")
 
-test: venv $(SIDE_TV)/.installed $(VLLM_ENV)/.installed
+# DeepSpeed (the `.[deepspeed]` extra, pinned) for the 2-rank ZeRO-2/3 tests on CPU (tests/train/test_ranks.py): no op
+# is built (DS_BUILD_OPS=0); --no-build-isolation lets its setup see the venv's CPU torch instead of fetching another.
+DEEPSPEED := $(VENV)/.deepspeed-installed
+$(DEEPSPEED): $(VENV)/.installed
+	DS_BUILD_OPS=0 $(BIN)/python -m pip install --quiet --no-build-isolation -e ".[deepspeed]"
+	touch $@
+
+test: venv $(SIDE_TV)/.installed $(VLLM_ENV)/.installed $(DEEPSPEED)
 	$(BIN)/ruff check emrl_data flows train inference tests bench
 	$(BIN)/ruff format --check emrl_data flows train inference tests bench
 	$(BIN)/lint-imports

@@ -8,7 +8,9 @@ step of 2^-9 ≈ 0.2 %), so a bf16 model with a bf16 optimizer state is refused,
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -121,39 +123,46 @@ def check_qwen3_vl_checkpoint(path: str | None) -> None:
         )
 
 
+def _say(line: str) -> None:
+    """Print an error line on stderr once per launch (local rank 0, or a process outside `accelerate launch`)."""
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(line, file=sys.stderr)
+
+
 def run_cli(main: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> None:
     """Run a training CLI; a configuration or input error ends with one line on stderr and exit code 2.
 
     `TrainConfigError`, the parser's unknown-key `ValueError` and a missing file are user errors; anything else is a
-    bug and keeps its traceback.
+    bug and keeps its traceback. Under `accelerate launch` every rank exits 2 but only local rank 0 prints the line.
     """
     try:
         main(argv)
     except (TrainConfigError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _say(f"error: {exc}")
         raise SystemExit(2) from None
     except ValueError as exc:
         text = str(exc)
         if "Unknown arguments from config file" in text or "not used by the HfArgumentParser" in text:
-            print(f"error: unknown config key: {text.splitlines()[0]}", file=sys.stderr)
+            _say(f"error: unknown config key: {text.splitlines()[0]}")
+            raise SystemExit(2) from None
+        if "generation_batch_size" in text or "num_generations" in text:  # GRPOConfig's batch checks (world size)
+            _say(
+                f"error: GRPO batch: {text.splitlines()[0]} Make processes x per_device_train_batch_size x "
+                "gradient_accumulation_steps a multiple of num_generations."
+            )
             raise SystemExit(2) from None
         raise
 
 
-def validate_launch(accelerate_yaml: str | Path, training_yaml: str | Path, *, completions_per_step: int = 64) -> dict:
-    """Check an accelerate (+ DeepSpeed) config against a training config without importing deepspeed.
+def check_launch_settings(acc: dict[str, Any], train: dict[str, Any]) -> list[str]:
+    """Return the problems of a launch (an accelerate config dict) with a training config dict ([] = consistent).
 
-    Checks: DeepSpeed ZeRO stage 2 or 3; bf16 mixed precision (compute) with `dtype: float32` weights (fp32 masters);
-    offload devices none|cpu; processes x micro-batch x accumulation = `completions_per_step` (the paper's 8 prompts x
-    8 completions; SFT configs: samples per step); ZeRO-3 saves a 16-bit model. Returns the parsed accelerate config.
-
-    Raises:
-        TrainConfigError: naming the inconsistent keys.
+    Rules: DeepSpeed ZeRO stage 2 or 3, offload devices none|cpu, ZeRO-3 saves a 16-bit (gathered) model; off the CPU,
+    bf16 compute in both (`mixed_precision: bf16` where the launch states one, `bf16: true`) with fp32 trainable
+    weights; processes x micro-batch x accumulation = `completions_per_step` (GRPO) / `samples_per_step` (SFT) when
+    the training config states one; GRPO: whole groups of `num_generations` per optimizer step and per generation
+    batch (processes x micro-batch x `steps_per_generation`, which defaults to the accumulation).
     """
-    import yaml  # noqa: PLC0415
-
-    acc = yaml.safe_load(Path(accelerate_yaml).read_text())
-    train = yaml.safe_load(Path(training_yaml).read_text())
     problems = []
     if acc.get("distributed_type") == "DEEPSPEED":
         ds = acc.get("deepspeed_config", {})
@@ -164,17 +173,69 @@ def validate_launch(accelerate_yaml: str | Path, training_yaml: str | Path, *, c
                 problems.append(f"{key}={ds.get(key)} (none or cpu)")
         if ds.get("zero_stage") == 3 and not ds.get("zero3_save_16bit_model"):
             problems.append("zero3_save_16bit_model is off (checkpoints would be unusable shards)")
-    if acc.get("mixed_precision") != "bf16" or not train.get("bf16"):
+    on_cpu = bool(acc.get("use_cpu")) or bool(train.get("use_cpu"))
+    if not on_cpu and (acc.get("mixed_precision", "bf16") != "bf16" or not train.get("bf16")):
         problems.append("bf16 compute must be on in both files (mixed_precision: bf16, bf16: true)")
     try:
         check_precision(str(train.get("dtype", "float32")), lora=int(train.get("lora_r", 0)) > 0)
     except TrainConfigError as exc:
-        problems.append(str(exc))
-    per_step = int(acc.get("num_processes", 1)) * int(train.get("per_device_train_batch_size", 1))
-    per_step *= int(train.get("gradient_accumulation_steps", 1))
-    if per_step != completions_per_step:
-        problems.append(f"num_processes x per_device_train_batch_size x gradient_accumulation_steps = {per_step}, "
-                        f"not {completions_per_step}")  # fmt: skip
+        problems.append(str(exc).rstrip("."))
+    n_proc, micro = int(acc.get("num_processes", 1)), int(train.get("per_device_train_batch_size", 1))
+    accum = int(train.get("gradient_accumulation_steps", 1))
+    per_step = n_proc * micro * accum
+    key = "completions_per_step" if "completions_per_step" in train else "samples_per_step"
+    target = train.get(key)
+    if target is not None and per_step != int(target):
+        fix = f"{key}: {per_step}"
+        if int(target) % (n_proc * micro) == 0:
+            fix = f"gradient_accumulation_steps: {int(target) // (n_proc * micro)} or {fix}"
+        problems.append(f"num_processes x per_device_train_batch_size x gradient_accumulation_steps = {n_proc} x "
+                        f"{micro} x {accum} = {per_step}, not {key}={target} (set {fix})")  # fmt: skip
+    group = train.get("num_generations")
+    if group:
+        steps_per_gen = int(train.get("steps_per_generation") or accum)
+        if per_step % int(group):
+            problems.append(f"{per_step} completions per step is not a whole number of groups of "
+                            f"num_generations={group}")  # fmt: skip
+        elif (n_proc * micro * steps_per_gen) % int(group):
+            problems.append(f"the generation batch (num_processes x per_device_train_batch_size x steps_per_generation"
+                            f" = {n_proc * micro * steps_per_gen}) is not a whole number of groups of "
+                            f"num_generations={group}")  # fmt: skip
+    return problems
+
+
+def validate_launch(
+    accelerate_yaml: str | Path,
+    training_yaml: str | Path,
+    *,
+    completions_per_step: int = 64,
+    num_processes: int | None = None,
+    training_overrides: dict[str, Any] | None = None,
+) -> dict:
+    """Check an accelerate (+ DeepSpeed) config against a training config without importing deepspeed.
+
+    The rules are `check_launch_settings`; the per-step target is the training config's `completions_per_step` /
+    `samples_per_step`, else `completions_per_step` (the paper's 8 prompts x 8 completions). The launchers
+    (`train/launch/*.sh`) run this as `python -m train.checks ACCEL_YAML TRAINING_YAML` before `accelerate launch`;
+    the entry points apply the same rules to what `accelerate launch` exported (`train.distributed.check_launch`).
+    `accelerate_yaml` "none" is one process without `accelerate launch` (the 1-GPU launchers). `num_processes`
+    overrides the accelerate file's count, `training_overrides` the training file's keys (CLI flags of the run) (`accelerate launch --num_processes N`). Returns the
+    parsed accelerate config.
+
+    Raises:
+        TrainConfigError: naming the inconsistent keys.
+    """
+    import yaml  # noqa: PLC0415
+
+    acc = {"num_processes": 1} if str(accelerate_yaml) == "none" else yaml.safe_load(Path(accelerate_yaml).read_text())
+    if num_processes is not None:
+        acc["num_processes"] = num_processes
+    train = {**(yaml.safe_load(Path(training_yaml).read_text()) or {}), **(training_overrides or {})}
+    if str(accelerate_yaml) != "none":  # an accelerate file without mixed_precision runs fp32
+        acc.setdefault("mixed_precision", "no")
+    if "completions_per_step" not in train and "samples_per_step" not in train:
+        train["completions_per_step"] = completions_per_step
+    problems = check_launch_settings(acc, train)
     if problems:
         raise TrainConfigError(f"{accelerate_yaml} with {training_yaml}: " + "; ".join(problems))
     return acc
@@ -198,3 +259,35 @@ def bar_only(trainer: Any) -> Any:
     if any(type(cb) is ProgressCallback for cb in printers):
         trainer.add_callback(BarOnlyProgress)
     return trainer
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI: `python -m train.checks ACCELERATE_YAML TRAINING_YAML`; exit 2 with one `error:` line on a mismatch."""
+    import argparse  # noqa: PLC0415
+
+    parser = argparse.ArgumentParser(description="Check an accelerate config against a training config.")
+    parser.add_argument("accelerate_yaml", help='accelerate config, or "none" for one process without accelerate')
+    parser.add_argument("training_yaml")
+    parser.add_argument("--num_processes", type=int, default=None, help="override the accelerate file's count")
+    parser.add_argument("--gradient_accumulation_steps", type=int, default=None, help="override the training file's")
+    args = parser.parse_args(argv)
+    import yaml  # noqa: PLC0415
+
+    try:
+        acc = {} if args.accelerate_yaml == "none" else yaml.safe_load(Path(args.accelerate_yaml).read_text()) or {}
+        if acc.get("distributed_type") == "DEEPSPEED" and importlib.util.find_spec("deepspeed") is None:
+            raise TrainConfigError(f"{args.accelerate_yaml} uses DeepSpeed, which is not installed; install it with "
+                                   "DS_BUILD_OPS=0 pip install --no-build-isolation '.[deepspeed]'.")  # fmt: skip
+        overrides = {}
+        if args.gradient_accumulation_steps is not None:
+            overrides["gradient_accumulation_steps"] = args.gradient_accumulation_steps
+        validate_launch(args.accelerate_yaml, args.training_yaml, num_processes=args.num_processes,
+                        training_overrides=overrides)  # fmt: skip
+    except (TrainConfigError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(f"launch ok: {args.accelerate_yaml} with {args.training_yaml}")
+
+
+if __name__ == "__main__":
+    main()

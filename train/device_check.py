@@ -1,22 +1,29 @@
-"""Device check: one SFT step and two E-MRL GRPO steps (verifier on) at the paper's per-device shape on one GPU.
+"""Device check: one SFT step and one E-MRL GRPO step (accumulation 2, verifier in the loop, KL on) on one GPU.
 
-Qwen3-VL-8B-shaped random model built in memory (no download), 32 frames of 448² (3,136 video tokens), G = 8,
+Qwen3-VL-8B-shaped random model built in memory (no download), 32 frames of 448² (3,136 video tokens), G = 8, up to
 512-token completions. It follows the single-GPU memory plan (`docs/training.md`): fp32 masters for everything that
-trains, bf16 for frozen weights and compute.
+trains, bf16 for frozen weights and compute. Budget: it must decide within 6 of the device's 8 minutes
+(`train/device_check.sh` stops it at 360 s).
 
 * SFT step: ViT + projector train (fp32), the LLM is frozen (bf16).
 * The SFT trainer is freed (no reference cycle keeps it) before GRPO; the same model object goes on: no save/reload.
-* GRPO steps: LoRA on the LLM + projector in full (fp32), the ViT frozen (bf16); the reference model is the base with
-  the adapters disabled (no second copy, no checkpoint round trip).
-* Rewards: r_e, r_f, r_c (verifier on) + `r_overlap` (character-bigram overlap of the completion with the report, weight
-  0.1). A random 8B writes no parseable report, so the E-MRL rewards are all 0 and would give no gradient; the overlap
-  reward varies within every group, so the check can assert a nonzero policy gradient. The tokenizer covers the report
-  vocabulary and ids beyond it (the 8B vocabulary is 151,936) are suppressed, so every sampled token decodes.
+* GRPO step: LoRA on the LLM + projector in full (fp32), the ViT frozen (bf16); the reference model is the base with
+  the adapters disabled (no second copy), beta = 0.01 so the KL term runs; gradient accumulation 2 over two rows (a
+  positive and a negative, one group of G each, `steps_per_generation: 1`).
+* r_c in the loop: `sequence_bias` pushes the random policy towards the positive row's report (`report_bias`), so the
+  rollouts name a usable key frame and the verifier answers inside the step (asserted: >= 1 query).
+* Rewards: r_e, r_f, r_c + `r_overlap` (character-bigram overlap of the completion with the report, weight 0.1), which
+  varies within every group, so the check can assert a nonzero policy gradient. Ids beyond the report tokenizer
+  (the 8B vocabulary is 151,936) are suppressed, so every sampled token decodes.
+* No full-model copies: parameter changes are judged on <= 4096 evenly spaced samples per tensor kept on the GPU.
+* `plan_8b`: the 8B GRPO LoRA model on the meta device, its trainable parameters checked against `train.memory_plan`
+  (the CPU rehearsal runs it too); on the GPU the JSON line gives the measured peak over the planned GiB.
 
-Asserts: finite losses, nonzero gradient norms, changed/unchanged parameter groups, peak memory below the card's
-capacity (margin printed); and that the processor, saved as `train/` saves checkpoints, loads with stock
-`AutoProcessor` as a `Qwen3VLProcessor` with a `Qwen3VLVideoProcessor` whose encoding equals `encode_ct_video`
-(issue 15; needs torchvision, so skipped with a printed reason under `--tiny`). Prints one JSON line. `--tiny` runs the same code on CPU with the tiny model (suite).
+Asserts: finite losses, nonzero gradient norms, changed/unchanged parameter groups, >= 1 verifier query in the loop,
+a finite KL, peak memory below the card's capacity (margin printed); and that the processor, saved as `train/` saves
+checkpoints, loads with stock `AutoProcessor` as a `Qwen3VLProcessor` with a `Qwen3VLVideoProcessor` whose encoding
+equals `encode_ct_video` (issue 15; needs torchvision, so skipped with a printed reason under `--tiny`). Prints one
+JSON line. `--tiny` runs the same code on CPU with the tiny model (suite; the rehearsal).
 
     python3 -m train.device_check --output $OUT/device_check.json
     python3 -m train.device_check --tiny --output /tmp/device_check.json
@@ -93,8 +100,19 @@ def r_overlap(completions: list[Any], report: list[str], **kwargs: Any) -> list[
     return out
 
 
+FINGERPRINT_SAMPLES = 4096  # elements kept per parameter, on its device (no full-model copy, no host transfer)
+
+
+def _sample(p: torch.Tensor) -> torch.Tensor:
+    flat = p.detach().reshape(-1)
+    step = max(1, flat.numel() // FINGERPRINT_SAMPLES)
+    return flat[::step][:FINGERPRINT_SAMPLES].clone()
+
+
 def _snapshot(model: Any) -> dict[str, torch.Tensor]:
-    return {n: p.detach().float().cpu().clone() for n, p in model.named_parameters()}
+    """Evenly spaced samples of every parameter (<= 4096 each), kept on the GPU: an AdamW step moves nearly every
+    element, so a changed parameter shows in its samples; a frozen one keeps them bitwise."""
+    return {n: _sample(p) for n, p in model.named_parameters()}
 
 
 def _changed_groups(before: dict[str, torch.Tensor], model: Any) -> tuple[set[str], set[str]]:
@@ -103,8 +121,24 @@ def _changed_groups(before: dict[str, torch.Tensor], model: Any) -> tuple[set[st
     for name, p in model.named_parameters():
         if name in before:
             group = parameter_group(name.replace("base_model.model.", "").replace(".base_layer", ""))
-            (same if torch.equal(before[name], p.detach().float().cpu()) else changed).add(group)
+            (same if torch.equal(before[name], _sample(p)) else changed).add(group)
     return changed, same
+
+
+def report_bias(processor: Any, report: str, bias: float = 12.0) -> list:
+    """`generation_kwargs.sequence_bias` entries that push a random policy towards `report` (then EOS).
+
+    +`bias` logits on each report token given the chat template's last two tokens and the report so far, so the
+    rollouts mostly write the row's report, name its key frame and r_c queries the verifier in the loop; completions
+    that drift off it still vary the rewards within the group.
+    """
+    tok = processor.tokenizer
+    ids = tok(report, add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids(tok.eos_token)]
+    text = processor.apply_chat_template(
+        [{"role": "user", "content": "x"}], add_generation_prompt=True, tokenize=False
+    )
+    tail = tok(text, add_special_tokens=False)["input_ids"][-2:]
+    return [[tail + ids[: i + 1], bias] for i in range(len(ids))]
 
 
 def _cast_frozen(model: Any, dtype: torch.dtype) -> None:
@@ -142,16 +176,19 @@ def _grpo_steps(model: Any, processor: Any, dataset: Any, work: Path, common: di
     _cast_frozen(model, shape["frozen"])
     before = _snapshot(model)
     vocab_extra = list(range(len(processor.tokenizer), model.config.text_config.vocab_size))
+    positive = next(r for r in dataset if r["has_lesion"])  # the rollouts are pushed towards its report (r_c in loop)
     args = make_grpo_config(
         processor, ["r_e", "r_f", "r_c", "r_overlap"], reward_weights=[0.3, 0.5, 0.2, 0.1],
-        output_dir=str(work / "grpo"), max_steps=2, num_generations=shape["group"],
-        per_device_train_batch_size=shape["group"], gradient_accumulation_steps=1,
+        output_dir=str(work / "grpo"), max_steps=1, num_generations=shape["group"], beta=0.01,
+        per_device_train_batch_size=shape["group"], gradient_accumulation_steps=2, steps_per_generation=1,
         max_completion_length=shape["completion"], gradient_checkpointing=True, learning_rate=1e-4,
-        generation_kwargs={"suppress_tokens": vocab_extra}, **common,
+        generation_kwargs={"suppress_tokens": vocab_extra, "sequence_bias": report_bias(processor, positive["report"])},
+        **common,
     )  # fmt: skip
     verifier = Verifier(max_new_tokens=shape["verifier"])
     funcs = [*make_reward_funcs(["r_e", "r_f", "r_c"], verifier=verifier), r_overlap]
-    trainer = VideoGRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=_grpo_rows(dataset),
+    rows = _grpo_rows(dataset.select(range(2)))  # a positive and a negative row: one group each per micro-step
+    trainer = VideoGRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=rows,
                                processing_class=processor)  # fmt: skip
     stats = _StepStats(trainer.model)
     trainer.add_callback(stats)
@@ -159,7 +196,8 @@ def _grpo_steps(model: Any, processor: Any, dataset: Any, work: Path, common: di
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
     changed, same = _changed_groups(before, trainer.model)
-    # A random policy names no usable key frame, so r_c never queried: time one verifier batch (G key frames) directly.
+    in_loop_queries = verifier.n_queries
+    # Also time one full verifier batch (G key frames) directly.
     frames = frames_to_array(dataset[0]["frames"])
     _sync()
     t0 = time.perf_counter()
@@ -169,8 +207,10 @@ def _grpo_steps(model: Any, processor: Any, dataset: Any, work: Path, common: di
     n_tok = shape["group"] * (shape["prompt_len"] + shape["completion"])
     return {"step_s": [round(t, 3) for t in stats.times], "tokens_per_s": round(n_tok / min(stats.times), 1),
             "loss": [h["loss"] for h in logs], "grad_norm": stats.grad_norms, "peak_mem_gib": round(_peak_gib(), 2),
-            "verifier_queries": verifier.n_queries, "verifier_batch_s": round(verifier_s, 3),
+            "verifier_queries": in_loop_queries, "verifier_batch_s": round(verifier_s, 3),
             "verifier_answers": len(answers), "reward": [h.get("reward") for h in logs],
+            "r_c": [h.get("rewards/r_c/mean") for h in logs], "kl": [h.get("kl") for h in logs],
+            "gradient_accumulation_steps": args.gradient_accumulation_steps,
             "frac_reward_zero_std": [h.get("frac_reward_zero_std") for h in logs],
             "changed": sorted(changed), "unchanged": sorted(same)}  # fmt: skip
 
@@ -227,6 +267,29 @@ def _auto_processor_step(processor: Any, config: Any, work: Path, frames: Any, t
     return auto_processor_check(processor, config, work, frames)
 
 
+def plan_8b(lora_r: int = 64) -> dict[str, Any]:
+    """The 8B shape on the meta device (no memory): the GRPO LoRA model's trainable parameters per group, checked
+    against `train.memory_plan`'s counts, and the plan's GiB for this path (the check's peak is compared with it)."""
+    from train.memory_plan import parameter_counts, plan  # noqa: PLC0415
+
+    processor = build_processor()
+    with torch.device("meta"):
+        model = build_model(processor.tokenizer, "8b")
+    set_stage_trainable(model, "grpo")
+    model = _apply_lora(model, lora_r, 2 * lora_r)
+    groups: dict[str, int] = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            group = "lora" if "lora_" in name else parameter_group(name.replace("base_model.model.", ""))
+            groups[group] = groups.get(group, 0) + p.numel()
+    counts, row = parameter_counts(), plan()[3]
+    assert groups.get("lora") == counts["lora"], (groups, counts["lora"])  # the plan counts what LoRA trains
+    assert groups.get("projector") == counts["projector"], (groups, counts["projector"])
+    assert "vit" not in groups, groups
+    return {"trainable_m": {k: round(v / 1e6, 1) for k, v in sorted(groups.items())},
+            "planned_gib": round(float(row["total"]), 1), "path": row["path"]}  # fmt: skip
+
+
 def _grpo_rows(dataset: Any) -> Any:
     from train.data import to_grpo_dataset  # noqa: PLC0415
 
@@ -239,6 +302,8 @@ def _assert_results(res: dict) -> None:
     assert sft["grad_norm"] > 0 and all(g > 0 for g in grpo["grad_norm"]), "zero gradient"
     assert set(sft["changed"]) == {"vit", "projector"} and "llm" in sft["unchanged"], sft
     assert {"projector", "llm"} <= set(grpo["changed"]) and "vit" not in grpo["changed"], grpo
+    assert grpo["verifier_queries"] >= 1, "r_c never queried the verifier in the loop"
+    assert all(k is not None and math.isfinite(k) for k in grpo["kl"]), "the KL term (reference model) did not run"
     if res["capacity_gib"]:
         assert max(sft["peak_mem_gib"], grpo["peak_mem_gib"]) < res["capacity_gib"], "peak memory over capacity"
 
@@ -246,7 +311,7 @@ def _assert_results(res: dict) -> None:
 def run_check(*, tiny: bool, work_dir: Path) -> dict[str, Any]:
     """Run the SFT step and the GRPO steps, assert, and return the measurements."""
     on_gpu = torch.cuda.is_available() and not tiny
-    shape = {"frames": 8, "px": 64, "group": 4, "completion": 12, "verifier": 6, "lora_r": 4, "frozen": torch.float32}
+    shape = {"frames": 8, "px": 64, "group": 4, "completion": 120, "verifier": 6, "lora_r": 4, "frozen": torch.float32}
     if not tiny:
         shape = {"frames": 32, "px": 448, "group": 8, "completion": 512, "verifier": 64, "lora_r": 64,
                  "frozen": torch.bfloat16 if on_gpu else torch.float32}  # fmt: skip
@@ -264,6 +329,7 @@ def run_check(*, tiny: bool, work_dir: Path) -> dict[str, Any]:
     dataset = load_split(table, "train")
     res["build_s"] = round(time.perf_counter() - t0, 1)
     frames = frames_to_array(dataset[0]["frames"])
+    res["plan_8b"] = plan_8b()
     res["auto_processor"] = _auto_processor_step(processor, model.config, work_dir, frames, tiny)
     common = {"bf16": on_gpu, "use_cpu": not on_gpu, "report_to": "none", "save_strategy": "no", "logging_steps": 1}
     res["sft"] = _sft_step(model, processor, dataset, work_dir, common, shape["frozen"])
@@ -271,6 +337,7 @@ def run_check(*, tiny: bool, work_dir: Path) -> dict[str, Any]:
     res["grpo"] = _grpo_steps(model, processor, dataset, work_dir, common, shape)
     peak = max(res["sft"]["peak_mem_gib"], res["grpo"]["peak_mem_gib"])
     res["memory_margin_gib"] = round(capacity - peak, 1) if on_gpu else None
+    res["peak_over_plan"] = round(peak / res["plan_8b"]["planned_gib"], 2) if on_gpu else None
     res["total_s"] = round(time.perf_counter() - t0, 1)
     _assert_results(res)
     return res

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Device check (issue 8 item 6): one SFT step + two E-MRL GRPO steps (verifier on) on a Qwen3-VL-8B-shaped random
-# model, 32 frames of 448², G = 8, 512-token completions, on one GPU; asserts and prints one JSON line.
+# Device check (issues 8, 22): one SFT step + one E-MRL GRPO step (accumulation 2, r_c through the verifier in the
+# loop, KL to the reference on) on a Qwen3-VL-8B-shaped random model, 32 frames of 448², G = 8, up to 512-token
+# completions, on one GPU; asserts and prints one JSON line.
 # Also (issue 15): the processor saved as a checkpoint loads with stock AutoProcessor as Qwen3VLProcessor with a
 # Qwen3VLVideoProcessor (needs the machine's torchvision) and encodes the frames as encode_ct_video; --tiny skips it.
-# Budget: <= 8 minutes including setup. The GPU machine has torch/transformers/accelerate/peft/pyarrow but not trl or
-# datasets: carry them as wheels in .whl/ (train/fetch_wheels.sh writes them; the `device` tool's `carry: [".whl"]`).
+# Budget: it must decide within 6 of the device's 8 minutes including setup (timeout 360 s). The GPU machine has
+# torch/transformers/accelerate/peft/pyarrow but not trl or datasets: carry them as wheels in .whl/ (train/fetch_wheels.sh writes them; the `device` tool's `carry: [".whl"]`).
 #   train/device_check.sh [--tiny] [OUTPUT_JSON]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,4 +19,4 @@ TINY=()
 if [ "${1:-}" = "--tiny" ]; then TINY=(--tiny); shift; fi
 OUTPUT=${1:-${OUT:-.}/device_check.json}
 PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} \
-  timeout "${DEVICE_CHECK_TIMEOUT_S:-450}" "$PY" -m train.device_check "${TINY[@]}" --output "$OUTPUT"
+  timeout "${DEVICE_CHECK_TIMEOUT_S:-360}" "$PY" -m train.device_check "${TINY[@]}" --output "$OUTPUT"

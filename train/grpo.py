@@ -50,6 +50,13 @@ from train.data import (
     to_grpo_dataset,
     video_key,
 )
+from train.distributed import (
+    add_rank_report,
+    check_launch,
+    policy_load_kwargs,
+    prepare_deepspeed_cpu,
+    prompt_seeded_rng,
+)
 from train.freeze import set_stage_trainable
 from train.rewards import REWARD_NAMES, Verifier, make_reward_funcs, reward_weights_for
 
@@ -66,6 +73,7 @@ class VideoGRPOTrainer(GRPOTrainer):
     """
 
     _ct_videos: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    rollout_seed = "global"  # "prompt": rollouts seeded by (seed, step, prompts) (GrpoScriptArguments.rollout_seed)
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -104,6 +112,12 @@ class VideoGRPOTrainer(GRPOTrainer):
         out["ct_pixel_values_videos"] = [p for p, _ in videos]
         out["ct_video_grid_thw"] = [g for _, g in videos]
         return out
+
+    def _generate_single_turn(self, prompt_ids: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.rollout_seed != "prompt":
+            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
+        with prompt_seeded_rng(self.args.seed, self.state.global_step, prompt_ids):
+            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
         self._ct_videos = list(zip(inputs["ct_pixel_values_videos"], inputs["ct_video_grid_thw"], strict=True))
@@ -167,6 +181,15 @@ class GrpoScriptArguments:
         default=False, metadata={"help": "Also run a learning-rate-0 control on the same prompts and plot both."}
     )
     reward_curve_png: str | None = field(default=None, metadata={"help": "Default: <output_dir>/reward_curve.png."})
+    completions_per_step: int | None = field(
+        default=None,
+        metadata={"help": "Processes x per-device batch x accumulation must equal this (checked at launch)."},
+    )
+    rollout_seed: str = field(
+        default="global",
+        metadata={"help": "global: the process's generator; prompt: seeded by (seed, step, prompts), so rollouts "
+                  "do not depend on the number of processes (train.distributed.prompt_seeded_rng)."},
+    )  # fmt: skip
     step_logs: bool = field(
         default=True,
         metadata={
@@ -196,12 +219,16 @@ def make_grpo_config(processor: CTQwen3VLProcessor, rewards: list[str], **overri
 
 
 def finalize_grpo_config(args: GRPOConfig, processor: CTQwen3VLProcessor, rewards: list[str]) -> GRPOConfig:
-    """Set what the video trainer needs: keep every column, suppress the vision tokens, weights per reward.
+    """Set what the video trainer needs: keep every column, suppress the vision tokens, weights per reward, and a bf16
+    reference model when `bf16` compute is on (half the memory of TRL's default, the policy's fp32; bf16 autocast
+    rounds the matmul weights to bf16 anyway).
 
     Raises:
         ValueError: when `reward_weights` is given with a length other than the number of rewards.
     """
     args.remove_unused_columns = False
+    if args.bf16 and args.beta > 0:  # TRL builds the frozen reference in the policy's dtype (fp32) unless told
+        args.model_init_kwargs = {**(args.model_init_kwargs or {}), "dtype": "bfloat16"}
     gen = dict(args.generation_kwargs or {})
     gen["suppress_tokens"] = sorted(set(gen.get("suppress_tokens", [])) | set(processor.vision_token_ids))
     args.generation_kwargs = gen
@@ -270,7 +297,9 @@ def build_grpo_trainer(
     check_qwen3_vl_checkpoint(model_path)
     rewards = list(rewards or REWARD_NAMES)
     processor = CTQwen3VLProcessor.from_pretrained(model_path)
-    model = Qwen3VLForConditionalGeneration.from_pretrained(model_path, dtype=getattr(torch, dtype))
+    model = Qwen3VLForConditionalGeneration.from_pretrained(
+        model_path, dtype=getattr(torch, dtype), **policy_load_kwargs()
+    )
     set_stage_trainable(model, "grpo")
     if lora_r > 0:
         model = _apply_lora(model, lora_r, lora_alpha)
@@ -361,8 +390,10 @@ def _train_one(script_args: GrpoScriptArguments, training_args: GRPOConfig, data
         lora_r=script_args.lora_r,
         lora_alpha=script_args.lora_alpha,
     )
+    trainer.rollout_seed = script_args.rollout_seed
     if not script_args.step_logs:
         bar_only(trainer)
+    add_rank_report(trainer)
     trainer.train()
     return trainer
 
@@ -433,8 +464,10 @@ def run_grpo(script_args: GrpoScriptArguments, training_args: GRPOConfig) -> Pat
 def main(argv: list[str] | None = None) -> None:
     """CLI entry: `python -m train.grpo --config YAML --dataset_dir D --model_name_or_path M --output_dir O`."""
     logging.basicConfig(level=logging.INFO)
+    prepare_deepspeed_cpu()
     parser = TrlParser((GrpoScriptArguments, GRPOConfig))
     script_args, training_args = parser.parse_args_and_config(argv)
+    check_launch("grpo", script_args, training_args)  # before any weight loads
     run_grpo(script_args, training_args)
 
 

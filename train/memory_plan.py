@@ -69,7 +69,18 @@ def _tokens(shape: Shape) -> tuple[int, int]:
 
 
 def plan(n_gpus_multi: int = 8) -> list[dict[str, object]]:
-    """Return one row per training path with GiB per GPU and whether it fits 80 / 141 GB cards."""
+    """Return one row per training path with GiB per GPU and whether it fits 80 / 141 GB cards.
+
+    * gradients: under ZeRO-2/3 DeepSpeed keeps the bf16 gradient partition and an fp32 copy of it for the optimizer
+      step (6 bytes per trainable parameter / n); one GPU keeps fp32 gradients of the fp32 weights.
+    * reference: bf16 (`train.grpo.finalize_grpo_config` sets `model_init_kwargs.dtype` to bfloat16 when `bf16` is
+      on; TRL would otherwise build it in the policy's fp32); replicated under ZeRO-2 (TRL prepares it with stage 0),
+      sharded under ZeRO-3; none in the LoRA path (adapters disabled) beyond the projector's original copy.
+    * gathered for generation: ZeRO-3 gathers the full bf16 weights on every rank for each generate call
+      (`ds3_gather_for_generation`, the rollouts and the verifier), on top of the rank's own shard.
+    * total: the sum of every column (conservative: the training activations and the generation-time gather plus
+      KV cache are not alive at the same moment).
+    """
     c, shape = parameter_counts(), Shape()
     total = c["vit"] + c["projector"] + c["llm"]
     trainable = c["projector"] + c["llm"]  # GRPO: projector + LLM, ViT frozen
@@ -78,24 +89,46 @@ def plan(n_gpus_multi: int = 8) -> list[dict[str, object]]:
     act = (layers * 2 * seq * h + 34 * seq * h) + 2 * shape.completion_tokens * c["vocab"] * 4
     kv = 2 * layers * c["kv_dim"] * 2 * seq * shape.group
     n = n_gpus_multi
+    lora_trained = c["lora"] + c["projector"]
     rows = [
-        ("1 GPU, full parameters, fp32 weights + bf16 autocast", 4 * total, 4 * trainable, 8 * trainable, 2 * total),
+        ("1 GPU, full parameters, fp32 weights + bf16 autocast", 4 * total, 4 * trainable, 8 * trainable, 2 * total, 0),
         (f"ZeRO-2 on {n} GPUs, full parameters (bf16 weights, fp32 masters sharded)",
-         2 * total + 4 * trainable / n, 2 * trainable / n, 8 * trainable / n, 2 * total),
+         2 * total + 4 * trainable / n, 6 * trainable / n, 8 * trainable / n, 2 * total, 0),
         (f"ZeRO-3 on {n} GPUs, full parameters (all states sharded, reference sharded)",
-         (2 * total + 4 * trainable) / n, 2 * trainable / n, 8 * trainable / n, 2 * total / n),
+         (2 * total + 4 * trainable) / n, 6 * trainable / n, 8 * trainable / n, 2 * total / n, 2 * total * (n - 1) / n),
         (f"1 GPU, LoRA r={shape.lora_rank} on the LLM + projector in full (bf16 frozen base)",
-         2 * total + 4 * (c["lora"] + c["projector"]), 4 * (c["lora"] + c["projector"]),
-         8 * (c["lora"] + c["projector"]), 2 * c["projector"]),
+         2 * total + 4 * lora_trained, 4 * lora_trained, 8 * lora_trained, 2 * c["projector"], 0),
     ]  # fmt: skip
+    host = host_plan(n)
     out = []
-    for name, weights, grads, optim, ref in rows:
+    for (name, weights, grads, optim, ref, gather), host_row in zip(rows, host, strict=True):
         parts = {"weights": weights, "gradients": grads, "optimizer": optim, "reference": ref,
-                 "activations": act, "kv_cache": kv}  # fmt: skip
+                 "activations": act, "kv_cache": kv, "gather": gather}  # fmt: skip
         gib = {k: v / GIB for k, v in parts.items()}
         gib["total"] = sum(gib.values())
-        out.append({"path": name, **gib, "fits_80": gib["total"] < 80 * 0.9, "fits_141": gib["total"] < 139 * 0.9})
+        out.append({"path": name, **gib, "fits_80": gib["total"] < 80 * 0.9, "fits_141": gib["total"] < 139 * 0.9,
+                    "host_gib_per_node": host_row["host_gib_per_node"],
+                    "host_gib_per_node_before": host_row["before"]})  # fmt: skip
     return out
+
+
+def host_plan(n_gpus_multi: int = 8) -> list[dict[str, float]]:
+    """Host memory per node at start-up (GiB), besides the checkpoint's page cache (bf16 safetensors, shared, evictable).
+
+    * 1 GPU and ZeRO-2: the policy loads straight onto the rank's GPU (`train.distributed.policy_load_kwargs`); the
+      bf16 reference is built on the host by TRL (it forces `device_map=None` under several processes) and moved to the
+      GPU when prepared: 2 bytes x all parameters per rank, held at the same time by every rank of the node.
+    * ZeRO-3: `zero.Init` (accelerate's `zero3_init_flag: true`) materialises each rank's shard on its GPU; the
+      reference too. Nothing model-sized on the host.
+    * LoRA: the bf16 base loads straight onto the GPU; no separate reference.
+    * before: what the code did before (policy in fp32 and the reference in the policy's fp32, both on the host of
+      every rank; ZeRO-3 was already sharded at load: the training arguments, parsed first, register the ZeRO-3
+      config, so `from_pretrained` runs under `zero.Init`).
+    """
+    c, n = parameter_counts(), n_gpus_multi
+    total = c["vit"] + c["projector"] + c["llm"]
+    rows = [(2 * total, 8 * total), (n * 2 * total, n * 8 * total), (0, 0), (0, 2 * total)]
+    return [{"host_gib_per_node": now / GIB, "before": before / GIB} for now, before in rows]
 
 
 def markdown(n_gpus_multi: int = 8) -> str:
@@ -106,16 +139,20 @@ def markdown(n_gpus_multi: int = 8) -> str:
         f"Computed by `python -m train.memory_plan` from the Qwen3-VL-8B config: ViT {c['vit'] / 1e9:.3f} B, "
         f"projector {c['projector'] / 1e9:.3f} B, LLM (incl. embeddings and lm_head) {c['llm'] / 1e9:.3f} B "
         f"parameters; LoRA r={Shape().lora_rank} adds {c['lora'] / 1e6:.0f} M. Sequence: {prompt} prompt + "
-        f"{Shape().completion_tokens} completion tokens, G = {Shape().group}. GiB per GPU; 'fits' keeps 10 % headroom.",
+        f"{Shape().completion_tokens} completion tokens, G = {Shape().group}. GiB per GPU; 'fits' keeps 10 % headroom. "
+        "Gradients under ZeRO include DeepSpeed's fp32 copy of the gradient partition; the reference is bf16; "
+        "'gathered' is the full bf16 model ZeRO-3 gathers for each generate call; the total adds every column.",
         "",
-        "| path | weights | gradients | AdamW | reference | activations | KV cache | total | fits 80 GB | fits H200 |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| path | weights | gradients | AdamW | reference | activations | KV cache | gathered | total | fits 80 GB "
+        "| fits H200 | host per node at start (before) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in plan(n_gpus_multi):
         lines.append(
             f"| {r['path']} | {r['weights']:.1f} | {r['gradients']:.1f} | {r['optimizer']:.1f} | {r['reference']:.1f} "
-            f"| {r['activations']:.1f} | {r['kv_cache']:.1f} | **{r['total']:.1f}** | {'yes' if r['fits_80'] else 'no'} "
-            f"| {'yes' if r['fits_141'] else 'no'} |"
+            f"| {r['activations']:.1f} | {r['kv_cache']:.1f} | {r['gather']:.1f} | **{r['total']:.1f}** "
+            f"| {'yes' if r['fits_80'] else 'no'} | {'yes' if r['fits_141'] else 'no'} "
+            f"| {r['host_gib_per_node']:.0f} ({r['host_gib_per_node_before']:.0f}) |"
         )
     return "\n".join(lines)
 

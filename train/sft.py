@@ -35,6 +35,7 @@ from train.checks import (
     run_cli,
 )
 from train.data import CTQwen3VLProcessor, SFTCollator, load_split
+from train.distributed import add_rank_report, check_launch, policy_load_kwargs, prepare_deepspeed_cpu
 from train.freeze import set_stage_trainable
 from train.tiny import build_model, build_processor
 
@@ -68,6 +69,10 @@ class SftScriptArguments:
         default=0,
         metadata={"help": "Demo only (not the paper): full-model steps on the reports before the SFT freezing."},
     )
+    samples_per_step: int | None = field(
+        default=None,
+        metadata={"help": "Processes x per-device batch x accumulation must equal this (checked at launch)."},
+    )
     step_logs: bool = field(
         default=True,
         metadata={
@@ -86,7 +91,9 @@ def load_policy(
         return build_model(processor.tokenizer, seed=tiny_seed), processor
     check_qwen3_vl_checkpoint(model_name_or_path)
     torch_dtype = getattr(torch, dtype)
-    model = Qwen3VLForConditionalGeneration.from_pretrained(model_name_or_path, dtype=torch_dtype)
+    model = Qwen3VLForConditionalGeneration.from_pretrained(
+        model_name_or_path, dtype=torch_dtype, **policy_load_kwargs()
+    )
     return model, CTQwen3VLProcessor.from_pretrained(model_name_or_path)
 
 
@@ -172,6 +179,7 @@ def run_sft(script_args: SftScriptArguments, training_args: SFTConfig) -> Path:
     trainer = build_sft_trainer(model, processor, dataset, training_args)
     if not script_args.step_logs:
         bar_only(trainer)
+    add_rank_report(trainer)
     result = trainer.train()
     out = Path(training_args.output_dir)
     trainer.save_model(str(out))
@@ -189,8 +197,10 @@ def run_sft(script_args: SftScriptArguments, training_args: SFTConfig) -> Path:
 def main(argv: list[str] | None = None) -> None:
     """CLI entry: `python -m train.sft --config YAML [--dataset_dir D] [--output_dir O] [overrides]`."""
     logging.basicConfig(level=logging.INFO)
+    prepare_deepspeed_cpu()
     parser = TrlParser((SftScriptArguments, SFTConfig))
     script_args, training_args = parser.parse_args_and_config(argv)
+    check_launch("sft", script_args, training_args)  # before any weight loads
     run_sft(script_args, training_args)
 
 

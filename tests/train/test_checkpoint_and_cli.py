@@ -69,7 +69,10 @@ def test_device_check_tiny(tmp_path):
     assert data["sft"]["grad_norm"] > 0 and all(g > 0 for g in data["grpo"]["grad_norm"])
     assert set(data["sft"]["changed"]) == {"vit", "projector"}
     assert {"projector", "llm"} <= set(data["grpo"]["changed"]) and "vit" in data["grpo"]["unchanged"]
-    assert len(data["grpo"]["step_s"]) == 2
+    assert len(data["grpo"]["step_s"]) == 1 and data["grpo"]["gradient_accumulation_steps"] == 2
+    assert data["grpo"]["verifier_queries"] >= 1 and data["grpo"]["r_c"][0] is not None  # r_c in the loop
+    assert data["grpo"]["kl"] == [0.0]  # the reference (adapters disabled) ran; one step: policy == reference
+    assert data["plan_8b"]["trainable_m"] == {"lora": 174.6, "projector": 160.5} and data["plan_8b"]["planned_gib"] > 0
     assert data["auto_processor"]["skipped"].startswith("--tiny (CPU): torchvision cannot be imported")
 
 

@@ -46,7 +46,10 @@ def test_inconsistent_launch_is_refused(tmp_path):
                                    "mixed_precision": "bf16", "num_processes": 4}))  # fmt: skip
     cfg = tmp_path / "grpo.yaml"
     cfg.write_text(yaml.safe_dump({"dtype": "bfloat16", "bf16": True, "per_device_train_batch_size": 1}))
-    with pytest.raises(TrainConfigError, match="zero_stage=1.*no fp32 master copy.*= 4, not 64"):
+    with pytest.raises(
+        TrainConfigError,
+        match=r"zero_stage=1.*no fp32 master copy.*= 4, not completions_per_step=64 \(set gradient_accum",
+    ):
         validate_launch(bad, cfg)
 
 
@@ -106,3 +109,29 @@ def test_memory_table_in_docs_is_the_scripts_output():
     assert full_one_gpu["path"].startswith("1 GPU, full") and not full_one_gpu["fits_141"]  # the paper needs GPUs
     assert zero2["fits_141"] and zero3["fits_80"]
     assert lora["path"].startswith("1 GPU, LoRA") and lora["fits_80"]
+
+
+def test_memory_plan_counts_what_runs():
+    from train.memory_plan import GIB, parameter_counts, plan
+
+    c = parameter_counts()
+    total, trainable = (c["vit"] + c["projector"] + c["llm"]) / GIB, (c["projector"] + c["llm"]) / GIB
+    full_one_gpu, zero2, zero3, _ = plan(8)
+    # DeepSpeed keeps the bf16 gradient partition and its fp32 copy: 6 bytes per trainable parameter / 8.
+    assert zero2["gradients"] == pytest.approx(6 * trainable / 8) == zero3["gradients"]
+    assert zero2["reference"] == pytest.approx(2 * total) == full_one_gpu["reference"]  # bf16 reference
+    assert zero3["reference"] == pytest.approx(2 * total / 8)
+    assert zero3["gather"] == pytest.approx(2 * total * 7 / 8) and zero2["gather"] == 0  # ds3_gather_for_generation
+    assert zero2["host_gib_per_node"] == pytest.approx(8 * 2 * total) and zero3["host_gib_per_node"] == 0
+    assert zero2["host_gib_per_node_before"] == pytest.approx(8 * 8 * total)  # fp32 policy + fp32 reference per rank
+
+
+def test_reference_model_is_bf16_when_compute_is_bf16(processor, tmp_path):
+    from train.grpo import make_grpo_config
+
+    args = make_grpo_config(processor, ["r_e"], output_dir=str(tmp_path), use_cpu=True, bf16=False)
+    assert not (args.model_init_kwargs or {}).get("dtype")  # CPU fp32 runs keep TRL's default (the policy's dtype)
+    args.bf16 = True
+    from train.grpo import finalize_grpo_config
+
+    assert finalize_grpo_config(args, processor, ["r_e"]).model_init_kwargs == {"dtype": "bfloat16"}

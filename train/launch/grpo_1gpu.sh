@@ -4,5 +4,6 @@
 set -euo pipefail
 DATASET_DIR=${1:?rl_hardset dir}; MODEL=${2:?SFT checkpoint}; OUTPUT_DIR=${3:?output dir}
 shift 3
+${PYTHON:-python3} -m train.checks none train/configs/grpo_lora.yaml  # the launch checks, before any weight loads
 ${PYTHON:-python3} -m train.grpo --config train/configs/grpo_lora.yaml --dataset_dir "$DATASET_DIR" \
   --model_name_or_path "$MODEL" --output_dir "$OUTPUT_DIR" "$@"
