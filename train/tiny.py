@@ -62,11 +62,11 @@ MODEL_SHAPES: dict[str, dict[str, dict[str, Any]]] = {
             "num_hidden_layers": 2,
             "num_attention_heads": 4,
             "num_key_value_heads": 2,
-            "head_dim": 16,
+            "head_dim": 32,
             "rope_parameters": {
                 "rope_type": "default",
                 "rope_theta": 5e6,
-                "mrope_section": [4, 2, 2],  # sums to head_dim / 2
+                "mrope_section": [8, 4, 4],  # sums to head_dim / 2
                 "mrope_interleaved": True,
             },
         },
