@@ -144,9 +144,27 @@ def report_logps(model: Any, processor: Any, rows: list[dict[str, Any]], reports
 
 
 def existence_margins(model: Any, processor: Any, rows: list[dict[str, Any]], opposite: list[str]) -> torch.Tensor:
-    """Per row: log p(its true report) - log p(`opposite[i]`, the report with the other lesion claim), frames shown.
+    """Per row: log p(its true report's token) - log p(`opposite[i]`'s token) at the first token where they differ.
 
-    Positive = the policy prefers the right existence claim for what the frames show; no sampling noise.
+    `opposite[i]` is a report with the other lesion claim, so that token is the existence decision ("No" vs "A");
+    both are scored after the same teacher-forced prefix, with the row's frames shown. Positive = the policy prefers
+    the right claim for what the frames show; no sampling noise.
     """
-    true = report_logps(model, processor, rows, [r["report"] for r in rows])
-    return true - report_logps(model, processor, rows, opposite)
+    from train.data import SFTCollator  # noqa: PLC0415
+
+    collate = SFTCollator(processor)
+    tok = processor.tokenizer
+    was_training = model.training
+    model.eval()
+    out = []
+    with torch.no_grad():
+        for row, other in zip(rows, opposite, strict=True):
+            a, b = tok(row["report"])["input_ids"], tok(other)["input_ids"]
+            j = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+            batch = collate([{**row, "report": tok.decode(a[:j])}])  # prefix + eos; the eos label is not read
+            batch.pop("labels")
+            logits = model(**batch).logits[0, -2].float()  # at the prefix's last token: predicts report token j
+            logp = torch.log_softmax(logits, -1)
+            out.append(float(logp[a[j]] - logp[b[j]]))
+    model.train(was_training)
+    return torch.tensor(out)

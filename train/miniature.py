@@ -55,6 +55,7 @@ class MiniatureConfig:
     warmup_max_steps: int = 1500
     warmup_eval_every: int = 100
     warmup_target_parse_rate: float = 0.95
+    warmup_target_sampled_parse_rate: float = 0.85
     warmup_learning_rate: float = 3.0e-3
     warmup_batch_size: int = 4
     warmup_val_rows: int = 12
@@ -171,18 +172,20 @@ class Miniature:
         import torch  # noqa: PLC0415
 
         from train.tiny import build_model, build_processor  # noqa: PLC0415
-        from train.warmup import lm_warmup  # noqa: PLC0415
+        from train.warmup import held_out_indices, lm_warmup  # noqa: PLC0415
 
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         rows = self._rows("train")
-        n_val = cfg.warmup_val_rows
+        val = set(held_out_indices(len(rows), cfg.warmup_val_rows))
         processor = build_processor()
         model = build_model(processor.tokenizer, seed=cfg.seed)
-        result = lm_warmup(model, processor, rows[:-n_val], rows[-n_val:], max_steps=cfg.warmup_max_steps,
+        result = lm_warmup(model, processor, [r for i, r in enumerate(rows) if i not in val],
+                           [rows[i] for i in sorted(val)], max_steps=cfg.warmup_max_steps,
                            learning_rate=cfg.warmup_learning_rate, batch_size=cfg.warmup_batch_size,
                            eval_every=cfg.warmup_eval_every, target_parse_rate=cfg.warmup_target_parse_rate,
-                           max_new_tokens=cfg.eval_max_new_tokens, seed=cfg.seed, log=self.log)  # fmt: skip
+                           max_new_tokens=cfg.eval_max_new_tokens, seed=cfg.seed, log=self.log,
+                           target_sampled_parse_rate=cfg.warmup_target_sampled_parse_rate)  # fmt: skip
         model.save_pretrained(self.out / stage)
         processor.save_pretrained(self.out / stage)
         return {"steps": result.steps, "parse_rates": result.parse_rates, "verifier_rates": result.verifier_rates}

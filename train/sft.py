@@ -82,6 +82,10 @@ class SftScriptArguments:
             "then the cap, an error when reached first); 0: a fixed lm_warmup_steps."
         },
     )
+    lm_warmup_target_sampled_parse_rate: float = field(
+        default=0.0,
+        metadata={"help": "With the criterion: also this parse rate of reports sampled at temperature 1 (0 = off)."},
+    )
     lm_warmup_eval_every: int = field(default=50, metadata={"help": "Warm-up steps between criterion checks."})
     lm_warmup_val_rows: int = field(
         default=8, metadata={"help": "Train rows held out of the warm-up for its criterion (the last N)."}
@@ -211,8 +215,9 @@ def run_sft(script_args: SftScriptArguments, training_args: SFTConfig) -> Path:
 def _criterion_warmup(
     model: Any, processor: Any, dataset: Any, script_args: SftScriptArguments, args: SFTConfig
 ) -> None:
-    """Run `train.warmup.lm_warmup` on the train rows minus the last `lm_warmup_val_rows` (its criterion's rows)."""
-    from train.warmup import lm_warmup  # noqa: PLC0415
+    """Run `train.warmup.lm_warmup` on the train rows minus `lm_warmup_val_rows` evenly spaced ones (its criterion's
+    rows: shards are often sorted by organ, so the last rows would all be one organ)."""
+    from train.warmup import held_out_indices, lm_warmup  # noqa: PLC0415
 
     n_val = script_args.lm_warmup_val_rows
     if len(dataset) <= n_val:
@@ -221,16 +226,20 @@ def _criterion_warmup(
             f"lm_warmup_val_rows={n_val}; lower lm_warmup_val_rows or add rows"
         )
     rows = [dict(r) for r in dataset]
+    val = set(held_out_indices(len(rows), n_val))
     result = lm_warmup(
-        model, processor, rows[:-n_val], rows[-n_val:], max_steps=script_args.lm_warmup_steps,
+        model, processor, [r for i, r in enumerate(rows) if i not in val], [rows[i] for i in sorted(val)], max_steps=script_args.lm_warmup_steps,
         learning_rate=script_args.lm_warmup_learning_rate or args.learning_rate,
         batch_size=args.per_device_train_batch_size, eval_every=script_args.lm_warmup_eval_every,
-        target_parse_rate=script_args.lm_warmup_target_parse_rate, seed=args.seed,
+        target_parse_rate=script_args.lm_warmup_target_parse_rate,
+        target_sampled_parse_rate=script_args.lm_warmup_target_sampled_parse_rate, seed=args.seed,
         verifier_task=script_args.lm_warmup_verifier_task,
     )  # fmt: skip
+    sampled = f", sampled {result.sampled_parse_rate:.0%}" if result.sampled_parse_rates else ""
     print(
         f"LM warm-up (demo only): {result.steps} full-model steps in {result.seconds:.0f} s, held-out parse rate "
-        f"{result.parse_rate:.0%} (target {script_args.lm_warmup_target_parse_rate:.0%})"
+        f"{result.parse_rate:.0%}{sampled} (target {script_args.lm_warmup_target_parse_rate:.0%})",
+        flush=True,
     )
 
 

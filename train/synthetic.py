@@ -119,13 +119,15 @@ def make_visible_frames(
     long_mm: float = 31.0,
     side: int = 0,
     attenuation: str = "hypo",
+    span: int = 1,
 ) -> tuple[NDArray[np.uint8], list[int] | None]:
     """Return frames whose lesion shows its presence, size class, location side, attenuation and key frame.
 
-    The organ is a disc (110) on a dark background (20) with texture noise. A lesion is a disc of radius
-    `size_px * long_mm / 300` on `key_frame` (1-based) and half that radius on its two neighbours, in the organ's left
-    half (`side` 0) or right half (`side` 1), drawn at `VISIBLE_INTENSITY[attenuation]`. Returns the frames and the
-    lesion box `[x1, y1, x2, y2)` in pixels (None without a lesion).
+        The organ is a disc (110) on a dark background (20) with texture noise. A lesion is a disc of radius
+        `size_px * long_mm / 300` on `key_frame` (1-based), shrinking linearly over the `span` frames on each side (span 1:
+    half the radius on the two neighbours), in the organ's left
+        half (`side` 0) or right half (`side` 1), drawn at `VISIBLE_INTENSITY[attenuation]`. Returns the frames and the
+        lesion box `[x1, y1, x2, y2)` in pixels (None without a lesion).
     """
     yy, xx = np.mgrid[0:size_px, 0:size_px]
     organ = ((yy - size_px / 2) ** 2 + (xx - size_px / 2) ** 2) < (0.42 * size_px) ** 2
@@ -136,8 +138,8 @@ def make_visible_frames(
     r = max(2, round(size_px * long_mm / 300))
     cx = round(size_px / 2 + (-1 if side == 0 else 1) * size_px * 0.2 + rng.integers(-2, 3))
     cy = round(size_px / 2 + rng.integers(-size_px // 8, size_px // 8 + 1))
-    for f in range(max(1, key_frame - 1), min(n_frames, key_frame + 1) + 1):
-        rad = r if f == key_frame else max(1, r // 2)
+    for f in range(max(1, key_frame - span), min(n_frames, key_frame + span) + 1):
+        rad = r if f == key_frame else max(1, round(r * (1 - abs(f - key_frame) / (span + 1))))
         frames[f - 1][((yy - cy) ** 2 + (xx - cx) ** 2) < rad**2] = VISIBLE_INTENSITY[attenuation]
     return np.clip(frames, 0, 255).astype(np.uint8), [cx - r, cy - r, cx + r, cy + r]
 
@@ -151,6 +153,8 @@ def make_visible_rows(
     seed: int = 0,
     organs: tuple[str, ...] = VISIBLE_ORGANS,
     positive_fraction: float = 0.5,
+    sizes_mm: tuple[float, ...] = VISIBLE_SIZES_MM,
+    span: int = 1,
 ) -> list[dict]:
     """Return `n_rows` sft rows whose findings are visible only in the frames (`make_visible_frames`).
 
@@ -183,11 +187,11 @@ def make_visible_rows(
         evidence = None
         if positive:
             key = int(rng.integers(2, n_frames))  # 2..n_frames-1: both neighbours exist
-            long_mm = float(rng.choice(VISIBLE_SIZES_MM))
+            long_mm = float(rng.choice(sizes_mm))
             side = int(rng.integers(2))
             att = str(rng.choice(list(VISIBLE_INTENSITY)))
             frames, box = make_visible_frames(n_frames, size_px, rng, key_frame=key, long_mm=long_mm, side=side,
-                                              attenuation=att)  # fmt: skip
+                                              attenuation=att, span=span)  # fmt: skip
             assert box is not None
             loc = _LOCATIONS.get(organ, [list(LOCATION_NAMES[organ][:1])] * 2)[side]
             row.update(long_axis_mm=long_mm, short_axis_mm=round(long_mm * 0.7, 1), volume_mm3=round(long_mm**3 * 0.3),

@@ -17,6 +17,7 @@ step cap first is a `TrainConfigError` (one line: the rate reached, the cap, the
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -46,6 +47,7 @@ class WarmupResult:
 
     steps: int
     parse_rates: list[tuple[int, float]] = field(default_factory=list)
+    sampled_parse_rates: list[tuple[int, float]] = field(default_factory=list)
     verifier_rates: list[tuple[int, float]] = field(default_factory=list)
     report_loss: float = float("nan")
     verifier_loss: float = float("nan")
@@ -55,6 +57,20 @@ class WarmupResult:
     def parse_rate(self) -> float:
         """The last checked held-out parse rate (nan before any check)."""
         return self.parse_rates[-1][1] if self.parse_rates else float("nan")
+
+    @property
+    def sampled_parse_rate(self) -> float:
+        """The last checked held-out parse rate of sampled reports (nan when not checked)."""
+        return self.sampled_parse_rates[-1][1] if self.sampled_parse_rates else float("nan")
+
+
+def held_out_indices(n_rows: int, n_val: int) -> list[int]:
+    """Return `n_val` evenly spaced row indices of `n_rows` (validation rows that span a table sorted by organ).
+
+    >>> held_out_indices(56, 8)
+    [3, 10, 17, 24, 31, 38, 45, 52]
+    """
+    return [int((i + 0.5) * n_rows / n_val) for i in range(n_val)]
 
 
 def findings_sentence(report: str, organ: str) -> str:
@@ -106,30 +122,48 @@ class VerifierCollator:
         return batch
 
 
-def generate_texts(model: Any, processor: CTQwen3VLProcessor, messages: list[list[dict]], max_new_tokens: int) -> list:
-    """Return the greedy answer to each conversation (vision tokens suppressed), one at a time (no padding effects)."""
+def generate_texts(
+    model: Any,
+    processor: CTQwen3VLProcessor,
+    messages: list[list[dict]],
+    max_new_tokens: int,
+    sample_seed: int | None = None,
+) -> list:
+    """Return the answer to each conversation (vision tokens suppressed), one at a time (no padding effects).
+
+    Greedy when `sample_seed` is None, else sampled at temperature 1 from a generator seeded per conversation.
+    """
     texts = []
     was_training = model.training
     model.eval()
-    for msg in messages:
+    for i, msg in enumerate(messages):
         inputs = processor.apply_chat_template([msg], add_generation_prompt=True, tokenize=True, return_dict=True,
                                                return_tensors="pt")  # fmt: skip
+        sampling: dict[str, Any] = {"do_sample": False}
+        if sample_seed is not None:
+            torch.manual_seed(sample_seed + i)
+            sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
         with torch.no_grad():
-            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
-                                 suppress_tokens=processor.vision_token_ids)  # fmt: skip
+            out = model.generate(**inputs, max_new_tokens=max_new_tokens, suppress_tokens=processor.vision_token_ids,
+                                 **sampling)  # fmt: skip
         texts.append(processor.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)[0])
     model.train(was_training)
     return texts
 
 
 def report_parse_rate(model: Any, processor: CTQwen3VLProcessor, rows: Sequence[Mapping[str, Any]],
-                      max_new_tokens: int = 128) -> tuple[float, list[str]]:  # fmt: skip
-    """Return (fraction of rows whose greedy report parses, the reports)."""
+                      max_new_tokens: int = 128, sample_seed: int | None = None) -> tuple[float, list[str]]:  # fmt: skip
+    """Return (fraction of rows whose report parses, the reports): greedy, or sampled with `sample_seed`."""
     from train.data import user_messages  # noqa: PLC0415
 
-    reports = generate_texts(model, processor, [user_messages(r["prompt"], r["frames"]) for r in rows], max_new_tokens)
+    msgs = [user_messages(r["prompt"], r["frames"]) for r in rows]
+    reports = generate_texts(model, processor, msgs, max_new_tokens, sample_seed)
     ok = [not isinstance(parse_report(t, r["organ"]), ParseFailure) for t, r in zip(reports, rows, strict=True)]
     return sum(ok) / max(1, len(ok)), reports
+
+
+def _fails(text: str, organ: str) -> bool:
+    return isinstance(parse_report(text, organ), ParseFailure)
 
 
 def verifier_claim_rate(model: Any, processor: CTQwen3VLProcessor, rows: Sequence[Mapping[str, Any]],
@@ -158,6 +192,7 @@ def lm_warmup(
     verifier_batch_size: int = 2,
     eval_every: int = 50,
     target_parse_rate: float = 0.95,
+    target_sampled_parse_rate: float = 0.0,
     max_new_tokens: int = 128,
     seed: int = 0,
     verifier_task: bool = True,
@@ -175,7 +210,9 @@ def lm_warmup(
         batch_size: report rows per step.
         verifier_batch_size: verifier (frame, answer) pairs per step.
         eval_every: steps between checks of the criterion.
-        target_parse_rate: stop once the held-out parse rate is at least this.
+        target_parse_rate: stop once the held-out parse rate of greedy reports is at least this...
+        target_sampled_parse_rate: ...and that of reports sampled at temperature 1 (what GRPO's rollouts are) at
+            least this (0 = not checked). Greedy reports can all parse while samples are still broken.
         max_new_tokens: greedy report budget of the check.
         seed: row sampling and torch seed.
         verifier_task: train the verifier task too (off = reports only).
@@ -215,21 +252,34 @@ def lm_warmup(
         opt.step()
         result.steps = step
         if step % eval_every == 0 or step == max_steps:
-            rate, _ = report_parse_rate(model, processor, val_rows, max_new_tokens)
+            rate, reports = report_parse_rate(model, processor, val_rows, max_new_tokens)
             result.parse_rates.append((step, rate))
+            sampled = math.nan
+            if target_sampled_parse_rate > 0:
+                sampled, _ = report_parse_rate(model, processor, val_rows, max_new_tokens, sample_seed=seed)
+                result.sampled_parse_rates.append((step, sampled))
             line = f"  warm-up step {step}: report loss {result.report_loss:.3f}"
             if pairs:
                 vrate = verifier_claim_rate(model, processor, val_rows)
                 result.verifier_rates.append((step, vrate))
                 line += f", verifier loss {result.verifier_loss:.3f}, verifier names the lesion on {vrate:.0%} of key frames"
-            log(f"{line}; held-out parse rate {rate:.0%} ({len(val_rows)} rows, target {target_parse_rate:.0%})")
-            if rate >= target_parse_rate:
+            line += f"; held-out parse rate {rate:.0%} (target {target_parse_rate:.0%})"
+            if target_sampled_parse_rate > 0:
+                line += f", sampled {sampled:.0%} (target {target_sampled_parse_rate:.0%})"
+            failed = [(r, t) for r, t in zip(val_rows, reports, strict=True) if _fails(t, r["organ"])]
+            if failed:
+                why = parse_report(failed[0][1], failed[0][0]["organ"])
+                line += f"; e.g. {why.reason} on {failed[0][0]['organ']}: {failed[0][1][:90]!r}"  # type: ignore[union-attr]
+            log(f"{line}, {len(val_rows)} rows")
+            if rate >= target_parse_rate and (target_sampled_parse_rate <= 0 or sampled >= target_sampled_parse_rate):
                 break
     result.seconds = time.perf_counter() - start
     model.zero_grad(set_to_none=True)
-    if result.parse_rate < target_parse_rate:
+    sampled_ok = target_sampled_parse_rate <= 0 or result.sampled_parse_rate >= target_sampled_parse_rate
+    if result.parse_rate < target_parse_rate or not sampled_ok:
+        sampled_text = f", sampled {result.sampled_parse_rate:.0%}" if target_sampled_parse_rate > 0 else ""
         raise TrainConfigError(
-            f"LM warm-up: held-out parse rate {result.parse_rate:.0%} < target {target_parse_rate:.0%} after the "
-            f"step cap lm_warmup_steps={max_steps}; raise lm_warmup_steps or lm_warmup_learning_rate"
+            f"LM warm-up: held-out parse rate {result.parse_rate:.0%}{sampled_text} below its target after the "
+            f"step cap lm_warmup_steps={max_steps}; raise lm_warmup_steps or lower lm_warmup_learning_rate"
         )
     return result
