@@ -8,7 +8,7 @@ export PREFECT_HOME ?= $(CURDIR)/.prefect-home
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 
-.PHONY: venv demo test lint schemas bench train-smoke clean
+.PHONY: venv demo test lint schemas bench train-smoke miniature clean
 
 venv: $(VENV)/.installed
 
@@ -93,8 +93,13 @@ train-smoke: venv
 	$(BIN)/python -m train.sft --config train/configs/sft_tiny.yaml --dataset_dir demo-output/sft --output_dir demo-output/sft_model
 	bash train/device_check.sh --tiny demo-output/device_check.json
 
+# The paper's experiment in miniature (CPU, <= 30 min on 2 cores): warm-up, partial SFT, GRPO (a) r_e+r_f+r_c,
+# (b) r_e+r_f, (c) lr-0 control; Table 1/2 with 95 % intervals. Rerunning resumes from the finished stages.
+miniature: venv
+	$(BIN)/python -m train.miniature --config train/configs/miniature.yaml --output_dir miniature-output
+
 clean:
-	rm -rf demo-output .prefect-home .pytest_cache .cache
+	rm -rf miniature-output demo-output .prefect-home .pytest_cache .cache
 
 # A local Prefect server + work pool + deployments + worker (state, logs and DB in .prefect-home/server/). Prints each
 # step as it happens, then the UI address and the `prefect deployment run FLOW/DEPLOYMENT --watch` lines in pipeline

@@ -399,7 +399,7 @@ def _eval(args: argparse.Namespace) -> None:
 
 # The CPU demo renders smaller frames than the real default (448 px x <= 32 frames) so that training and mining a
 # tiny model finish in minutes; everything else is the production path.
-DEMO_FRAMES = {"frames": {"frame_size_px": 224, "max_frames": 16}}
+DEMO_FRAMES = {"frames": {"frame_size_px": 128, "max_frames": 16}}
 
 
 def _run_train(module: str, *args: str) -> None:
@@ -719,7 +719,7 @@ def _add_demo(sub: Any, common: list[argparse.ArgumentParser]) -> None:
         parents=common,
         help="synthetic atlas -> the whole pipeline, printing what it made",
         description="Synthetic atlas -> build-sft-set -> tiny SFT -> build-rl-hardset -> tiny GRPO, "
-        "on CPU (224 px x 16 frames). Rerunning resumes.",
+        "on CPU (128 px x 16 frames). Rerunning resumes.",
     )
     p.add_argument("--out", metavar="DIR", type=Path, default=Path("demo-output"), help="output folder")
     p.add_argument("--cases", metavar="N", type=_positive(), default=32, help="synthetic cases")

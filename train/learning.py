@@ -87,3 +87,84 @@ def logprob_shift_correlation(trainer: Any, rows: list[dict[str, Any]], lr: floa
         return 0.0, {"grad_norm": grad_norm, "advantages": adv.tolist(), "delta": delta.tolist()}
     corr = float(torch.corrcoef(torch.stack([adv, delta]))[0, 1])
     return corr, {"grad_norm": grad_norm, "advantages": adv.tolist(), "delta": delta.tolist()}
+
+
+class GradientTamper:
+    """A `TrainerCallback` for the learning test's negative controls: before every optimizer step, flip the gradient's
+    sign (`mode="flip"`) or replace each gradient tensor by Gaussian noise of the same norm (`mode="noise"`, seeded).
+
+    A learning claim that still holds under either is not a claim about the gradient.
+    """
+
+    def __init__(self, mode: str, seed: int = 0):
+        from transformers import TrainerCallback  # noqa: PLC0415
+
+        if mode not in ("flip", "noise"):
+            raise ValueError(f"mode={mode!r}; choose 'flip' or 'noise'.")
+        self.mode = mode
+        self.generator = torch.Generator().manual_seed(seed)
+        self.steps = 0
+        # Duck-typed callback: TRL/transformers call the `on_*` methods a TrainerCallback defines.
+        for name in dir(TrainerCallback):
+            if name.startswith("on_") and not hasattr(self, name):
+                setattr(self, name, lambda *a, **k: None)
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        """Tamper with every gradient in place (after clipping, before the step)."""
+        for param in model.parameters():
+            if param.grad is None:
+                continue
+            if self.mode == "flip":
+                param.grad.neg_()
+            else:
+                noise = torch.randn(param.grad.shape, generator=self.generator, dtype=param.grad.dtype)
+                param.grad.copy_(noise * (param.grad.norm() / noise.norm().clamp_min(1e-12)))
+        self.steps += 1
+
+
+def report_logps(model: Any, processor: Any, rows: list[dict[str, Any]], reports: list[str]) -> torch.Tensor:
+    """Return the summed log-prob of each `reports[i]` given row i's frames and prompt (teacher forced, one at a time)."""
+    from train.data import SFTCollator  # noqa: PLC0415
+
+    collate = SFTCollator(processor)
+    was_training = model.training
+    model.eval()
+    out = []
+    with torch.no_grad():
+        for row, report in zip(rows, reports, strict=True):
+            batch = collate([{**row, "report": report}])
+            labels = batch.pop("labels")
+            logits = model(**batch).logits[:, :-1].float()
+            target = labels[:, 1:]
+            mask = target != -100
+            logp = torch.log_softmax(logits, -1).gather(-1, target.clamp_min(0).unsqueeze(-1)).squeeze(-1)
+            out.append(float((logp * mask).sum()))
+    model.train(was_training)
+    return torch.tensor(out)
+
+
+def existence_margins(model: Any, processor: Any, rows: list[dict[str, Any]], opposite: list[str]) -> torch.Tensor:
+    """Per row: log p(its true report's token) - log p(`opposite[i]`'s token) at the first token where they differ.
+
+    `opposite[i]` is a report with the other lesion claim, so that token is the existence decision ("No" vs "A");
+    both are scored after the same teacher-forced prefix, with the row's frames shown. Positive = the policy prefers
+    the right claim for what the frames show; no sampling noise.
+    """
+    from train.data import SFTCollator  # noqa: PLC0415
+
+    collate = SFTCollator(processor)
+    tok = processor.tokenizer
+    was_training = model.training
+    model.eval()
+    out = []
+    with torch.no_grad():
+        for row, other in zip(rows, opposite, strict=True):
+            a, b = tok(row["report"])["input_ids"], tok(other)["input_ids"]
+            j = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+            batch = collate([{**row, "report": tok.decode(a[:j])}])  # prefix + eos; the eos label is not read
+            batch.pop("labels")
+            logits = model(**batch).logits[0, -2].float()  # at the prefix's last token: predicts report token j
+            logp = torch.log_softmax(logits, -1)
+            out.append(float(logp[a[j]] - logp[b[j]]))
+    model.train(was_training)
+    return torch.tensor(out)

@@ -25,6 +25,7 @@ from transformers import Qwen3VLForConditionalGeneration
 from trl import SFTConfig, SFTTrainer, TrlParser
 
 from train.checks import (
+    TrainConfigError,
     bar_only,
     check_columns,
     check_frames,
@@ -78,6 +79,27 @@ class SftScriptArguments:
         metadata={
             "help": "Print each logged step's metrics (always kept in trainer_state.json); the demo sets false."
         },
+    )
+    lm_warmup_target_parse_rate: float = field(
+        default=0.0,
+        metadata={
+            "help": "> 0: the warm-up stops once this held-out parse rate is reached (train.warmup; lm_warmup_steps is "
+            "then the cap, an error when reached first); 0: a fixed lm_warmup_steps."
+        },
+    )
+    lm_warmup_target_sampled_parse_rate: float = field(
+        default=0.0,
+        metadata={"help": "With the criterion: also this parse rate of reports sampled at temperature 1 (0 = off)."},
+    )
+    lm_warmup_eval_every: int = field(default=50, metadata={"help": "Warm-up steps between criterion checks."})
+    lm_warmup_val_rows: int = field(
+        default=8, metadata={"help": "Train rows held out of the warm-up for its criterion (the last N)."}
+    )
+    lm_warmup_verifier_task: bool = field(
+        default=True, metadata={"help": "The criterion warm-up also teaches the verifier task (r_c needs it)."}
+    )
+    parse_rate_split: str | None = field(
+        default=None, metadata={"help": "After SFT, print the greedy parse rate of this split (e.g. test)."}
     )
 
 
@@ -171,7 +193,9 @@ def run_sft(script_args: SftScriptArguments, training_args: SFTConfig) -> Path:
         script_args.model_name_or_path, dtype=script_args.dtype, tiny_seed=script_args.tiny_seed
     )
     start = time.perf_counter()
-    if script_args.lm_warmup_steps > 0:
+    if script_args.lm_warmup_steps > 0 and script_args.lm_warmup_target_parse_rate > 0:
+        _criterion_warmup(model, processor, dataset, script_args, training_args)
+    elif script_args.lm_warmup_steps > 0:
         warm_loss = _lm_warmup(model, processor, dataset, training_args, script_args.lm_warmup_steps,
                                script_args.lm_warmup_frame_px, script_args.lm_warmup_learning_rate,
                                script_args.step_logs)  # fmt: skip
@@ -191,7 +215,49 @@ def run_sft(script_args: SftScriptArguments, training_args: SFTConfig) -> Path:
         f"train_loss={result.training_loss:.4f}, first/last logged loss="
         f"{losses[0] if losses else float('nan'):.4f}/{losses[-1] if losses else float('nan'):.4f}; saved to {out}"
     )
+    if script_args.parse_rate_split:
+        _print_parse_rate(model, processor, script_args.dataset_dir, script_args.parse_rate_split)
     return out
+
+
+def _criterion_warmup(
+    model: Any, processor: Any, dataset: Any, script_args: SftScriptArguments, args: SFTConfig
+) -> None:
+    """Run `train.warmup.lm_warmup` on the train rows minus `lm_warmup_val_rows` evenly spaced ones (its criterion's
+    rows: shards are often sorted by organ, so the last rows would all be one organ)."""
+    from train.warmup import held_out_indices, lm_warmup  # noqa: PLC0415
+
+    n_val = script_args.lm_warmup_val_rows
+    if len(dataset) <= n_val:
+        raise TrainConfigError(
+            f"{script_args.dataset_dir}: {len(dataset)} train rows leave none for the warm-up beside "
+            f"lm_warmup_val_rows={n_val}; lower lm_warmup_val_rows or add rows"
+        )
+    rows = [dict(r) for r in dataset]
+    val = set(held_out_indices(len(rows), n_val))
+    result = lm_warmup(
+        model, processor, [r for i, r in enumerate(rows) if i not in val], [rows[i] for i in sorted(val)], max_steps=script_args.lm_warmup_steps,
+        learning_rate=script_args.lm_warmup_learning_rate or args.learning_rate,
+        batch_size=args.per_device_train_batch_size, eval_every=script_args.lm_warmup_eval_every,
+        target_parse_rate=script_args.lm_warmup_target_parse_rate,
+        target_sampled_parse_rate=script_args.lm_warmup_target_sampled_parse_rate, seed=args.seed,
+        verifier_task=script_args.lm_warmup_verifier_task,
+    )  # fmt: skip
+    sampled = f", sampled {result.sampled_parse_rate:.0%}" if result.sampled_parse_rates else ""
+    print(
+        f"LM warm-up (demo only): {result.steps} full-model steps in {result.seconds:.0f} s, held-out parse rate "
+        f"{result.parse_rate:.0%}{sampled} (target {script_args.lm_warmup_target_parse_rate:.0%})",
+        flush=True,
+    )
+
+
+def _print_parse_rate(model: Any, processor: Any, dataset_dir: str, split: str) -> None:
+    """Print the greedy parse rate of the saved model on `split` (one line)."""
+    from train.warmup import report_parse_rate  # noqa: PLC0415
+
+    rows = [dict(r) for r in load_split(dataset_dir, split)]
+    rate, _ = report_parse_rate(model, processor, rows)
+    print(f"SFT parse rate on the {split} split: {round(rate * len(rows))}/{len(rows)} reports parse ({rate:.0%})")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -104,6 +104,111 @@ def make_rows(n_rows: int, *, n_frames: int = 8, size_px: int = 64, split: str =
     return rows
 
 
+# What the pixels of `make_visible_rows` encode (nothing of it is in the prompt).
+VISIBLE_SIZES_MM = (12.0, 31.0, 48.0)  # long axis classes; disc radius = size_px * mm / 300 on the key frame
+VISIBLE_INTENSITY = {"hypo": 40, "iso": 170, "hyper": 245}  # organ is 110, background 20
+VISIBLE_ORGANS = ("liver", "pancreas", "kidney")
+
+
+def make_visible_frames(
+    n_frames: int,
+    size_px: int,
+    rng: np.random.Generator,
+    *,
+    key_frame: int | None = None,
+    long_mm: float = 31.0,
+    side: int = 0,
+    attenuation: str = "hypo",
+    span: int = 1,
+) -> tuple[NDArray[np.uint8], list[int] | None]:
+    """Return frames whose lesion shows its presence, size class, location side, attenuation and key frame.
+
+        The organ is a disc (110) on a dark background (20) with texture noise. A lesion is a disc of radius
+        `size_px * long_mm / 300` on `key_frame` (1-based), shrinking linearly over the `span` frames on each side (span 1:
+    half the radius on the two neighbours), in the organ's left
+        half (`side` 0) or right half (`side` 1), drawn at `VISIBLE_INTENSITY[attenuation]`. Returns the frames and the
+        lesion box `[x1, y1, x2, y2)` in pixels (None without a lesion).
+    """
+    yy, xx = np.mgrid[0:size_px, 0:size_px]
+    organ = ((yy - size_px / 2) ** 2 + (xx - size_px / 2) ** 2) < (0.42 * size_px) ** 2
+    frames = np.where(organ, 110, 20)[None].repeat(n_frames, 0).astype(np.float64)
+    frames += rng.normal(0, 6, frames.shape)
+    if key_frame is None:
+        return np.clip(frames, 0, 255).astype(np.uint8), None
+    r = max(2, round(size_px * long_mm / 300))
+    cx = round(size_px / 2 + (-1 if side == 0 else 1) * size_px * 0.2 + rng.integers(-2, 3))
+    cy = round(size_px / 2 + rng.integers(-size_px // 8, size_px // 8 + 1))
+    for f in range(max(1, key_frame - span), min(n_frames, key_frame + span) + 1):
+        rad = r if f == key_frame else max(1, round(r * (1 - abs(f - key_frame) / (span + 1))))
+        frames[f - 1][((yy - cy) ** 2 + (xx - cx) ** 2) < rad**2] = VISIBLE_INTENSITY[attenuation]
+    return np.clip(frames, 0, 255).astype(np.uint8), [cx - r, cy - r, cx + r, cy + r]
+
+
+def make_visible_rows(
+    n_rows: int,
+    *,
+    n_frames: int = 8,
+    size_px: int = 64,
+    split: str = "train",
+    seed: int = 0,
+    organs: tuple[str, ...] = VISIBLE_ORGANS,
+    positive_fraction: float = 0.5,
+    sizes_mm: tuple[float, ...] = VISIBLE_SIZES_MM,
+    span: int = 1,
+) -> list[dict]:
+    """Return `n_rows` sft rows whose findings are visible only in the frames (`make_visible_frames`).
+
+    Presence (a seeded draw with `positive_fraction`), size class, location side, attenuation and key frame are drawn
+    independently per row; the organ cycles over `organs`. The prompt (`render_prompt`) names the organ and the frame
+    count only, so a report that gets the findings right has read the pixels.
+    """
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n_rows):
+        organ = organs[i % len(organs)]
+        o = Organ(organ)
+        positive = bool(rng.random() < positive_fraction)
+        row: dict[str, Any] = {
+            "case_id": f"BDMAP_{seed:03d}{i + 1:05d}",
+            "organ": organ,
+            "split": split,
+            "has_lesion": positive,
+            "lesion_count": 1 if positive else 0,
+            "long_axis_mm": None,
+            "short_axis_mm": None,
+            "volume_mm3": None,
+            "location": [],
+            "attenuation": None,
+            "key_slice_frame": None,
+            "bbox_qwen": None,
+            "n_frames": n_frames,
+            "prompt": render_prompt(o, n_frames),
+        }
+        evidence = None
+        if positive:
+            key = int(rng.integers(2, n_frames))  # 2..n_frames-1: both neighbours exist
+            long_mm = float(rng.choice(sizes_mm))
+            side = int(rng.integers(2))
+            att = str(rng.choice(list(VISIBLE_INTENSITY)))
+            frames, box = make_visible_frames(n_frames, size_px, rng, key_frame=key, long_mm=long_mm, side=side,
+                                              attenuation=att, span=span)  # fmt: skip
+            assert box is not None
+            loc = _LOCATIONS.get(organ, [list(LOCATION_NAMES[organ][:1])] * 2)[side]
+            row.update(long_axis_mm=long_mm, short_axis_mm=round(long_mm * 0.7, 1), volume_mm3=round(long_mm**3 * 0.3),
+                       location=loc, attenuation=att, key_slice_frame=key)  # fmt: skip
+            row["bbox_qwen"] = [int(round(min(max(v, 0), size_px) * 1000 / size_px)) for v in box]
+            evidence = render_evidence(key, row["bbox_qwen"])
+        else:
+            frames, _ = make_visible_frames(n_frames, size_px, rng)
+        row["frames"] = [{"bytes": _png(f), "path": None} for f in frames]
+        kw = {k: row[k] for k in ("lesion_count", "long_axis_mm", "location", "attenuation")}
+        findings = render_findings(o, has_lesion=positive, short_axis_mm=row["short_axis_mm"],
+                                   volume_mm3=row["volume_mm3"], **kw)  # fmt: skip
+        row["report"] = render_report(findings, render_impression(o, has_lesion=positive, **kw), evidence)
+        rows.append(row)
+    return rows
+
+
 def write_rows(table_dir: str | Path, splits: dict[str, list[dict]]) -> Path:
     """Write rows (as `make_rows` returns them) to `<table_dir>/data/<split>-00000-of-00001.parquet`; return table_dir."""
     import datasets  # noqa: PLC0415

@@ -1,0 +1,379 @@
+"""The paper's experiment in miniature, on CPU: does GRPO with r_e + r_f + r_c beat SFT and a control?
+
+Stages (each writes its folder under `output_dir` and a `<stage>/done.json`; a rerun skips finished stages):
+
+1. `data`: a synthetic sft table (`train.synthetic.make_visible_rows`) whose findings are visible only in the frames:
+   presence, size class (disc radius), location (left/right half), attenuation (disc intensity), key frame (largest
+   disc). The prompt names the organ and the frame count only.
+2. `warmup` (not the paper): a tiny Qwen3-VL learns the report and verifier languages (`train.warmup`); it stops on
+   the held-out parse-rate criterion, or fails in one line at its cap.
+3. `sft`: the paper's SFT freezing (ViT + projector train, LLM frozen) for a few steps: partial skill.
+4. `grpo_a` (r_e + r_f + r_c, verifier on), `grpo_b` (r_e + r_f), `grpo_c` (r_e + r_f + r_c at learning rate 0:
+   the control), all from the SFT checkpoint, same seed, so the same prompts in the same order.
+5. `eval`: greedy reports of SFT, (a), (b), (c) on the held-out test split, scored and tabulated with `emrl eval`'s
+   machinery (`emrl_data.evaluation`: Table 1/2, 95 % bootstrap intervals); `results.json`, `results.md` and
+   `reward_curves.png` in `output_dir`.
+
+    python -m train.miniature --config train/configs/miniature.yaml --output_dir miniature-output
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from train.checks import TrainConfigError, run_cli
+
+
+logger = logging.getLogger(__name__)
+
+STAGES = ("data", "warmup", "sft", "grpo_a", "grpo_b", "grpo_c", "eval")
+MODELS = {"sft": "SFT", "grpo_a": "(a) GRPO r_e+r_f+r_c", "grpo_b": "(b) GRPO r_e+r_f", "grpo_c": "(c) lr-0 control"}
+GRPO_RUNS = {"grpo_a": (["r_e", "r_f", "r_c"], False), "grpo_b": (["r_e", "r_f"], False),
+             "grpo_c": (["r_e", "r_f", "r_c"], True)}  # fmt: skip
+
+
+@dataclass
+class MiniatureConfig:
+    """Every knob of the miniature (one YAML; see train/configs/miniature.yaml)."""
+
+    n_train: int = 240
+    n_test: int = 120
+    n_frames: int = 8
+    size_px: int = 64
+    organs: list[str] = field(default_factory=lambda: ["liver", "pancreas", "kidney"])
+    seed: int = 0
+    min_test_rows_per_class: int = 10  # per organ and class (positive / negative): below it the intervals mean little
+    warmup_max_steps: int = 1500
+    warmup_eval_every: int = 100
+    warmup_target_parse_rate: float = 0.95
+    warmup_target_sampled_parse_rate: float = 0.85
+    warmup_learning_rate: float = 3.0e-3
+    warmup_batch_size: int = 4
+    warmup_val_rows: int = 12
+    sft_steps: int = 60
+    sft_learning_rate: float = 1.0e-3
+    sft_batch_size: int = 4
+    grpo_steps: int = 30
+    grpo_learning_rate: float = 5.0e-4
+    grpo_prompts_per_step: int = 4
+    num_generations: int = 4
+    max_completion_length: int = 112
+    beta: float = 0.01
+    verifier_max_new_tokens: int = 40
+    eval_max_new_tokens: int = 128
+    n_bootstrap: int = 1000
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> MiniatureConfig:
+    """Return the config from a YAML file (unknown keys are an error) plus `overrides`."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    data.update(overrides or {})
+    known = {f.name for f in fields(MiniatureConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise TrainConfigError(f"{path}: unknown keys {unknown}; valid keys are {sorted(known)}")
+    return MiniatureConfig(**data)
+
+
+def check_split(rows: list[dict[str, Any]], cfg: MiniatureConfig) -> None:
+    """Refuse a test split with fewer than `min_test_rows_per_class` positive or negative rows of some organ."""
+    for organ in cfg.organs:
+        for positive in (True, False):
+            n = sum(1 for r in rows if r["organ"] == organ and bool(r["has_lesion"]) == positive)
+            if n < cfg.min_test_rows_per_class:
+                kind = "positive" if positive else "negative"
+                raise TrainConfigError(
+                    f"miniature: the test split has {n} {kind} {organ} rows, fewer than min_test_rows_per_class="
+                    f"{cfg.min_test_rows_per_class}, too few for its 95 % intervals; raise n_test (now {cfg.n_test})"
+                )
+
+
+class Miniature:
+    """Runs the stages in order, skipping those with a `done.json` (resumable)."""
+
+    def __init__(self, cfg: MiniatureConfig, output_dir: str | Path, log: Any = None):
+        self.cfg = cfg
+        self.out = Path(output_dir)
+        self.log = log or (lambda line: print(line, flush=True))
+
+    def done(self, stage: str) -> dict[str, Any] | None:
+        """Return the stage's record when it finished, else None."""
+        path = self.out / stage / "done.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def _finish(self, stage: str, record: dict[str, Any]) -> dict[str, Any]:
+        path = self.out / stage / "done.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        tmp.replace(path)
+        return record
+
+    def run(self, stages: tuple[str, ...] = STAGES) -> dict[str, Any]:
+        """Run (or resume) the stages; return the eval record (or the last stage's)."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        config_path = self.out / "config.json"
+        as_dict = asdict(self.cfg)
+        if config_path.exists() and json.loads(config_path.read_text()) != as_dict:
+            raise TrainConfigError(
+                f"{self.out} holds a miniature run with another configuration ({config_path}); "
+                "pass a new --output_dir or delete that folder"
+            )
+        config_path.write_text(json.dumps(as_dict, indent=2) + "\n")
+        record: dict[str, Any] = {}
+        for stage in stages:
+            previous = self.done(stage)
+            if previous is not None:
+                self.log(f"== {stage}: done earlier ({previous.get('seconds', 0):.0f} s), skipped")
+                record = previous
+                continue
+            self.log(f"== {stage}")
+            start = time.perf_counter()
+            record = getattr(self, f"_stage_{stage}")(stage)
+            record["seconds"] = time.perf_counter() - start
+            self._finish(stage, record)
+            self.log(f"   {stage} finished in {record['seconds']:.0f} s")
+        return record
+
+    # -- stages ----------------------------------------------------------------------------------------------------
+
+    def _stage_data(self, stage: str) -> dict[str, Any]:
+        from train.synthetic import make_visible_rows, write_rows  # noqa: PLC0415
+
+        cfg = self.cfg
+        kw = {"n_frames": cfg.n_frames, "size_px": cfg.size_px, "organs": tuple(cfg.organs)}
+        train = make_visible_rows(cfg.n_train, split="train", seed=cfg.seed, **kw)
+        test = make_visible_rows(cfg.n_test, split="test", seed=cfg.seed + 1000, **kw)
+        check_split(test, cfg)
+        write_rows(self.out / stage, {"train": train, "test": test})
+        pos = {s: sum(r["has_lesion"] for r in rows) for s, rows in (("train", train), ("test", test))}
+        self.log(
+            f"   {len(train)} train rows ({pos['train']} positive), {len(test)} test rows ({pos['test']} positive)"
+        )
+        return {"n_train": len(train), "n_test": len(test), "positives": pos}
+
+    def _rows(self, split: str) -> list[dict[str, Any]]:
+        from train.data import load_split  # noqa: PLC0415
+
+        return [dict(r) for r in load_split(self.out / "data", split)]
+
+    def _stage_warmup(self, stage: str) -> dict[str, Any]:
+        import torch  # noqa: PLC0415
+
+        from train.tiny import build_model, build_processor  # noqa: PLC0415
+        from train.warmup import held_out_indices, lm_warmup  # noqa: PLC0415
+
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        rows = self._rows("train")
+        val = set(held_out_indices(len(rows), cfg.warmup_val_rows))
+        processor = build_processor()
+        model = build_model(processor.tokenizer, seed=cfg.seed)
+        result = lm_warmup(model, processor, [r for i, r in enumerate(rows) if i not in val],
+                           [rows[i] for i in sorted(val)], max_steps=cfg.warmup_max_steps,
+                           learning_rate=cfg.warmup_learning_rate, batch_size=cfg.warmup_batch_size,
+                           eval_every=cfg.warmup_eval_every, target_parse_rate=cfg.warmup_target_parse_rate,
+                           max_new_tokens=cfg.eval_max_new_tokens, seed=cfg.seed, log=self.log,
+                           target_sampled_parse_rate=cfg.warmup_target_sampled_parse_rate)  # fmt: skip
+        model.save_pretrained(self.out / stage)
+        processor.save_pretrained(self.out / stage)
+        return {"steps": result.steps, "parse_rates": result.parse_rates, "verifier_rates": result.verifier_rates}
+
+    def _stage_sft(self, stage: str) -> dict[str, Any]:
+        import torch  # noqa: PLC0415
+
+        from train.data import load_split  # noqa: PLC0415
+        from train.sft import build_sft_trainer, load_policy, make_sft_config  # noqa: PLC0415
+
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        model, processor = load_policy(str(self.out / "warmup"))
+        args = make_sft_config(output_dir=str(self.out / stage), max_steps=cfg.sft_steps,
+                               learning_rate=cfg.sft_learning_rate, lr_scheduler_type="constant",
+                               per_device_train_batch_size=cfg.sft_batch_size, use_cpu=True, bf16=False,
+                               gradient_checkpointing=False, logging_steps=10, save_strategy="no", seed=cfg.seed,
+                               disable_tqdm=True)  # fmt: skip
+        trainer = build_sft_trainer(model, processor, load_split(self.out / "data", "train"), args)
+        trainer.train()
+        trainer.save_model(str(self.out / stage))
+        processor.save_pretrained(str(self.out / stage))
+        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        return {"steps": trainer.state.global_step, "losses": losses}
+
+    def _grpo(self, stage: str) -> dict[str, Any]:
+        import torch  # noqa: PLC0415
+        from trl import GRPOConfig  # noqa: PLC0415
+
+        from train.data import load_split  # noqa: PLC0415
+        from train.grpo import build_grpo_trainer, reward_curve  # noqa: PLC0415
+
+        cfg = self.cfg
+        rewards, control = GRPO_RUNS[stage]
+        torch.manual_seed(cfg.seed)
+        args = GRPOConfig(output_dir=str(self.out / stage), num_generations=cfg.num_generations,
+                          per_device_train_batch_size=cfg.grpo_prompts_per_step * cfg.num_generations,
+                          max_completion_length=cfg.max_completion_length, max_steps=cfg.grpo_steps, beta=cfg.beta,
+                          learning_rate=0.0 if control else cfg.grpo_learning_rate, lr_scheduler_type="constant",
+                          logging_steps=1, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+                          loss_type="grpo", seed=cfg.seed, temperature=1.0, disable_tqdm=True)  # fmt: skip
+        trainer = build_grpo_trainer(str(self.out / "sft"), load_split(self.out / "data", "train"), args,
+                                     rewards=rewards, verifier_max_new_tokens=cfg.verifier_max_new_tokens)  # fmt: skip
+        trainer.train()
+        trainer.save_model(str(self.out / stage))
+        trainer.save_state()
+        trainer.processing_class.save_pretrained(str(self.out / stage))
+        curve = reward_curve(trainer.state.log_history)
+        logs = [h for h in trainer.state.log_history if "frac_reward_zero_std" in h]
+        line = " ".join(f"{v:.2f}" for _, v in curve.get("reward", []))
+        self.log(f"   reward per step: {line}")
+        return {"rewards": rewards, "learning_rate": args.learning_rate, "curve": curve,
+                "frac_reward_zero_std": [h["frac_reward_zero_std"] for h in logs],
+                "kl": [h.get("kl") for h in logs]}  # fmt: skip
+
+    _stage_grpo_a = _stage_grpo_b = _stage_grpo_c = _grpo
+
+    def _stage_eval(self, stage: str) -> dict[str, Any]:
+        import torch  # noqa: PLC0415
+
+        from emrl_data.evaluation import evaluate, score_predictions, write_evaluation  # noqa: PLC0415
+        from train.data import load_model_and_processor, user_messages  # noqa: PLC0415
+        from train.warmup import generate_texts  # noqa: PLC0415
+
+        cfg = self.cfg
+        rows = self._rows("test")
+        results: dict[str, Any] = {}
+        for name, label in MODELS.items():
+            model, processor = load_model_and_processor(self.out / name, dtype=torch.float32)
+            texts = generate_texts(model, processor, [user_messages(r["prompt"], r["frames"]) for r in rows],
+                                   cfg.eval_max_new_tokens)  # fmt: skip
+            preds = [
+                {k: v for k, v in r.items() if k != "frames"} | {"prediction": t}
+                for r, t in zip(rows, texts, strict=True)
+            ]
+            (self.out / stage / name).mkdir(parents=True, exist_ok=True)
+            (self.out / stage / name / "predictions.jsonl").write_text(
+                "".join(json.dumps(p, default=str) + "\n" for p in preds)
+            )
+            scored = score_predictions(preds)
+            result = evaluate(scored, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
+            write_evaluation(result, self.out / stage / name, model=label)
+            parse = sum(s["parse_failure"] is None for s in scored) / len(scored)
+            results[name] = {"label": label, "parse_rate": parse, "average_bacc": result.average_bacc.to_json(),
+                             "k_hit": result.table2["average"]["k_hit"].to_json(),
+                             "table2_overall": result.table2_overall.to_json(), "tables": result.to_json()}  # fmt: skip
+            self.log(f"   {label}: average B-Acc {result.average_bacc.to_markdown()}, "
+                     f"K-Hit {result.table2['average']['k_hit'].to_markdown()}, parse {parse:.0%}")  # fmt: skip
+        claim = claim_check(results)
+        curves = {name: self.done(name)["curve"] for name in GRPO_RUNS}  # type: ignore[index]
+        out = {"config": asdict(cfg), "models": results, "claim": claim, "reward_curves": curves,
+               "stages": {s: self.done(s) for s in STAGES if s != "eval"}}  # fmt: skip
+        (self.out / "results.json").write_text(json.dumps(out, indent=2, default=str, allow_nan=False) + "\n")
+        (self.out / "results.md").write_text(results_markdown(results, claim))
+        save_curves_png(curves, self.out / "reward_curves.png")
+        self.log((self.out / "results.md").read_text())
+        return {"claim": claim}
+
+
+def _half_width(metric: dict[str, Any]) -> float:
+    low, high = metric.get("ci_low"), metric.get("ci_high")
+    return math.nan if low is None or high is None else (high - low) / 2
+
+
+def claim_check(results: dict[str, Any]) -> dict[str, Any]:
+    """Does (a) beat SFT and (c) on average B-Acc or K-Hit by more than the intervals' half-width? And (a) vs (b)?
+
+    The margin compared against is the larger half-width of the two models' 95 % intervals.
+    """
+    out: dict[str, Any] = {}
+    a = results["grpo_a"]
+    for metric in ("average_bacc", "k_hit"):
+        for other in ("sft", "grpo_c", "grpo_b"):
+            b = results[other]
+            gap = (a[metric]["value"] or 0.0) - (b[metric]["value"] or 0.0)
+            half = max(_half_width(a[metric]), _half_width(b[metric]))
+            out[f"{metric}: (a) - {other}"] = {"gap": gap, "half_width": half, "beyond_interval": gap > half}
+    beats = [
+        out[f"{m}: (a) - sft"]["beyond_interval"] and out[f"{m}: (a) - grpo_c"]["beyond_interval"]
+        for m in ("average_bacc", "k_hit")
+    ]
+    out["claim_holds"] = any(beats)
+    return out
+
+
+def results_markdown(results: dict[str, Any], claim: dict[str, Any]) -> str:
+    """Return the summary table (value and 95 % interval per model) and the claim lines."""
+
+    def cell(m: dict[str, Any]) -> str:
+        if m["value"] is None:
+            return "n/a"
+        low, high = m.get("ci_low"), m.get("ci_high")
+        return f"{100 * m['value']:.1f} [{100 * (low or 0):.1f}, {100 * (high or 0):.1f}]"
+
+    lines = ["| model | parse | average B-Acc (95 % CI) | K-Hit (95 % CI) | Table 2 overall (95 % CI) |",
+             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for r in results.values():
+        lines.append(f"| {r['label']} | {r['parse_rate']:.0%} | {cell(r['average_bacc'])} | {cell(r['k_hit'])} | "
+                     f"{cell(r['table2_overall'])} |")  # fmt: skip
+    lines.append("")
+    for key, value in claim.items():
+        if isinstance(value, dict):
+            lines.append(f"- {key}: {100 * value['gap']:+.1f} points (half-width {100 * value['half_width']:.1f}): "
+                         f"{'beyond' if value['beyond_interval'] else 'within'} the interval")  # fmt: skip
+    lines.append(f"- claim ((a) beats SFT and (c) beyond the intervals on B-Acc or K-Hit): {claim['claim_holds']}")
+    return "\n".join(lines) + "\n"
+
+
+def save_curves_png(curves: dict[str, dict[str, list]], path: Path) -> Path:
+    """Plot R and r_c per step for (a), (b), (c)."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for name, curve in curves.items():
+        for ax, key in zip(axes, ("reward", "rewards/r_c/mean"), strict=True):
+            points = curve.get(key, [])
+            if points:
+                ax.plot([s for s, _ in points], [v for _, v in points], marker="o", ms=2, label=MODELS[name])
+    for ax, title in zip(axes, ("R (weighted reward)", "r_c (verifier consistency)"), strict=True):
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI: `python -m train.miniature --config YAML --output_dir DIR [--set key=value ...] [--stages ...]`."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=None)
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    parser.add_argument("--stages", nargs="*", default=list(STAGES), choices=STAGES)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    overrides = {}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        overrides[key] = yaml.safe_load(value)
+    cfg = load_config(args.config, overrides)
+    Miniature(cfg, args.output_dir).run(tuple(args.stages))
+
+
+if __name__ == "__main__":
+    run_cli(main)
