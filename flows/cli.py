@@ -159,7 +159,8 @@ def _check_endpoint(base_url: str, model: str, timeout_s: float = 10.0) -> None:
     except httpx.HTTPError as exc:
         raise UsageError(
             f"cannot reach the endpoint {base_url} ({type(exc).__name__})",
-            "start the server (e.g. `make vllm-serve CKPT=DIR`) or fix --endpoint (the base URL including /v1)",
+            "start the server (`make vllm-serve CKPT=DIR`, or `vllm serve` with the flags of docs/serving.md) or fix "
+            "--endpoint (the base URL including /v1)",
         ) from exc
     if response.status_code in (401, 403):
         state = "is not set" if not key else "was refused"
