@@ -141,7 +141,9 @@ def markdown(n_gpus_multi: int = 8) -> str:
         f"parameters; LoRA r={Shape().lora_rank} adds {c['lora'] / 1e6:.0f} M. Sequence: {prompt} prompt + "
         f"{Shape().completion_tokens} completion tokens, G = {Shape().group}. GiB per GPU; 'fits' keeps 10 % headroom. "
         "Gradients under ZeRO include DeepSpeed's fp32 copy of the gradient partition; the reference is bf16; "
-        "'gathered' is the full bf16 model ZeRO-3 gathers for each generate call; the total adds every column.",
+        "'gathered' is the full bf16 model ZeRO-3 gathers for each generate call; the total adds every column. "
+        "Host: GiB of host memory per node while the models load, besides the checkpoint's page cache (in brackets: "
+        "before the policy loaded onto the GPU and the reference became bf16; `host_plan`).",
         "",
         "| path | weights | gradients | AdamW | reference | activations | KV cache | gathered | total | fits 80 GB "
         "| fits H200 | host per node at start (before) |",
