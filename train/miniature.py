@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from train.checks import TrainConfigError, run_cli
+from train.checks import TrainConfigError, bar_only, run_cli
 
 
 logger = logging.getLogger(__name__)
@@ -59,11 +59,11 @@ class MiniatureConfig:
     warmup_learning_rate: float = 3.0e-3
     warmup_batch_size: int = 4
     warmup_val_rows: int = 12
-    sft_steps: int = 60
+    sft_steps: int = 150
     sft_learning_rate: float = 1.0e-3
     sft_batch_size: int = 4
     grpo_steps: int = 30
-    grpo_learning_rate: float = 5.0e-4
+    grpo_learning_rate: float = 3.0e-4
     grpo_prompts_per_step: int = 4
     num_generations: int = 4
     max_completion_length: int = 112
@@ -204,7 +204,7 @@ class Miniature:
                                per_device_train_batch_size=cfg.sft_batch_size, use_cpu=True, bf16=False,
                                gradient_checkpointing=False, logging_steps=10, save_strategy="no", seed=cfg.seed,
                                disable_tqdm=True)  # fmt: skip
-        trainer = build_sft_trainer(model, processor, load_split(self.out / "data", "train"), args)
+        trainer = bar_only(build_sft_trainer(model, processor, load_split(self.out / "data", "train"), args))
         trainer.train()
         trainer.save_model(str(self.out / stage))
         processor.save_pretrained(str(self.out / stage))
@@ -229,6 +229,7 @@ class Miniature:
                           loss_type="grpo", seed=cfg.seed, temperature=1.0, disable_tqdm=True)  # fmt: skip
         trainer = build_grpo_trainer(str(self.out / "sft"), load_split(self.out / "data", "train"), args,
                                      rewards=rewards, verifier_max_new_tokens=cfg.verifier_max_new_tokens)  # fmt: skip
+        bar_only(trainer)  # the per-step metrics stay in trainer_state.json and done.json
         trainer.train()
         trainer.save_model(str(self.out / stage))
         trainer.save_state()

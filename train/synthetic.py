@@ -162,6 +162,8 @@ def make_visible_rows(
     independently per row; the organ cycles over `organs`. The prompt (`render_prompt`) names the organ and the frame
     count only, so a report that gets the findings right has read the pixels.
     """
+    if n_frames < 3:
+        raise ValueError(f"n_frames={n_frames}: a key frame needs a neighbour on each side; use at least 3 frames.")
     rng = np.random.default_rng(seed)
     rows = []
     for i in range(n_rows):

@@ -1,87 +1,139 @@
-"""GRPO learns: with the project's trainer and real rewards, the mean reward rises over a learning-rate-0 control.
+"""GRPO learns to read the frames: with the project's trainer, real rewards (r_e, r_f, r_c with the verifier) and a
+nonzero KL, the policy's preference for the right lesion claim rises over a learning-rate-0 control on held-out rows,
+by at least 3 standard errors; the same run with the gradient's sign flipped, or with the update replaced by noise of
+the same norm, does not.
 
-The task is learnable by construction: the policy (a tiny Qwen3-VL whose LLM first learned two kidney reports, one
-positive and one negative, over the same lesion-free frames) writes a lesion claim about half of the time; GRPO then
-trains on true negatives only, where r_e and r_f pay for "no lesion" and r_c is None (so the verifier is not queried). The control runs the same seed (the same prompts in the same order per step) at learning rate 0.
-The test asserts on the reward and on the sign of the update, never on time.
+The frames carry what the reward depends on: kidney rows with a bright lesion (present in some rows' frames, absent in
+others; `train.synthetic.make_visible_rows`), and a prompt that gives nothing away. The policy starts with partial
+skill: its warm-up (`train.warmup`) stops as soon as its greedy reports parse and half of its sampled ones do
+(checked every 30 steps), so it has the report language and only a weak link between the frames and the claim
+(held-out margin 0.06 log-odds). The measure is `train.learning.existence_margins`: per
+held-out row, log p(right claim) - log p(wrong claim) at the report's decision token, frames shown, no sampling; the
+held-out rows are half positive and half negative, so a mere shift toward "lesion" or "no lesion" cancels out and only
+reading the frames counts. Runs at fixed seeds; the asserts are on rewards, margins and gradients, never on time.
 """
+
+import math
 
 import pytest
 import torch
 from trl import GRPOConfig
 
-from train.data import load_split
 from train.grpo import build_grpo_trainer, reward_curve
-from train.learning import logprob_shift_correlation
-from train.sft import main as sft_main
-from train.synthetic import make_rows, write_rows
+from train.learning import GradientTamper, existence_margins, logprob_shift_correlation
+from train.synthetic import make_visible_rows, write_rows
+from train.tiny import build_model, build_processor
+from train.warmup import lm_warmup
 
 
-def _two_report_rows(n_each):
-    """Rows that all show the same lesion-free kidney frames; half carry one positive report, half one negative."""
-    rows = make_rows(6, n_frames=4, size_px=32, seed=3)
-    positive, negative = rows[2], rows[5]  # kidney rows (organs cycle liver, pancreas, kidney; even rows positive)
-    out = []
-    for i in range(2 * n_each):
-        row = dict(positive if i % 2 == 0 else negative)
-        row["case_id"], row["frames"] = f"BDMAP_{i + 1:08d}", negative["frames"]
-        out.append(row)
-    return out
+ROWS = {"n_frames": 4, "size_px": 64, "organs": ("kidney",), "sizes_mm": (90.0,), "span": 4}
+STEPS, LR, HALF = 36, 5e-4, 32  # GRPO steps, learning rate; held-out rows per class
+
+
+def _held_out():
+    rows = make_visible_rows(160, seed=1, **ROWS)
+    return [r for r in rows if r["has_lesion"]][:HALF] + [r for r in rows if not r["has_lesion"]][:HALF]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """The tiny model runs faster on one thread, and a fixed thread count keeps the float sums reproducible."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
-def report_policy(tmp_path_factory):
-    """(model dir, table dir): a tiny policy whose LLM learned the two reports, and a table of true negatives.
-
-    The frames carry no lesion evidence, so the warmed-up policy writes either report about half of the time.
-    """
+def policy(tmp_path_factory):
+    """(model dir, train table dir, held-out rows, their opposite reports): a partially skilled tiny policy."""
     root = tmp_path_factory.mktemp("learn")
-    rows = _two_report_rows(8)
-    sft_dir = write_rows(root / "sft", {"train": rows})
-    grpo_dir = write_rows(root / "neg", {"train": [r for r in rows if not r["has_lesion"]]})
-    sft_main(["--config", "train/configs/sft_tiny.yaml", "--dataset_dir", str(sft_dir), "--output_dir",
-              str(root / "policy"), "--lm_warmup_steps", "50", "--lm_warmup_frame_px", "32", "--max_steps", "1",
-              "--per_device_train_batch_size", "4", "--learning_rate", "1e-2", "--lr_scheduler_type", "constant",
-              "--logging_steps", "10",
-              "--gradient_checkpointing", "false"])  # fmt: skip
-    return root / "policy", grpo_dir
+    train = make_visible_rows(48, seed=0, **ROWS)
+    processor = build_processor()
+    model = build_model(processor.tokenizer, seed=0)
+    lm_warmup(model, processor, train[:-8], train[-8:], max_steps=600, learning_rate=3e-3, batch_size=4,
+              eval_every=30, target_parse_rate=1.0, target_sampled_parse_rate=0.5, log=lambda _: None)  # fmt: skip
+    model.save_pretrained(root / "policy")
+    processor.save_pretrained(root / "policy")
+    table = write_rows(root / "train", {"train": train})
+    held_out = _held_out()
+    positive = next(r["report"] for r in train if r["has_lesion"])
+    negative = next(r["report"] for r in train if not r["has_lesion"])
+    opposite = [negative if r["has_lesion"] else positive for r in held_out]
+    return root / "policy", table, held_out, opposite
 
 
 def _args(tmp, lr):
-    return GRPOConfig(output_dir=str(tmp), num_generations=4, per_device_train_batch_size=8, max_completion_length=32,
-                      max_steps=8, beta=0.0, learning_rate=lr, lr_scheduler_type="constant", logging_steps=1,
+    return GRPOConfig(output_dir=str(tmp), num_generations=4, per_device_train_batch_size=16, max_completion_length=96,
+                      max_steps=STEPS, beta=0.01, learning_rate=lr, lr_scheduler_type="constant", logging_steps=1,
                       use_cpu=True, bf16=False, report_to="none", save_strategy="no", loss_type="grpo", seed=0,
-                      temperature=1.0)  # fmt: skip
+                      temperature=1.0, disable_tqdm=True)  # fmt: skip
 
 
-def _rewards(model_dir, ds, tmp, lr):
-    torch.manual_seed(0)
-    trainer = build_grpo_trainer(str(model_dir), ds, _args(tmp, lr), rewards=["r_e", "r_f", "r_c"])
-    trainer.train()
-    curve = reward_curve(trainer.state.log_history)
-    zero_std = [h["frac_reward_zero_std"] for h in trainer.state.log_history if "frac_reward_zero_std" in h]
-    return [v for _, v in curve["reward"]], zero_std, trainer
+@pytest.fixture(scope="module")
+def runs(policy, tmp_path_factory):
+    """name -> (held-out margins after training, log history, verifier queries) for the control, the run, the flipped
+    gradient and the same-norm noise; same seed, so the same prompts in the same order."""
+    from train.data import load_split
 
-
-def test_grpo_raises_mean_reward_over_lr0_control(report_policy, tmp_path):
-    model_dir, table = report_policy
+    model_dir, table, held_out, opposite = policy
     ds = load_split(table, "train")
-    run, zero_std, trainer = _rewards(model_dir, ds, tmp_path / "run", 1e-3)
-    control, _, control_trainer = _rewards(model_dir, ds, tmp_path / "control", 0.0)
-    assert min(zero_std) < 1.0  # some group had reward variance (a gradient)
-    assert len(run) == len(control) == 8
-    half = len(run) // 2
-    gain = sum(run[half:]) / half - sum(control[half:]) / half
-    assert gain > 0.1, (run, control)
-    verifier = trainer.reward_funcs[2].verifier
-    assert verifier.n_calls == 0  # true negatives only: r_c is None and the verifier never runs
+    out = {}
+    for name, lr, tamper in (("control", 0.0, None), ("run", LR, None), ("flip", LR, GradientTamper("flip")),
+                             ("noise", LR, GradientTamper("noise", seed=0))):  # fmt: skip
+        torch.manual_seed(0)
+        trainer = build_grpo_trainer(str(model_dir), ds, _args(tmp_path_factory.mktemp(name), lr),
+                                     rewards=["r_e", "r_f", "r_c"], verifier_max_new_tokens=32)  # fmt: skip
+        if tamper is not None:
+            trainer.add_callback(tamper)
+        trainer.train()
+        margins = existence_margins(trainer.model, trainer.processing_class, held_out, opposite)
+        out[name] = (margins, trainer.state.log_history, trainer.reward_funcs[2].verifier.n_queries, tamper)
+    return out
 
 
-def test_advantage_correlates_with_logprob_change(report_policy, tmp_path):
-    model_dir, table = report_policy
-    ds = load_split(table, "train")
+def _gain(runs, name):
+    """Mean paired gain of held-out margins over the control, and its standard error."""
+    d = runs[name][0] - runs["control"][0]
+    return float(d.mean()), float(d.std() / math.sqrt(len(d)))
+
+
+@pytest.mark.slow
+def test_grpo_learns_to_read_the_frames(runs):
+    gain, se = _gain(runs, "run")
+    assert gain > 3 * se > 0, (gain, se)
+    history, queries = runs["run"][1], runs["run"][2]
+    steps = [h for h in history if "frac_reward_zero_std" in h]
+    assert len(steps) == STEPS
+    assert max(h["frac_reward_zero_std"] for h in steps) < 1.0  # reward spread (a gradient) in every step
+    assert queries > 0  # r_c ran the verifier...
+    r_c = [v for _, v in reward_curve(history)["rewards/r_c/mean"]]
+    assert len(set(r_c)) > 1  # ...and it was not constant
+    assert max(h["kl"] for h in steps) > 0  # beta = 0.01: the KL term is live
+
+
+@pytest.mark.slow
+def test_flipped_gradient_fails_the_criterion(runs):
+    gain, se = _gain(runs, "flip")
+    assert runs["flip"][3].steps == STEPS
+    assert not gain > 3 * se, (gain, se)
+    assert gain < 0, (gain, se)
+
+
+@pytest.mark.slow
+def test_same_norm_noise_fails_the_criterion(runs):
+    gain, se = _gain(runs, "noise")
+    assert runs["noise"][3].steps == STEPS
+    assert not gain > 3 * se, (gain, se)
+
+
+def test_advantage_correlates_with_logprob_change(policy, tmp_path):
+    from train.data import load_split
+
+    model_dir, table, _, _ = policy
     torch.manual_seed(1)
-    trainer = build_grpo_trainer(str(model_dir), ds, _args(tmp_path, 1e-3), rewards=["r_e", "r_f", "r_c"])
+    trainer = build_grpo_trainer(str(model_dir), load_split(table, "train"), _args(tmp_path, 1e-3),
+                                 rewards=["r_e", "r_f", "r_c"], verifier_max_new_tokens=32)  # fmt: skip
     trainer.model.train()
     rows = [dict(trainer.train_dataset[i]) for i in range(4) for _ in range(4)]  # 4 prompts x G = 4
     corr, details = logprob_shift_correlation(trainer, rows, lr=1e-3)

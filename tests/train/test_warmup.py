@@ -1,0 +1,112 @@
+"""The criterion warm-up, the verifier task, the visible-lesion rows and the miniature's guards (fast, exact)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from emrl_data.report import NEGATIVE_FINDINGS, render_prompt
+from emrl_data.types import Organ
+from train.checks import TrainConfigError
+from train.data import frames_to_array
+from train.miniature import Miniature, MiniatureConfig, check_split, claim_check, load_config
+from train.synthetic import VISIBLE_INTENSITY, make_visible_rows
+from train.tiny import build_model, build_processor
+from train.warmup import VerifierCollator, held_out_indices, lm_warmup, verifier_examples
+
+
+def test_held_out_indices_span_the_table():
+    assert held_out_indices(56, 8) == [3, 10, 17, 24, 31, 38, 45, 52]
+    assert held_out_indices(3, 3) == [0, 1, 2]
+
+
+def test_visible_rows_show_the_lesion_only_in_the_pixels():
+    rows = make_visible_rows(12, n_frames=6, size_px=64, seed=3, organs=("kidney",))
+    assert {r["prompt"] for r in rows} == {render_prompt(Organ.KIDNEY, 6)}  # the prompt gives nothing away
+    assert {r["has_lesion"] for r in rows} == {True, False}
+    for row in rows:
+        frames = frames_to_array(row["frames"])
+        if not row["has_lesion"]:
+            assert frames.max() < 200 and row["key_slice_frame"] is None
+            continue
+        k, (x1, y1, x2, y2) = row["key_slice_frame"], (v * 64 // 1000 for v in row["bbox_qwen"])
+        center = frames[k - 1, (y1 + y2) // 2, (x1 + x2) // 2]
+        assert center == VISIBLE_INTENSITY[row["attenuation"]]  # drawn exactly (the noise is under the disc)
+        side = 0 if (x1 + x2) / 2 < 32 else 1
+        assert row["location"] == [["left"], ["right"]][side]
+        assert row["long_axis_mm"] in (12.0, 31.0, 48.0)
+
+
+def test_verifier_examples_and_labels_cover_the_answer_only():
+    rows = make_visible_rows(6, n_frames=8, size_px=64, seed=0, organs=("kidney",))
+    positive = next(r for r in rows if r["has_lesion"])
+    pairs = verifier_examples(positive, np.random.default_rng(0))
+    frames = frames_to_array(positive["frames"])
+    assert (pairs[0][0] == frames[positive["key_slice_frame"] - 1]).all()
+    assert pairs[0][1] == positive["report"].split("<findings>")[1].split("</findings>")[0]
+    if len(pairs) > 1:  # a frame at least 3 away from the key frame, described as lesion-free
+        assert pairs[1][1] == NEGATIVE_FINDINGS[Organ.KIDNEY]
+        assert any((pairs[1][0] == f).all() and abs(i + 1 - positive["key_slice_frame"]) >= 3
+                   for i, f in enumerate(frames))  # fmt: skip
+    processor = build_processor()
+    batch = VerifierCollator(processor)(pairs)
+    for i, (_, answer) in enumerate(pairs):
+        labelled = batch["labels"][i][batch["labels"][i] != -100]
+        assert processor.tokenizer.decode(labelled) == answer + "<|im_end|>"
+
+
+def test_warmup_that_misses_its_criterion_fails_in_one_line():
+    rows = make_visible_rows(4, n_frames=4, size_px=32, seed=0, organs=("kidney",))
+    processor = build_processor()
+    model = build_model(processor.tokenizer, seed=0)
+    with pytest.raises(TrainConfigError) as err:
+        lm_warmup(model, processor, rows[:3], rows[3:], max_steps=2, learning_rate=1e-3, batch_size=1,
+                  verifier_batch_size=1, eval_every=2, target_parse_rate=1.0, max_new_tokens=4, log=lambda _: None)  # fmt: skip
+    message = str(err.value)
+    assert "\n" not in message and "lm_warmup_steps=2" in message and "below its target" in message
+
+
+def test_miniature_refuses_a_test_split_too_small_for_its_intervals():
+    cfg = MiniatureConfig(n_test=12, organs=["kidney"], min_test_rows_per_class=10)
+    rows = make_visible_rows(12, n_frames=4, size_px=32, seed=1, organs=("kidney",))
+    with pytest.raises(TrainConfigError) as err:
+        check_split(rows, cfg)
+    assert "\n" not in str(err.value) and "raise n_test (now 12)" in str(err.value)
+
+
+def test_miniature_config_rejects_unknown_keys(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text("n_train: 10\nn_tset: 5\n")
+    with pytest.raises(TrainConfigError, match=r"unknown keys \['n_tset'\]"):
+        load_config(path)
+
+
+def test_miniature_resumes_finished_stages_and_refuses_another_config(tmp_path):
+    cfg = MiniatureConfig(n_train=6, n_test=8, n_frames=4, size_px=32, organs=["kidney"], min_test_rows_per_class=1)
+    lines: list[str] = []
+    Miniature(cfg, tmp_path, log=lines.append).run(("data",))
+    first = json.loads((tmp_path / "data" / "done.json").read_text())
+    assert first["n_train"] == 6 and first["n_test"] == 8
+    Miniature(cfg, tmp_path, log=lines.append).run(("data",))
+    assert lines[-1].startswith("== data: done earlier")
+    other = MiniatureConfig(n_train=7, n_test=8, n_frames=4, size_px=32, organs=["kidney"], min_test_rows_per_class=1)
+    with pytest.raises(TrainConfigError, match="another configuration"):
+        Miniature(other, tmp_path, log=lines.append).run(("data",))
+
+
+def test_claim_check_compares_gaps_with_interval_half_widths():
+    def model(bacc, khit):
+        return {"average_bacc": {"value": bacc, "ci_low": bacc - 0.05, "ci_high": bacc + 0.05},
+                "k_hit": {"value": khit, "ci_low": khit - 0.1, "ci_high": khit + 0.1}}  # fmt: skip
+
+    results = {
+        "sft": model(0.6, 0.3),
+        "grpo_a": model(0.7, 0.35),
+        "grpo_b": model(0.68, 0.2),
+        "grpo_c": model(0.6, 0.3),
+    }
+    claim = claim_check(results)
+    assert claim["average_bacc: (a) - sft"]["beyond_interval"] is True  # +0.10 > 0.05
+    assert claim["k_hit: (a) - sft"]["beyond_interval"] is False  # +0.05 < 0.10
+    assert claim["k_hit: (a) - grpo_b"]["beyond_interval"] is True  # +0.15 > 0.10
+    assert claim["claim_holds"] is True
