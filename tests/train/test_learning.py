@@ -101,6 +101,7 @@ def _gain(runs, name):
 @pytest.mark.slow
 def test_grpo_learns_to_read_the_frames(runs):
     gain, se = _gain(runs, "run")
+    print(f"run - control: {gain:+.4f} ± {se:.4f} (z = {gain / se:.2f})")  # shown with `pytest -rA`
     assert gain > 3 * se > 0, (gain, se)
     history, queries = runs["run"][1], runs["run"][2]
     steps = [h for h in history if "frac_reward_zero_std" in h]
@@ -115,6 +116,7 @@ def test_grpo_learns_to_read_the_frames(runs):
 @pytest.mark.slow
 def test_flipped_gradient_fails_the_criterion(runs):
     gain, se = _gain(runs, "flip")
+    print(f"flipped - control: {gain:+.4f} ± {se:.4f} (z = {gain / se:.2f})")
     assert runs["flip"][3].steps == STEPS
     assert not gain > 3 * se, (gain, se)
     assert gain < 0, (gain, se)
@@ -123,6 +125,7 @@ def test_flipped_gradient_fails_the_criterion(runs):
 @pytest.mark.slow
 def test_same_norm_noise_fails_the_criterion(runs):
     gain, se = _gain(runs, "noise")
+    print(f"noise - control: {gain:+.4f} ± {se:.4f} (z = {gain / se:.2f})")
     assert runs["noise"][3].steps == STEPS
     assert not gain > 3 * se, (gain, se)
 
