@@ -312,6 +312,13 @@ def claim_check(results: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _verdict(value: dict[str, Any]) -> str:
+    """Return "above the interval", "below the interval" or "within the interval" for a claim-check entry."""
+    if value["gap"] > value["half_width"]:
+        return "above the interval"
+    return "below the interval" if value["gap"] < -value["half_width"] else "within the interval"
+
+
 def results_markdown(results: dict[str, Any], claim: dict[str, Any]) -> str:
     """Return the summary table (value and 95 % interval per model) and the claim lines."""
 
@@ -330,7 +337,7 @@ def results_markdown(results: dict[str, Any], claim: dict[str, Any]) -> str:
     for key, value in claim.items():
         if isinstance(value, dict):
             lines.append(f"- {key}: {100 * value['gap']:+.1f} points (half-width {100 * value['half_width']:.1f}): "
-                         f"{'beyond' if value['beyond_interval'] else 'within'} the interval")  # fmt: skip
+                         f"{_verdict(value)}")  # fmt: skip
     lines.append(f"- claim ((a) beats SFT and (c) beyond the intervals on B-Acc or K-Hit): {claim['claim_holds']}")
     return "\n".join(lines) + "\n"
 
