@@ -83,6 +83,15 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     unknown = sorted(set(data) - known)
     if unknown:
         raise TrainConfigError(f"{path}: unknown keys {unknown}; valid keys are {sorted(known)}")
+    types = {f.name: f.type for f in fields(MiniatureConfig)}
+    for key, value in data.items():
+        try:
+            if types[key] == "float" and isinstance(value, int | float | str):
+                data[key] = float(value)  # YAML reads 1e-4 (no dot) as a string
+            elif types[key] == "int" and not isinstance(value, int):
+                data[key] = int(value)
+        except ValueError:
+            raise TrainConfigError(f"{path}: {key}={value!r}: expected a number ({types[key]})") from None
     return MiniatureConfig(**data)
 
 

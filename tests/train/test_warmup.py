@@ -79,6 +79,11 @@ def test_miniature_config_rejects_unknown_keys(tmp_path):
     path.write_text("n_train: 10\nn_tset: 5\n")
     with pytest.raises(TrainConfigError, match=r"unknown keys \['n_tset'\]"):
         load_config(path)
+    path.write_text("n_train: 10\n")
+    cfg = load_config(path, {"grpo_learning_rate": "1e-4", "sft_steps": "7"})  # as `--set` reads them
+    assert (cfg.n_train, cfg.grpo_learning_rate, cfg.sft_steps) == (10, 1e-4, 7)
+    with pytest.raises(TrainConfigError, match=r"sft_steps='many': expected a number \(int\)"):
+        load_config(None, {"sft_steps": "many"})
 
 
 def test_miniature_resumes_finished_stages_and_refuses_another_config(tmp_path):
