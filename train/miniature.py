@@ -50,6 +50,8 @@ class MiniatureConfig:
     n_frames: int = 8
     size_px: int = 64
     organs: list[str] = field(default_factory=lambda: ["liver", "pancreas", "kidney"])
+    sizes_mm: list[float] = field(default_factory=lambda: [12.0, 31.0, 48.0])  # lesion long-axis classes
+    lesion_span: int = 1  # frames on each side of the key frame that show a (shrinking) lesion
     seed: int = 0
     min_test_rows_per_class: int = 10  # per organ and class (positive / negative): below it the intervals mean little
     warmup_max_steps: int = 1500
@@ -161,7 +163,8 @@ class Miniature:
         from train.synthetic import make_visible_rows, write_rows  # noqa: PLC0415
 
         cfg = self.cfg
-        kw = {"n_frames": cfg.n_frames, "size_px": cfg.size_px, "organs": tuple(cfg.organs)}
+        kw = {"n_frames": cfg.n_frames, "size_px": cfg.size_px, "organs": tuple(cfg.organs),
+              "sizes_mm": tuple(float(v) for v in cfg.sizes_mm), "span": cfg.lesion_span}  # fmt: skip
         train = make_visible_rows(cfg.n_train, split="train", seed=cfg.seed, **kw)
         test = make_visible_rows(cfg.n_test, split="test", seed=cfg.seed + 1000, **kw)
         check_split(test, cfg)
