@@ -50,8 +50,8 @@ class MiniatureConfig:
     n_frames: int = 8
     size_px: int = 64
     organs: list[str] = field(default_factory=lambda: ["liver", "pancreas", "kidney"])
-    sizes_mm: list[float] = field(default_factory=lambda: [12.0, 31.0, 48.0])  # lesion long-axis classes
-    lesion_span: int = 1  # frames on each side of the key frame that show a (shrinking) lesion
+    sizes_mm: list[float] = field(default_factory=lambda: [31.0, 48.0, 90.0])  # lesion long-axis classes
+    lesion_span: int = 3  # frames on each side of the key frame that show a (shrinking) lesion
     seed: int = 0
     min_test_rows_per_class: int = 10  # per organ and class (positive / negative): below it the intervals mean little
     warmup_max_steps: int = 1500
@@ -61,11 +61,11 @@ class MiniatureConfig:
     warmup_learning_rate: float = 3.0e-3
     warmup_batch_size: int = 4
     warmup_val_rows: int = 12
-    sft_steps: int = 150
+    sft_steps: int = 100
     sft_learning_rate: float = 1.0e-3
     sft_batch_size: int = 4
-    grpo_steps: int = 30
-    grpo_learning_rate: float = 3.0e-4
+    grpo_steps: int = 60
+    grpo_learning_rate: float = 5.0e-4
     grpo_prompts_per_step: int = 4
     num_generations: int = 4
     max_completion_length: int = 112
