@@ -64,8 +64,8 @@ class MiniatureConfig:
     sft_steps: int = 100
     sft_learning_rate: float = 1.0e-3
     sft_batch_size: int = 4
-    grpo_steps: int = 60
-    grpo_learning_rate: float = 5.0e-4
+    grpo_steps: int = 30
+    grpo_learning_rate: float = 2.0e-4
     grpo_prompts_per_step: int = 4
     num_generations: int = 4
     max_completion_length: int = 112
