@@ -93,7 +93,7 @@ class SftScriptArguments:
     )
     lm_warmup_eval_every: int = field(default=50, metadata={"help": "Warm-up steps between criterion checks."})
     lm_warmup_val_rows: int = field(
-        default=8, metadata={"help": "Train rows held out of the warm-up for its criterion (the last N)."}
+        default=8, metadata={"help": "Train rows held out of the warm-up for its criterion (evenly spaced)."}
     )
     lm_warmup_verifier_task: bool = field(
         default=True, metadata={"help": "The criterion warm-up also teaches the verifier task (r_c needs it)."}
@@ -235,8 +235,9 @@ def _criterion_warmup(
         )
     rows = [dict(r) for r in dataset]
     val = set(held_out_indices(len(rows), n_val))
+    train_rows, val_rows = [r for i, r in enumerate(rows) if i not in val], [rows[i] for i in sorted(val)]
     result = lm_warmup(
-        model, processor, [r for i, r in enumerate(rows) if i not in val], [rows[i] for i in sorted(val)], max_steps=script_args.lm_warmup_steps,
+        model, processor, train_rows, val_rows, max_steps=script_args.lm_warmup_steps,
         learning_rate=script_args.lm_warmup_learning_rate or args.learning_rate,
         batch_size=args.per_device_train_batch_size, eval_every=script_args.lm_warmup_eval_every,
         target_parse_rate=script_args.lm_warmup_target_parse_rate,

@@ -1,13 +1,12 @@
 """GRPO learns to read the frames: with the project's trainer, real rewards (r_e, r_f, r_c with the verifier) and a
 nonzero KL, the policy's preference for the right lesion claim rises over a learning-rate-0 control on held-out rows,
-by at least 3 standard errors; the same run with the gradient's sign flipped, or with the update replaced by noise of
+by at least 3 standard errors and at least `MIN_GAIN`; the same run with the gradient's sign flipped, or with the update replaced by noise of
 the same norm, does not.
 
 The frames carry what the reward depends on: kidney rows with a bright lesion (present in some rows' frames, absent in
 others; `train.synthetic.make_visible_rows`), and a prompt that gives nothing away. The policy starts with partial
 skill: its warm-up (`train.warmup`) stops as soon as its greedy reports parse and half of its sampled ones do
-(checked every 30 steps), so it has the report language and only a weak link between the frames and the claim
-(held-out margin 0.06 log-odds). The measure is `train.learning.existence_margins`: per
+(checked every 30 steps), so it has the report language and only a partial link between the frames and the claim. The measure is `train.learning.existence_margins`: per
 held-out row, log p(right claim) - log p(wrong claim) at the report's decision token, frames shown, no sampling; the
 held-out rows are half positive and half negative, so a mere shift toward "lesion" or "no lesion" cancels out and only
 reading the frames counts. Runs at fixed seeds; the asserts are on rewards, margins and gradients, never on time.
@@ -28,6 +27,14 @@ from train.warmup import lm_warmup
 
 ROWS = {"n_frames": 4, "size_px": 64, "organs": ("kidney",), "sizes_mm": (90.0,), "span": 4}
 STEPS, LR, HALF = 36, 5e-4, 32  # GRPO steps, learning rate; held-out rows per class
+# The learning criterion: a paired gain over the control of more than 3 standard errors AND more than MIN_GAIN log-odds.
+# The floor keeps a systematic but negligible shift from passing on a tight error (measured: run +0.636 ± 0.062,
+# same-norm noise +0.026 ± 0.009, flipped sign -1.210 ± 0.115).
+MIN_GAIN = 0.2
+
+
+def _learned(gain, se):
+    return gain > 3 * se and gain > MIN_GAIN
 
 
 def _held_out():
@@ -101,7 +108,8 @@ def _gain(runs, name):
 @pytest.mark.slow
 def test_grpo_learns_to_read_the_frames(runs):
     gain, se = _gain(runs, "run")
-    assert gain > 3 * se > 0, (gain, se)
+    print(f"run - control: {gain:+.4f} ± {se:.4f} (z = {gain / se:.2f})")  # shown with `pytest -rA`
+    assert _learned(gain, se) and se > 0, (gain, se)
     history, queries = runs["run"][1], runs["run"][2]
     steps = [h for h in history if "frac_reward_zero_std" in h]
     assert len(steps) == STEPS
@@ -115,16 +123,18 @@ def test_grpo_learns_to_read_the_frames(runs):
 @pytest.mark.slow
 def test_flipped_gradient_fails_the_criterion(runs):
     gain, se = _gain(runs, "flip")
+    print(f"flipped - control: {gain:+.4f} ± {se:.4f} (z = {gain / se:.2f})")
     assert runs["flip"][3].steps == STEPS
-    assert not gain > 3 * se, (gain, se)
+    assert not _learned(gain, se), (gain, se)
     assert gain < 0, (gain, se)
 
 
 @pytest.mark.slow
 def test_same_norm_noise_fails_the_criterion(runs):
     gain, se = _gain(runs, "noise")
+    print(f"noise - control: {gain:+.4f} ± {se:.4f} (z = {gain / se:.2f})")
     assert runs["noise"][3].steps == STEPS
-    assert not gain > 3 * se, (gain, se)
+    assert not _learned(gain, se), (gain, se)
 
 
 def test_advantage_correlates_with_logprob_change(policy, tmp_path):

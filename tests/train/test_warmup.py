@@ -79,6 +79,11 @@ def test_miniature_config_rejects_unknown_keys(tmp_path):
     path.write_text("n_train: 10\nn_tset: 5\n")
     with pytest.raises(TrainConfigError, match=r"unknown keys \['n_tset'\]"):
         load_config(path)
+    path.write_text("n_train: 10\n")
+    cfg = load_config(path, {"grpo_learning_rate": "1e-4", "sft_steps": "7"})  # as `--set` reads them
+    assert (cfg.n_train, cfg.grpo_learning_rate, cfg.sft_steps) == (10, 1e-4, 7)
+    with pytest.raises(TrainConfigError, match=r"sft_steps='many': expected a number \(int\)"):
+        load_config(None, {"sft_steps": "many"})
 
 
 def test_miniature_resumes_finished_stages_and_refuses_another_config(tmp_path):
@@ -110,3 +115,18 @@ def test_claim_check_compares_gaps_with_interval_half_widths():
     assert claim["k_hit: (a) - sft"]["beyond_interval"] is False  # +0.05 < 0.10
     assert claim["k_hit: (a) - grpo_b"]["beyond_interval"] is True  # +0.15 > 0.10
     assert claim["claim_holds"] is True
+
+
+def test_sft_cli_warmup_cap_is_a_one_line_error(sft_table, tmp_path, capsys):
+    from train.checks import run_cli
+    from train.sft import main as sft_main
+
+    argv = ["--config", "train/configs/sft_tiny.yaml", "--dataset_dir", str(sft_table), "--output_dir",
+            str(tmp_path / "sft"), "--lm_warmup_steps", "2", "--lm_warmup_target_parse_rate", "0.95",
+            "--lm_warmup_eval_every", "2", "--lm_warmup_val_rows", "2", "--gradient_checkpointing", "false"]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(sft_main, argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: LM warm-up: held-out parse rate ") and "lm_warmup_steps=2" in err[-1]
+    assert not (tmp_path / "sft" / "model.safetensors").exists()  # nothing half-written
