@@ -42,7 +42,12 @@ def test_deepspeed_launch_configs_are_consistent(accel, config):
 def test_single_gpu_lora_config_is_consistent(tmp_path):
     single = tmp_path / "one.yaml"
     single.write_text(yaml.safe_dump({"num_processes": 1, "mixed_precision": "bf16"}))
-    validate_launch(single, "train/configs/grpo_lora.yaml")
+    assert validate_launch(single, "train/configs/grpo_lora.yaml") == {"num_processes": 1, "mixed_precision": "bf16"}
+    # The same file with two processes is 128 completions per step: refused, naming the count.
+    double = tmp_path / "two.yaml"
+    double.write_text(yaml.safe_dump({"num_processes": 2, "mixed_precision": "bf16"}))
+    with pytest.raises(TrainConfigError, match=r"= 128, not completions_per_step=64"):
+        validate_launch(double, "train/configs/grpo_lora.yaml")
 
 
 def test_inconsistent_launch_is_refused(tmp_path):
