@@ -59,6 +59,34 @@ def make_frames(
     return np.clip(frames, 0, 255).astype(np.uint8), box
 
 
+def _row_skeleton(case_id: str, organ: str, split: str, positive: bool, n_frames: int) -> dict[str, Any]:
+    """Return an sft row's label columns with the lesion attributes empty (the callers fill what their frames show)."""
+    return {
+        "case_id": case_id,
+        "organ": organ,
+        "split": split,
+        "has_lesion": positive,
+        "lesion_count": 1 if positive else 0,
+        "long_axis_mm": None,
+        "short_axis_mm": None,
+        "volume_mm3": None,
+        "location": [],
+        "attenuation": None,
+        "key_slice_frame": None,
+        "bbox_qwen": None,
+        "n_frames": n_frames,
+    }
+
+
+def _report(row: dict[str, Any], organ: Organ, evidence: str | None) -> str:
+    """Return the target report the row's label columns describe (findings, impression, evidence)."""
+    positive = row["has_lesion"]
+    kw = {k: row[k] for k in ("lesion_count", "long_axis_mm", "location", "attenuation")}
+    findings = render_findings(organ, has_lesion=positive, short_axis_mm=row["short_axis_mm"],
+                               volume_mm3=row["volume_mm3"], **kw)  # fmt: skip
+    return render_report(findings, render_impression(organ, has_lesion=positive, **kw), evidence)
+
+
 def make_rows(n_rows: int, *, n_frames: int = 8, size_px: int = 64, split: str = "train", seed: int = 0) -> list[dict]:
     """Return `n_rows` sft rows (alternating positive/negative, cycling over the registered organs)."""
     rng = np.random.default_rng(seed)
@@ -70,23 +98,9 @@ def make_rows(n_rows: int, *, n_frames: int = 8, size_px: int = 64, split: str =
         key = int(rng.integers(2, n_frames)) if positive else None
         frames, box = make_frames(n_frames, size_px, key, rng)
         o = Organ(organ)
-        row: dict[str, Any] = {
-            "case_id": f"BDMAP_{i + 1:08d}",
-            "organ": organ,
-            "split": split,
-            "has_lesion": positive,
-            "lesion_count": 1 if positive else 0,
-            "long_axis_mm": None,
-            "short_axis_mm": None,
-            "volume_mm3": None,
-            "location": [],
-            "attenuation": None,
-            "key_slice_frame": key,
-            "bbox_qwen": None,
-            "n_frames": n_frames,
-            "frames": [{"bytes": _png(f), "path": None} for f in frames],
-            "prompt": render_prompt(o, n_frames),
-        }
+        row = _row_skeleton(f"BDMAP_{i + 1:08d}", organ, split, positive, n_frames)
+        row.update(key_slice_frame=key, frames=[{"bytes": _png(f), "path": None} for f in frames])
+        row["prompt"] = render_prompt(o, n_frames)
         evidence = None
         if positive:
             assert box is not None
@@ -96,10 +110,7 @@ def make_rows(n_rows: int, *, n_frames: int = 8, size_px: int = 64, split: str =
             row["attenuation"] = ["hypo", "iso", "hyper"][(i // 2) % 3]
             row["bbox_qwen"] = [int(round(v * 1000 / size_px)) for v in box]
             evidence = render_evidence(key, row["bbox_qwen"])
-        kw = {k: row[k] for k in ("lesion_count", "long_axis_mm", "location", "attenuation")}
-        findings = render_findings(o, has_lesion=positive, short_axis_mm=row["short_axis_mm"],
-                                   volume_mm3=row["volume_mm3"], **kw)  # fmt: skip
-        row["report"] = render_report(findings, render_impression(o, has_lesion=positive, **kw), evidence)
+        row["report"] = _report(row, o, evidence)
         rows.append(row)
     return rows
 
@@ -170,22 +181,8 @@ def make_visible_rows(
         organ = organs[i % len(organs)]
         o = Organ(organ)
         positive = bool(rng.random() < positive_fraction)
-        row: dict[str, Any] = {
-            "case_id": f"BDMAP_{seed:03d}{i + 1:05d}",
-            "organ": organ,
-            "split": split,
-            "has_lesion": positive,
-            "lesion_count": 1 if positive else 0,
-            "long_axis_mm": None,
-            "short_axis_mm": None,
-            "volume_mm3": None,
-            "location": [],
-            "attenuation": None,
-            "key_slice_frame": None,
-            "bbox_qwen": None,
-            "n_frames": n_frames,
-            "prompt": render_prompt(o, n_frames),
-        }
+        row = _row_skeleton(f"BDMAP_{seed:03d}{i + 1:05d}", organ, split, positive, n_frames)
+        row["prompt"] = render_prompt(o, n_frames)
         evidence = None
         if positive:
             key = int(rng.integers(2, n_frames))  # 2..n_frames-1: both neighbours exist
@@ -203,10 +200,7 @@ def make_visible_rows(
         else:
             frames, _ = make_visible_frames(n_frames, size_px, rng)
         row["frames"] = [{"bytes": _png(f), "path": None} for f in frames]
-        kw = {k: row[k] for k in ("lesion_count", "long_axis_mm", "location", "attenuation")}
-        findings = render_findings(o, has_lesion=positive, short_axis_mm=row["short_axis_mm"],
-                                   volume_mm3=row["volume_mm3"], **kw)  # fmt: skip
-        row["report"] = render_report(findings, render_impression(o, has_lesion=positive, **kw), evidence)
+        row["report"] = _report(row, o, evidence)
         rows.append(row)
     return rows
 
