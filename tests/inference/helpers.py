@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,3 +95,13 @@ def slow_run(store_path: str, n: int, delay_s: float) -> None:
 
 if __name__ == "__main__":
     slow_run(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))
+
+
+def serve_beside_sft_set(server: Any, tmp_path_factory: Any, frame_px: int) -> Iterator[tuple[str, Path]]:
+    """Body of a module's `served` fixture: yield (base URL, OUT with an sft set), the set built while `server`
+    (a started `VLLMServer` or `ServerProcess`) comes up; the server is stopped afterwards, whatever happened."""
+    try:
+        sft_out = build_small_sft_set(tmp_path_factory, frame_px)
+        yield server.wait(), sft_out
+    finally:
+        server.stop()

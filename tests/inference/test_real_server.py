@@ -16,7 +16,7 @@ import pytest
 
 from flows.cli import main
 from inference.backends import EndpointProbeError, OpenAIBackend, request_from_row
-from tests.inference.helpers import build_small_sft_set, first_train_row
+from tests.inference.helpers import first_train_row, serve_beside_sft_set
 from tests.inference.real_server import ServerProcess
 from train.tiny import save_tiny
 
@@ -35,22 +35,9 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def served(prefect_harness, checkpoint: Path, tmp_path_factory: pytest.TempPathFactory):
     """(base URL, OUT with an sft set): the SFT set is built while the server starts; the server is stopped by PID."""
-    server = ServerProcess(checkpoint, tmp_path_factory.mktemp("transformers-serve"))
-    try:
-        sft_out = build_small_sft_set(tmp_path_factory, FRAME_PX)
-        yield server.wait(), sft_out
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def endpoint(served) -> str:
-    return served[0]
-
-
-@pytest.fixture(scope="module")
-def sft_out(served) -> Path:
-    return served[1]
+    yield from serve_beside_sft_set(
+        ServerProcess(checkpoint, tmp_path_factory.mktemp("transformers-serve")), tmp_path_factory, FRAME_PX
+    )
 
 
 def test_the_images_reach_the_model(endpoint: str, checkpoint: Path, sft_out: Path) -> None:

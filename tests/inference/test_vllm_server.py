@@ -29,7 +29,7 @@ from flows.cli import main
 from inference.backends import EndpointProbeError, OpenAIBackend, TransformersBackend, request_from_row
 from inference.vllm_server import VLLMServeError, VLLMServer, check_checkpoint, check_version
 from inference.vllm_server import main as serve_main
-from tests.inference.helpers import build_small_sft_set, first_train_row, make_requests
+from tests.inference.helpers import first_train_row, make_requests, serve_beside_sft_set
 from train.data import encode_ct_video, frames_to_array, render_prompt_text
 from train.tiny import save_tiny
 
@@ -49,22 +49,9 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def served(prefect_harness, checkpoint: Path, tmp_path_factory: pytest.TempPathFactory):
     """(base URL, OUT with an sft set): the SFT set is built while vLLM starts; the server is stopped by its pgid."""
-    server = VLLMServer(checkpoint, tmp_path_factory.mktemp("vllm-serve"), name=NAME)
-    try:
-        sft_out = build_small_sft_set(tmp_path_factory, FRAME_PX)
-        yield server.wait(), sft_out
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def endpoint(served) -> str:
-    return served[0]
-
-
-@pytest.fixture(scope="module")
-def sft_out(served) -> Path:
-    return served[1]
+    yield from serve_beside_sft_set(
+        VLLMServer(checkpoint, tmp_path_factory.mktemp("vllm-serve"), name=NAME), tmp_path_factory, FRAME_PX
+    )
 
 
 @pytest.fixture(scope="module")
