@@ -23,6 +23,7 @@ import argparse
 import json
 import logging
 import math
+import shutil
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -39,6 +40,9 @@ STAGES = ("data", "warmup", "sft", "grpo_a", "grpo_b", "grpo_c", "eval")
 MODELS = {"sft": "SFT", "grpo_a": "(a) GRPO r_e+r_f+r_c", "grpo_b": "(b) GRPO r_e+r_f", "grpo_c": "(c) lr-0 control"}
 GRPO_RUNS = {"grpo_a": (["r_e", "r_f", "r_c"], False), "grpo_b": (["r_e", "r_f"], False),
              "grpo_c": (["r_e", "r_f", "r_c"], True)}  # fmt: skip
+SHARED_STAGES = ("data", "warmup", "sft")  # what `--reuse_from` copies: the stages before GRPO
+GRPO_ONLY_KEYS = frozenset({"grpo_steps", "grpo_learning_rate", "grpo_prompts_per_step", "num_generations",
+                            "max_completion_length", "beta", "verifier_max_new_tokens", "n_bootstrap"})  # fmt: skip
 
 
 @dataclass
@@ -131,8 +135,8 @@ class Miniature:
         tmp.replace(path)
         return record
 
-    def run(self, stages: tuple[str, ...] = STAGES) -> dict[str, Any]:
-        """Run (or resume) the stages; return the eval record (or the last stage's)."""
+    def _claim_folder(self) -> None:
+        """Write config.json into `output_dir`, refusing a folder that holds another configuration's run."""
         self.out.mkdir(parents=True, exist_ok=True)
         config_path = self.out / "config.json"
         as_dict = asdict(self.cfg)
@@ -142,6 +146,43 @@ class Miniature:
                 "pass a new --output_dir or delete that folder"
             )
         config_path.write_text(json.dumps(as_dict, indent=2) + "\n")
+
+    def reuse(self, source: str | Path) -> list[str]:
+        """Copy the finished data, warm-up and SFT stages of `source` (a GRPO variant shares them); return those copied.
+
+        `source` must hold a run whose configuration equals this one on every key outside `GRPO_ONLY_KEYS`.
+        """
+        source = Path(source)
+        config_path = source / "config.json"
+        if not config_path.exists():
+            raise TrainConfigError(f"--reuse_from {source}: no config.json there; pass a miniature output folder")
+        theirs, ours = json.loads(config_path.read_text()), asdict(self.cfg)
+        differ = sorted(k for k in set(theirs) | set(ours) if k not in GRPO_ONLY_KEYS and theirs.get(k) != ours.get(k))
+        if differ:
+            raise TrainConfigError(
+                f"--reuse_from {source}: its configuration differs on {differ}, which the data, warm-up or SFT "
+                f"depend on; only {sorted(GRPO_ONLY_KEYS)} may differ"
+            )
+        self._claim_folder()
+        copied = []
+        for stage in SHARED_STAGES:
+            if self.done(stage) is not None:
+                continue
+            if not (source / stage / "done.json").exists():
+                raise TrainConfigError(f"--reuse_from {source}: stage {stage} has not finished there; run it first")
+            tmp = self.out / f"{stage}.copying"
+            for path in (tmp, self.out / stage):  # an interrupted copy or an unfinished attempt: replaced as a whole
+                if path.exists():
+                    shutil.rmtree(path)
+            shutil.copytree(source / stage, tmp)
+            tmp.rename(self.out / stage)
+            copied.append(stage)
+        self.log(f"== reused {copied or 'nothing'} from {source}")
+        return copied
+
+    def run(self, stages: tuple[str, ...] = STAGES) -> dict[str, Any]:
+        """Run (or resume) the stages; return the eval record (or the last stage's)."""
+        self._claim_folder()
         record: dict[str, Any] = {}
         for stage in stages:
             previous = self.done(stage)
@@ -385,6 +426,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     parser.add_argument("--stages", nargs="*", default=list(STAGES), choices=STAGES)
+    parser.add_argument("--reuse_from", default=None, metavar="DIR",
+                        help="copy the finished data, warm-up and SFT stages of DIR (GRPO settings may differ)")  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     overrides = {}
@@ -392,7 +435,10 @@ def main(argv: list[str] | None = None) -> None:
         key, _, value = item.partition("=")
         overrides[key] = yaml.safe_load(value)
     cfg = load_config(args.config, overrides)
-    Miniature(cfg, args.output_dir).run(tuple(args.stages))
+    miniature = Miniature(cfg, args.output_dir)
+    if args.reuse_from:
+        miniature.reuse(args.reuse_from)
+    miniature.run(tuple(args.stages))
 
 
 if __name__ == "__main__":

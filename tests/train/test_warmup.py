@@ -99,6 +99,39 @@ def test_miniature_resumes_finished_stages_and_refuses_another_config(tmp_path):
         Miniature(other, tmp_path, log=lines.append).run(("data",))
 
 
+def test_miniature_reuses_data_warmup_and_sft_of_a_run_that_differs_only_in_grpo(tmp_path):
+    small = {
+        "n_train": 6,
+        "n_test": 8,
+        "n_frames": 4,
+        "size_px": 32,
+        "organs": ["kidney"],
+        "min_test_rows_per_class": 1,
+    }
+    source, lines = tmp_path / "source", []
+    Miniature(MiniatureConfig(**small), source, log=lines.append).run(("data",))
+    variant = MiniatureConfig(**small, num_generations=8, grpo_learning_rate=1e-4, beta=0.04)
+    with pytest.raises(TrainConfigError, match="stage warmup has not finished there; run it first"):
+        Miniature(variant, tmp_path / "early", log=lines.append).reuse(source)
+    for stage, record in (("warmup", {"steps": 3}), ("sft", {"steps": 5})):  # stand-ins: reuse copies, never reads
+        (source / stage).mkdir()
+        (source / stage / "model.safetensors").write_bytes(b"weights of " + stage.encode())
+        (source / stage / "done.json").write_text(json.dumps(record))
+    target = tmp_path / "variant"
+    assert Miniature(variant, target, log=lines.append).reuse(source) == ["data", "warmup", "sft"]
+    assert (target / "sft" / "model.safetensors").read_bytes() == b"weights of sft"
+    assert json.loads((target / "warmup" / "done.json").read_text()) == {"steps": 3}
+    assert (target / "data" / "done.json").read_text() == (source / "data" / "done.json").read_text()
+    assert json.loads((target / "config.json").read_text())["num_generations"] == 8
+    assert Miniature(variant, target, log=lines.append).reuse(source) == []  # already there: nothing copied
+    Miniature(variant, target, log=lines.append).run(("data", "warmup", "sft"))
+    assert lines[-3:] == [f"== {s}: done earlier (0 s), skipped" for s in ("data", "warmup", "sft")]
+    other_data = MiniatureConfig(**small | {"n_train": 7})
+    with pytest.raises(TrainConfigError, match=r"differs on \['n_train'\], which the data"):
+        Miniature(other_data, tmp_path / "other", log=lines.append).reuse(source)
+    assert not (tmp_path / "other").exists()
+
+
 def test_claim_check_compares_gaps_with_interval_half_widths():
     def model(bacc, khit):
         return {"average_bacc": {"value": bacc, "ci_low": bacc - 0.05, "ci_high": bacc + 0.05},
