@@ -411,7 +411,7 @@ def _run_train(module: str, *args: str) -> None:
 
 def _demo(args: argparse.Namespace) -> None:
     # The tiny model runs faster on one thread per process (on a loaded 2-core machine, 2 threads per process made the
-    # warm-up 6x slower); set before torch loads here or in the training subprocesses. An explicit setting wins.
+    # warm-up 7x slower); set before torch loads here or in the training subprocesses. An explicit setting wins.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from flows.build_rl_hardset import build_rl_hardset_flow
     from flows.build_sft_set import build_sft_set_flow
