@@ -76,7 +76,7 @@ lint: venv
 	$(BIN)/lint-imports
 
 schemas: venv
-	$(BIN)/python -m emrl_data.records --write-schemas schemas/
+	$(BIN)/python -m emrl_data.tables.records --write-schemas schemas/
 
 bench: venv
 	$(BIN)/python bench/curate.py

@@ -4,7 +4,7 @@ Cases (synthetic, written once under --workdir): `lesions` has lesions in all th
 kidney: the case reads its CT and every organ, lesion and sub-structure mask), `no_lesions` has none.
 
 Variants, each in its own persistent worker process, started once and warmed up on every case:
-  * ours       - `emrl_data.curate.curate_case` (load, labels for 3 organs, frames, reports), in a worker started the
+  * ours       - `emrl_data.labeling.curate.curate_case` (load, labels for 3 organs, frames, reports), in a worker started the
                  way `flows/runners.py` starts its workers (`reuse_heap`);
   * fair floor - the same files ours reads (from the digests it records), read and inflated into a reused heap,
                  nothing else: the better of ISA-L (`isal_zlib`) and libdeflate (`deflate`), per case;
@@ -63,7 +63,7 @@ def write_cases(atlas: Path) -> None:
 
 
 def _refs(atlas: Path) -> dict[str, Any]:
-    from emrl_data.atlas import discover_cases
+    from emrl_data.reading.atlas import discover_cases
 
     by_id = {ref.case_id: ref for ref in discover_cases(atlas).refs}
     return {name: by_id[case_id] for name, case_id in CASES.items()}
@@ -80,7 +80,7 @@ class Ours:
         self.refs, self.cfg = _refs(atlas), CurateConfig()
 
     def run(self, case: str) -> dict[str, Any]:
-        from emrl_data.curate import curate_case
+        from emrl_data.labeling.curate import curate_case
 
         result = curate_case(self.refs[case], split="train", cfg=self.cfg)
         if result.rejections or len(result.rows) != 3:
@@ -99,7 +99,7 @@ class FairFloor:
 
     def __init__(self, atlas: Path) -> None:
         from emrl_data.config import CurateConfig
-        from emrl_data.curate import curate_case
+        from emrl_data.labeling.curate import curate_case
         from flows.runners import reuse_heap
 
         self.heap_reused = reuse_heap()
@@ -156,7 +156,7 @@ class FairFloor:
 
         import numpy as np
 
-        from emrl_data.nifti import _PART_ONLY_MASKS
+        from emrl_data.reading.nifti import _PART_ONLY_MASKS
 
         wall, started = time.perf_counter(), time.process_time()
         hashlib.sha256(raw).digest()
@@ -172,7 +172,7 @@ class FairFloor:
 
     def _encode_frames(self, case: str) -> tuple[float, float]:
         """Wall and CPU seconds to PNG-encode the case's frames (ours' pixels, ours' level)."""
-        from emrl_data.frames import encode_png_gray8
+        from emrl_data.labeling.frames import encode_png_gray8
 
         level = self.cfg.frames.png_compress_level
         started, started_cpu = time.perf_counter(), time.process_time()
@@ -207,7 +207,7 @@ class Naive:
         import numpy as np
         from scipy import ndimage
 
-        from emrl_data.atlas import ORGAN_STRUCTURES
+        from emrl_data.reading.atlas import ORGAN_STRUCTURES
 
         ref = self.refs[case]
         ct = nib.load(ref.ct_path).get_fdata()

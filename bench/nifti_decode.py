@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _case(workdir: Path):  # type: ignore[no-untyped-def]
-    from emrl_data.atlas import discover_cases
+    from emrl_data.reading.atlas import discover_cases
     from emrl_data.synthetic import bench_spec, write_atlas
 
     atlas = workdir / "atlas"
@@ -39,7 +39,7 @@ def _files(ref) -> list[Path]:  # type: ignore[no-untyped-def]
 
 def ours(ref) -> None:  # type: ignore[no-untyped-def]
     """open_case + every mask (placement and, for organ masks, evidence checks included)."""
-    from emrl_data.nifti import open_case
+    from emrl_data.reading.nifti import open_case
 
     case = open_case(ref)
     for path in _files(ref)[1:]:
@@ -48,7 +48,7 @@ def ours(ref) -> None:  # type: ignore[no-untyped-def]
 
 def ours_read_only(ref) -> None:  # type: ignore[no-untyped-def]
     """read_nifti of every file (decode path only, no placement/evidence)."""
-    from emrl_data.nifti import read_nifti
+    from emrl_data.reading.nifti import read_nifti
 
     files = _files(ref)
     read_nifti(files[0], role="ct")
@@ -57,7 +57,7 @@ def ours_read_only(ref) -> None:  # type: ignore[no-untyped-def]
 
 
 def ours_no_pool(ref) -> None:  # type: ignore[no-untyped-def]
-    from emrl_data import inflate
+    from emrl_data.reading import inflate
 
     inflate.configure_buffer_pool(0)
     try:
@@ -89,7 +89,7 @@ _ORGAN_FILES = (("liver", "liver"), ("pancreas", "pancreas"), ("kidney", "kidney
 
 def _loaded(ref):  # type: ignore[no-untyped-def]
     """The CT and the four organ masks, read once (so that the evidence methods time the evidence only)."""
-    from emrl_data.nifti import read_nifti
+    from emrl_data.reading.nifti import read_nifti
 
     if not _LOADED:
         _LOADED["ct"] = read_nifti(ref.ct_path, role="ct")
@@ -100,7 +100,7 @@ def _loaded(ref):  # type: ignore[no-untyped-def]
 
 def evidence(ref) -> None:  # type: ignore[no-untyped-def]
     """The placement evidence alone (files already read): subsampled hole-filled body + four organ-mask checks."""
-    from emrl_data.placement import BodyEvidence, verify_organ_mask
+    from emrl_data.reading.placement import BodyEvidence, verify_organ_mask
 
     data = _loaded(ref)
     ev = BodyEvidence(data["ct"].data, data["ct"].affine)
@@ -110,7 +110,7 @@ def evidence(ref) -> None:  # type: ignore[no-untyped-def]
 
 def mini_crop(ref) -> None:  # type: ignore[no-untyped-def]
     """Reproducing OncoKit Mini's body crop on the full CT (paid only for identical-affine smaller masks)."""
-    from emrl_data.placement import mini_body_box
+    from emrl_data.reading.placement import mini_body_box
 
     mini_body_box(_loaded(ref)["ct"].data)
 

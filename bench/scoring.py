@@ -1,6 +1,6 @@
-"""Parse + score throughput of `emrl_data.scoring.score_report` on one core (target >= 20,000 completions/s).
+"""Parse + score throughput of `emrl_data.text.scoring.score_report` on one core (target >= 20,000 completions/s).
 
-Builds a deterministic set of varied completions (exact templates of `emrl_data.report`, template variants with
+Builds a deterministic set of varied completions (exact templates of `emrl_data.text.report`, template variants with
 malformed or adversarial parts, free paraphrases, garbage) with their truths, then times `score_report` over them,
 single-threaded, best of `--repeat` runs. Prints completions/second per kind and overall, and the ratio to the target.
 
@@ -14,9 +14,9 @@ import random
 import time
 from collections.abc import Callable
 
-from emrl_data.atlas import LOCATION_NAMES
-from emrl_data.report import render_evidence, render_findings, render_impression, render_report
-from emrl_data.scoring import Truth, score_report
+from emrl_data.reading.atlas import LOCATION_NAMES
+from emrl_data.text.report import render_evidence, render_findings, render_impression, render_report
+from emrl_data.text.scoring import Truth, score_report
 from emrl_data.types import Organ
 
 
@@ -49,7 +49,7 @@ def _random_truth(rng: random.Random) -> tuple[Truth, dict]:
 
 
 def _template(truth: Truth, labels: dict, rng: random.Random) -> str:
-    """Render a report exactly as `emrl_data.report` does, with labels perturbed like a model's answer."""
+    """Render a report exactly as `emrl_data.text.report` does, with labels perturbed like a model's answer."""
     if not truth.has_lesion and rng.random() < 0.8:
         organ = truth.organ
         return render_report(

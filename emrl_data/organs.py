@@ -156,7 +156,7 @@ class OrganSpec:
         plausible_volume_cm3: plausible adult organ volume (low, high); outside -> a `qa_flags` entry, never a
             rejection (docs/decisions.md). Default: no bounds.
         mean_hu_window: plausible mean HU over the organ mask (lesions included) or its parenchyma, any phase: a
-            mask whose mean falls outside is not on this organ (`emrl_data.placement`, `emrl_data.labels`).
+            mask whose mean falls outside is not on this organ (`emrl_data.reading.placement`, `emrl_data.labeling.labels`).
             Default: a generic soft-tissue window.
         mask_sides: organ mask file -> the side of the body's midline its centroid must lie on ("right"/"left",
             the patient's); files not listed have no expected side.

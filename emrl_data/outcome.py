@@ -1,7 +1,7 @@
 """Defective cases as data: reason codes, the error deep code raises, and the rejection row it becomes.
 
 Deep code raises `CaseDataError(reason, detail)` where a defect is found; the per-case driver
-(`emrl_data.curate`) turns it into a `Rejection`. Anything else is a bug and is recorded as
+(`emrl_data.labeling.curate`) turns it into a `Rejection`. Anything else is a bug and is recorded as
 `UNEXPECTED_ERROR` by the driver, which fails the flow at the end.
 """
 

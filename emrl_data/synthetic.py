@@ -45,8 +45,8 @@ Quirks (`QUIRKS`), each emitting one real-data trap (notes/atlas.md §1.4):
 Defects (`DEFECTS`) break one file (or the metadata row) of a case so that a reader must reject it with the mapped
 `RejectReason`; `CaseTruth.expected_rejections` records the reason, the organ (None for the whole case) and the file.
 
-Ground truth (an `emrl_data.labels.OrganLabels` per organ: one definition of an organ row's labels) is computed by
-plain numpy/scipy code on the canonical arrays before they are written, independent of `emrl_data.labels.label_organ`:
+Ground truth (an `emrl_data.labeling.labels.OrganLabels` per organ: one definition of an organ row's labels) is computed by
+plain numpy/scipy code on the canonical arrays before they are written, independent of `emrl_data.labeling.labels.label_organ`:
 26-connected components (`scipy.ndimage.label`), components under 10 mm^3 dropped, key slice = maximum area of the
 largest component (`np.argmax`, ties lowest z), its 2-D box on that slice, the longest-diameter slice (scipy convex
 hull of the voxel corners per slice, ties lowest z), the organ's and the lesion's 3-D boxes, location = parts holding
@@ -79,7 +79,7 @@ from scipy import ndimage
 from scipy.spatial import ConvexHull
 
 from emrl_data.config import LabelConfig
-from emrl_data.labels import OrganLabels
+from emrl_data.labeling.labels import OrganLabels
 from emrl_data.organs import LOCATION_NAMES, ORGAN_STRUCTURES, organ_spec
 from emrl_data.outcome import RejectReason
 from emrl_data.types import Attenuation, Organ, Split, is_valid_case_id, row_values
@@ -325,7 +325,7 @@ class CaseTruth:
         defect: the defect name or None.
         ct_path: the CT file, relative to the atlas root (may be absent on disk: `missing_ct`).
         mask_dir: the `segmentations/` folder, relative to the atlas root.
-        organs: organ -> truth (an `OrganLabels`, computed here independently of `emrl_data.labels`), for every
+        organs: organ -> truth (an `OrganLabels`, computed here independently of `emrl_data.labeling.labels`), for every
             registered organ (also for organs a defect makes unusable).
         expected_rejections: what the defect must produce (empty for clean cases).
     """
@@ -764,7 +764,7 @@ def _draw_ct(
 
 
 # ==================================================================================================================
-# Naive ground truth (independent of emrl_data.labels)
+# Naive ground truth (independent of emrl_data.labeling.labels)
 # ==================================================================================================================
 
 

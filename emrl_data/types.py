@@ -50,7 +50,7 @@ def row_id(case_id: str, organ: str) -> str:
 
 
 def column(arrow_type: pa.DataType, doc: str) -> dict[str, Any]:
-    """Return the field metadata that declares a dataclass field a table column (`emrl_data.records`).
+    """Return the field metadata that declares a dataclass field a table column (`emrl_data.tables.records`).
 
     Use it as `field(metadata=column(pa.float64(), "lesion volume"))`. Nullability comes from the field's type
     (`X | None` is nullable).

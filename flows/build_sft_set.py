@@ -3,7 +3,7 @@
 discover -> batches of cases (one task each, resumable through a content-keyed case store) -> select the SFT rows ->
 Parquet shards in the Hub layout + `manifest.json` -> artifacts (counts, summary, contact sheet). Thin: this module
 plans, submits tasks, shows progress, publishes artifacts and applies the failure threshold; curation is in
-`emrl_data.curate`, the tables, accounting and summary in `emrl_data.sft_set`.
+`emrl_data.labeling.curate`, the tables, accounting and summary in `emrl_data.tables.sft_set`.
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from prefect.futures import as_completed
 from prefect.states import Completed, Crashed, State
 from tqdm import tqdm
 
-from emrl_data.atlas import AtlasOrganMeta, AtlasPlan, CaseRef, plan_atlas
 from emrl_data.config import CurateConfig, SftConfig
-from emrl_data.curate import PLAUSIBLE_ORGAN_VOLUME_CM3, CaseResult, CaseStore, case_cache_key, curate_case
-from emrl_data.dataset import select_sft_rows
+from emrl_data.labeling.curate import PLAUSIBLE_ORGAN_VOLUME_CM3, CaseResult, CaseStore, case_cache_key, curate_case
 from emrl_data.outcome import Rejection, RejectReason
-from emrl_data.qa import build_qa_report, qa_markdown
-from emrl_data.sft_set import (
+from emrl_data.reading.atlas import AtlasOrganMeta, AtlasPlan, CaseRef, plan_atlas
+from emrl_data.tables.dataset import select_sft_rows
+from emrl_data.tables.qa import build_qa_report, qa_markdown
+from emrl_data.tables.sft_set import (
     build_summary,
     check_every_case_accounted,
     gather_case_results,
@@ -49,7 +49,7 @@ from emrl_data.sft_set import (
     write_contact_sheet,
     write_sft_set_tables,
 )
-from emrl_data.shards import write_json_atomic, write_text_atomic
+from emrl_data.tables.shards import write_json_atomic, write_text_atomic
 from emrl_data.types import Organ
 from flows._common import Progress, batched, git_sha, rejection_table
 from flows.runners import check_cluster, is_lost_worker_error, make_task_runner, settle_future

@@ -102,7 +102,7 @@ def _check_synth(args: argparse.Namespace) -> None:
 
 
 def _check_build_sft_set(args: argparse.Namespace) -> None:
-    from emrl_data.atlas import AtlasError, discover_cases
+    from emrl_data.reading.atlas import AtlasError, discover_cases
 
     atlas = Path(args.atlas)
     if not atlas.is_dir():
@@ -374,7 +374,7 @@ def _by_model(frame: Any) -> list[tuple[str | None, Any]]:
 
 
 def _eval(args: argparse.Namespace) -> None:
-    from emrl_data.evaluation import evaluate, score_predictions, write_evaluation
+    from emrl_data.text.evaluation import evaluate, score_predictions, write_evaluation
 
     groups = _by_model(_read_predictions(args))
     compared = []

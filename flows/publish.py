@@ -4,7 +4,7 @@ A table folder (written by the build flows) holds `README.md` (the card), `data/
 and `manifest.json` (sha256 and size of every other file). Publishing it:
 
 1. checks the folder against its manifest (a changed or stray shard stops the publish), and stamps the card and the
-   manifest with the release (`emrl_data.card.release_card`: the card names the real repo id and `vX.Y.Z`; the card is
+   manifest with the release (`emrl_data.tables.card.release_card`: the card names the real repo id and `vX.Y.Z`; the card is
    then parsed with huggingface_hub's `DatasetCard` and its splits checked against the shards);
 2. on the Hub, checks the token first (`whoami`: one-line `HubAuthError` / `HubUnreachableError`, no retries);
 3. when the tag `vX.Y.Z` already exists: identical content is a no-op that says so (`status="already_published"`),
@@ -67,7 +67,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from emrl_data.card import VERSION_PATTERN, release_card
+from emrl_data.tables.card import VERSION_PATTERN, release_card
 
 
 MANIFEST = "manifest.json"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from emrl_data.records import SCHEMAS, schema_to_json
+from emrl_data.tables.records import SCHEMAS, schema_to_json
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,5 +23,5 @@ def test_committed_schemas_are_up_to_date() -> None:
     for name in SCHEMAS:
         committed = json.loads((ROOT / "schemas" / f"{name}.schema.json").read_text())
         assert committed == schema_to_json(name), (
-            f"schemas/{name}.schema.json is stale: run `python -m emrl_data.records --write-schemas schemas/`"
+            f"schemas/{name}.schema.json is stale: run `python -m emrl_data.tables.records --write-schemas schemas/`"
         )

@@ -342,7 +342,7 @@ def verifier_messages(frame: Any, prompt: str) -> list[dict[str, Any]]:
 
     Args:
         frame: one frame, `(H, W)` uint8 or a PIL image.
-        prompt: the verifier prompt (`emrl_data.report.VERIFIER_PROMPT`).
+        prompt: the verifier prompt (`emrl_data.text.report.VERIFIER_PROMPT`).
     """
     img = frame if isinstance(frame, Image.Image) else Image.fromarray(np.asarray(frame, dtype=np.uint8))
     return [

@@ -30,7 +30,7 @@ import torch
 from transformers import Qwen3VLForConditionalGeneration
 from trl import GRPOConfig, GRPOTrainer, TrlParser
 
-from emrl_data.scoring import ScoringConfig
+from emrl_data.text.scoring import ScoringConfig
 from train.checks import (
     TrainConfigError,
     bar_only,

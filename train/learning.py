@@ -1,6 +1,6 @@
 """Learning diagnostics of the CPU demo and tests: do the reports parse, does GRPO move log-probs the right way.
 
-* `parse_rate`: greedy reports of a checkpoint on a split, and the fraction that `emrl_data.parser` parses.
+* `parse_rate`: greedy reports of a checkpoint on a split, and the fraction that `emrl_data.text.parser` parses.
 * `logprob_shift_correlation`: one GRPO rollout batch, one optimizer step on it, and the Pearson correlation between
   each completion's advantage and the change of its summed log-prob (positive = the update has the right sign).
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from emrl_data.parser import ParseFailure, parse_report
+from emrl_data.text.parser import ParseFailure, parse_report
 from train.data import frames_to_array, load_model_and_processor, load_split, user_messages
 
 

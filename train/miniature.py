@@ -11,7 +11,7 @@ Stages (each writes its folder under `output_dir` and a `<stage>/done.json`; a r
 4. `grpo_a` (r_e + r_f + r_c, verifier on), `grpo_b` (r_e + r_f), `grpo_c` (r_e + r_f + r_c at learning rate 0:
    the control), all from the SFT checkpoint, same seed, so the same prompts in the same order.
 5. `eval`: greedy reports of SFT, (a), (b), (c) on the held-out test split, scored and tabulated with `emrl eval`'s
-   machinery (`emrl_data.evaluation`: Table 1/2, 95 % bootstrap intervals); `results.json`, `results.md` and
+   machinery (`emrl_data.text.evaluation`: Table 1/2, 95 % bootstrap intervals); `results.json`, `results.md` and
    `reward_curves.png` in `output_dir`.
 
     python -m train.miniature --config train/configs/miniature.yaml --output_dir miniature-output
@@ -300,7 +300,7 @@ class Miniature:
     def _stage_eval(self, stage: str) -> dict[str, Any]:
         import torch  # noqa: PLC0415
 
-        from emrl_data.evaluation import evaluate, score_predictions, write_evaluation  # noqa: PLC0415
+        from emrl_data.text.evaluation import evaluate, score_predictions, write_evaluation  # noqa: PLC0415
         from train.data import load_model_and_processor, user_messages  # noqa: PLC0415
         from train.warmup import generate_texts  # noqa: PLC0415
 

@@ -1,4 +1,4 @@
-"""E-MRL reward functions for TRL's GRPOTrainer: r_e, r_f, r_c over `emrl_data.scoring` (SPEC §7, §9).
+"""E-MRL reward functions for TRL's GRPOTrainer: r_e, r_f, r_c over `emrl_data.text.scoring` (SPEC §7, §9).
 
 TRL calls each reward as `f(prompts=..., completions=..., completion_ids=..., **columns, trainer_state=...,
 log_extra=..., log_metric=...)`, where `columns` are the dataset columns repeated per completion (`organ`, `has_lesion`,
@@ -12,7 +12,7 @@ None (r_c on a true negative) is excluded by TRL.
   It runs only where r_c is used: not on true negatives (r_c None), not on completions without a usable key frame
   (r_c = -λ without a query), and once per distinct (row, k) in the call. Under several processes a rank with no
   query still makes one (discarded) call, so the collectives inside generation stay in lockstep.
-* The weights come from `emrl_data.scoring.ScoringConfig` (the one table, 0.3 / 0.5 / 0.2, λ = 0.3).
+* The weights come from `emrl_data.text.scoring.ScoringConfig` (the one table, 0.3 / 0.5 / 0.2, λ = 0.3).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from emrl_data import scoring as sc
-from emrl_data.report import VERIFIER_PROMPT
+from emrl_data.text import scoring as sc
+from emrl_data.text.report import VERIFIER_PROMPT
 
 
 logger = logging.getLogger(__name__)
@@ -243,7 +243,7 @@ def make_reward_funcs(
 
     Args:
         names: reward names, a subset of `REWARD_NAMES` in any order (weights follow the same order).
-        scoring_config: an `emrl_data.scoring.ScoringConfig`; its defaults when None.
+        scoring_config: an `emrl_data.text.scoring.ScoringConfig`; its defaults when None.
         verifier: required when "r_c" is requested.
 
     Raises:

@@ -2,7 +2,7 @@
 
 The columns and types are the ones `train/` reads (see the sft layout: `case_id`, `organ`, `split`, the label columns
 named as the reward arguments, `frames` as a list of Hub images, `prompt`, `report`); reports and prompts come from
-`emrl_data.report`, so they parse with `emrl_data.parser`. Frames are 8-bit grayscale PNGs with a bright disc (the
+`emrl_data.text.report`, so they parse with `emrl_data.text.parser`. Frames are 8-bit grayscale PNGs with a bright disc (the
 "lesion") on the key frame and its neighbours of positive rows, so a model can learn something in a few steps.
 """
 
@@ -18,7 +18,7 @@ from numpy.typing import NDArray
 from PIL import Image
 
 from emrl_data.organs import LOCATION_NAMES
-from emrl_data.report import render_evidence, render_findings, render_impression, render_prompt, render_report
+from emrl_data.text.report import render_evidence, render_findings, render_impression, render_prompt, render_report
 from emrl_data.types import Organ
 
 

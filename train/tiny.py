@@ -19,7 +19,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-from emrl_data.report import (
+from emrl_data.text.report import (
     NEGATIVE_FINDINGS,
     NEGATIVE_IMPRESSION,
     VERIFIER_PROMPT,

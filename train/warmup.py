@@ -28,8 +28,8 @@ import numpy as np
 import torch
 from transformers import BatchFeature
 
-from emrl_data.parser import ParseFailure, parse_free_text, parse_report
-from emrl_data.report import NEGATIVE_FINDINGS, VERIFIER_PROMPT
+from emrl_data.text.parser import ParseFailure, parse_free_text, parse_report
+from emrl_data.text.report import NEGATIVE_FINDINGS, VERIFIER_PROMPT
 from emrl_data.types import Organ
 from train.checks import TrainConfigError
 from train.data import CTQwen3VLProcessor, SFTCollator, frames_to_array, verifier_messages

@@ -21,7 +21,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from emrl_data.atlas import (
+from emrl_data.config import CurateConfig
+from emrl_data.labeling.curate import CaseResult, CaseStore, case_cache_key, curate_case, file_checksum
+from emrl_data.outcome import Rejection, RejectReason
+from emrl_data.reading.atlas import (
     AtlasError,
     NoCasesError,
     discover_cases,
@@ -29,11 +32,8 @@ from emrl_data.atlas import (
     read_metadata,
     read_split_files,
 )
-from emrl_data.config import CurateConfig
-from emrl_data.curate import CaseResult, CaseStore, case_cache_key, curate_case, file_checksum
-from emrl_data.outcome import Rejection, RejectReason
-from emrl_data.records import SCHEMAS
 from emrl_data.synthetic import CaseSpec, LesionSpec, write_atlas
+from emrl_data.tables.records import SCHEMAS
 from emrl_data.types import Organ, Split
 
 
@@ -599,7 +599,7 @@ def test_a_damaged_case_store_entry_is_recomputed_with_a_warning(
         arrow_path.write_bytes(b"")
     else:
         arrow_path.unlink()
-    with caplog.at_level(logging.WARNING, logger="emrl_data.curate"):
+    with caplog.at_level(logging.WARNING, logger="emrl_data.labeling.curate"):
         assert not store.has("k")
         assert store.load_rows("k") is None
     assert "is unusable" in caplog.text and "curated again" in caplog.text

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from emrl_data.atlas import (
+from emrl_data.outcome import RejectReason
+from emrl_data.reading.atlas import (
     AtlasOrganMeta,
     discover_cases,
     hash_split,
@@ -14,7 +15,6 @@ from emrl_data.atlas import (
     read_split_files,
     sort_locations,
 )
-from emrl_data.outcome import RejectReason
 from emrl_data.types import Organ, Split
 
 

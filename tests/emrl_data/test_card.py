@@ -1,4 +1,4 @@
-"""Tests of `emrl_data.card`: the YAML front matter the Hub and `datasets` read, and the card body."""
+"""Tests of `emrl_data.tables.card`: the YAML front matter the Hub and `datasets` read, and the card body."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from datasets import ClassLabel, Features, Image, LargeList, List, Value
 from huggingface_hub import DatasetCard, DatasetCardData
 from PIL import Image as PILImage
 
-from emrl_data.card import (
+from emrl_data.organs import register_organ, unregister_organ
+from emrl_data.tables.card import (
     default_label_definitions,
     features_to_yaml_list,
     md_cell,
@@ -24,7 +25,6 @@ from emrl_data.card import (
     release_card,
     render_dataset_card,
 )
-from emrl_data.organs import register_organ, unregister_organ
 from tests.emrl_data.test_organs import SPLEEN
 
 

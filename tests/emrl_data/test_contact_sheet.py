@@ -1,4 +1,4 @@
-"""Tests of `emrl_data.frames.draw_contact_sheet`: layout with gaps, legible wrapped captions, boxes, determinism."""
+"""Tests of `emrl_data.labeling.frames.draw_contact_sheet`: layout with gaps, legible wrapped captions, boxes, determinism."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 import pytest
 
-from emrl_data.frames import (
+from emrl_data.labeling.frames import (
     CAPTION_PAD_PX,
     CONTACT_BACKGROUND_BGR,
     CONTACT_GAP_PX,

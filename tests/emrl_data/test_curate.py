@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from emrl_data.atlas import plan_atlas
 from emrl_data.config import CurateConfig
-from emrl_data.curate import CaseStore, case_cache_key, curate_case
+from emrl_data.labeling.curate import CaseStore, case_cache_key, curate_case
 from emrl_data.outcome import RejectReason
+from emrl_data.reading.atlas import plan_atlas
 from emrl_data.synthetic import DEFECTS, QUIRKS, AtlasTruth, CaseSpec, LesionSpec, demo_specs, write_atlas
 from emrl_data.types import Organ
 
@@ -119,7 +119,7 @@ def test_an_unexpected_error_is_recorded_not_raised(monkeypatch: pytest.MonkeyPa
     def boom(*args, **kwargs):
         raise ZeroDivisionError("bug")
 
-    monkeypatch.setattr("emrl_data.curate.build_frames", boom)
+    monkeypatch.setattr("emrl_data.labeling.curate.build_frames", boom)
     result = curate_case(ref, split="train", cfg=CFG)
     assert result.rows == []
     assert [(r.organ, r.reason) for r in result.rejections] == [
@@ -172,7 +172,7 @@ def test_case_store_round_trip(tmp_path: Path) -> None:
 def test_case_data_errors_cost_their_organ_or_the_case(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, organ_in_error, reason, expected
 ) -> None:
-    from emrl_data import curate as curate_module
+    from emrl_data.labeling import curate as curate_module
     from emrl_data.outcome import CaseDataError
 
     write_atlas(tmp_path, [CaseSpec("BDMAP_00000001", shape=(96, 80, 32), lesions=LESIONS)])

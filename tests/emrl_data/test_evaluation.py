@@ -1,4 +1,4 @@
-"""Tests of emrl_data.evaluation: Table 1/2 on hand-made predictions with known values, bootstrap, outputs."""
+"""Tests of emrl_data.text.evaluation: Table 1/2 on hand-made predictions with known values, bootstrap, outputs."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from emrl_data import evaluation
-from emrl_data.evaluation import TABLE1_METRICS, TABLE2_METRICS, evaluate, score_predictions, write_evaluation
+from emrl_data.text import evaluation
+from emrl_data.text.evaluation import TABLE1_METRICS, TABLE2_METRICS, evaluate, score_predictions, write_evaluation
 
 
 def pos(organ: str, long_mm: float, detected: bool, size=1.0, location=1.0, enhancement=1.0, k=1.0) -> dict[str, Any]:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from emrl_data import evaluation
-from emrl_data.evaluation import ZERO_BAR_PCT, evaluate, write_evaluation
+from emrl_data.text import evaluation
+from emrl_data.text.evaluation import ZERO_BAR_PCT, evaluate, write_evaluation
 from tests.emrl_data.test_evaluation import ROWS, neg, pos
 
 

@@ -1,4 +1,4 @@
-"""Tests of emrl_data.frames: frame selection, crop, voxel -> pixel mapping, rendering."""
+"""Tests of emrl_data.labeling.frames: frame selection, crop, voxel -> pixel mapping, rendering."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import cv2
 import numpy as np
 import pytest
 
-from emrl_data import frames as frames_module
 from emrl_data.config import FrameConfig
-from emrl_data.frames import (
+from emrl_data.labeling import frames as frames_module
+from emrl_data.labeling.frames import (
     FrameSet,
     box_px_to_qwen,
     box_vox_to_px,
@@ -86,7 +86,7 @@ def test_select_frame_z_table(start: int, stop: int, n_slices: int, key_z: int |
 
 
 def test_select_frame_z_key_outside_range_warns(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="emrl_data.frames"):
+    with caplog.at_level(logging.WARNING, logger="emrl_data.labeling.frames"):
         select_frame_z(6, 7, 20, 9, cfg=SMALL)
     assert "outside the organ's frame range" in caplog.text
 

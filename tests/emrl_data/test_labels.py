@@ -1,4 +1,4 @@
-"""Tests of `emrl_data.labels.label_organ` on hand-made arrays (non-cubic grid, anisotropic spacing)."""
+"""Tests of `emrl_data.labeling.labels.label_organ` on hand-made arrays (non-cubic grid, anisotropic spacing)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis.extra import numpy as hnp
 from scipy import ndimage
 
 from emrl_data.config import LabelConfig
-from emrl_data.labels import OrganLabels, label_organ
+from emrl_data.labeling.labels import OrganLabels, label_organ
 from emrl_data.outcome import CaseDataError, RejectReason
 from emrl_data.types import Organ
 

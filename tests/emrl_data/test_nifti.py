@@ -1,4 +1,4 @@
-"""Tests of emrl_data.nifti: validated reading, canonical orientation, mask placement (SPEC §2, §3)."""
+"""Tests of emrl_data.reading.nifti: validated reading, canonical orientation, mask placement (SPEC §2, §3)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from nibabel.orientations import apply_orientation, io_orientation
 
-from emrl_data.atlas import CaseRef
 from emrl_data.config import LoadConfig
-from emrl_data.nifti import CaseImages, NiftiVolume, open_case, read_nifti
 from emrl_data.outcome import CaseDataError, RejectReason
+from emrl_data.reading.atlas import CaseRef
+from emrl_data.reading.nifti import CaseImages, NiftiVolume, open_case, read_nifti
 
 
 CASE_ID = "BDMAP_00000042"
@@ -774,7 +774,7 @@ def test_header_free_text_never_leaves_the_module(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("shape", [(16, 8, 5), (7, 3, 4)])  # uint64 words, and the uint8 fallback (7*3 % 8 != 0)
 def test_check_mask_bytes_finds_the_tight_box(shape: tuple[int, int, int]) -> None:
-    from emrl_data.nifti import _check_mask_bytes
+    from emrl_data.reading.nifti import _check_mask_bytes
 
     data = np.zeros(shape, dtype=np.uint8, order="F")
     data[2, 1, 3] = 1
@@ -794,7 +794,7 @@ def test_check_mask_bytes_finds_the_tight_box(shape: tuple[int, int, int]) -> No
 )
 def test_check_mask_bytes_k_extent_from_slabs(monkeypatch: pytest.MonkeyPatch, voxels, box) -> None:
     """With slabs of 2 slices the K extent comes from the first and last nonzero slabs; the box is the same."""
-    from emrl_data import nifti
+    from emrl_data.reading import nifti
 
     monkeypatch.setattr(nifti, "_SLAB_BYTES", 16 * 8 * 2)
     data = np.zeros((16, 8, 13), dtype=np.uint8, order="F")
@@ -811,7 +811,7 @@ def test_check_mask_bytes_k_extent_from_slabs(monkeypatch: pytest.MonkeyPatch, v
     ("dtype", "value", "listed"), [(np.uint8, 2, "[0, 2]"), (np.int8, -1, "[-1, 0]"), (np.uint8, 255, "[0, 255]")]
 )
 def test_check_mask_bytes_refuses_values_other_than_0_and_1(dtype: type, value: int, listed: str) -> None:
-    from emrl_data.nifti import _check_mask_bytes
+    from emrl_data.reading.nifti import _check_mask_bytes
 
     data = np.zeros((16, 8, 5), dtype=dtype, order="F")
     data[3, 4, 2] = value
@@ -822,8 +822,8 @@ def test_check_mask_bytes_refuses_values_other_than_0_and_1(dtype: type, value: 
 
 
 def test_orientation_maps_a_box_like_the_array() -> None:
-    from emrl_data.labels import _mask_box
-    from emrl_data.nifti import _Orientation
+    from emrl_data.labeling.labels import _mask_box
+    from emrl_data.reading.nifti import _Orientation
 
     affine = np.diag([-1.0, -1.0, 1.0, 1.0])[[1, 0, 2, 3]]  # stored i -> -A (y), stored j -> -R... (x), k -> S
     stored = np.zeros((6, 5, 4), dtype=np.bool_, order="F")

@@ -13,11 +13,11 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from emrl_data.atlas import plan_atlas
 from emrl_data.config import CurateConfig
-from emrl_data.curate import curate_case
-from emrl_data.nifti import _Orientation, open_case
+from emrl_data.labeling.curate import curate_case
 from emrl_data.outcome import CaseDataError, RejectReason
+from emrl_data.reading.atlas import plan_atlas
+from emrl_data.reading.nifti import _Orientation, open_case
 from emrl_data.synthetic import CaseSpec, LesionSpec, write_atlas
 from emrl_data.types import Organ
 
@@ -114,7 +114,7 @@ def test_mask_crop_of_a_corrupt_gzip_is_still_refused(clean, tmp_path: Path) -> 
 @pytest.mark.parametrize("n_voxels", [1, 7, 40, 3000])  # few voxels: the sample grid gets finer, down to every voxel
 def test_organ_evidence_sampled_in_the_box_is_the_same(n_voxels: int) -> None:
     """`BodyEvidence.score` with the mask's tight box reads only the box and gives exactly the full-volume score."""
-    from emrl_data.placement import BodyEvidence
+    from emrl_data.reading.placement import BodyEvidence
 
     rng = np.random.default_rng(n_voxels)
     shape = (203, 170, 131)  # sample grid stride (3, 2, 2)

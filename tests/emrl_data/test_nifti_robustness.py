@@ -1,4 +1,4 @@
-"""Adversarial tests of emrl_data.nifti / inflate / placement: gzip as gzip means it, header-bounded memory,
+"""Adversarial tests of emrl_data.reading.nifti / inflate / placement: gzip as gzip means it, header-bounded memory,
 trustworthy geometry, mask placement by evidence and reused decode buffers (issue 9 items 6, 7, 10; issue 10)."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from emrl_data import inflate
-from emrl_data.atlas import CaseRef
 from emrl_data.config import LoadConfig
-from emrl_data.nifti import open_case, read_nifti
 from emrl_data.outcome import CaseDataError, RejectReason
+from emrl_data.reading import inflate
+from emrl_data.reading.atlas import CaseRef
+from emrl_data.reading.nifti import open_case, read_nifti
 from emrl_data.synthetic import CaseSpec, write_case
 
 
@@ -168,7 +168,7 @@ def _peak_rss_mb(path: Path, role: str = "ct") -> dict:
     code = f"""
 import json, resource
 from pathlib import Path
-from emrl_data.nifti import read_nifti
+from emrl_data.reading.nifti import read_nifti
 from emrl_data.outcome import CaseDataError
 
 def peak_mb():

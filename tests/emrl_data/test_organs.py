@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from emrl_data.atlas import plan_atlas
 from emrl_data.config import CurateConfig
-from emrl_data.curate import curate_case
+from emrl_data.labeling.curate import curate_case
 from emrl_data.organs import (
     LOCATION_NAMES,
     ORGANS,
@@ -27,11 +26,12 @@ from emrl_data.organs import (
     register_organ,
     unregister_organ,
 )
-from emrl_data.parser import ParsedReport, ParseFailure, parse_free_text, parse_report
-from emrl_data.records import TABLE_COLUMNS
-from emrl_data.report import NEGATIVE_FINDINGS, format_location, render_prompt
-from emrl_data.scoring import score_report, truth_from_row
+from emrl_data.reading.atlas import plan_atlas
 from emrl_data.synthetic import ANATOMY, CaseSpec, LesionSpec, OrganAnatomy, write_atlas
+from emrl_data.tables.records import TABLE_COLUMNS
+from emrl_data.text.parser import ParsedReport, ParseFailure, parse_free_text, parse_report
+from emrl_data.text.report import NEGATIVE_FINDINGS, format_location, render_prompt
+from emrl_data.text.scoring import score_report, truth_from_row
 
 
 SPLEEN = OrganSpec(

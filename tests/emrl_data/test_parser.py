@@ -1,4 +1,4 @@
-"""Tests of emrl_data.parser: template round trip, real AtlasAbdomen wording, paraphrases, malformed and adversarial text."""
+"""Tests of emrl_data.text.parser: template round trip, real AtlasAbdomen wording, paraphrases, malformed and adversarial text."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import itertools
 
 import pytest
 
-from emrl_data import parser
-from emrl_data.atlas import LOCATION_NAMES
-from emrl_data.parser import ParsedReport, ParseFailure, parse_free_text, parse_report
-from emrl_data.report import (
+from emrl_data.reading.atlas import LOCATION_NAMES
+from emrl_data.text import parser
+from emrl_data.text.parser import ParsedReport, ParseFailure, parse_free_text, parse_report
+from emrl_data.text.report import (
     format_location,
     render_evidence,
     render_findings,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from emrl_data.curate import PLAUSIBLE_ORGAN_VOLUME_CM3
+from emrl_data.labeling.curate import PLAUSIBLE_ORGAN_VOLUME_CM3
 from emrl_data.outcome import Rejection, RejectReason
-from emrl_data.qa import build_qa_report, qa_markdown
+from emrl_data.tables.qa import build_qa_report, qa_markdown
 
 
 def _row(case: str, organ: str = "liver", **kwargs) -> dict:

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from emrl_data.frames import FrameSet
-from emrl_data.labels import OrganLabels
-from emrl_data.records import (
+from emrl_data.labeling.frames import FrameSet
+from emrl_data.labeling.labels import OrganLabels
+from emrl_data.tables.records import (
     PREDICTION_TRUTH_COLUMNS,
     SCHEMAS,
     TABLE_COLUMNS,
@@ -19,7 +19,7 @@ from emrl_data.records import (
     make_schema,
     required_columns,
 )
-from emrl_data.scoring import TRUTH_COLUMNS, ReportScore
+from emrl_data.text.scoring import TRUTH_COLUMNS, ReportScore
 from emrl_data.types import Organ, column, row_values
 
 

@@ -1,4 +1,4 @@
-"""Tests of emrl_data.scoring: every rule of SPEC §7 on constructed reports, incl. negatives and the IoU penalty."""
+"""Tests of emrl_data.text.scoring: every rule of SPEC §7 on constructed reports, incl. negatives and the IoU penalty."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import doctest
 
 import pytest
 
-from emrl_data import scoring
-from emrl_data.parser import ParsedReport, ParseFailure
-from emrl_data.report import render_evidence, render_findings, render_impression, render_report
-from emrl_data.scoring import (
+from emrl_data.text import scoring
+from emrl_data.text.parser import ParsedReport, ParseFailure
+from emrl_data.text.report import render_evidence, render_findings, render_impression, render_report
+from emrl_data.text.scoring import (
     ReportScore,
     ScoringConfig,
     Truth,

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from emrl_data import __version__
-from emrl_data.atlas import AtlasPlan
 from emrl_data.config import CurateConfig, SftConfig
-from emrl_data.curate import CaseResult, CaseStore
+from emrl_data.labeling.curate import CaseResult, CaseStore
 from emrl_data.outcome import Rejection, RejectReason
-from emrl_data.sft_set import (
+from emrl_data.reading.atlas import AtlasPlan
+from emrl_data.tables.sft_set import (
     build_summary,
     check_every_case_accounted,
     gather_case_results,

@@ -11,9 +11,9 @@ import pyarrow as pa  # noqa: I001
 import pyarrow.parquet as pq
 import pytest
 
-from emrl_data import shards
-from emrl_data.records import IMAGE_STRUCT, make_schema
-from emrl_data.shards import table_manifest, write_split_shards, write_split_streaming
+from emrl_data.tables import shards
+from emrl_data.tables.records import IMAGE_STRUCT, make_schema
+from emrl_data.tables.shards import table_manifest, write_split_shards, write_split_streaming
 
 
 SCHEMA = make_schema(

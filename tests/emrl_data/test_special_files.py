@@ -19,18 +19,18 @@ from pathlib import Path
 
 import pytest
 
-from emrl_data import inflate
-from emrl_data.atlas import AtlasError, CaseRef, plan_atlas, special_entries
 from emrl_data.config import CurateConfig
-from emrl_data.curate import CaseResult, CaseStore, case_cache_key, curate_case, file_checksum
-from emrl_data.fileio import (
+from emrl_data.labeling.curate import CaseResult, CaseStore, case_cache_key, curate_case, file_checksum
+from emrl_data.outcome import Rejection, RejectReason
+from emrl_data.reading import inflate
+from emrl_data.reading.atlas import AtlasError, CaseRef, plan_atlas, special_entries
+from emrl_data.reading.fileio import (
     FileChangedError,
     NotRegularFileError,
     check_unchanged,
     open_regular,
     read_regular_bytes,
 )
-from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.synthetic import CaseSpec, LesionSpec, write_atlas
 from emrl_data.types import Organ
 
@@ -289,7 +289,7 @@ def test_a_fifo_swapped_in_after_the_stat_is_refused_by_fstat_without_blocking(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The race: the path is a regular file when `stat` looks, a named pipe when it is opened."""
-    import emrl_data.fileio as fileio
+    import emrl_data.reading.fileio as fileio
 
     path = tmp_path / "f"
     path.write_bytes(b"regular")

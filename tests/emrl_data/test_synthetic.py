@@ -12,8 +12,8 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from emrl_data.atlas import LOCATION_NAMES, ORGAN_STRUCTURES
 from emrl_data.outcome import RejectReason
+from emrl_data.reading.atlas import LOCATION_NAMES, ORGAN_STRUCTURES
 from emrl_data.synthetic import (
     ANISOTROPIC_SPACING_MM,
     DEFECTS,

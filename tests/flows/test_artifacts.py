@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from emrl_data.evaluation import evaluate
-from emrl_data.mining import summary_markdown as hardset_summary_markdown
 from emrl_data.outcome import Rejection, RejectReason
-from emrl_data.sft_set import summary_markdown as sft_summary_markdown
 from emrl_data.synthetic import demo_specs, write_atlas
+from emrl_data.tables.mining import summary_markdown as hardset_summary_markdown
+from emrl_data.tables.sft_set import summary_markdown as sft_summary_markdown
+from emrl_data.text.evaluation import evaluate
 from flows._common import clip, rejection_table
 from flows.publish import summary_markdown as publish_summary_markdown
 from tests.loopback import loopback_http

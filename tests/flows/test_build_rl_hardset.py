@@ -8,8 +8,8 @@ import datasets
 import pyarrow.parquet as pq
 import pytest
 
-from emrl_data.records import SCHEMAS
 from emrl_data.synthetic import CaseSpec, LesionSpec, write_atlas
+from emrl_data.tables.records import SCHEMAS
 from emrl_data.types import Organ, Split
 from flows.build_rl_hardset import build_rl_hardset_flow
 from flows.build_sft_set import build_sft_set_flow

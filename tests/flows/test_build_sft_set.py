@@ -9,8 +9,8 @@ import datasets
 import pyarrow.parquet as pq
 import pytest
 
-from emrl_data.records import SCHEMAS
 from emrl_data.synthetic import demo_specs, write_atlas
+from emrl_data.tables.records import SCHEMAS
 from flows import build_sft_set as flow_module
 from flows.build_sft_set import build_sft_set_flow
 
@@ -132,7 +132,7 @@ def test_unexpected_errors_fail_the_flow_after_writing_outputs(
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr("emrl_data.curate.build_frames", broken)
+    monkeypatch.setattr("emrl_data.labeling.curate.build_frames", broken)
     out = tmp_path / "out"
     state = build_sft_set_flow(
         atlas_root=str(root), output_dir=str(out), limit=2, max_unexpected_errors=0, return_state=True

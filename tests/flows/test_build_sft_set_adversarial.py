@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from emrl_data.atlas import NoCasesError
+from emrl_data.reading.atlas import NoCasesError
 from emrl_data.synthetic import CaseSpec, LesionSpec, write_atlas
 from emrl_data.types import Organ
 from flows.build_sft_set import build_sft_set_flow

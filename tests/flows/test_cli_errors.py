@@ -23,8 +23,8 @@ from typing import Any
 import polars as pl
 import pytest
 
-from emrl_data.report import NEGATIVE_FINDINGS, NEGATIVE_IMPRESSION
 from emrl_data.synthetic import CaseSpec, LesionSpec, write_atlas
+from emrl_data.text.report import NEGATIVE_FINDINGS, NEGATIVE_IMPRESSION
 from emrl_data.types import Organ, Split
 from flows.cli import build_parser, main
 from tests.loopback import loopback_http

@@ -30,8 +30,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from emrl_data.report import NEGATIVE_FINDINGS, NEGATIVE_IMPRESSION
 from emrl_data.synthetic import demo_specs, write_atlas
+from emrl_data.text.report import NEGATIVE_FINDINGS, NEGATIVE_IMPRESSION
 from emrl_data.types import Organ
 from flows import _procs
 from flows import server as ops

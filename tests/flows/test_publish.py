@@ -37,7 +37,7 @@ from prefect.client.schemas.filters import (
 )
 from prefect.logging.handlers import APILogHandler
 
-from emrl_data.card import render_dataset_card
+from emrl_data.tables.card import render_dataset_card
 from flows import publish
 from flows.publish import (
     FileDigest,

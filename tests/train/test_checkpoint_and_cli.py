@@ -40,7 +40,7 @@ def test_step_logs_false_keeps_the_metrics_but_not_the_console_dicts(sft_table, 
 
 
 def test_grpo_cli_all_rewards(sft_table, tiny_dir, tmp_path, capsys):
-    pytest.importorskip("emrl_data.scoring")
+    pytest.importorskip("emrl_data.text.scoring")
     from train.grpo import main as grpo_main
 
     out = tmp_path / "grpo"

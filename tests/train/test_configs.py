@@ -29,7 +29,7 @@ def test_config_parses_and_keeps_fp32_masters(path, tmp_path):
     script, training = TrlParser(kind).parse_args_and_config(["--config", str(path), *overrides])
     check_precision(script.dtype, lora=getattr(script, "lora_r", 0) > 0)
     assert script.dtype == "float32" or getattr(script, "lora_r", 0) > 0
-    assert "reward_weights" not in raw  # weights come from emrl_data.scoring.ScoringConfig
+    assert "reward_weights" not in raw  # weights come from emrl_data.text.scoring.ScoringConfig
 
 
 @pytest.mark.parametrize("accel", ["zero2.yaml", "zero3.yaml"])

@@ -117,7 +117,7 @@ class _VerifierReward:
         self.per_call.append((len(completions), len(texts)))
         trainer = self.verifier.trainer
         model, proc = trainer.accelerator.unwrap_model(trainer.model), trainer.processing_class
-        from emrl_data.report import VERIFIER_PROMPT
+        from emrl_data.text.report import VERIFIER_PROMPT
         from train.data import verifier_messages
 
         self.training_with_checkpointing.append(model.training and model.is_gradient_checkpointing)

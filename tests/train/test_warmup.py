@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from emrl_data.report import NEGATIVE_FINDINGS, render_prompt
+from emrl_data.text.report import NEGATIVE_FINDINGS, render_prompt
 from emrl_data.types import Organ
 from train.checks import TrainConfigError
 from train.data import frames_to_array

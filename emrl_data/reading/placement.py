@@ -8,7 +8,7 @@ offset-free crop from a true origin. This module holds the evidence:
   affine but are smaller;
 - `BodyEvidence`: a hole-filled body on a subsampled grid plus the CT, against which an organ mask placed on the
   CT grid is checked: >= `min_body_fraction` of its voxels on the body, its mean HU inside the organ's window
-  (`OrganSpec.mean_hu_window` in the organ registry, also used by `emrl_data.labels`), and on the expected side of
+  (`OrganSpec.mean_hu_window` in the organ registry, also used by `emrl_data.labeling.labels`), and on the expected side of
   the patient (`OrganSpec.mask_sides`). When the stored mask fails and one of its mirror images passes, the file is
   refused as `mask_orientation_conflict` rather than guessed.
 

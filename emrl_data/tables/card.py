@@ -339,7 +339,7 @@ def release_card(card: str, *, repo_id: str, version: str) -> str:
     _check_release(version, repo_id)
     title = re.search(r"^# E-MRL `([^`\n]+)`$", card, flags=re.MULTILINE)
     if title is None:
-        raise ValueError("the card has no '# E-MRL `<table>`' title: not an unreleased card of emrl_data.card.")
+        raise ValueError("the card has no '# E-MRL `<table>`' title: not an unreleased card of emrl_data.tables.card.")
     stamped = card[: title.start()] + _title(title.group(1), version) + card[title.end() :]
     swaps = [
         (_loading(None, None), _loading(repo_id, version)),
@@ -450,7 +450,7 @@ def render_dataset_card(
         table: the table name (`sft`, `findings`, `rl_hardset`, `rejections`, `predictions`, or another name).
         features: the Hub features dict of the table (see `features_to_yaml_list`).
         row_counts: counts per split, then per group, e.g. `{"train": {"liver/positive": 3, "total": 5}, ...}`
-            (the layout of `emrl_data.dataset.count_rows`). Shown as a table, one column per split.
+            (the layout of `emrl_data.tables.dataset.count_rows`). Shown as a table, one column per split.
         pipeline_version: version of the pipeline that built the table.
         git_sha: commit of the pipeline code, or None when unknown (shown as "unknown").
         config_fingerprint: `CurateConfig.fingerprint()` of the run.

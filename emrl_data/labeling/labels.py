@@ -28,7 +28,7 @@ from numpy.typing import NDArray
 from emrl_data.config import LabelConfig
 from emrl_data.organs import LOCATION_NAMES, ORGAN_STRUCTURES, organ_spec
 from emrl_data.outcome import CaseDataError, RejectReason
-from emrl_data.placement import organ_hu_window
+from emrl_data.reading.placement import organ_hu_window
 from emrl_data.types import Attenuation, Organ, column
 
 
@@ -114,7 +114,7 @@ class OrganLabels:
         organ_box_xyzxyz_vox: organ 3-D box `(x0, y0, z0, x1, y1, z1)`, half-open.
     """
 
-    organ: Organ  # a key column of the row, declared in `emrl_data.records`
+    organ: Organ  # a key column of the row, declared in `emrl_data.tables.records`
     has_lesion: bool = field(metadata=column(pa.bool_(), ">= 1 lesion component survives the noise filter"))
     lesion_count: int = field(metadata=column(pa.int32(), "26-connected components >= min_lesion_volume_mm3"))
     long_axis_mm: float | None = field(

@@ -4,7 +4,7 @@
 
 The third part appears only when a lesion is present. The wording follows RadGPT's structured reports
 ("A hypoattenuating lesion in hepatic segment 5/8 measures 3.1 x 2.2 cm (volume 5.4 cc).") so that
-the parser (`emrl_data.parser`) reads our own templates and real AbdomenAtlas reports alike.
+the parser (`emrl_data.text.parser`) reads our own templates and real AbdomenAtlas reports alike.
 """
 
 from __future__ import annotations

@@ -342,7 +342,7 @@ class FrameSet:
         bbox_qwen: `bbox_xyxy_px` on Qwen3-VL's 0-1000 grid, or None without lesion.
         pngs: one 8-bit grayscale PNG per frame, in frame order.
 
-    Fields declared with `column` are columns of the organ row (`emrl_data.records`); `n_frames` is derived.
+    Fields declared with `column` are columns of the organ row (`emrl_data.tables.records`); `n_frames` is derived.
     """
 
     frame_z_vox: tuple[int, ...] = field(
@@ -359,7 +359,7 @@ class FrameSet:
     bbox_qwen: tuple[int, int, int, int] | None = field(
         metadata=column(_INT_LIST, "the same box on Qwen3-VL's 0-1000 grid (used in the report)")
     )
-    pngs: tuple[bytes, ...]  # the `frames` column is built from them (`emrl_data.curate`)
+    pngs: tuple[bytes, ...]  # the `frames` column is built from them (`emrl_data.labeling.curate`)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "n_frames", len(self.frame_z_vox))

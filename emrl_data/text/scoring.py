@@ -40,7 +40,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from emrl_data.parser import ParsedReport, ParseFailure, parse_free_text, parse_report
+from emrl_data.text.parser import ParsedReport, ParseFailure, parse_free_text, parse_report
 from emrl_data.types import Organ, column, row_values
 
 

@@ -34,8 +34,8 @@ import deflate
 import numpy as np
 from isal import isal_zlib
 
-from emrl_data.fileio import check_unchanged, open_regular
 from emrl_data.outcome import CaseDataError, RejectReason
+from emrl_data.reading.fileio import check_unchanged, open_regular
 
 
 GZIP_MAGIC = b"\x1f\x8b"

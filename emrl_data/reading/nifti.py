@@ -6,14 +6,14 @@ places every mask on the CT grid on demand (`CaseImages.mask`). Deep code raises
 driver turns it into a rejection row.
 
 Why the gzip stream is validated here and not by a library: SimpleITK 2.5.7 reads a truncated `.nii.gz` without
-error and zero-fills the missing part (SPEC §2). `emrl_data.inflate` parses the header from the first inflated
+error and zero-fills the missing part (SPEC §2). `emrl_data.reading.inflate` parses the header from the first inflated
 bytes and refuses it *before* the image buffer is allocated, then inflates every gzip member with libdeflate (CRC32
 and ISIZE checked) into a reused per-thread buffer of exactly the size the header implies.
 
 Geometry (SPEC §2): the affine is nibabel's (sform if sform_code > 0, else qform if qform_code > 0, else pixdim);
 sform/qform/pixdim that disagree beyond `LoadConfig.geometry_rtol` are refused (`geometry_conflict`), voxel sizes
 outside `LoadConfig.spacing_range_mm` too (`implausible_spacing`). Mask placement is decided and verified by
-evidence (`emrl_data.placement`).
+evidence (`emrl_data.reading.placement`).
 
 Arrays returned by this module are read-only: the zero-copy ones are views over a pooled decode buffer (never
 reused while the view is alive), and the converted ones are marked read-only for consistency. Copy the (small)
@@ -34,12 +34,12 @@ import numpy as np
 from nibabel.orientations import inv_ornt_aff, io_orientation
 from nibabel.spatialimages import HeaderDataError
 
-from emrl_data.atlas import CaseRef
 from emrl_data.config import LoadConfig
-from emrl_data.inflate import read_payload
 from emrl_data.organs import ORGAN_STRUCTURES
 from emrl_data.outcome import CaseDataError, RejectReason
-from emrl_data.placement import BodyEvidence, mini_body_box, verify_organ_mask
+from emrl_data.reading.atlas import CaseRef
+from emrl_data.reading.inflate import read_payload
+from emrl_data.reading.placement import BodyEvidence, mini_body_box, verify_organ_mask
 
 
 logger = logging.getLogger(__name__)
@@ -207,7 +207,7 @@ class CaseImages:
         affine maps onto the CT's by a signed axis permutation and an integer offset -> by the headers; the CT's
         affine and a smaller shape -> at the CT's reproduced Mini body crop, only if that box has exactly the
         mask's shape. Organ masks (liver, pancreas, kidney_left/right, ...) are then checked against the CT
-        (`emrl_data.placement.verify_organ_mask`: on the body, mean HU in the organ's window, expected side).
+        (`emrl_data.reading.placement.verify_organ_mask`: on the body, mean HU in the organ's window, expected side).
 
         Not cached (a 512x512x300 case must stay under ~1 GB peak RSS): every call reads the file again, so keep
         the result while you need it. A zero-copy result is a view over a pooled decode buffer that is reused
@@ -358,7 +358,7 @@ def open_case(ref: CaseRef, *, cfg: LoadConfig = LoadConfig()) -> CaseImages:  #
     """Read and validate a case's CT and return its images in canonical RAS; masks are read on demand.
 
     Args:
-        ref: where the case's files are (`emrl_data.atlas`).
+        ref: where the case's files are (`emrl_data.reading.atlas`).
         cfg: size limits and geometry checks for every file of the case.
 
     Returns:

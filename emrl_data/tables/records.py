@@ -7,7 +7,7 @@ all derive from these declarations.
 
 The schemas are the interface: `sft` column names are the keyword arguments the GRPO rewards receive and the
 arguments the shared scorer takes. `schemas/*.schema.json` are generated from here
-(`python -m emrl_data.records --write-schemas schemas/`) and a test checks they are up to date.
+(`python -m emrl_data.tables.records --write-schemas schemas/`) and a test checks they are up to date.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
-from emrl_data.frames import FrameSet
-from emrl_data.labels import OrganLabels
-from emrl_data.scoring import TRUTH_COLUMNS, ReportScore
+from emrl_data.labeling.frames import FrameSet
+from emrl_data.labeling.labels import OrganLabels
+from emrl_data.text.scoring import TRUTH_COLUMNS, ReportScore
 from emrl_data.types import Organ
 
 
@@ -59,7 +59,7 @@ def columns_of(record_type: type, *, nullable: bool | None = None) -> list[Colum
 
 
 # The columns of an organ row, in table order. A column is declared once: on the dataclass that computes it
-# (`OrganLabels`, `FrameSet`) or here; its value in a row comes from the same place (`emrl_data.curate._organ_row`).
+# (`OrganLabels`, `FrameSet`) or here; its value in a row comes from the same place (`emrl_data.labeling.curate._organ_row`).
 # Adding a column is one line: a `column(...)` field on one of those dataclasses, or a `Column(...)` here.
 ORGAN_ROW_COLUMNS: list[Column] = [
     Column("case_id", pa.string(), False, "BDMAP_ + 8 digits"),
@@ -225,7 +225,7 @@ def write_schemas(out_dir: Path) -> list[Path]:
 
 
 def main() -> None:
-    """CLI: `python -m emrl_data.records --write-schemas schemas/`."""
+    """CLI: `python -m emrl_data.tables.records --write-schemas schemas/`."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--write-schemas", type=Path, required=True, metavar="DIR")
     args = parser.parse_args()

@@ -6,7 +6,7 @@
 
 and `parse_free_text` reads text without that frame (the verifier's answer on one slice, a narrative paragraph).
 Both return a `ParsedReport` or a `ParseFailure` with a short reason code. The parser reads every template of
-`emrl_data.report` back exactly, the wording of real AbdomenAtlas structured and narrative reports
+`emrl_data.text.report` back exactly, the wording of real AbdomenAtlas structured and narrative reports
 (notes/atlas.md §2.4: "Location: hepatic segment 7/8.", "Size: 3.1 x 2.2 cm", "Hypoattenuating",
 "hepatic segments 2 and 3", "left kidney", "No tumor observed in the liver, pancreas or kidneys."), and common
 paraphrases ("a 3 cm hypodense mass", "25 mm", "segment VII", "S7", "head of the pancreas", "bilateral").
@@ -44,7 +44,7 @@ How a report is read
    * key slice and box: the `<key_slice>` and `<bbox>` tags anywhere in the text (fallbacks: "key lesion is in
      image k", Qwen's `"bbox_2d": [...]`). A negative report has neither (its tags are ignored).
 
-Speed: a report rendered exactly by `emrl_data.report` (what an SFT model mostly writes) is read by one anchored
+Speed: a report rendered exactly by `emrl_data.text.report` (what an SFT model mostly writes) is read by one anchored
 pattern per organ (`_parse_template`), tested to give the same result as the general path on every template; any
 other text takes the general path. `bench/scoring.py` measures both.
 
@@ -217,7 +217,7 @@ _OTHER = object()  # sentence context marker: the previous sentence was about an
 
 
 def _template_re(spec: OrganSpec) -> re.Pattern[str]:
-    """Return the anchored pattern of a positive report rendered by `emrl_data.report` (lower-cased) for an organ."""
+    """Return the anchored pattern of a positive report rendered by `emrl_data.text.report` (lower-cased) for an organ."""
     adjective = re.escape(spec.adjective)
     whole = re.escape(spec.whole_organ_phrase.lower())
 
@@ -337,7 +337,7 @@ def _organ(organ: Organ) -> _OrganVocabulary:
 
 
 def _parse_template(lower: str, organ: Organ) -> ParsedReport | None:
-    """Fast path: read a report rendered by `emrl_data.report` exactly; None for any other text.
+    """Fast path: read a report rendered by `emrl_data.text.report` exactly; None for any other text.
 
     Gives the same result as the general path on every text it accepts (tested); it only saves time in GRPO.
     """

@@ -2,7 +2,7 @@
 
 `flows.build_sft_set` plans the atlas, submits the curation tasks, shows progress and publishes artifacts; everything
 it writes goes through here. Order of a run: `gather_case_results` (the light rows of every case from the case
-store) -> `select_sft_rows` (`emrl_data.dataset`) -> `write_sft_set_tables` -> `check_every_case_accounted` ->
+store) -> `select_sft_rows` (`emrl_data.tables.dataset`) -> `write_sft_set_tables` -> `check_every_case_accounted` ->
 `build_summary` and `summary_markdown` (`manifest.json`, `summary.md`) and `write_contact_sheet`.
 """
 
@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from emrl_data import __version__
-from emrl_data.atlas import AtlasPlan
 from emrl_data.config import CurateConfig, SftConfig
-from emrl_data.curate import CaseStore
-from emrl_data.dataset import count_rejections, count_rows, finish_table, row_order, write_table
-from emrl_data.frames import draw_contact_sheet
+from emrl_data.labeling.curate import CaseStore
+from emrl_data.labeling.frames import draw_contact_sheet
 from emrl_data.outcome import Rejection, RejectReason
-from emrl_data.records import SFT_SCHEMA, check_required
-from emrl_data.shards import write_bytes_atomic, write_split_streaming
+from emrl_data.reading.atlas import AtlasPlan
+from emrl_data.tables.dataset import count_rejections, count_rows, finish_table, row_order, write_table
+from emrl_data.tables.records import SFT_SCHEMA, check_required
+from emrl_data.tables.shards import write_bytes_atomic, write_split_streaming
 from emrl_data.types import Organ, Split, row_id
 
 
@@ -36,7 +36,7 @@ class GatheredCases:
     """The light rows (no frames) of every case, in row order, with the case-level rejections and input digests.
 
     Attributes:
-        rows: one `findings` row per organ row, sorted by `emrl_data.dataset.row_order`.
+        rows: one `findings` row per organ row, sorted by `emrl_data.tables.dataset.row_order`.
         rejections: the cases' rejections, in case order (the plan's own rejections are not included).
         file_digests: sha256 of every input file read, keyed `row_id(case_id, file name)`.
         warnings: the cases' own warnings for the run (special files no row needed), in case order.
@@ -131,7 +131,7 @@ def rows_with_frames(
     """Yield each SFT row with its `frames`, read back from the case store one case at a time (rows grouped by case).
 
     Raises:
-        ValueError: a row misses a required `sft` column (`emrl_data.records.check_required`).
+        ValueError: a row misses a required `sft` column (`emrl_data.tables.records.check_required`).
     """
     cached_case, cached_frames = None, {}
     for row in rows:
@@ -173,7 +173,7 @@ def write_sft_set_tables(
     Args:
         out: the output root; each table goes into its own folder (`TABLES`).
         rows: every organ row (light, no frames), in row order.
-        sft_rows: the rows chosen for SFT (`emrl_data.dataset.select_sft_rows`).
+        sft_rows: the rows chosen for SFT (`emrl_data.tables.dataset.select_sft_rows`).
         rejections: every rejection of the run (plan and cases).
         store: the case store holding the frames.
         keys: the store key of each case id.

@@ -29,7 +29,12 @@ import pyarrow as pa
 import xxhash
 
 from emrl_data import __version__
-from emrl_data.atlas import (
+from emrl_data.config import CurateConfig
+from emrl_data.labeling.frames import build_frames
+from emrl_data.labeling.labels import OrganLabels, label_organ
+from emrl_data.organs import PLAUSIBLE_ORGAN_VOLUME_CM3  # noqa: F401 - re-exported (flows, qa)
+from emrl_data.outcome import CaseDataError, Rejection, RejectReason
+from emrl_data.reading.atlas import (
     ORGAN_STRUCTURES,
     USED_STRUCTURES,
     AtlasOrganMeta,
@@ -41,21 +46,22 @@ from emrl_data.atlas import (
     structure_of,
     unrecognised_lesion_files,
 )
-from emrl_data.config import CurateConfig
-from emrl_data.fileio import FileChangedError, NotRegularFileError, check_unchanged, open_regular, read_regular_bytes
-from emrl_data.frames import build_frames
-from emrl_data.labels import OrganLabels, label_organ
-from emrl_data.nifti import CaseImages, open_case
-from emrl_data.organs import PLAUSIBLE_ORGAN_VOLUME_CM3  # noqa: F401 - re-exported (flows, qa)
-from emrl_data.outcome import CaseDataError, Rejection, RejectReason
-from emrl_data.report import (
+from emrl_data.reading.fileio import (
+    FileChangedError,
+    NotRegularFileError,
+    check_unchanged,
+    open_regular,
+    read_regular_bytes,
+)
+from emrl_data.reading.nifti import CaseImages, open_case
+from emrl_data.tables.shards import writing
+from emrl_data.text.report import (
     render_evidence,
     render_findings,
     render_impression,
     render_prompt,
     render_report,
 )
-from emrl_data.shards import writing
 from emrl_data.types import Organ, row_values
 
 
@@ -270,7 +276,7 @@ def _organ_row(
     if labels.has_lesion:
         assert frames.key_slice_frame is not None and frames.bbox_qwen is not None
         evidence = render_evidence(frames.key_slice_frame, frames.bbox_qwen)
-    # Column values come from the dataclasses that declare the columns (`emrl_data.records`); the rest from here.
+    # Column values come from the dataclasses that declare the columns (`emrl_data.tables.records`); the rest from here.
     return {
         "case_id": ref.case_id,
         "organ": str(organ),

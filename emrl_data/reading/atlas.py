@@ -26,9 +26,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from emrl_data.fileio import describe_special, read_regular_bytes
 from emrl_data.organs import LOCATION_NAMES, METADATA_COLUMNS, ORGAN_STRUCTURES, OrganSpec  # noqa: F401 - re-exported
 from emrl_data.outcome import CaseDataError, Rejection, RejectReason
+from emrl_data.reading.fileio import describe_special, read_regular_bytes
 from emrl_data.types import Organ, Split, is_valid_case_id
 
 

@@ -19,7 +19,7 @@ Conventions:
 
 Input rows (predictions): `organ`, `has_lesion` (truth), `long_axis_mm` (truth; None on negatives) and the
 `ReportScore` fields `score_existence`, `score_size`, `score_location`, `score_enhancement`, `score_k_hit`,
-`pred_has_lesion` (see `emrl_data.scoring`): the columns of the `predictions` table. `score_existence` decides
+`pred_has_lesion` (see `emrl_data.text.scoring`): the columns of the `predictions` table. `score_existence` decides
 detection; when it is missing, `pred_has_lesion == has_lesion` does.
 """
 
@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from emrl_data.scoring import DEFAULT_CONFIG, ScoringConfig, score_report, truth_from_row
+from emrl_data.text.scoring import DEFAULT_CONFIG, ScoringConfig, score_report, truth_from_row
 from emrl_data.types import Organ
 
 

@@ -1,0 +1,1 @@
+"""Labels and frames: per-organ lesion labels, the model's frames, and the per-case driver."""

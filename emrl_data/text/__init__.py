@@ -1,0 +1,1 @@
+"""Report text and scoring: templates and prompts, the parser, scores and the evaluation tables."""
