@@ -4,9 +4,10 @@ An `OrganSpec` holds an organ's mask files, its sub-structures and location voca
 the parser reads, and its metadata-CSV columns. `atlas`, `labels`, `report`, `parser`, `synthetic`, `records` and
 `curate` look values up here; none of them branches on a particular organ.
 
-Adding an organ is one `register_organ(OrganSpec(...))` call (a permanent one goes in `_BUILT_IN` below), plus its
-anatomy in `emrl_data.synthetic.ANATOMY` for the synthetic atlas. `tests/emrl_data/test_organs.py` registers a spleen
-and runs the synthetic pipeline end to end for it.
+Adding an organ is one `register_organ(OrganSpec(...))` call (a permanent one goes in `_BUILT_IN` below); its
+`anatomy` field (an `OrganAnatomy`: HU, ellipsoids, sub-structure regions) is how the synthetic atlas
+(`emrl_data.synthetic`) and the synthetic training rows (`train.synthetic`) draw it. `tests/emrl_data/test_organs.py`
+registers a spleen and runs the synthetic pipeline end to end for it.
 
 `Organ` is the name of a registered organ. It behaves like the former `StrEnum`: `Organ("liver") is Organ.LIVER`,
 `for organ in Organ` lists the registered organs in registration order (the row order of every table), and an organ
@@ -27,13 +28,17 @@ __all__ = [
     "ORGANS",
     "ORGAN_STRUCTURES",
     "CsvColumns",
+    "Ellipsoid",
     "Organ",
+    "OrganAnatomy",
     "OrganSpec",
     "OrganTable",
+    "PartRegion",
     "PLAUSIBLE_ORGAN_VOLUME_CM3",
     "organ_spec",
     "register_organ",
     "registry_version",
+    "side_locations",
     "unregister_organ",
 ]
 
@@ -121,6 +126,51 @@ class CsvColumns:
         return asdict(self)
 
 
+# An ellipsoid in body units: (centre (u, v, w), semi-axes (u, v, w)); u = x / A, v = y / B (A, B: the body's semi-axes),
+# w = z / half the z field of view; u grows towards the patient's right, v anterior, w superior (`emrl_data.synthetic`).
+Ellipsoid = tuple[tuple[float, float, float], tuple[float, float, float]]
+_ANY = (-math.inf, math.inf)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartRegion:
+    """One sub-structure file of a synthetic organ: the organ's voxels whose coordinates lie in a box.
+
+    The coordinates are normalised to the ellipsoid of the organ's first mask file (`OrganSpec.organ_masks[0]`):
+    (u, v, w) = (voxel - centre) / semi-axes, u towards the patient's right, v anterior, w superior. Each bound is a
+    half-open range `[low, high)`; the regions of an organ partition it.
+
+    Attributes:
+        file: the sub-structure file (a file of `OrganSpec.parts`, e.g. "liver_segment_7").
+        u, v, w: the ranges of the normalised coordinates; default: unbounded.
+    """
+
+    file: str
+    u: tuple[float, float] = _ANY
+    v: tuple[float, float] = _ANY
+    w: tuple[float, float] = _ANY
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OrganAnatomy:
+    """How synthetic data draws one organ: the atlas phantom (`emrl_data.synthetic`), training rows (`train.synthetic`).
+
+    Attributes:
+        hu: parenchyma HU.
+        shapes: organ mask file -> its `Ellipsoid` in body units, for every file of `OrganSpec.organ_masks`. Organs
+            must not overlap each other (they are painted in registration order).
+        parts: the regions that draw the sub-structure files inside the organ's first mask file; () when the organ
+            has no sub-structures or its mask files are its parts (the kidney sides).
+        side_locations: the location a synthetic training row names for a lesion drawn on the image's left / right
+            half (`train.synthetic`); None: the organ's first / last location name (`side_locations`).
+    """
+
+    hu: int
+    shapes: tuple[tuple[str, Ellipsoid], ...]
+    parts: tuple[PartRegion, ...] = ()
+    side_locations: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OrganSpec:
     """Everything the pipeline knows about one organ.
@@ -160,6 +210,7 @@ class OrganSpec:
             Default: a generic soft-tissue window.
         mask_sides: organ mask file -> the side of the body's midline its centroid must lie on ("right"/"left",
             the patient's); files not listed have no expected side.
+        anatomy: how synthetic data draws the organ (`OrganAnatomy`); None: the synthetic atlas cannot hold it.
     """
 
     name: str
@@ -186,6 +237,7 @@ class OrganSpec:
     plausible_volume_cm3: tuple[float, float] = (0.0, math.inf)
     mean_hu_window: tuple[float, float] = (-100.0, 300.0)
     mask_sides: tuple[tuple[str, str], ...] = ()
+    anatomy: OrganAnatomy | None = None
 
     def __post_init__(self) -> None:
         if not self.name or self.name != self.name.strip().lower():
@@ -202,6 +254,28 @@ class OrganSpec:
         for word, targets in self.location_words:
             if not set(targets) <= names:
                 raise ValueError(f"OrganSpec {self.name}: location word {word!r} names {targets}, not in {names}.")
+        if self.anatomy is not None:
+            self._check_anatomy(self.anatomy)
+
+    def _check_anatomy(self, anatomy: OrganAnatomy) -> None:
+        """Refuse an anatomy whose files or locations are not this organ's."""
+        drawn = [name for name, _ in anatomy.shapes]
+        if sorted(drawn) != sorted(self.organ_masks):
+            raise ValueError(
+                f"OrganSpec {self.name}: anatomy.shapes draws {drawn}, not organ_masks {self.organ_masks}."
+            )
+        part_files = {stem for stem, _ in self.parts}
+        regions = {region.file for region in anatomy.parts}
+        undrawn = part_files - regions - set(self.organ_masks)
+        if not regions <= part_files or undrawn:
+            raise ValueError(
+                f"OrganSpec {self.name}: anatomy.parts draws {sorted(regions)}; the parts are {sorted(part_files)}."
+            )
+        for side in anatomy.side_locations or ():
+            if not set(side) <= set(self.location_names):
+                raise ValueError(
+                    f"OrganSpec {self.name}: anatomy.side_locations names {side}, not in {self.location_names}."
+                )
 
     @property
     def location_names(self) -> tuple[str, ...]:
@@ -242,6 +316,23 @@ _BUILT_IN: tuple[OrganSpec, ...] = (
         negation_modifiers=("liver", "hepatic"),
         location_reader="couinaud",
         csv=CsvColumns.atlas("liver", "liver", "1-8"),
+        # Couinaud-like segments: left lateral (u < -0.35) 2 above / 3 below; medial 1 (caudate, posterior) / 4;
+        # right (u >= 0.05) 8 / 5 anterior and 7 / 6 posterior, superior / inferior.
+        anatomy=OrganAnatomy(
+            hu=60,
+            shapes=(("liver", ((0.38, 0.05, 0.35), (0.34, 0.48, 0.30))),),
+            parts=(
+                PartRegion(file="liver_segment_1", u=(-0.35, 0.05), v=(-math.inf, -0.3)),
+                PartRegion(file="liver_segment_2", u=(-math.inf, -0.35), w=(0.0, math.inf)),
+                PartRegion(file="liver_segment_3", u=(-math.inf, -0.35), w=(-math.inf, 0.0)),
+                PartRegion(file="liver_segment_4", u=(-0.35, 0.05), v=(-0.3, math.inf)),
+                PartRegion(file="liver_segment_5", u=(0.05, math.inf), v=(0.0, math.inf), w=(-math.inf, 0.0)),
+                PartRegion(file="liver_segment_6", u=(0.05, math.inf), v=(-math.inf, 0.0), w=(-math.inf, 0.0)),
+                PartRegion(file="liver_segment_7", u=(0.05, math.inf), v=(-math.inf, 0.0), w=(0.0, math.inf)),
+                PartRegion(file="liver_segment_8", u=(0.05, math.inf), v=(0.0, math.inf), w=(0.0, math.inf)),
+            ),
+            side_locations=(("5", "8"), ("2",)),
+        ),
     ),
     OrganSpec(
         name="pancreas",
@@ -273,6 +364,17 @@ _BUILT_IN: tuple[OrganSpec, ...] = (
         negation_modifiers=("pancreatic", "pancreas"),
         location_words=(("head", ("head",)), ("body", ("body",)), ("tail", ("tail",)), ("uncinate", ("head",))),
         csv=CsvColumns.atlas("pancreatic", "pancreas", "head, body, tail"),
+        # Thirds along x: the head on the patient's right.
+        anatomy=OrganAnatomy(
+            hu=40,
+            shapes=(("pancreas", ((0.0, 0.05, -0.12), (0.42, 0.14, 0.14))),),
+            parts=(
+                PartRegion(file="pancreas_head", u=(1.0 / 3.0, math.inf)),
+                PartRegion(file="pancreas_body", u=(-1.0 / 3.0, 1.0 / 3.0)),
+                PartRegion(file="pancreas_tail", u=(-math.inf, -1.0 / 3.0)),
+            ),
+            side_locations=(("head",), ("body", "tail")),
+        ),
     ),
     OrganSpec(
         name="kidney",
@@ -303,6 +405,14 @@ _BUILT_IN: tuple[OrganSpec, ...] = (
             ("both", ("left", "right")),
         ),
         csv=CsvColumns.atlas("kidney", "kidney", "left, right"),
+        # The mask files are the parts (one kidney each side, posterior, below the liver).
+        anatomy=OrganAnatomy(
+            hu=150,
+            shapes=(
+                ("kidney_right", ((0.42, -0.38, -0.30), (0.14, 0.16, 0.22))),
+                ("kidney_left", ((-0.42, -0.38, -0.30), (0.14, 0.16, 0.22))),
+            ),
+        ),
     ),
 )
 
@@ -345,6 +455,18 @@ def organ_spec(organ: str) -> OrganSpec:
         return ORGANS[organ]  # type: ignore[index]  # a str looks up like the Organ of that name
     except KeyError:
         raise KeyError(f"{organ!r} is not a registered organ; registered: {list(_MEMBERS)}.") from None
+
+
+def side_locations(organ: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Return the locations a synthetic training row names for a lesion on the image's left / right half.
+
+    `OrganAnatomy.side_locations` when set, else the organ's first and last location name (both () for an organ
+    without sub-structures).
+    """
+    spec = organ_spec(organ)
+    if spec.anatomy is not None and spec.anatomy.side_locations is not None:
+        return spec.anatomy.side_locations
+    return spec.location_names[:1], spec.location_names[-1:]
 
 
 class OrganTable(Mapping[Organ, T]):

@@ -4,6 +4,9 @@ The columns and types are the ones `train/` reads (see the sft layout: `case_id`
 named as the reward arguments, `frames` as a list of Hub images, `prompt`, `report`); reports and prompts come from
 `emrl_data.text.report`, so they parse with `emrl_data.text.parser`. Frames are 8-bit grayscale PNGs with a bright disc (the
 "lesion") on the key frame and its neighbours of positive rows, so a model can learn something in a few steps.
+
+Organs and locations come from the organ registry: rows cycle over the registered organs, and a lesion drawn on the
+image's left / right half names `emrl_data.organs.side_locations(organ)` (a registered organ needs nothing here).
 """
 
 from __future__ import annotations
@@ -17,14 +20,13 @@ import numpy as np
 from numpy.typing import NDArray
 from PIL import Image
 
-from emrl_data.organs import LOCATION_NAMES
+from emrl_data.organs import side_locations
 from emrl_data.text.report import render_evidence, render_findings, render_impression, render_prompt, render_report
 from emrl_data.types import Organ
 
 
 logger = logging.getLogger(__name__)
 
-_LOCATIONS = {"liver": [["5", "8"], ["2"]], "pancreas": [["head"], ["body", "tail"]], "kidney": [["left"], ["right"]]}
 
 
 def _png(arr: NDArray[np.uint8]) -> bytes:
@@ -104,7 +106,7 @@ def make_rows(n_rows: int, *, n_frames: int = 8, size_px: int = 64, split: str =
         evidence = None
         if positive:
             assert box is not None
-            loc = _LOCATIONS.get(organ, [list(LOCATION_NAMES[organ][:1])] * 2)[(i // 2) % 2]
+            loc = list(side_locations(organ)[(i // 2) % 2])
             long_mm = float(rng.choice([12.0, 31.0, 48.0]))
             row.update(long_axis_mm=long_mm, short_axis_mm=long_mm * 0.7, volume_mm3=long_mm**3 * 0.3, location=loc)
             row["attenuation"] = ["hypo", "iso", "hyper"][(i // 2) % 3]
@@ -118,7 +120,6 @@ def make_rows(n_rows: int, *, n_frames: int = 8, size_px: int = 64, split: str =
 # What the pixels of `make_visible_rows` encode (nothing of it is in the prompt).
 VISIBLE_SIZES_MM = (12.0, 31.0, 48.0)  # long axis classes; disc radius = size_px * mm / 300 on the key frame
 VISIBLE_INTENSITY = {"hypo": 40, "iso": 170, "hyper": 245}  # organ is 110, background 20
-VISIBLE_ORGANS = ("liver", "pancreas", "kidney")
 
 
 def make_visible_frames(
@@ -162,7 +163,7 @@ def make_visible_rows(
     size_px: int = 64,
     split: str = "train",
     seed: int = 0,
-    organs: tuple[str, ...] = VISIBLE_ORGANS,
+    organs: tuple[str, ...] | None = None,
     positive_fraction: float = 0.5,
     sizes_mm: tuple[float, ...] = VISIBLE_SIZES_MM,
     span: int = 1,
@@ -170,13 +171,14 @@ def make_visible_rows(
     """Return `n_rows` sft rows whose findings are visible only in the frames (`make_visible_frames`).
 
     Presence (a seeded draw with `positive_fraction`), size class, location side, attenuation and key frame are drawn
-    independently per row; the organ cycles over `organs`. The prompt (`render_prompt`) names the organ and the frame
+    independently per row; the organ cycles over `organs` (None: every registered organ). The prompt (`render_prompt`) names the organ and the frame
     count only, so a report that gets the findings right has read the pixels.
     """
     if n_frames < 3:
         raise ValueError(f"n_frames={n_frames}: a key frame needs a neighbour on each side; use at least 3 frames.")
     rng = np.random.default_rng(seed)
     rows = []
+    organs = tuple(str(o) for o in Organ) if organs is None else organs
     for i in range(n_rows):
         organ = organs[i % len(organs)]
         o = Organ(organ)
@@ -192,7 +194,7 @@ def make_visible_rows(
             frames, box = make_visible_frames(n_frames, size_px, rng, key_frame=key, long_mm=long_mm, side=side,
                                               attenuation=att, span=span)  # fmt: skip
             assert box is not None
-            loc = _LOCATIONS.get(organ, [list(LOCATION_NAMES[organ][:1])] * 2)[side]
+            loc = list(side_locations(organ)[side])
             row.update(long_axis_mm=long_mm, short_axis_mm=round(long_mm * 0.7, 1), volume_mm3=round(long_mm**3 * 0.3),
                        location=loc, attenuation=att, key_slice_frame=key)  # fmt: skip
             row["bbox_qwen"] = [int(round(min(max(v, 0), size_px) * 1000 / size_px)) for v in box]

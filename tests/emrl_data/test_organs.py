@@ -1,17 +1,22 @@
-"""The organ registry: `Organ` behaves as the enum it replaced, and a fourth organ is a registry entry plus anatomy.
+"""The organ registry: `Organ` behaves as the enum it replaced, and a fourth organ is one registry entry.
 
 The spleen test registers an organ the code has never heard of (no sub-structures) and runs the synthetic pipeline end
 to end for it: synthetic atlas -> plan -> curate -> rows, whose labels equal the generator's truth and whose reports
-name the spleen and parse back to the same claims.
+name the spleen and parse back to the same claims. A spleen with two poles (sub-structures drawn by `PartRegion`s)
+shows that its entry alone gives it synthetic anatomy, a mention in the dataset card and training-synthetic locations.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import math
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
 
+import nibabel as nib
+import numpy as np
 import pytest
 
 from emrl_data.config import CurateConfig
@@ -21,17 +26,22 @@ from emrl_data.organs import (
     ORGANS,
     CsvColumns,
     Organ,
+    OrganAnatomy,
     OrganSpec,
+    PartRegion,
     organ_spec,
     register_organ,
+    side_locations,
     unregister_organ,
 )
 from emrl_data.reading.atlas import plan_atlas
-from emrl_data.synthetic import ANATOMY, CaseSpec, LesionSpec, OrganAnatomy, write_atlas
+from emrl_data.synthetic import CaseSpec, LesionSpec, write_atlas, write_case
+from emrl_data.tables.card import default_label_definitions, organ_names_prose, table_description
 from emrl_data.tables.records import TABLE_COLUMNS
 from emrl_data.text.parser import ParsedReport, ParseFailure, parse_free_text, parse_report
 from emrl_data.text.report import NEGATIVE_FINDINGS, format_location, render_prompt
 from emrl_data.text.scoring import score_report, truth_from_row
+from train.synthetic import make_visible_rows
 
 
 SPLEEN = OrganSpec(
@@ -46,20 +56,31 @@ SPLEEN = OrganSpec(
     in_organ_nouns="spleen",
     negation_modifiers=("splenic", "spleen"),
     csv=CsvColumns.atlas("spleen", "spleen", "none"),
+    # Left upper quadrant, posterior: clear of the liver (patient's right), the pancreas and the left kidney (below).
+    anatomy=OrganAnatomy(hu=45, shapes=(("spleen", ((-0.50, -0.20, 0.35), (0.14, 0.18, 0.20))),)),
 )
-# Left upper quadrant, posterior: clear of the liver (patient's right), the pancreas and the left kidney (below).
-SPLEEN_ANATOMY = OrganAnatomy(hu=45, shapes={"spleen": ((-0.50, -0.20, 0.35), (0.14, 0.18, 0.20))})
+# The same spleen cut into an upper and a lower pole at its ellipsoid's equator (w = 0).
+POLED_SPLEEN = dataclasses.replace(
+    SPLEEN,
+    parts=(("spleen_upper_pole", "upper"), ("spleen_lower_pole", "lower")),
+    location_words=(("upper", ("upper",)), ("lower", ("lower",))),
+    anatomy=dataclasses.replace(
+        SPLEEN.anatomy,
+        parts=(
+            PartRegion(file="spleen_upper_pole", w=(0.0, math.inf)),
+            PartRegion(file="spleen_lower_pole", w=(-math.inf, 0.0)),
+        ),
+    ),
+)
 
 
 @pytest.fixture
 def spleen() -> Iterator[Organ]:
-    """Register the spleen and its anatomy for one test, then restore the registry."""
+    """Register the spleen (with its anatomy) for one test, then restore the registry."""
     organ = register_organ(SPLEEN)
-    ANATOMY["spleen"] = SPLEEN_ANATOMY
     try:
         yield organ
     finally:
-        del ANATOMY["spleen"]
         unregister_organ("spleen")
 
 
@@ -101,6 +122,17 @@ def test_registry_refuses_duplicates_and_bad_specs() -> None:
         OrganSpec(**{**_fields(SPLEEN), "location_words": (("upper", ("upper pole",)),)})
     with pytest.raises(KeyError, match="not a registered organ"):
         organ_spec("spleen")
+    assert SPLEEN.anatomy is not None
+    with pytest.raises(ValueError, match=r"anatomy.shapes draws \['liver'\], not organ_masks \('spleen',\)"):
+        dataclasses.replace(
+            SPLEEN, anatomy=dataclasses.replace(SPLEEN.anatomy, shapes=ORGANS[Organ.LIVER].anatomy.shapes)
+        )
+    with pytest.raises(
+        ValueError, match=r"anatomy.parts draws \[\]; the parts are \['spleen_lower_pole', 'spleen_upper"
+    ):
+        dataclasses.replace(POLED_SPLEEN, anatomy=SPLEEN.anatomy)  # parts nobody draws
+    with pytest.raises(ValueError, match=r"anatomy.side_locations names \('hilum',\)"):
+        dataclasses.replace(SPLEEN, anatomy=dataclasses.replace(SPLEEN.anatomy, side_locations=(("hilum",), ())))
 
 
 def _fields(spec: OrganSpec) -> dict:
@@ -183,3 +215,50 @@ def test_spleen_runs_the_synthetic_pipeline_end_to_end(spleen: Organ, tmp_path: 
     liver = by_key[("BDMAP_00000001", "liver")]
     assert liver["location"] == list(truth.cases[0].organs[Organ.LIVER].location) and liver["has_lesion"]
     assert not by_key[("BDMAP_00000001", "kidney")]["has_lesion"]
+
+
+def test_an_organ_without_anatomy_is_refused_by_the_synthetic_atlas_naming_the_fix(tmp_path: Path) -> None:
+    register_organ(dataclasses.replace(SPLEEN, anatomy=None))
+    try:
+        with pytest.raises(KeyError, match=r"'spleen' has no synthetic anatomy; give its OrganSpec an `anatomy="):
+            write_case(tmp_path, CaseSpec("BDMAP_00000001"))
+    finally:
+        unregister_organ("spleen")
+
+
+def test_one_registry_entry_gives_anatomy_card_prose_and_training_locations(tmp_path: Path) -> None:
+    """A poled spleen, registered here and nowhere else: drawn, truthed, named in the card, used by train.synthetic."""
+    organ = register_organ(POLED_SPLEEN)
+    try:
+        upper = LesionSpec(organ, "upper", (4.0, 4.0, 4.0), "hypo")
+        truth = write_case(tmp_path, CaseSpec("BDMAP_00000001", lesions=(upper,), seed=1)).organs[organ]
+        seg = tmp_path / "mask_only" / "BDMAP_00000001" / "segmentations"
+        files = {"spleen", "spleen_lesion", "spleen_upper_pole", "spleen_lower_pole"}
+        assert {p.name.removesuffix(".nii.gz") for p in seg.glob("spleen*")} == files
+        masks = {name: np.asanyarray(nib.load(seg / f"{name}.nii.gz").dataobj) > 0 for name in files}
+        poles = masks["spleen_upper_pole"], masks["spleen_lower_pole"]
+        assert poles[0].any() and poles[1].any() and not (poles[0] & poles[1]).any()  # two halves, no overlap
+        assert np.array_equal(poles[0] | poles[1], masks["spleen"])  # that partition the organ
+        z_upper, z_lower = (np.nonzero(p)[2] for p in poles)
+        assert z_lower.max() < z_upper.min()  # the upper pole is superior (z grows superior)
+        assert (truth.has_lesion, truth.location, truth.lesion_count) == (True, ("upper",), 1)
+
+        assert organ_names_prose() == "liver, pancreas, kidney and spleen"
+        assert "one row per (case, organ) for liver, pancreas, kidney and spleen." in table_description("sft")
+        assert "spleen `upper`/`lower`" in default_label_definitions()
+
+        assert side_locations(organ) == (("upper",), ("lower",))  # the default: the first / last location name
+        rows = make_visible_rows(12, organs=("spleen",), positive_fraction=1.0, seed=3)
+        assert {tuple(r["location"]) for r in rows} == {("upper",), ("lower",)}
+        assert all("spleen" in r["prompt"] and r["report"].count("upper") + r["report"].count("lower") for r in rows)
+        assert [r["organ"] for r in make_visible_rows(4, seed=3)] == ["liver", "pancreas", "kidney", "spleen"]
+    finally:
+        unregister_organ("spleen")
+
+
+def test_built_in_training_locations_come_from_the_registry() -> None:
+    assert [side_locations(o) for o in Organ] == [
+        (("5", "8"), ("2",)),
+        (("head",), ("body", "tail")),
+        (("left",), ("right",)),  # the default
+    ]

@@ -23,13 +23,13 @@ from emrl_data.synthetic import (
     AtlasTruth,
     CaseSpec,
     LesionSpec,
-    _write_nifti_gz,
     bench_spec,
     demo_specs,
     metadata_columns,
     write_atlas,
     write_case,
 )
+from emrl_data.synthetic.nifti_writer import write_nifti_gz
 from emrl_data.types import Organ, Split
 
 
@@ -103,7 +103,7 @@ def test_write_case_layout_files_and_dtypes(tmp_path: Path, layout: str, ct_rel:
 def test_write_nifti_gz_equals_nibabel_bytes(tmp_path: Path, dtype: type, order: str) -> None:
     data = np.asarray(np.arange(6 * 5 * 4).reshape(6, 5, 4) % 7, dtype=dtype, order=order)
     affine = np.array([[-0.8, 0, 0, 10.0], [0, -0.8, 0, 20.0], [0, 0, 2.5, -30.0], [0, 0, 0, 1]])
-    _write_nifti_gz(tmp_path / "x.nii.gz", data, affine)
+    write_nifti_gz(tmp_path / "x.nii.gz", data, affine)
     raw = (tmp_path / "x.nii.gz").read_bytes()
     assert raw[4:8] == b"\x00\x00\x00\x00"  # mtime 0
     assert raw[3] & 0x08 == 0  # no file name in the gzip header
