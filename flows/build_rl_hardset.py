@@ -4,7 +4,7 @@ sft shards (train + test) -> predictions (resumable: one fsync'd JSONL line per 
 shared `emrl_data.text.scoring` (the GRPO reward's own functions) -> `predictions` table (every row) + Table 1/2 of the SFT
 model on train and test -> `rl_hardset` (train rows the model gets wrong, ranked by R, stratified by organ, capped
 at `target_size`, each with the reasons it was chosen and the SFT prediction). Thin: selection, the
-tables, metrics and summary are in `emrl_data.tables.mining`, scoring in `emrl_data.text.scoring`, inference in `inference`.
+tables, metrics and summary are in `emrl_data.tables.rl_hardset`, scoring in `emrl_data.text.scoring`, inference in `inference`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from prefect.cache_policies import NO_CACHE
 from tqdm import tqdm
 
 from emrl_data import __version__
-from emrl_data.tables.mining import (
+from emrl_data.tables.records import PREDICTION_TRUTH_COLUMNS
+from emrl_data.tables.rl_hardset import (
     SPLITS,
     CollectedPredictions,
     HardRow,
@@ -34,7 +35,6 @@ from emrl_data.tables.mining import (
     summary_markdown,
     write_hardset_tables,
 )
-from emrl_data.tables.records import PREDICTION_TRUTH_COLUMNS
 from emrl_data.tables.shards import sha256_file, write_json_atomic, write_text_atomic
 from emrl_data.types import row_id
 from flows._common import FailFastOnAuth, Progress, git_sha

@@ -37,12 +37,12 @@ from emrl_data.config import CurateConfig, SftConfig
 from emrl_data.labeling.curate import PLAUSIBLE_ORGAN_VOLUME_CM3, CaseResult, CaseStore, case_cache_key, curate_case
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.reading.atlas import AtlasOrganMeta, AtlasPlan, CaseRef, plan_atlas
-from emrl_data.tables.dataset import select_sft_rows
 from emrl_data.tables.qa import build_qa_report, qa_markdown
 from emrl_data.tables.sft_set import (
     build_summary,
     check_every_case_accounted,
     gather_case_results,
+    select_sft_rows,
     sft_set_provenance,
     summary_markdown,
     unexpected_errors,

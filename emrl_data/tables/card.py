@@ -450,7 +450,7 @@ def render_dataset_card(
         table: the table name (`sft`, `findings`, `rl_hardset`, `rejections`, `predictions`, or another name).
         features: the Hub features dict of the table (see `features_to_yaml_list`).
         row_counts: counts per split, then per group, e.g. `{"train": {"liver/positive": 3, "total": 5}, ...}`
-            (the layout of `emrl_data.tables.dataset.count_rows`). Shown as a table, one column per split.
+            (the layout of `emrl_data.tables.table_folder.count_rows`). Shown as a table, one column per split.
         pipeline_version: version of the pipeline that built the table.
         git_sha: commit of the pipeline code, or None when unknown (shown as "unknown").
         config_fingerprint: `CurateConfig.fingerprint()` of the run.

@@ -1,13 +1,18 @@
-"""The `build-sft-set` run without its orchestration: gathering, tables, accounting and the run summary (SPEC §8).
+"""The SFT set: which organ rows it holds, and the `build-sft-set` run without its orchestration (SPEC §1.2, §8).
 
-`flows.build_sft_set` plans the atlas, submits the curation tasks, shows progress and publishes artifacts; everything
-it writes goes through here. Order of a run: `gather_case_results` (the light rows of every case from the case
-store) -> `select_sft_rows` (`emrl_data.tables.dataset`) -> `write_sft_set_tables` -> `check_every_case_accounted` ->
-`build_summary` and `summary_markdown` (`manifest.json`, `summary.md`) and `write_contact_sheet`.
+The selection (`select_sft_rows`): every lesion-positive organ row of the train split plus negatives sampled per organ
+(`SftConfig.negatives_per_positive`, default 1:1, chosen by a seeded hash so the choice is stable as the atlas grows);
+the test split is kept whole for evaluation. Every organ row stays in `findings` whether selected or not.
+
+The run: `flows.build_sft_set` plans the atlas, submits the curation tasks, shows progress and publishes artifacts;
+everything it writes goes through here. Order of a run: `gather_case_results` (the light rows of every case from the
+case store) -> `select_sft_rows` -> `write_sft_set_tables` -> `check_every_case_accounted` -> the run summary,
+`build_summary` and `summary_markdown` (`manifest.json`, `summary.md`), and `write_contact_sheet`.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +24,9 @@ from emrl_data.labeling.curate import CaseStore
 from emrl_data.labeling.frames import draw_contact_sheet
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.reading.atlas import AtlasPlan
-from emrl_data.tables.dataset import count_rejections, count_rows, finish_table, row_order, write_table
 from emrl_data.tables.records import SFT_SCHEMA, check_required
 from emrl_data.tables.shards import write_bytes_atomic, write_split_streaming
+from emrl_data.tables.table_folder import count_rejections, count_rows, finish_table, row_order, write_table
 from emrl_data.types import Organ, Split, row_id
 
 
@@ -36,7 +41,7 @@ class GatheredCases:
     """The light rows (no frames) of every case, in row order, with the case-level rejections and input digests.
 
     Attributes:
-        rows: one `findings` row per organ row, sorted by `emrl_data.tables.dataset.row_order`.
+        rows: one `findings` row per organ row, sorted by `emrl_data.tables.table_folder.row_order`.
         rejections: the cases' rejections, in case order (the plan's own rejections are not included).
         file_digests: sha256 of every input file read, keyed `row_id(case_id, file name)`.
         warnings: the cases' own warnings for the run (special files no row needed), in case order.
@@ -46,6 +51,28 @@ class GatheredCases:
     rejections: list[Rejection]
     file_digests: dict[str, str]
     warnings: list[str] = field(default_factory=list)
+
+
+def _sample_key(seed: int, row: Mapping[str, Any]) -> str:
+    return hashlib.sha256(f"{seed}|{row['case_id']}|{row['organ']}".encode()).hexdigest()
+
+
+def select_sft_rows(rows: Sequence[Mapping[str, Any]], cfg: SftConfig) -> list[Mapping[str, Any]]:
+    """Return the SFT rows: train positives + per-organ sampled train negatives + every test row, in `row_order`.
+
+    Negatives per organ = round(ratio x that organ's train positives), capped by the negatives available; the
+    negatives with the smallest sha256(seed|case_id|organ) are taken.
+    """
+    chosen: list[Mapping[str, Any]] = [r for r in rows if r["split"] == Split.TEST]
+    train = [r for r in rows if r["split"] == Split.TRAIN]
+    for organ in Organ:
+        positives = [r for r in train if r["organ"] == organ and r["has_lesion"]]
+        negatives = sorted(
+            (r for r in train if r["organ"] == organ and not r["has_lesion"]), key=lambda r: _sample_key(cfg.seed, r)
+        )
+        n_neg = min(len(negatives), round(cfg.negatives_per_positive * len(positives)))
+        chosen += positives + negatives[:n_neg]
+    return sorted(chosen, key=row_order)
 
 
 def sft_set_provenance(
@@ -173,7 +200,7 @@ def write_sft_set_tables(
     Args:
         out: the output root; each table goes into its own folder (`TABLES`).
         rows: every organ row (light, no frames), in row order.
-        sft_rows: the rows chosen for SFT (`emrl_data.tables.dataset.select_sft_rows`).
+        sft_rows: the rows chosen for SFT (`select_sft_rows`).
         rejections: every rejection of the run (plan and cases).
         store: the case store holding the frames.
         keys: the store key of each case id.

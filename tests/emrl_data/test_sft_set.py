@@ -17,6 +17,7 @@ from emrl_data.tables.sft_set import (
     gather_case_results,
     rejection_rows,
     rows_with_frames,
+    select_sft_rows,
     sft_set_provenance,
     summary_markdown,
     unexpected_errors,
@@ -24,6 +25,43 @@ from emrl_data.tables.sft_set import (
 
 
 A, B, C = "BDMAP_00000001", "BDMAP_00000002", "BDMAP_00000003"
+
+
+def _light(i: int, organ: str, split: str, has_lesion: bool) -> dict:
+    return {"case_id": f"BDMAP_{i:08d}", "organ": organ, "split": split, "has_lesion": has_lesion}
+
+
+# Train: liver 2 positives + 3 negatives, pancreas 1 positive, kidney 2 negatives (no positive); test: 2 rows.
+_ROWS = [
+    _light(5, "liver", "train", False), _light(1, "liver", "train", True), _light(2, "liver", "train", True),
+    _light(3, "liver", "train", False), _light(4, "liver", "train", False), _light(6, "pancreas", "train", True),
+    _light(7, "kidney", "train", False), _light(8, "kidney", "train", False), _light(9, "liver", "test", False),
+    _light(10, "kidney", "test", True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("ratio", "seed", "train_liver_negatives"),
+    [
+        (1.0, 0, [3, 5]),  # round(1.0 x 2) = 2 of 3, the smallest sha256(seed|case|organ)
+        (1.0, 1, [3, 4]),  # another seed, another draw
+        (0.5, 0, [5]),  # round(0.5 x 2) = 1
+        (2.0, 0, [3, 4, 5]),  # 4 wanted, capped by the 3 there are
+        (0.0, 0, []),
+    ],
+)
+def test_select_sft_rows_samples_negatives_per_organ_and_keeps_the_test_split(
+    ratio: float, seed: int, train_liver_negatives: list[int]
+) -> None:
+    chosen = select_sft_rows(_ROWS, SftConfig(negatives_per_positive=ratio, seed=seed))
+    # Row order: split, organ, case id. Kidney has no train positive, so none of its train negatives is taken.
+    assert [(r["split"], r["organ"], int(r["case_id"][6:])) for r in chosen] == [
+        ("test", "kidney", 10),
+        ("test", "liver", 9),
+        *sorted(("train", "liver", i) for i in [1, 2, *train_liver_negatives]),
+        ("train", "pancreas", 6),
+    ]
+    assert select_sft_rows(list(reversed(_ROWS)), SftConfig(negatives_per_positive=ratio, seed=seed)) == chosen
 
 
 def _row(case_id: str, organ: str, split: str, has_lesion: bool, frame: bytes) -> dict:

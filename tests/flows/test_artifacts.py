@@ -24,7 +24,7 @@ import pytest
 
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.synthetic import demo_specs, write_atlas
-from emrl_data.tables.mining import summary_markdown as hardset_summary_markdown
+from emrl_data.tables.rl_hardset import summary_markdown as hardset_summary_markdown
 from emrl_data.tables.sft_set import summary_markdown as sft_summary_markdown
 from emrl_data.text.evaluation import evaluate
 from flows._common import clip, rejection_table

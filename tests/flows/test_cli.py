@@ -51,7 +51,7 @@ def test_eval_writes_tables_from_raw_predictions(tmp_path: Path, capsys) -> None
 def test_publish_command_to_a_local_folder_and_refusal_to_move_a_tag(prefect_harness, tmp_path: Path, capsys) -> None:
     import pytest
 
-    from emrl_data.tables.dataset import write_table
+    from emrl_data.tables.table_folder import write_table
 
     rows = [{"case_id": "BDMAP_00000001", "organ": None, "step": "load", "reason": "corrupt_gzip", "detail": "x"}]
     provenance = {"pipeline_version": "0.1.0", "git_sha": None, "config_fingerprint": "f"}

@@ -1,7 +1,7 @@
-"""Hard-case selection for GRPO (SPEC §1.3, the paper's rule): which SFT train rows the SFT model gets wrong.
+"""The RL hard set: which SFT train rows the SFT model gets wrong (SPEC §1.3), and the `build-rl-hardset` run.
 
-A row is hard when the SFT model's report has the wrong existence, any wrong attribute (size, location,
-enhancement) or misses the key slice (K-Hit) — `emrl_data.text.scoring.is_hard`, so "hard" is by construction "low reward
+The selection follows the paper's rule: a row is hard when the SFT model's report has the wrong existence, any wrong
+attribute (size, location, enhancement) or misses the key slice (K-Hit) — `emrl_data.text.scoring.is_hard`, so "hard" is by construction "low reward
 under the GRPO reward". Hard rows are ranked by R ascending (hardest first; ties by case id) and the set is
 stratified by organ: each organ gets a share of `target_size` proportional to its number of hard rows (largest
 remainder), so the hard set keeps the organ mix of the mistakes instead of being filled by the worst organ alone.
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from emrl_data.tables.dataset import count_rows, finish_table, row_order, write_table
 from emrl_data.tables.records import PREDICTION_TRUTH_COLUMNS, SCHEMAS, check_required
 from emrl_data.tables.shards import write_json_atomic, write_split_streaming, write_text_atomic
+from emrl_data.tables.table_folder import count_rows, finish_table, row_order, write_table
 from emrl_data.text.evaluation import EvaluationResult, evaluate, write_evaluation
 from emrl_data.text.scoring import ReportScore, is_hard, score_report, truth_from_row
 from emrl_data.types import Organ, row_id

@@ -1,13 +1,13 @@
-"""From curated organ rows to tables: the SFT selection, the table folders and the run summary.
+"""One table folder in the Hub layout: `data/` shards per split, the card (`README.md`) and `manifest.json`.
 
-The SFT set (SPEC §1.2) is every lesion-positive organ row of the train split plus negatives sampled per organ
-(`SftConfig.negatives_per_positive`, default 1:1, chosen by a seeded hash so the choice is stable as the atlas grows);
-the test split is kept whole for evaluation. Every organ row stays in `findings` whether selected or not.
+Every table a run writes (`findings`, `sft`, `rejections`, `predictions`, `rl_hardset`) goes through `write_table`
+(rows in memory) or `finish_table` (shards already streamed into place). Rows are written in `row_order` (split, organ,
+case id) so shards are deterministic; `count_rows` and `count_rejections` give the counts the cards, manifests and run
+summaries state.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -15,39 +15,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from emrl_data.config import SftConfig
 from emrl_data.outcome import Rejection
 from emrl_data.tables.card import parquet_split_bytes, render_dataset_card
 from emrl_data.tables.records import SCHEMAS, check_required, column_descriptions, hub_features
 from emrl_data.tables.shards import table_manifest, write_json_atomic, write_split_shards, write_text_atomic
-from emrl_data.types import Organ, Split
 
 
 def row_order(row: Mapping[str, Any]) -> tuple[str, str, str]:
     """The order rows are written in: split, organ, case id (deterministic shards)."""
     return (row["split"], row["organ"], row["case_id"])
-
-
-def _sample_key(seed: int, row: Mapping[str, Any]) -> str:
-    return hashlib.sha256(f"{seed}|{row['case_id']}|{row['organ']}".encode()).hexdigest()
-
-
-def select_sft_rows(rows: Sequence[Mapping[str, Any]], cfg: SftConfig) -> list[Mapping[str, Any]]:
-    """Return the SFT rows: train positives + per-organ sampled train negatives + every test row, in `row_order`.
-
-    Negatives per organ = round(ratio x that organ's train positives), capped by the negatives available; the
-    negatives with the smallest sha256(seed|case_id|organ) are taken.
-    """
-    chosen: list[Mapping[str, Any]] = [r for r in rows if r["split"] == Split.TEST]
-    train = [r for r in rows if r["split"] == Split.TRAIN]
-    for organ in Organ:
-        positives = [r for r in train if r["organ"] == organ and r["has_lesion"]]
-        negatives = sorted(
-            (r for r in train if r["organ"] == organ and not r["has_lesion"]), key=lambda r: _sample_key(cfg.seed, r)
-        )
-        n_neg = min(len(negatives), round(cfg.negatives_per_positive * len(positives)))
-        chosen += positives + negatives[:n_neg]
-    return sorted(chosen, key=row_order)
 
 
 def count_rows(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, int]]:

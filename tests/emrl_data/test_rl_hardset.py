@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from emrl_data.tables.mining import (
+from emrl_data.tables.records import PREDICTION_TRUTH_COLUMNS, SCHEMAS
+from emrl_data.tables.rl_hardset import (
     HardRow,
     build_summary,
     chosen_light_rows,
@@ -20,7 +21,6 @@ from emrl_data.tables.mining import (
     summary_markdown,
     write_split_metrics,
 )
-from emrl_data.tables.records import PREDICTION_TRUTH_COLUMNS, SCHEMAS
 from emrl_data.text.report import render_evidence, render_findings, render_impression, render_report
 from emrl_data.text.scoring import Truth, score_report
 from emrl_data.types import Organ
@@ -137,7 +137,7 @@ def test_collect_predictions_scores_each_predicted_row_once_and_sizes_its_frames
 
 def test_hard_set_rows_join_the_chosen_rows_to_their_frames_and_prediction(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        "emrl_data.tables.mining.check_required", lambda table, row: None
+        "emrl_data.tables.rl_hardset.check_required", lambda table, row: None
     )  # toy rows lack the label columns
     chosen = [HardRow("BDMAP_00000001", "liver", ("existence",), 1, 0.25)]
     predictions = [{"case_id": "BDMAP_00000001", "organ": "liver", "prediction": "text 1"},
