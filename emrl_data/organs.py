@@ -1,8 +1,9 @@
 """The organ registry: everything the pipeline knows about one organ, in one entry (SPEC §2, §4, §6, §7).
 
 An `OrganSpec` holds an organ's mask files, its sub-structures and location vocabulary, its report wording, the words
-the parser reads, and its metadata-CSV columns. `atlas`, `labels`, `report`, `parser`, `synthetic`, `records` and
-`curate` look values up here; none of them branches on a particular organ.
+the parser reads, its metadata-CSV columns and its synthetic anatomy. `atlas`, `labels`, `report`, `parser`,
+`synthetic`, `records`, `card`, `curate` and `train.synthetic` look values up here; none of them branches on a particular
+organ.
 
 Adding an organ is one `register_organ(OrganSpec(...))` call (a permanent one goes in `_BUILT_IN` below); its
 `anatomy` field (an `OrganAnatomy`: HU, ellipsoids, sub-structure regions) is how the synthetic atlas

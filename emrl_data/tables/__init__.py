@@ -1,1 +1,1 @@
-"""Tables and publishing: schemas, Parquet shards, the SFT set, hard-case mining, QA and the dataset card."""
+"""Tables and publishing: schemas, Parquet shards, table folders, the SFT set, the RL hard set, QA and the dataset card."""
