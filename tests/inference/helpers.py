@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import sys
-import time
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,20 +37,24 @@ def make_requests(frame_counts: Sequence[int], size_px: int = 64, seed: int = 0)
 
 
 class EchoBackend:
-    """A backend whose text is `"echo:<id>"`; records every request it was given; optional delay per request."""
+    """A backend whose text is `"echo:<id>"`; records every request it was given.
+
+    With `block_after=k` it answers k requests, then blocks forever on the next one (a run to kill at a known point).
+    """
 
     name = "echo"
 
-    def __init__(self, delay_s: float = 0.0) -> None:
-        self.delay_s = delay_s
+    def __init__(self, block_after: int | None = None) -> None:
+        self.block_after = block_after
         self.seen: list[str] = []
 
     def generate(self, requests: Sequence[InferenceRequest]) -> list[InferenceResult]:
         out = []
         for r in requests:
-            time.sleep(self.delay_s)
+            if self.block_after is not None and len(self.seen) >= self.block_after:
+                threading.Event().wait()  # never set: the test kills this process here
             self.seen.append(r.request_id)
-            out.append(InferenceResult(r.request_id, f"echo:{r.request_id}", None, self.delay_s, 1))
+            out.append(InferenceResult(r.request_id, f"echo:{r.request_id}", None, 0.0, 1))
         return out
 
 
@@ -87,14 +91,14 @@ def text_requests(n: int) -> list[InferenceRequest]:
     return [InferenceRequest(f"r{i:03d}", "p", [b"\x89PNG"]) for i in range(n)]
 
 
-def slow_run(store_path: str, n: int, delay_s: float) -> None:
-    """Run `n` echo requests one per batch, `delay_s` each, into the store (the test kills this process mid-way)."""
+def stalled_run(store_path: str, n: int, k: int) -> None:
+    """Run `n` echo requests one per batch into the store; after `k` rows the backend blocks (the test kills it)."""
     with ResultStore(store_path) as store:
-        run_inference(EchoBackend(delay_s), text_requests(n), store, batch_size=1)
+        run_inference(EchoBackend(block_after=k), text_requests(n), store, batch_size=1)
 
 
 if __name__ == "__main__":
-    slow_run(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))
+    stalled_run(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
 
 
 def serve_beside_sft_set(server: Any, tmp_path_factory: Any, frame_px: int) -> Iterator[tuple[str, Path]]:

@@ -12,10 +12,11 @@ it cannot misbehave on demand (429, 5xx, timeouts, a server that drops images) a
   when `EMRL_TEST_SERVER_API_KEY` is set), 404 unknown model, 500 generation failure. The answer reports
   `usage.prompt_tokens` (the prompt's length as the model sees it, frames included) and `completion_tokens`.
 * `GET /v1/models`, `GET /health`.
-* Test controls (not OpenAI): `POST /_test/control {"faults": [503, 400, ...], "delay_s": 0.5, "hold_until_in_flight": 3,
+* Test controls (not OpenAI): `POST /_test/control {"faults": [503, 400, ...], "hold": true, "hold_until_in_flight": 3,
   "strict": true, "drop_frames": true, "usage": false}` makes the next requests answer those status codes (one
-  each), every request wait until that many requests have been in flight at once (a barrier, 60 s at most), then
-  `delay_s`. `strict` refuses what a strict OpenAI-compatible server refuses (`transformers serve`, hosted APIs): a
+  each), every request wait until that many requests have been in flight at once (a barrier, 60 s at most); `hold`
+  keeps every request unanswered until the next `/_test/reset` (so a client's timeout is certain on any machine,
+  not a race against a sleep). `strict` refuses what a strict OpenAI-compatible server refuses (`transformers serve`, hosted APIs): a
   top-level field outside the `openai` SDK's chat-completions parameters (HTTP 422 "Unexpected fields in the request",
   `transformers serve`'s words) and a `video_url` part (HTTP 400). `drop_frames` answers as a server that ignores the
   images (a text-only processor): the prompt tokens count the text only. `usage: false` leaves `usage` out.
@@ -55,7 +56,7 @@ logger = logging.getLogger(__name__)
 
 API_KEY_ENV = "EMRL_TEST_SERVER_API_KEY"
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error"}
-_DEFAULTS: dict[str, Any] = {"faults": [], "delay_s": 0.0, "hold_until": 0, "strict": False, "drop_frames": False,
+_DEFAULTS: dict[str, Any] = {"faults": [], "hold": False, "hold_until": 0, "strict": False, "drop_frames": False,
                              "usage": True, "last_request": None}  # fmt: skip
 
 
@@ -135,6 +136,8 @@ def create_app(backend: InferenceBackend, served_model_name: str) -> FastAPI:
     app = FastAPI()
     state: dict[str, Any] = {"requests": 0, "in_flight": 0, "max_in_flight": 0, **_DEFAULTS}
     lock = threading.Lock()
+    released = threading.Event()  # cleared while `hold` is on; reset sets it, answering every held request
+    released.set()
     api_key = os.environ.get(API_KEY_ENV) or None
 
     @app.exception_handler(RequestValidationError)
@@ -153,7 +156,9 @@ def create_app(backend: InferenceBackend, served_model_name: str) -> FastAPI:
     def control(body: dict[str, Any] = Body(...)) -> dict[str, Any]:  # noqa: B008 (FastAPI's idiom)
         with lock:
             state["faults"] = [int(c) for c in body.get("faults", [])]
-            state["delay_s"] = float(body.get("delay_s", 0.0))
+            state["hold"] = bool(body.get("hold", False))
+            if state["hold"]:
+                released.clear()
             state["hold_until"] = int(body.get("hold_until_in_flight", 0))
             state.update({k: bool(body[k]) for k in ("strict", "drop_frames", "usage") if k in body})
         return {"ok": True}
@@ -162,6 +167,7 @@ def create_app(backend: InferenceBackend, served_model_name: str) -> FastAPI:
     def reset() -> dict[str, Any]:
         with lock:
             state.update(requests=0, in_flight=0, max_in_flight=0, **{**_DEFAULTS, "faults": []})
+            released.set()
         return {"ok": True}
 
     @app.get("/_test/stats")
@@ -181,13 +187,13 @@ def create_app(backend: InferenceBackend, served_model_name: str) -> FastAPI:
             state["in_flight"] += 1
             state["max_in_flight"] = max(state["max_in_flight"], state["in_flight"])
             fault = state["faults"].pop(0) if state["faults"] else None
-            delay = state["delay_s"]
+            hold = state["hold"]
             state["last_request"] = body
             mode = {k: state[k] for k in ("strict", "drop_frames", "usage")}
         try:
             _hold(state["hold_until"])
-            if delay:
-                time.sleep(delay)
+            if hold:
+                released.wait(timeout=120.0)  # the test resets long before; the bound only keeps a thread from leaking
             if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
                 return error_response(401, "Incorrect API key provided.", code="invalid_api_key")
             if fault is not None:

@@ -67,8 +67,8 @@ def server(tiny_dir, tmp_path_factory):
 def control(server):
     httpx.post(f"{server}/_test/reset", timeout=10)
 
-    def set_(faults=(), delay_s=0.0, hold_until_in_flight=0, **modes):  # modes: strict, drop_frames, usage
-        body = {"faults": list(faults), "delay_s": delay_s, "hold_until_in_flight": hold_until_in_flight, **modes}
+    def set_(faults=(), hold=False, hold_until_in_flight=0, **modes):  # modes: strict, drop_frames, usage
+        body = {"faults": list(faults), "hold": hold, "hold_until_in_flight": hold_until_in_flight, **modes}
         httpx.post(f"{server}/_test/control", json=body, timeout=10)
 
     yield set_
@@ -245,7 +245,7 @@ def test_unknown_model_is_404(server, control, make_backend, requests3):
 
 
 def test_timeout_is_reported_and_not_retried(server, control, make_backend, requests3):
-    control(delay_s=3.0)  # 10x the client's timeout: the answer can only be the timeout
+    control(hold=True)  # the server answers nothing until the fixture's reset: the answer can only be the timeout
     result = make_backend(timeout_s=0.3).generate(requests3[:1])[0]
     assert result.error == "timeout after 0.3 s" and result.attempts == 1 and result.text is None
     assert _stats(server)["requests"] == 1

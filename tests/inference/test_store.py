@@ -122,7 +122,7 @@ def test_kill_after_k_rows_then_rerun_does_only_the_rest(tmp_path):
     path = tmp_path / "r.jsonl"
     n, k = 40, 5
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "tests.inference.helpers", str(path), str(n), "0.05"]
+    cmd = [sys.executable, "-m", "tests.inference.helpers", str(path), str(n), str(k)]  # blocks after k rows
     log = tmp_path / "run.log"
     with log.open("wb") as err:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
@@ -131,7 +131,7 @@ def test_kill_after_k_rows_then_rerun_does_only_the_rest(tmp_path):
         while (not path.exists() or path.read_bytes().count(b"\n") < k) and time.monotonic() < deadline:
             assert proc.poll() is None, log.read_text()
             time.sleep(0.01)
-        os.kill(proc.pid, signal.SIGKILL)  # a real crash, at whatever point the writer is
+        os.kill(proc.pid, signal.SIGKILL)  # a real crash, mid-run: row k+1 is being generated
         proc.wait(timeout=10)
     finally:
         if proc.poll() is None:
@@ -140,7 +140,7 @@ def test_kill_after_k_rows_then_rerun_does_only_the_rest(tmp_path):
     assert proc.returncode == -signal.SIGKILL
     store = ResultStore(path)
     done = set(store.results)
-    assert k <= len(done) < n
+    assert len(done) == k  # every row written before the crash, none after
     backend = EchoBackend()
     with store:
         out = run_inference(backend, text_requests(n), store, batch_size=4)
