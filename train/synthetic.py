@@ -28,7 +28,6 @@ from emrl_data.types import Organ
 logger = logging.getLogger(__name__)
 
 
-
 def _png(arr: NDArray[np.uint8]) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(arr).save(buf, format="PNG", compress_level=1)
