@@ -139,7 +139,7 @@ class PartRegion:
 
     The coordinates are normalised to the ellipsoid of the organ's first mask file (`OrganSpec.organ_masks[0]`):
     (u, v, w) = (voxel - centre) / semi-axes, u towards the patient's right, v anterior, w superior. Each bound is a
-    half-open range `[low, high)`; the regions of an organ partition it.
+    half-open range `[low, high)`; the regions of an organ should partition it (a voxel in none is in no part).
 
     Attributes:
         file: the sub-structure file (a file of `OrganSpec.parts`, e.g. "liver_segment_7").
