@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
@@ -44,7 +45,8 @@ def unnamed_modules(readme: str, modules: list[str]) -> list[str]:
 
 def stale_module_names(readme: str, root: Path) -> list[str]:
     """Module paths the README names that do not exist (a renamed or removed module)."""
-    named = re.findall(r"`((?:%s)/[\w/]+\.py)`" % "|".join(CODE_PACKAGES), readme)
+    packages = "|".join(CODE_PACKAGES)
+    named = re.findall(rf"`((?:{packages})/[\w/]+\.py)`", readme)
     return sorted({n for n in named if not (root / n).is_file()})
 
 
