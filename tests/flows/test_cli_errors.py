@@ -81,7 +81,7 @@ def test_output_path_is_a_file(atlas: Path, tmp_path: Path, capsys: pytest.Captu
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
-        ("--batch-size", "0", "argument --batch-size: must be >= 1, got 0"),
+        ("--cases-per-task", "0", "argument --cases-per-task: must be >= 1, got 0"),
         ("--workers", "-1", "argument --workers: must be >= 1, got -1"),
         ("--frame-size", "4", "argument --frame-size: must be >= 8, got 4"),
         ("--limit", "many", "argument --limit: expected a number, got 'many'"),
@@ -276,7 +276,7 @@ def test_help_exposes_seed_frames_runner_concurrency_and_bootstrap() -> None:
         for prog, p in _parsers(parser)
     }
     assert {"--seed", "--frame-size", "--max-frames", "--task-runner", "--workers"} <= options["emrl build-sft-set"]
-    assert {"--concurrency", "--bootstrap", "--batch-size"} <= options["emrl build-rl-hardset"]
+    assert {"--concurrency", "--bootstrap", "--rows-per-call"} <= options["emrl build-rl-hardset"]
     assert {"--bootstrap", "--seed", "--split"} <= options["emrl eval"]
 
 
@@ -373,7 +373,7 @@ def test_a_key_refused_mid_run_stops_at_the_first_batch(
     for url in _serve(chat_status=401, refuse_together=2):
         handler_posts = _Stub.__subclasses__()[-1].posts
         args = ["build-rl-hardset", str(sft_out / "sft"), str(tmp_path), "--endpoint", url, "--endpoint-model",
-                "stub-model", "--batch-size", "2", "--concurrency", "2", "--no-probe"]  # fmt: skip
+                "stub-model", "--rows-per-call", "2", "--concurrency", "2", "--no-probe"]  # fmt: skip
         with pytest.raises(SystemExit) as exited:
             main(args)
     out, err = capsys.readouterr()
@@ -396,7 +396,7 @@ def test_ctrl_c_stops_mining_promptly_and_the_rerun_resumes(
     for url in _serve(delay_s=1.0):
         stub = _Stub.__subclasses__()[-1]
         args = ["build-rl-hardset", str(sft_out / "sft"), str(tmp_path), "--endpoint", url, "--endpoint-model",
-                "stub-model", "--batch-size", "1", "--concurrency", "1", "--bootstrap", "10", "--no-probe"]  # fmt: skip
+                "stub-model", "--rows-per-call", "1", "--concurrency", "1", "--bootstrap", "10", "--no-probe"]  # fmt: skip
         env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(ROOT)}
         proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
@@ -428,7 +428,7 @@ def test_an_interrupted_process_ends_even_when_a_thread_holds_shutdown(debug: bo
     the message names it (with --debug, every thread's stack follows)."""
     code = (
         "import sys, threading, time\n"
-        "from flows.cli import _exit_within\n"
+        "from flows.interrupt import exit_within as _exit_within\n"
         "threading.Thread(target=time.sleep, args=(60,), name='stuck-client').start()  # a blocked library thread\n"
         "threading.Thread(target=time.sleep, args=(60,), name='a-daemon', daemon=True).start()  # not holding exit\n"
         f"_exit_within(0.5, 130, debug={debug})\n"

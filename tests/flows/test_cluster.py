@@ -143,12 +143,12 @@ def _tables(out: Path) -> dict[str, bytes]:
     }
 
 
-def _build(atlas: Path, out: Path, batch_size: int, **runner: Any) -> tuple[dict[str, Any], str]:
+def _build(atlas: Path, out: Path, cases_per_task: int, **runner: Any) -> tuple[dict[str, Any], str]:
     """Run build-sft-set; return its summary and its flow run id."""
     state = build_sft_set_flow(
         atlas_root=str(atlas),
         output_dir=str(out),
-        batch_size=batch_size,
+        cases_per_task=cases_per_task,
         max_workers=2,
         config=_SMALL,
         return_state=True,
@@ -190,7 +190,7 @@ def reference(prefect_harness, tmp_path_factory: pytest.TempPathFactory) -> tupl
     """A synthetic atlas and the tables the thread runner builds from it on one machine."""
     root = tmp_path_factory.mktemp("cluster")
     write_atlas(root / "atlas", demo_specs(N_CASES))
-    summary, _ = _build(root / "atlas", root / "thread", batch_size=2)
+    summary, _ = _build(root / "atlas", root / "thread", cases_per_task=2)
     assert summary["cases"] == N_CASES and summary["batches_retried"] == 0
     _every_case_once(root / "thread", N_CASES)
     return root / "atlas", _tables(root / "thread")
@@ -210,7 +210,7 @@ def test_build_sft_set_on_a_dask_cluster_equals_one_machine(
     byte, as the thread runner; every case accounted for; every batch a Completed task run in the Prefect API."""
     atlas, thread_tables = reference
     summary, flow_run_id = _build(
-        atlas, tmp_path / "dask", batch_size=2, task_runner="dask", task_runner_address=two_workers.address
+        atlas, tmp_path / "dask", cases_per_task=2, task_runner="dask", task_runner_address=two_workers.address
     )
     assert (summary["cases"], summary["cases_resumed_from_store"], summary["batches_retried"]) == (N_CASES, 0, 0)
     assert summary["unexpected_errors"] == 0
@@ -274,7 +274,7 @@ def test_a_lost_worker_costs_a_retry_not_a_case(
         killer = WorkerKiller(cluster, "w1")
         killer.start()
         summary, flow_run_id = _build(
-            atlas, tmp_path / "dask", batch_size=1, task_runner="dask", task_runner_address=cluster.address
+            atlas, tmp_path / "dask", cases_per_task=1, task_runner="dask", task_runner_address=cluster.address
         )
         killer.join(timeout=30)
         assert killer.error is None and cluster.workers["w1"].wait(timeout=30) == -signal.SIGKILL
@@ -352,7 +352,7 @@ def test_a_worker_without_the_project_stops_the_flow_before_any_case(
         cluster.start_worker("bare", env, cwd=tmp_path / "dask-bare", python_flags=("-S",))
         cluster.wait_for_workers(["bare"])
         with pytest.raises(ClusterPreflightError) as caught:
-            _build(atlas, tmp_path / "out", batch_size=2, task_runner="dask", task_runner_address=cluster.address)
+            _build(atlas, tmp_path / "out", cases_per_task=2, task_runner="dask", task_runner_address=cluster.address)
     finally:
         cluster.stop()
     message = str(caught.value)
