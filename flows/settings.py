@@ -215,6 +215,11 @@ SHELL = (
 # fmt: on
 
 
+# Options that were renamed: a run that still passes one is told the new name (no alias: the old name had two meanings).
+RENAMED = {"--batch-size": "--cases-per-task (build-sft-set: cases per Prefect task) or --rows-per-call "
+           "(build-rl-hardset: rows per generate call)"}  # fmt: skip
+
+
 def demo_kwargs(settings: Sequence[Setting]) -> dict[str, Any]:
     """The flow arguments where the demo differs from the default (`build_sft_set_flow(**demo_kwargs(...))`)."""
     return {s.name: s.demo for s in settings if s.flow and s.demo is not _SAME}

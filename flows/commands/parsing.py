@@ -7,7 +7,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from flows.settings import Setting
+from flows.settings import RENAMED, Setting
 
 
 CREDENTIALS = """\
@@ -39,7 +39,9 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> Any:  # noqa: D102 (argparse's API)
-        self.exit(2, f"{self.prog}: error: {message}\n  see `{self.prog} --help`\n")
+        given = {word.split("=")[0] for word in message.split()}
+        renamed = "".join(f"; {old} is now {new}" for old, new in RENAMED.items() if old in given)
+        self.exit(2, f"{self.prog}: error: {message}{renamed}\n  see `{self.prog} --help`\n")
 
 
 def debug_parent() -> argparse.ArgumentParser:

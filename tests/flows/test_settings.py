@@ -170,3 +170,14 @@ def test_demo_description_and_frames_are_the_tables() -> None:
     assert DEMO_FRAMES == {"frames": {"frame_size_px": 128, "max_frames": 16}}
     demo_help = _subparser(build_parser(), "demo").format_help()
     assert "on CPU (128 px x 16 frames)" in " ".join(demo_help.split())
+
+
+@pytest.mark.parametrize("given", [["--batch-size", "2"], ["--batch-size=2"]])
+def test_the_old_batch_size_option_names_its_successors(given: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from flows.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["build-sft-set", "atlas", "out", *given])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert "--batch-size is now --cases-per-task (build-sft-set: cases per Prefect task) or --rows-per-call" in err
