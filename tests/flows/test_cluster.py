@@ -16,7 +16,7 @@ import sys
 import sysconfig
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -227,11 +227,27 @@ def _batches_run_by(cluster: DaskProcesses, names: list[str]) -> int:
     return sum((cluster.logs / f"{n}.log").read_text().count("Finished in state Completed()") for n in names)
 
 
+def _processing_at_removal() -> Callable[..., list[str] | None]:
+    """A function for `run_on_scheduler` (defined here, it is pickled by value): the keys the scheduler held as
+    processing on `address` when it removed that worker (the transitions out of `processing` its removal caused, from
+    the transition log); None while the worker is still registered."""
+
+    def held(dask_scheduler: Any, address: str) -> list[str] | None:
+        if address in dask_scheduler.workers:
+            return None
+        removal = ("handle-worker-cleanup", "remove-worker", "check-worker-ttl")
+        log = dask_scheduler.transition_log
+        return sorted({str(t.key) for t in log if t.start == "processing" and t.stimulus_id.startswith(removal)})
+
+    return held
+
+
 class WorkerKiller(threading.Thread):
     """Kill worker `name` (SIGKILL, by PID) once some batch is done and `name` holds batches: mid-run, for sure.
 
-    The worker is first frozen (SIGSTOP) so that the batches it holds, read from the scheduler, are exactly those the
-    scheduler will have to send elsewhere."""
+    The batches it held are those the scheduler had as processing on it when it removed it, read from the scheduler's
+    transition log (the messages the worker sent before it died are read before its closed connection, so no wait
+    is needed for them)."""
 
     def __init__(self, cluster: DaskProcesses, name: str) -> None:
         super().__init__(daemon=True)
@@ -250,10 +266,13 @@ class WorkerKiller(threading.Thread):
                 while not (client.processing([address])[address] and any(client.has_what().values())):
                     time.sleep(0.02)
                 pid = self.cluster.workers[self.name_to_kill].pid
-                os.kill(pid, signal.SIGSTOP)
-                time.sleep(0.5)  # messages the worker sent before it froze reach the scheduler
-                self.held = [str(k) for k in client.processing([address])[address]]
                 os.kill(pid, signal.SIGKILL)
+                deadline = time.monotonic() + 60  # a hang guard: the scheduler notices the closed connection
+                held_when_removed = _processing_at_removal()  # by value: the scheduler cannot import tests/
+                while (held := client.run_on_scheduler(held_when_removed, address=address)) is None:
+                    assert time.monotonic() < deadline, f"the scheduler never removed {self.name_to_kill}"
+                    time.sleep(0.02)
+                self.held = held
         except BaseException as exc:  # noqa: BLE001 (reported by the test)
             self.error = exc
 
