@@ -60,7 +60,7 @@ def _make_backend(
         if not model_path:
             raise ValueError("backend='transformers' needs model_path (a local checkpoint directory).")
         return TransformersBackend(
-            model_path, device=kw["device"], batch_size=kw["batch_size"], max_new_tokens=kw["max_new_tokens"]
+            model_path, device=kw["device"], batch_size=kw["rows_per_call"], max_new_tokens=kw["max_new_tokens"]
         )
     if backend == "openai":
         if not endpoint_url or not endpoint_model:
@@ -130,10 +130,10 @@ def predict_task(
                     break
                 chunk.append(request_from_row(row))
                 if len(chunk) == 32:
-                    results |= _run(backend, chunk, store, backend_kwargs["batch_size"], bar, progress)
+                    results |= _run(backend, chunk, store, backend_kwargs["rows_per_call"], bar, progress)
                     chunk = []
             if chunk:
-                results |= _run(backend, chunk, store, backend_kwargs["batch_size"], bar, progress)
+                results |= _run(backend, chunk, store, backend_kwargs["rows_per_call"], bar, progress)
     failed = sum(r["error"] is not None for r in results.values())
     logger.info("%d predictions (%d failed) in %s", len(results), failed, store_path)
     return results
@@ -164,7 +164,7 @@ def build_rl_hardset_flow(
     probe: bool = True,
     splits: list[str] | None = None,
     target_size: int = 2000,
-    batch_size: int = 4,
+    rows_per_call: int = 4,
     max_new_tokens: int = 256,
     max_concurrency: int = 8,
     device: str = "auto",
@@ -190,7 +190,7 @@ def build_rl_hardset_flow(
         splits: the splits to predict (default both). `["test"]` evaluates a model on the test split only (a served
             or hosted comparison model: `predictions/` and its metrics; the hard set is then empty).
         target_size: the cap of the hard set (paper: about 2K).
-        batch_size: rows per generate call.
+        rows_per_call: rows per generate call / request batch.
         max_new_tokens: generation length cap.
         max_concurrency: in-flight requests (backend "openai").
         device: "auto", "cpu" or "cuda[:N]" (backend "transformers").
@@ -211,7 +211,7 @@ def build_rl_hardset_flow(
     store_path = out / ".work" / f"predictions-{fingerprint}.jsonl"
     store_path.parent.mkdir(parents=True, exist_ok=True)
     backend_kwargs = {"backend": backend, "model_path": model_path, "endpoint_url": endpoint_url,
-                      "endpoint_model": endpoint_model, "batch_size": batch_size, "max_new_tokens": max_new_tokens,
+                      "endpoint_model": endpoint_model, "rows_per_call": rows_per_call, "max_new_tokens": max_new_tokens,
                       "max_concurrency": max_concurrency, "device": device, "dialect": dialect,
                       "max_tokens_field": max_tokens_field}  # fmt: skip
     if backend == "openai" and probe:

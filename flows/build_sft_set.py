@@ -194,7 +194,7 @@ def _meta_key(meta: Mapping[Organ, AtlasOrganMeta] | None) -> str:
 def build_sft_set_flow(
     atlas_root: str,
     output_dir: str,
-    batch_size: int = 8,
+    cases_per_task: int = 8,
     max_workers: int = 2,
     negatives_per_positive: float = 1.0,
     seed: int = 0,
@@ -211,7 +211,7 @@ def build_sft_set_flow(
     Args:
         atlas_root: the atlas folder (split or combined layout; optional metadata CSV and TrainTestIDS/).
         output_dir: where the table folders go (`findings/`, `sft/`, `rejections/`, `manifest.json`, ...).
-        batch_size: cases per task.
+        cases_per_task: cases per Prefect task.
         max_workers: tasks run at once (threads).
         negatives_per_positive: train negatives sampled per organ, as a ratio of its positives.
         seed: seed of the negative sampling.
@@ -239,7 +239,7 @@ def build_sft_set_flow(
     plan = _plan(root, limit, sft_cfg.test_fraction)
     store = CaseStore(out / ".work" / "cases")
     runner = (task_runner, task_runner_address)
-    keys, n_cached, n_retried = _curate_cases(plan, cfg, store, batch_size, max_workers, *runner, case_timeout_s)
+    keys, n_cached, n_retried = _curate_cases(plan, cfg, store, cases_per_task, max_workers, *runner, case_timeout_s)
     case_ids = [r.case_id for r in plan.refs]
     gathered = gather_case_results(case_ids, store, keys)
     rows, rejections = gathered.rows, [*plan.rejections, *gathered.rejections]
@@ -326,7 +326,7 @@ def _curate_cases(
     plan: AtlasPlan,
     cfg: CurateConfig,
     store: CaseStore,
-    batch_size: int,
+    cases_per_task: int,
     max_workers: int,
     task_runner: str,
     task_runner_address: str | None,
@@ -347,7 +347,7 @@ def _curate_cases(
     progress = Progress(len(refs), "curating cases", unit="cases")
     keys: dict[str, str] = {}
     n_cached = 0
-    batches = list(batched(refs, batch_size))
+    batches = list(batched(refs, cases_per_task))
     lost_runs: dict[Any, State] = {}  # task run id -> its final state, for batches that lost a worker
     consumed: list[Any] = []  # task run ids of the batches whose results are in hand
     with (

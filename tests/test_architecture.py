@@ -1,4 +1,4 @@
-"""The architecture holds: import contracts and committed schemas."""
+"""The architecture holds: import contracts, no import cycle, committed schemas."""
 
 from __future__ import annotations
 
@@ -17,6 +17,22 @@ def test_import_contracts_hold() -> None:
     lint = Path(sys.executable).with_name("lint-imports")
     result = subprocess.run([str(lint)], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_no_import_cycle() -> None:
+    """No module of emrl_data, flows, train or inference imports, directly or not, a module that imports it back
+    (lazy imports inside functions count: a cycle is a cycle wherever the import statement sits)."""
+    import grimp
+
+    packages = ("emrl_data", "flows", "train", "inference")
+    graph = grimp.build_graph(*packages, include_external_packages=False)
+    cycles = set()
+    for importer in sorted(graph.modules):
+        for imported in graph.find_modules_directly_imported_by(importer):
+            chain = graph.find_shortest_chain(importer=imported, imported=importer)
+            if chain is not None:  # importer -> imported -> ... -> importer
+                cycles.add(" -> ".join((importer, *chain)))
+    assert not cycles, "import cycles:\n" + "\n".join(sorted(cycles))
 
 
 def test_committed_schemas_are_up_to_date() -> None:

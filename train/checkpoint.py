@@ -18,6 +18,7 @@ real `Qwen3VLProcessor` (`json.dumps(indent=2, sort_keys=True) + "\\n"`).
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 from pathlib import Path
 from typing import Any
@@ -202,8 +203,11 @@ def upgrade_checkpoint(directory: str | Path) -> list[str]:
         and not (d / "chat_template.json").is_file()
         and not tok.get("chat_template")
     ):
-        from train.data import qwen3_vl_chat_template  # noqa: PLC0415 (data imports this module)
-
         (d / CHAT_TEMPLATE_FILE).write_text(qwen3_vl_chat_template(), encoding="utf-8")
         changed.append(CHAT_TEMPLATE_FILE)
     return changed
+
+
+def qwen3_vl_chat_template() -> str:
+    """Return the official Qwen3-VL chat template (TRL's shipped copy, `trl/chat_templates/qwen3_vl.jinja`)."""
+    return importlib.resources.files("trl").joinpath("chat_templates/qwen3_vl.jinja").read_text()

@@ -18,7 +18,6 @@ Called by `train.sft`, `train.grpo`, `train.tiny`, the device check and the mini
 from __future__ import annotations
 
 import hashlib
-import importlib.resources
 import io
 import logging
 from collections.abc import Mapping, Sequence
@@ -35,7 +34,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 from transformers.processing_utils import ProcessorMixin
 
-from train.checkpoint import STANDARD_PROCESSOR_CLASS, write_standard_processor_files
+from train.checkpoint import STANDARD_PROCESSOR_CLASS, qwen3_vl_chat_template, write_standard_processor_files
 
 
 logger = logging.getLogger(__name__)
@@ -47,11 +46,6 @@ FACTOR = PATCH_SIZE * MERGE_SIZE  # frame sides are multiples of 32
 VIDEO_TRIPLE = "<|vision_start|><|video_pad|><|vision_end|>"  # what the chat template renders for a video block
 # Video keyword arguments callers (TRL, apply_chat_template) may pass; the CT encoder has none of these knobs.
 _IGNORED_VIDEO_KWARGS = ("do_sample_frames", "fps", "num_frames", "video_metadata", "return_metadata", "size")
-
-
-def qwen3_vl_chat_template() -> str:
-    """Return the official Qwen3-VL chat template (TRL's shipped copy, `trl/chat_templates/qwen3_vl.jinja`)."""
-    return importlib.resources.files("trl").joinpath("chat_templates/qwen3_vl.jinja").read_text()
 
 
 def make_image_processor(min_pixels: int = 65536, max_pixels: int = 16777216) -> Qwen2VLImageProcessorPil:

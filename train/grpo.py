@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 from transformers import Qwen3VLForConditionalGeneration
-from trl import GRPOConfig, GRPOTrainer, TrlParser
+from trl import GRPOConfig, GRPOTrainer
 
 from emrl_data.text.scoring import ScoringConfig
 from train.checks import (
@@ -52,11 +52,10 @@ from train.data import (
 )
 from train.distributed import (
     add_rank_report,
-    check_launch,
     policy_load_kwargs,
-    prepare_deepspeed_cpu,
     prompt_seeded_rng,
 )
+from train.entry import train_main
 from train.freeze import set_stage_trainable
 from train.rewards import REWARD_NAMES, Verifier, make_reward_funcs, reward_weights_for
 
@@ -463,12 +462,7 @@ def run_grpo(script_args: GrpoScriptArguments, training_args: GRPOConfig) -> Pat
 
 def main(argv: list[str] | None = None) -> None:
     """CLI entry: `python -m train.grpo --config YAML --dataset_dir D --model_name_or_path M --output_dir O`."""
-    logging.basicConfig(level=logging.INFO)
-    prepare_deepspeed_cpu()
-    parser = TrlParser((GrpoScriptArguments, GRPOConfig))
-    script_args, training_args = parser.parse_args_and_config(argv)
-    check_launch("grpo", script_args, training_args)  # before any weight loads
-    run_grpo(script_args, training_args)
+    train_main("grpo", GrpoScriptArguments, GRPOConfig, run_grpo, argv)
 
 
 if __name__ == "__main__":

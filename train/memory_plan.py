@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from emrl_data.config import FrameConfig
 from train.freeze import parameter_group
 from train.tiny import build_config, build_tokenizer
 
@@ -34,8 +35,8 @@ BEGIN, END = "<!-- memory-plan:begin -->", "<!-- memory-plan:end -->"
 class Shape:
     """The paper's per-device GRPO shape."""
 
-    frames: int = 32
-    frame_px: int = 448
+    frames: int = FrameConfig().max_frames  # the E-MRL frames (emrl_data.config, the one home of the default)
+    frame_px: int = FrameConfig().frame_size_px
     text_tokens: int = 400
     completion_tokens: int = 512
     group: int = 8

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 from transformers import Qwen3VLForConditionalGeneration
-from trl import SFTConfig, SFTTrainer, TrlParser
+from trl import SFTConfig, SFTTrainer
 
 from train.checks import (
     TrainConfigError,
@@ -36,7 +36,8 @@ from train.checks import (
     run_cli,
 )
 from train.data import CTQwen3VLProcessor, SFTCollator, load_split
-from train.distributed import add_rank_report, check_launch, policy_load_kwargs, prepare_deepspeed_cpu
+from train.distributed import add_rank_report, policy_load_kwargs
+from train.entry import train_main
 from train.freeze import set_stage_trainable
 from train.tiny import build_model, build_processor
 
@@ -263,12 +264,7 @@ def _print_parse_rate(model: Any, processor: Any, dataset_dir: str, split: str) 
 
 def main(argv: list[str] | None = None) -> None:
     """CLI entry: `python -m train.sft --config YAML [--dataset_dir D] [--output_dir O] [overrides]`."""
-    logging.basicConfig(level=logging.INFO)
-    prepare_deepspeed_cpu()
-    parser = TrlParser((SftScriptArguments, SFTConfig))
-    script_args, training_args = parser.parse_args_and_config(argv)
-    check_launch("sft", script_args, training_args)  # before any weight loads
-    run_sft(script_args, training_args)
+    train_main("sft", SftScriptArguments, SFTConfig, run_sft, argv)
 
 
 if __name__ == "__main__":

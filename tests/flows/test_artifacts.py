@@ -298,7 +298,7 @@ def built(prefect_harness, tmp_path_factory: pytest.TempPathFactory) -> tuple[Pa
     root = tmp_path_factory.mktemp("artifacts")
     write_atlas(root / "atlas", demo_specs(16))
     state = build_sft_set_flow(
-        atlas_root=str(root / "atlas"), output_dir=str(root / "out"), batch_size=4, max_workers=2,
+        atlas_root=str(root / "atlas"), output_dir=str(root / "out"), cases_per_task=4, max_workers=2,
         config=SMALL_FRAMES, return_state=True,
     )  # fmt: skip
     return root / "out", {a.key: a for a in _artifacts_of(state.state_details.flow_run_id) if a.key}

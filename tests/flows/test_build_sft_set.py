@@ -41,7 +41,7 @@ def test_flow_end_to_end(prefect_harness, atlas, tmp_path: Path) -> None:
     root, truth = atlas
     out = tmp_path / "out"
 
-    summary = build_sft_set_flow(atlas_root=str(root), output_dir=str(out), batch_size=4, max_workers=2)
+    summary = build_sft_set_flow(atlas_root=str(root), output_dir=str(out), cases_per_task=4, max_workers=2)
 
     # Hub layout, schemas equal the committed ones.
     for table in ("findings", "sft", "rejections"):
@@ -97,11 +97,11 @@ def test_flow_is_deterministic_and_resumable(
 ) -> None:
     root, _ = atlas
     clean = tmp_path / "clean"
-    build_sft_set_flow(atlas_root=str(root), output_dir=str(clean), batch_size=4, max_workers=2)
+    build_sft_set_flow(atlas_root=str(root), output_dir=str(clean), cases_per_task=4, max_workers=2)
 
     # A second run elsewhere gives byte-identical shards.
     again = tmp_path / "again"
-    build_sft_set_flow(atlas_root=str(root), output_dir=str(again), batch_size=3, max_workers=1)
+    build_sft_set_flow(atlas_root=str(root), output_dir=str(again), cases_per_task=3, max_workers=1)
     assert _shards(again) == _shards(clean)
 
     # Interrupt a run after 5 cases (the 6th raises), rerun: the 5 are resumed, the output equals the clean run.
@@ -117,9 +117,9 @@ def test_flow_is_deterministic_and_resumable(
     resumed = tmp_path / "resumed"
     monkeypatch.setattr(flow_module, "curate_case", interrupted)
     with pytest.raises(BaseException):  # noqa: B017 - the flow dies with the interruption, however Prefect wraps it
-        build_sft_set_flow(atlas_root=str(root), output_dir=str(resumed), batch_size=1, max_workers=1)
+        build_sft_set_flow(atlas_root=str(root), output_dir=str(resumed), cases_per_task=1, max_workers=1)
     monkeypatch.setattr(flow_module, "curate_case", real)
-    summary = build_sft_set_flow(atlas_root=str(root), output_dir=str(resumed), batch_size=4, max_workers=2)
+    summary = build_sft_set_flow(atlas_root=str(root), output_dir=str(resumed), cases_per_task=4, max_workers=2)
     assert summary["cases_resumed_from_store"] == 5
     assert _shards(resumed) == _shards(clean)
 

@@ -34,7 +34,7 @@ def test_a_hostile_atlas_runs_to_the_end_and_a_damaged_store_is_recomputed(prefe
     (root / "TrainTestIDS/IID_train.csv").write_text("BDMAP ID\nBDMAP_00000001\nBDMAP_00000002\nBDMAP_00000003\n")
     out = tmp_path / "out"
 
-    summary = build_sft_set_flow(atlas_root=str(root), output_dir=str(out), batch_size=2, max_workers=1)
+    summary = build_sft_set_flow(atlas_root=str(root), output_dir=str(out), cases_per_task=2, max_workers=1)
 
     expected = [
         ("BDMAP_00000002", None, "unreadable_file", "image_only/BDMAP_00000002/ct.nii.gz"),
@@ -56,11 +56,11 @@ def test_a_hostile_atlas_runs_to_the_end_and_a_damaged_store_is_recomputed(prefe
     entries[0].write_bytes(b"")
     entries[1].write_bytes(entries[1].read_bytes()[:100])
 
-    again = build_sft_set_flow(atlas_root=str(root), output_dir=str(out), batch_size=2, max_workers=1)
+    again = build_sft_set_flow(atlas_root=str(root), output_dir=str(out), cases_per_task=2, max_workers=1)
 
     assert again["cases_resumed_from_store"] == 0  # both recomputed, with a warning, not fatal
     assert {p.name: p.read_bytes() for p in sorted((out / "findings/data").glob("*.parquet"))} == first
-    third = build_sft_set_flow(atlas_root=str(root), output_dir=str(out), batch_size=2, max_workers=1)
+    third = build_sft_set_flow(atlas_root=str(root), output_dir=str(out), cases_per_task=2, max_workers=1)
     assert third["cases_resumed_from_store"] == 2
     assert json.loads((out / "manifest.json").read_text())["warnings"] == []
 

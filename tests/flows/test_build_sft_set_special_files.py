@@ -62,7 +62,7 @@ def test_emrl_build_sft_set_over_a_fifo_and_dev_zero_links_ends_with_named_rows(
     (root / f"image_only/{ID3}/notes.bin").symlink_to("/dev/urandom")  # beside the CT
     out = tmp_path / "out"
 
-    main(["build-sft-set", str(root), str(out), "--batch-size", "2", "--workers", "1"])  # returns: the run ended
+    main(["build-sft-set", str(root), str(out), "--cases-per-task", "2", "--workers", "1"])  # returns: the run ended
 
     assert _rejections(out) == [
         (
@@ -94,7 +94,7 @@ def test_emrl_build_sft_set_over_a_fifo_and_dev_zero_links_ends_with_named_rows(
     assert all(w in (out / "qa.md").read_text() for w in warnings)
     assert _leftovers(out) == []
 
-    main(["build-sft-set", str(root), str(out), "--batch-size", "2", "--workers", "1"])  # resumes, same rows
+    main(["build-sft-set", str(root), str(out), "--cases-per-task", "2", "--workers", "1"])  # resumes, same rows
 
     again = json.loads((out / "manifest.json").read_text())
     assert again["cases_resumed_from_store"] == 3 and again["warnings"] == warnings
@@ -125,7 +125,7 @@ def test_a_case_past_its_time_bound_is_a_case_timeout_and_the_run_goes_on(
 ) -> None:
     root = _atlas(tmp_path / "atlas", (ID1, ID2))
     out = tmp_path / "out"
-    build_sft_set_flow(atlas_root=str(root), output_dir=str(out), batch_size=2, max_workers=1)
+    build_sft_set_flow(atlas_root=str(root), output_dir=str(out), cases_per_task=2, max_workers=1)
     for entry in (out / ".work/cases").glob("*.case.json"):  # case 2 is curated again; case 1 resumes at once
         if ID2 in entry.read_text():
             entry.unlink()
@@ -140,7 +140,7 @@ def test_a_case_past_its_time_bound_is_a_case_timeout_and_the_run_goes_on(
     monkeypatch.setattr(build, "curate_case", curate_blocking_case_2)
     try:
         summary = build_sft_set_flow(
-            atlas_root=str(root), output_dir=str(out), batch_size=2, max_workers=1, case_timeout_s=5.0
+            atlas_root=str(root), output_dir=str(out), cases_per_task=2, max_workers=1, case_timeout_s=5.0
         )
     finally:
         release.set()
@@ -161,7 +161,7 @@ def test_a_case_past_its_time_bound_is_a_case_timeout_and_the_run_goes_on(
         assert time.monotonic() < deadline, "the released case was never stored"
         time.sleep(0.05)
     monkeypatch.setattr(build, "curate_case", real_curate_case)
-    again = build_sft_set_flow(atlas_root=str(root), output_dir=str(out), batch_size=2, max_workers=1)
+    again = build_sft_set_flow(atlas_root=str(root), output_dir=str(out), cases_per_task=2, max_workers=1)
     assert again["cases_timed_out"] == 0 and again["cases_resumed_from_store"] == 2
     assert again["organ_rows"]["train"]["total"] == 6
 
@@ -198,7 +198,7 @@ def test_a_full_disk_fails_in_one_line_naming_the_shard_and_leaves_no_temporary_
     monkeypatch.setattr(pq, "ParquetWriter", DiskFullWriter)  # the sft shard is streamed through ParquetWriter
 
     with pytest.raises(SystemExit) as exited:
-        main(["build-sft-set", str(root), str(out), "--batch-size", "2", "--workers", "1"])
+        main(["build-sft-set", str(root), str(out), "--cases-per-task", "2", "--workers", "1"])
 
     shard = out / "sft/data/train-00000-of-00001.parquet"
     err = capsys.readouterr().err
@@ -215,7 +215,7 @@ def test_a_full_disk_fails_in_one_line_naming_the_shard_and_leaves_no_temporary_
     assert len(list((out / ".work/cases").glob("*.case.json"))) == 2  # finished cases are kept
 
     monkeypatch.setattr(pq, "ParquetWriter", real_writer)  # space again: the rerun resumes and finishes
-    main(["build-sft-set", str(root), str(out), "--batch-size", "2", "--workers", "1"])
+    main(["build-sft-set", str(root), str(out), "--cases-per-task", "2", "--workers", "1"])
     assert json.loads((out / "manifest.json").read_text())["cases_resumed_from_store"] == 2 and shard.exists()
 
 

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
@@ -81,7 +82,7 @@ def test_output_path_is_a_file(atlas: Path, tmp_path: Path, capsys: pytest.Captu
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
-        ("--batch-size", "0", "argument --batch-size: must be >= 1, got 0"),
+        ("--cases-per-task", "0", "argument --cases-per-task: must be >= 1, got 0"),
         ("--workers", "-1", "argument --workers: must be >= 1, got -1"),
         ("--frame-size", "4", "argument --frame-size: must be >= 8, got 4"),
         ("--limit", "many", "argument --limit: expected a number, got 'many'"),
@@ -146,7 +147,8 @@ class _Stub(BaseHTTPRequestHandler):
 
     models_status = 200
     chat_status = 200
-    delay_s = 0.0
+    hold_from = 0  # hold the answer to this request (1-based) and later ones until `release` is set; 0: never
+    release = threading.Event()
     refuse_together = 0  # hold a refusal until this many requests arrived (both of a batch in flight, not a race)
     posts: list[float] = []
 
@@ -171,7 +173,8 @@ class _Stub(BaseHTTPRequestHandler):
             while len(self.posts) < self.refuse_together and time.monotonic() < deadline:
                 time.sleep(0.01)
             return self._send(self.chat_status, {"error": {"message": "Invalid API key"}})
-        time.sleep(self.delay_s)
+        if self.hold_from and len(self.posts) >= self.hold_from:
+            self.release.wait(timeout=120)  # a hang guard: the test sets it
         prompt = next(p["text"] for p in body["messages"][0]["content"] if p["type"] == "text").lower()
         organ = min((prompt.find(str(o)), o) for o in Organ if str(o) in prompt)[1]
         text = (
@@ -184,7 +187,7 @@ class _Stub(BaseHTTPRequestHandler):
 
 
 def _serve(**attributes: Any) -> Iterator[str]:
-    handler = type("Stub", (_Stub,), {"posts": [], **attributes})
+    handler = type("Stub", (_Stub,), {"posts": [], "release": threading.Event(), **attributes})
     with loopback_http(handler) as base:
         yield f"{base}/v1"
 
@@ -276,7 +279,7 @@ def test_help_exposes_seed_frames_runner_concurrency_and_bootstrap() -> None:
         for prog, p in _parsers(parser)
     }
     assert {"--seed", "--frame-size", "--max-frames", "--task-runner", "--workers"} <= options["emrl build-sft-set"]
-    assert {"--concurrency", "--bootstrap", "--batch-size"} <= options["emrl build-rl-hardset"]
+    assert {"--concurrency", "--bootstrap", "--rows-per-call"} <= options["emrl build-rl-hardset"]
     assert {"--bootstrap", "--seed", "--split"} <= options["emrl eval"]
 
 
@@ -373,7 +376,7 @@ def test_a_key_refused_mid_run_stops_at_the_first_batch(
     for url in _serve(chat_status=401, refuse_together=2):
         handler_posts = _Stub.__subclasses__()[-1].posts
         args = ["build-rl-hardset", str(sft_out / "sft"), str(tmp_path), "--endpoint", url, "--endpoint-model",
-                "stub-model", "--batch-size", "2", "--concurrency", "2", "--no-probe"]  # fmt: skip
+                "stub-model", "--rows-per-call", "2", "--concurrency", "2", "--no-probe"]  # fmt: skip
         with pytest.raises(SystemExit) as exited:
             main(args)
     out, err = capsys.readouterr()
@@ -393,10 +396,12 @@ def test_ctrl_c_stops_mining_promptly_and_the_rerun_resumes(
 ) -> None:
     from prefect.settings import PREFECT_API_URL
 
-    for url in _serve(delay_s=1.0):
+    # the stub answers the first row at once and holds the second: Ctrl-C lands mid-run, with one row stored and one
+    # in flight, however fast or slow the machine
+    for url in _serve(hold_from=2):
         stub = _Stub.__subclasses__()[-1]
         args = ["build-rl-hardset", str(sft_out / "sft"), str(tmp_path), "--endpoint", url, "--endpoint-model",
-                "stub-model", "--batch-size", "1", "--concurrency", "1", "--bootstrap", "10", "--no-probe"]  # fmt: skip
+                "stub-model", "--rows-per-call", "1", "--concurrency", "1", "--bootstrap", "10", "--no-probe"]  # fmt: skip
         env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(ROOT)}
         proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
@@ -405,7 +410,12 @@ def test_ctrl_c_stops_mining_promptly_and_the_rerun_resumes(
             lines.append(line)
             if "SFT model predictions: " in line:  # a progress line: mining is under way
                 break
+        deadline = time.monotonic() + 120  # a hang guard, not a timing assertion
+        while len(stub.posts) < 2:  # the second row is in flight (held): the first one is stored
+            assert time.monotonic() < deadline and proc.poll() is None, "the second request never came"
+            time.sleep(0.01)
         proc.send_signal(signal.SIGINT)
+        stub.release.set()  # the row in flight gets its answer; Ctrl-C stops the run before the next one is sent
         rest, _ = proc.communicate(timeout=120)  # a hang guard, not a timing assertion
         output = "".join(lines) + rest
         assert proc.returncode == 130, output
@@ -415,7 +425,7 @@ def test_ctrl_c_stops_mining_promptly_and_the_rerun_resumes(
         done_before = len(stub.posts)
         assert done_before <= stored_before + 1  # after Ctrl-C nothing more was sent: at most the row in flight lost
 
-        stub.delay_s = 0.0
+        stub.hold_from = 0
         main(args)
     total = json.loads((tmp_path / "rl_hardset" / "summary.json").read_text())["predictions"]
     assert 1 <= stored_before < total
@@ -428,7 +438,7 @@ def test_an_interrupted_process_ends_even_when_a_thread_holds_shutdown(debug: bo
     the message names it (with --debug, every thread's stack follows)."""
     code = (
         "import sys, threading, time\n"
-        "from flows.cli import _exit_within\n"
+        "from flows.interrupt import exit_within as _exit_within\n"
         "threading.Thread(target=time.sleep, args=(60,), name='stuck-client').start()  # a blocked library thread\n"
         "threading.Thread(target=time.sleep, args=(60,), name='a-daemon', daemon=True).start()  # not holding exit\n"
         f"_exit_within(0.5, 130, debug={debug})\n"

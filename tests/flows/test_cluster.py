@@ -16,7 +16,7 @@ import sys
 import sysconfig
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,12 +143,12 @@ def _tables(out: Path) -> dict[str, bytes]:
     }
 
 
-def _build(atlas: Path, out: Path, batch_size: int, **runner: Any) -> tuple[dict[str, Any], str]:
+def _build(atlas: Path, out: Path, cases_per_task: int, **runner: Any) -> tuple[dict[str, Any], str]:
     """Run build-sft-set; return its summary and its flow run id."""
     state = build_sft_set_flow(
         atlas_root=str(atlas),
         output_dir=str(out),
-        batch_size=batch_size,
+        cases_per_task=cases_per_task,
         max_workers=2,
         config=_SMALL,
         return_state=True,
@@ -190,7 +190,7 @@ def reference(prefect_harness, tmp_path_factory: pytest.TempPathFactory) -> tupl
     """A synthetic atlas and the tables the thread runner builds from it on one machine."""
     root = tmp_path_factory.mktemp("cluster")
     write_atlas(root / "atlas", demo_specs(N_CASES))
-    summary, _ = _build(root / "atlas", root / "thread", batch_size=2)
+    summary, _ = _build(root / "atlas", root / "thread", cases_per_task=2)
     assert summary["cases"] == N_CASES and summary["batches_retried"] == 0
     _every_case_once(root / "thread", N_CASES)
     return root / "atlas", _tables(root / "thread")
@@ -210,7 +210,7 @@ def test_build_sft_set_on_a_dask_cluster_equals_one_machine(
     byte, as the thread runner; every case accounted for; every batch a Completed task run in the Prefect API."""
     atlas, thread_tables = reference
     summary, flow_run_id = _build(
-        atlas, tmp_path / "dask", batch_size=2, task_runner="dask", task_runner_address=two_workers.address
+        atlas, tmp_path / "dask", cases_per_task=2, task_runner="dask", task_runner_address=two_workers.address
     )
     assert (summary["cases"], summary["cases_resumed_from_store"], summary["batches_retried"]) == (N_CASES, 0, 0)
     assert summary["unexpected_errors"] == 0
@@ -227,11 +227,27 @@ def _batches_run_by(cluster: DaskProcesses, names: list[str]) -> int:
     return sum((cluster.logs / f"{n}.log").read_text().count("Finished in state Completed()") for n in names)
 
 
+def _processing_at_removal() -> Callable[..., list[str] | None]:
+    """A function for `run_on_scheduler` (defined here, it is pickled by value): the keys the scheduler held as
+    processing on `address` when it removed that worker (the transitions out of `processing` its removal caused, from
+    the transition log); None while the worker is still registered."""
+
+    def held(dask_scheduler: Any, address: str) -> list[str] | None:
+        if address in dask_scheduler.workers:
+            return None
+        removal = ("handle-worker-cleanup", "remove-worker", "check-worker-ttl")
+        log = dask_scheduler.transition_log
+        return sorted({str(t.key) for t in log if t.start == "processing" and t.stimulus_id.startswith(removal)})
+
+    return held
+
+
 class WorkerKiller(threading.Thread):
     """Kill worker `name` (SIGKILL, by PID) once some batch is done and `name` holds batches: mid-run, for sure.
 
-    The worker is first frozen (SIGSTOP) so that the batches it holds, read from the scheduler, are exactly those the
-    scheduler will have to send elsewhere."""
+    The batches it held are those the scheduler had as processing on it when it removed it, read from the scheduler's
+    transition log (the messages the worker sent before it died are read before its closed connection, so no wait
+    is needed for them)."""
 
     def __init__(self, cluster: DaskProcesses, name: str) -> None:
         super().__init__(daemon=True)
@@ -250,10 +266,13 @@ class WorkerKiller(threading.Thread):
                 while not (client.processing([address])[address] and any(client.has_what().values())):
                     time.sleep(0.02)
                 pid = self.cluster.workers[self.name_to_kill].pid
-                os.kill(pid, signal.SIGSTOP)
-                time.sleep(0.5)  # messages the worker sent before it froze reach the scheduler
-                self.held = [str(k) for k in client.processing([address])[address]]
                 os.kill(pid, signal.SIGKILL)
+                deadline = time.monotonic() + 60  # a hang guard: the scheduler notices the closed connection
+                held_when_removed = _processing_at_removal()  # by value: the scheduler cannot import tests/
+                while (held := client.run_on_scheduler(held_when_removed, address=address)) is None:
+                    assert time.monotonic() < deadline, f"the scheduler never removed {self.name_to_kill}"
+                    time.sleep(0.02)
+                self.held = held
         except BaseException as exc:  # noqa: BLE001 (reported by the test)
             self.error = exc
 
@@ -274,7 +293,7 @@ def test_a_lost_worker_costs_a_retry_not_a_case(
         killer = WorkerKiller(cluster, "w1")
         killer.start()
         summary, flow_run_id = _build(
-            atlas, tmp_path / "dask", batch_size=1, task_runner="dask", task_runner_address=cluster.address
+            atlas, tmp_path / "dask", cases_per_task=1, task_runner="dask", task_runner_address=cluster.address
         )
         killer.join(timeout=30)
         assert killer.error is None and cluster.workers["w1"].wait(timeout=30) == -signal.SIGKILL
@@ -352,7 +371,7 @@ def test_a_worker_without_the_project_stops_the_flow_before_any_case(
         cluster.start_worker("bare", env, cwd=tmp_path / "dask-bare", python_flags=("-S",))
         cluster.wait_for_workers(["bare"])
         with pytest.raises(ClusterPreflightError) as caught:
-            _build(atlas, tmp_path / "out", batch_size=2, task_runner="dask", task_runner_address=cluster.address)
+            _build(atlas, tmp_path / "out", cases_per_task=2, task_runner="dask", task_runner_address=cluster.address)
     finally:
         cluster.stop()
     message = str(caught.value)

@@ -36,7 +36,6 @@ from emrl_data.types import Organ
 from flows import _procs
 from flows import server as ops
 from flows.build_sft_set import build_sft_set_flow
-from flows.cli import DEMO_FRAMES, _demo
 from tests.loopback import loopback_http
 
 
@@ -86,19 +85,6 @@ def test_stop_process_stops_the_group_its_orphans_and_spares_strangers(tmp_path:
     assert _procs.stop_process(record, timeout_s=10) is True
     assert not any(_procs.is_running(p, t) for p, t in members)
     assert _procs.stop_process(record) is False  # already gone
-
-
-def test_deployment_defaults_are_the_demos_settings() -> None:
-    """A deployment run after `make demo` resumes the demo's work instead of rewriting demo-output differently."""
-    deployments = {
-        d["name"]: d["parameters"] for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
-    }
-    sft, mining = deployments["build-sft-set"], deployments["build-rl-hardset"]
-    assert sft["output_dir"] == "demo-output" and sft["config"] == DEMO_FRAMES
-    assert mining["output_dir"] == "demo-output" and mining["model_path"] == "demo-output/sft_model"
-    demo = inspect.getsource(_demo)
-    for key in ("max_new_tokens", "n_bootstrap", "device"):
-        assert f"{key}={mining[key]!r}" in demo.replace('"', "'"), key
 
 
 def test_up_refuses_a_busy_port_and_down_without_state(tmp_path: Path) -> None:
@@ -194,7 +180,7 @@ def built(served: tuple[ops.ServerState, str], atlas: Path, tmp_path_factory: py
     params: dict[str, Any] = {
         "atlas_root": str(atlas),
         "output_dir": str(out),
-        "batch_size": 4,
+        "cases_per_task": 4,
         "config": SMALL_FRAMES,
     }
     if "task_runner" in inspect.signature(build_sft_set_flow.fn).parameters:
@@ -356,7 +342,7 @@ def test_serve_stop_marks_a_running_flow_run_cancelled(served: tuple[ops.ServerS
     with loopback_http(_HeldNegativeReportHandler) as base:
         params = {"sft_dir": str(built / "sft"), "output_dir": str(built / "slow"), "backend": "openai",
                   "endpoint_url": f"{base}/v1", "endpoint_model": "slow",
-                  "batch_size": 1, "max_concurrency": 1}  # fmt: skip
+                  "rows_per_call": 1, "max_concurrency": 1}  # fmt: skip
         args = ["deployment", "run", "build-rl-hardset/build-rl-hardset"]
         for key, value in params.items():
             args += _param(key, value)

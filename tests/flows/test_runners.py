@@ -184,7 +184,7 @@ _SMALL = {"frames": {"frame_size_px": 64, "max_frames": 8}}
 
 def _build(atlas: Path, out: Path, kind: str) -> dict[str, bytes]:
     summary = build_sft_set_flow(
-        atlas_root=str(atlas), output_dir=str(out), batch_size=2, max_workers=2, config=_SMALL, task_runner=kind
+        atlas_root=str(atlas), output_dir=str(out), cases_per_task=2, max_workers=2, config=_SMALL, task_runner=kind
     )
     assert summary["cases"] == 4 and summary["unexpected_errors"] == 0
     assert summary["cases_resumed_from_store"] == 0  # every case was curated by this runner's workers

@@ -34,7 +34,7 @@ import yaml
 from flows._procs import ProcessRecord, is_running, spawn, stop_process
 
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the checkout (this file is flows/server/__init__.py)
 POOL, HOST, STATE_NAME, ENV_NAME = "emrl-local", "127.0.0.1", "emrl-server.json", "env.sh"
 _DROPPED_ENV = ("PREFECT_API_KEY", "PREFECT_PROFILE", "PREFECT_PROFILES_PATH", "PREFECT_API_AUTH_STRING")
 _ACTIVE = ["RUNNING", "PENDING", "CANCELLING"]
@@ -280,14 +280,3 @@ def write_env_file(state: ServerState) -> Path:
         f'export PATH={shlex.quote(str(Path(sys.executable).parent))}:"$PATH"  # prefect, emrl\n'
     )
     return path
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m flows.server up|down|status` (the same as `emrl server ...`)."""
-    from flows.cli import main as emrl
-
-    emrl(["server", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    main()

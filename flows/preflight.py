@@ -1,0 +1,157 @@
+"""Cheap checks of an `emrl` command's arguments, run before Prefect starts: a user's mistake fails here in one line.
+
+Each `check_*` takes the parsed arguments and raises `UsageError(problem, fix)`; the endpoint and Hub checks make one
+request each (a refused key or an unreachable server fails in seconds, not after retries).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from flows.evaluate import prediction_files
+from flows.prefect_env import UsageError
+from flows.settings import SHELL, by_name
+
+
+ENDPOINT_CHECK_TIMEOUT_S = by_name(SHELL)["endpoint_check_timeout_s"].default
+
+
+def check_output(out: Path) -> None:
+    """The output path is a folder or can become one."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"the output path {out} is a file", "pass a folder (it is created when missing)")
+    parent = next((p for p in out.absolute().parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise UsageError(f"{parent} (in the output path {out}) is a file", "pass a folder path")
+
+
+def check_synth(args: argparse.Namespace) -> None:
+    """`emrl synth`."""
+    check_output(args.out)
+
+
+def check_build_sft_set(args: argparse.Namespace) -> None:
+    """`emrl build-sft-set`: the atlas folder holds cases; the output path is usable."""
+    from emrl_data.reading.atlas import AtlasError, discover_cases
+
+    atlas = Path(args.atlas)
+    if not atlas.is_dir():
+        what = "is a file" if atlas.exists() else "does not exist"
+        raise UsageError(
+            f"the atlas folder {atlas} {what}",
+            "pass the AbdomenAtlas root (image_only/ + mask_only/, or BDMAP_* folders); `emrl synth DIR` writes one",
+        )
+    try:
+        found = discover_cases(atlas)
+    except AtlasError as exc:  # NoCasesError included: the message names what was found instead
+        raise UsageError(
+            str(exc), "point at the atlas root that holds image_only/ and mask_only/ (or BDMAP_* folders)"
+        ) from None
+    if not found.refs:
+        raise UsageError(
+            f"no cases in {atlas}: no valid BDMAP_######## folders ({len(found.rejections)} invalid ones)",
+            "point at the atlas root that holds image_only/ and mask_only/ (or the BDMAP_* folders)",
+        )
+    check_output(args.out)
+
+
+def check_build_rl_hardset(args: argparse.Namespace) -> None:
+    """`emrl build-rl-hardset`: an SFT set, a checkpoint or an endpoint that answers, options that fit together."""
+    sft = Path(args.sft_dir)
+    if not sorted((sft / "data").glob("train-*-of-*.parquet")):
+        hint = f"pass {sft / 'sft'}" if (sft / "sft" / "data").is_dir() else "run `emrl build-sft-set ATLAS OUT` first"
+        raise UsageError(f"no SFT set in {sft} (no data/train-*.parquet)", f"{hint}, then pass OUT/sft")
+    if args.endpoint and not args.endpoint_model:
+        raise UsageError(
+            "--endpoint needs --endpoint-model", "add --endpoint-model NAME (the model the server serves)"
+        )
+    for given, option in ((args.endpoint_model, "--endpoint-model"), (args.dialect, "--dialect"),
+                          (args.max_tokens_field, "--max-tokens-field"), (not args.probe, "--no-probe")):  # fmt: skip
+        if given and not args.endpoint:
+            raise UsageError(f"{option} is only used with --endpoint", "add --endpoint URL/v1, or drop it")
+    if args.model is not None and not Path(args.model).is_dir():
+        raise UsageError(f"the model folder {args.model} does not exist", "pass a local checkpoint folder (--model)")
+    if args.model is not None and not (Path(args.model) / "config.json").is_file():
+        raise UsageError(f"{args.model} is not a model checkpoint (no config.json)",
+                         "pass the folder `python -m train.sft` wrote (its --output_dir)")  # fmt: skip
+    check_output(args.out)
+    if args.endpoint:
+        check_endpoint(args.endpoint, args.endpoint_model)
+
+
+def check_endpoint(base_url: str, model: str, timeout_s: float = ENDPOINT_CHECK_TIMEOUT_S) -> None:
+    """Ask the endpoint for its models once: a refused key or an unreachable server fails here, before any row."""
+    import httpx
+
+    key = os.environ.get("OPENAI_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        response = httpx.get(base_url.rstrip("/") + "/models", headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise UsageError(
+            f"cannot reach the endpoint {base_url} ({type(exc).__name__})",
+            "start the server (`make vllm-serve CKPT=DIR`, or `vllm serve` with the flags of docs/serving.md) or fix "
+            "--endpoint (the base URL including /v1)",
+        ) from exc
+    if response.status_code in (401, 403):
+        state = "is not set" if not key else "was refused"
+        raise UsageError(
+            f"the endpoint answered HTTP {response.status_code}: OPENAI_API_KEY {state}",
+            "export OPENAI_API_KEY=<a key the server accepts> (vllm: the value of --api-key)",
+        )
+    if response.status_code == 200:
+        try:
+            served = [m["id"] for m in response.json().get("data", [])]
+        except (ValueError, AttributeError, KeyError, TypeError):
+            return  # not the OpenAI models list: the first request will tell
+        # `transformers serve PATH` lists its Hub cache, not the model it was given by path: the probe checks that name.
+        if served and model not in served and not Path(model).is_dir():
+            raise UsageError(
+                f"the endpoint serves {', '.join(served[:5])}, not {model!r}", f"--endpoint-model {served[0]}"
+            )
+
+
+def check_demo(args: argparse.Namespace) -> None:
+    """`emrl demo`."""
+    check_output(args.out)
+
+
+def check_eval(args: argparse.Namespace) -> None:
+    """`emrl eval`: every predictions path holds prediction files."""
+    for path in args.predictions:
+        prediction_files(Path(path))
+    check_output(args.out)
+
+
+def check_publish(args: argparse.Namespace) -> None:
+    """`emrl publish`: a table folder; a Hub token the Hub accepts (unless publishing to a folder or a dry run)."""
+    table = Path(args.table_dir)
+    if not (table / "data").is_dir():
+        raise UsageError(f"{table} is not a table folder (no data/)", "pass e.g. OUT/sft, written by build-sft-set")
+    if args.local_root is None and not getattr(args, "dry_run", False):
+        check_hub()
+
+
+def check_hub() -> None:
+    """One `whoami` call: no network, no token or a refused token fail here, in seconds, not after upload retries."""
+    import httpx
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError
+
+    fix_token = "export HF_TOKEN=<a write token> (or run `hf auth login`)"
+    try:
+        HfApi(endpoint=constants.ENDPOINT).whoami()
+    except LocalTokenNotFoundError:
+        raise UsageError("no Hugging Face token", fix_token) from None
+    except HfHubHTTPError as exc:
+        status = getattr(exc.response, "status_code", None)
+        if status in (401, 403):
+            raise UsageError(f"the Hub refused the token (HTTP {status})", fix_token) from None
+        raise UsageError(f"the Hub answered HTTP {status}", "retry later, or check HF_ENDPOINT") from None
+    except (httpx.HTTPError, OSError) as exc:
+        raise UsageError(
+            f"cannot reach the Hub at {constants.ENDPOINT} ({type(exc).__name__})",
+            "check the network (or HF_ENDPOINT), or publish to a folder with --local-root DIR",
+        ) from None
