@@ -128,9 +128,7 @@ class VideoGRPOTrainer(GRPOTrainer):
         from train.vllm_rollout import policy_weights  # noqa: PLC0415
 
         model = self.accelerator.unwrap_model(self.model)
-        loaded = self.vllm.push_weights(policy_weights(model), finalize=finalize)
-        if not loaded:
-            raise RuntimeError("weight sync: vLLM loaded none of the policy's tensors; the rollouts would be stale.")
+        self.vllm.push_weights(policy_weights(model), finalize=finalize)
         self._vllm_step = self.state.global_step
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -139,7 +139,9 @@ def prompt_token_counts(dataset: Any, processor: Any) -> list[tuple[str, int]]:
         if text not in texts:
             msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": text}]}]
             rendered = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-            texts[text] = len(processor.tokenizer(rendered.replace(VIDEO_TRIPLE, ""), add_special_tokens=False)["input_ids"])
+            texts[text] = len(
+                processor.tokenizer(rendered.replace(VIDEO_TRIPLE, ""), add_special_tokens=False)["input_ids"]
+            )
         frames = frames_to_array(row["frames"])
         n, h, w = frames.shape
         h2, w2 = max(FACTOR, round(h / FACTOR) * FACTOR), max(FACTOR, round(w / FACTOR) * FACTOR)
@@ -347,38 +349,57 @@ class VLLMRollout:
         for i, (out, expected) in enumerate(zip(outputs, expected_prompt_ids, strict=True)):
             got = list(out.prompt_token_ids)
             if got != list(expected):
-                at = next((j for j, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+                at = next(
+                    (j for j, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b),
+                    min(len(got), len(expected)),
+                )
                 name = names[i] if names else str(i)
                 raise RolloutPromptMismatch(
                     f"row {name}: vLLM built {len(got)} prompt tokens, the policy scores {len(expected)}; first "
-                    f"difference at token {at} ({got[at:at + 3]} vs {list(expected[at:at + 3])}): the rollout would "
+                    f"difference at token {at} ({got[at : at + 3]} vs {list(expected[at : at + 3])}): the rollout would "
                     "not be the policy's; check the chat template and the video metadata (docs/training.md)."
                 )
             completions.append(list(out.outputs[0].token_ids))
         return completions
 
-    def push_weights(self, weights: Mapping[str, Any], *, finalize: bool = True) -> set[str]:
-        """Load `weights` (`{hf_name: tensor}`) into the engine's model; return the vLLM parameter names loaded.
+    def push_weights(self, weights: Mapping[str, Any], *, finalize: bool = True) -> None:
+        """Load `weights` (`{hf_name: tensor}`, any subset of the model) into the engine in place.
 
-        `finalize` runs `process_weights_after_loading` afterwards, as loading from disk does; without it the CPU
-        backend keeps generating from its packed copies of the old weights (tests prove the sync depends on it).
+        vLLM's in-place reload (`worker.reload_weights`, checkpoint format): each layer is rebuilt from the pushed
+        tensors and then runs its `process_weights_after_loading` (on CPU: repacks the linear weights into the GEMM
+        kernel's layout and drops the unpacked copy), layers without pushed tensors keep theirs, and the encoder and
+        multi-modal caches are reset (the projector is part of vLLM's encoder, so cached embeddings would be stale).
+        `finalize=False` skips the linear layers' `process_weights_after_loading` (a control for the tests: the
+        kernels then keep computing with the old packed weights).
         """
-        items = [(k, v) for k, v in weights.items()]
-        loaded = self.llm.collective_rpc(_load_on_worker, args=(items, finalize))
+        items = list(weights.items())
+        if finalize:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True})
+        else:
+            self.llm.collective_rpc(_reload_without_processing, args=(items,))
+        # The worker dropped its encoder outputs; the scheduler's record of them must go too (else a cache miss).
+        self.llm.llm_engine.reset_encoder_cache()
+        self.llm.reset_prefix_cache()  # KV blocks computed with the old weights
         self.n_pushes += 1
-        return set(loaded[0])
 
     def sleep(self) -> None:  # pragma: no cover - GPU only (sleep mode frees the KV cache between rollouts)
         self.llm.sleep(level=1)
 
 
-def _load_on_worker(worker: Any, items: list[tuple[str, Any]], finalize: bool) -> list[str]:
-    """Run in vLLM's worker: load HF-named tensors, then repack as loading from disk does."""
-    from vllm.model_executor.model_loader.utils import process_weights_after_loading  # noqa: PLC0415
+def _reload_without_processing(worker: Any, items: list[tuple[str, Any]]) -> None:
+    """Run in vLLM's worker: the in-place reload with the linear layers' `process_weights_after_loading` reduced to
+    dropping the unpacked weight (what it does after packing), so their CPU kernels keep the old packed weights: a
+    sync that loads the tensors but skips the repacking (the test control)."""
+    import torch  # noqa: PLC0415
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod  # noqa: PLC0415
 
-    runner = worker.model_runner
-    model = runner.model
-    loaded = model.load_weights(weights=[(k, v.to(runner.device)) for k, v in items])
-    if finalize:
-        process_weights_after_loading(model, runner.model_config, runner.device)
-    return sorted(loaded or [])
+    def drop_without_repacking(self: Any, layer: Any) -> None:
+        layer.weight = torch.nn.Parameter(torch.empty(0, dtype=layer.weight.dtype, device=layer.weight.device),
+                                          requires_grad=False)  # fmt: skip
+
+    original = UnquantizedLinearMethod.process_weights_after_loading
+    UnquantizedLinearMethod.process_weights_after_loading = drop_without_repacking  # type: ignore[method-assign]
+    try:
+        worker.reload_weights(weights_iterator=items, is_checkpoint_format=True)
+    finally:
+        UnquantizedLinearMethod.process_weights_after_loading = original  # type: ignore[method-assign]

@@ -83,7 +83,9 @@ def _hf_greedy(trainer, messages, n_new):
                                  eos_token_id=eos, pad_token_id=eos[0])  # fmt: skip
     finally:
         if was_on:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs)
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs
+            )
     return inputs["input_ids"][0].tolist(), _until_eos(out[0, inputs["input_ids"].shape[1] :].tolist(), eos)
 
 
@@ -201,7 +203,9 @@ def main(out_json: str) -> None:
                                                                               for c in completions]])  # fmt: skip
         row = dict(ds[0])
         frame = frames_to_array(row["frames"])[row["key_slice_frame"] - 1]
-        before = {k: v.detach().clone() for k, v in trainer.accelerator.unwrap_model(trainer.model).state_dict().items()}
+        before = {
+            k: v.detach().clone() for k, v in trainer.accelerator.unwrap_model(trainer.model).state_dict().items()
+        }
         step = {"before_row": _vllm_greedy_row(trainer, row, COMPLETION_TOKENS)[1],
                 "before_verifier": _vllm_verifier(trainer, frame)[1]}  # fmt: skip
         trainer.train()
