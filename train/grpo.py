@@ -220,7 +220,18 @@ class VideoGRPOTrainer(GRPOTrainer):
         base_seed = self.args.seed * 1_000_003 + self.state.global_step * 10_007
         params = [sampling_params(gen, proc.vision_token_ids, vocab, seed=(base_seed + i) % 2**31 if gen.do_sample
                                   else None) for i in range(len(requests))]  # fmt: skip
-        completions = self.vllm.generate(requests, params, [list(ids) for ids in prompt_ids], names)
+        from train.vllm_rollout import RolloutPromptMismatch  # noqa: PLC0415
+
+        try:
+            completions = self.vllm.generate(requests, params, [list(ids) for ids in prompt_ids], names)
+        except RolloutPromptMismatch:
+            raise
+        except Exception as exc:  # the engine died: stop the run here (the last saved checkpoint stays as it is)
+            raise RuntimeError(
+                f"vLLM engine failed at step {self.state.global_step} generating rows {', '.join(sorted(set(names)))}: "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; the run stops, the last saved "
+                "checkpoint is intact; resume from it (use_vllm: false falls back to HF generate)."
+            ) from exc
         return completions, None
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:

@@ -181,3 +181,33 @@ def test_weight_name_or_shape_mismatch_is_refused_in_one_line() -> None:
 
 def test_collapse_runs_restores_one_placeholder_per_image() -> None:
     assert collapse_runs([7, 9, 9, 9, 8, 1, 9, 9], 9) == [7, 9, 8, 1, 9]
+
+
+def test_lora_sync_pushes_merged_weights_under_the_checkpoint_names(tiny_dir) -> None:
+    import copy
+
+    import torch
+    from transformers import Qwen3VLForConditionalGeneration
+
+    from train.grpo import _apply_lora
+    from train.vllm_rollout import checkpoint_tensor_shapes, policy_weights
+
+    model = _apply_lora(Qwen3VLForConditionalGeneration.from_pretrained(tiny_dir, dtype=torch.float32), 4, 8)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name or ".modules_to_save." in name:  # adapters and projector copy moved off their start
+                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    pushed = policy_weights(model)
+    check_weight_names({k: tuple(v.shape) for k, v in pushed.items()}, checkpoint_tensor_shapes(tiny_dir))
+    merged = copy.deepcopy(model).merge_and_unload().state_dict()  # peft's own merge, on a copy
+    assert sorted(pushed) == sorted(merged)
+    differ = [k for k in merged if not torch.allclose(pushed[k], merged[k], rtol=0, atol=1e-6)]
+    assert differ == []
+    q = "model.language_model.layers.0.self_attn.q_proj.weight"
+    base = model.get_base_model().model.language_model.layers[0].self_attn.q_proj.base_layer.weight
+    assert not torch.equal(pushed[q], base)  # the adapter's delta is in the pushed weight
+    merger = "model.visual.merger.linear_fc1.weight"
+    assert torch.equal(
+        pushed[merger], model.get_base_model().model.visual.merger.modules_to_save["default"].linear_fc1.weight
+    )
