@@ -217,9 +217,9 @@ class VideoGRPOTrainer(GRPOTrainer):
                 names.append(str(i))
         gen = self.generation_config
         vocab = self.accelerator.unwrap_model(self.model).config.text_config.vocab_size
-        base_seed = self.args.seed * 1_000_003 + self.state.global_step * 10_007
-        params = [sampling_params(gen, proc.vision_token_ids, vocab, seed=(base_seed + i) % 2**31 if gen.do_sample
-                                  else None) for i in range(len(requests))]  # fmt: skip
+        # No per-request seed: the engine's generator (seeded with args.seed at start) draws the samples. vLLM 0.32's
+        # CPU runner fails on seeded requests whose prefill is split ("CPU Generator does not use offset").
+        params = sampling_params(gen, proc.vision_token_ids, vocab, seed=None)
         from train.vllm_rollout import RolloutPromptMismatch  # noqa: PLC0415
 
         try:
