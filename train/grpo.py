@@ -141,7 +141,13 @@ class VideoGRPOTrainer(GRPOTrainer):
         for x in inputs:
             key = _prompt_key(x)
             if key not in encoded:
-                arr = frames_to_array(x["frames"])
+                try:
+                    arr = frames_to_array(x["frames"])
+                except Exception as exc:  # a corrupt PNG or mixed sizes: name the row, not a PIL traceback
+                    raise ValueError(
+                        f"row {_row_name(x)}: its frames do not decode ({type(exc).__name__}: {exc}); rebuild the set "
+                        "or drop the row."
+                    ) from exc
                 _, pixels, grids = proc.expand_videos([VIDEO_TRIPLE], [arr])
                 encoded[key] = (arr, pixels[0], grids[0])
             arr, pixel, grid = encoded[key]

@@ -142,8 +142,7 @@ def prompt_token_counts(dataset: Any, processor: Any) -> list[tuple[str, int]]:
             texts[text] = len(
                 processor.tokenizer(rendered.replace(VIDEO_TRIPLE, ""), add_special_tokens=False)["input_ids"]
             )
-        frames = frames_to_array(row["frames"])
-        n, h, w = frames.shape
+        n, h, w = _frames_shape(row["frames"], frames_to_array)
         h2, w2 = max(FACTOR, round(h / FACTOR) * FACTOR), max(FACTOR, round(w / FACTOR) * FACTOR)
         groups = -(-n // TEMPORAL_PATCH)
         per_group = (h2 // PATCH_SIZE) * (w2 // PATCH_SIZE) // MERGE_SIZE**2
@@ -151,6 +150,22 @@ def prompt_token_counts(dataset: Any, processor: Any) -> list[tuple[str, int]]:
         n_video = len(processor.tokenizer(video, add_special_tokens=False)["input_ids"])
         out.append((row_name(row, i), texts[text] + n_video))
     return out
+
+
+def _frames_shape(frames: Any, to_array: Any) -> tuple[int, int, int]:
+    """(N, H, W) of a row's frames, reading only the first frame's header where the frames are images or PNG bytes."""
+    if not hasattr(frames, "shape") and len(frames) > 0:
+        first = frames[0]
+        if isinstance(first, Mapping) and first.get("bytes") is not None:
+            import io  # noqa: PLC0415
+
+            from PIL import Image  # noqa: PLC0415
+
+            first = Image.open(io.BytesIO(first["bytes"]))  # lazy: the header only
+        if hasattr(first, "size") and not hasattr(first, "shape"):
+            w, h = first.size
+            return len(frames), h, w
+    return tuple(to_array(frames).shape)  # type: ignore[return-value]
 
 
 def row_name(row: Mapping[str, Any], index: int) -> str:
