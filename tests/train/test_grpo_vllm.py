@@ -211,3 +211,18 @@ def test_lora_sync_pushes_merged_weights_under_the_checkpoint_names(tiny_dir) ->
     assert torch.equal(
         pushed[merger], model.get_base_model().model.visual.merger.modules_to_save["default"].linear_fc1.weight
     )
+
+
+def test_a_row_whose_frames_do_not_decode_is_named(tiny_dir, sft_table, tmp_path) -> None:
+    from train.data import load_split
+    from train.grpo import build_grpo_trainer
+
+    ds = load_split(sft_table, "train")
+    trainer = build_grpo_trainer(str(tiny_dir), ds, _args(output_dir=str(tmp_path), use_vllm=False),
+                                 reward_funcs=[lambda completions, **kw: [0.0] * len(completions)])  # fmt: skip
+    row = dict(trainer.train_dataset[0])
+    row["frames"] = [{"bytes": b"not a png", "path": None}] * 2
+    with pytest.raises(ValueError) as err:
+        trainer._generate_and_score_completions([row, row])
+    assert str(err.value).startswith(f"row ({row['case_id']}, {row['organ']}): its frames do not decode (")
+    assert str(err.value).endswith("); rebuild the set or drop the row.")
