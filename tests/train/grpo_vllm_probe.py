@@ -14,7 +14,8 @@ stale-weights control: the pre-step weights are pushed back (finalized), the upd
 Scenario "run": the same 3-step greedy GRPO run (r_e, r_f and a verifier reward that queries the key frame of every
 completion's row) on the HF path and on the vLLM path; a callback moves the LLM weights by seeded noise after each
 optimizer step (greedy completions are identical within a group, so GRPO's advantages are zero and the step alone would
-not change them); per step the completions, verifier answers and rewards are recorded.
+not change them); per step the completions, verifier answers and rewards are recorded. A third run on vLLM never
+pushes weights after start-up (the control: what the run test would see from a broken sync).
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ class _Recorder:
         return [float(len(t) % 5) for t in texts]
 
 
-def _run(tiny, ds, out: Path, use_vllm: bool) -> dict:
+def _run(tiny, ds, out: Path, use_vllm: bool, stale: bool = False) -> dict:
     rec = _Recorder()
 
     def record(**kw):
@@ -179,6 +180,8 @@ def _run(tiny, ds, out: Path, use_vllm: bool) -> dict:
     rec.verifier.trainer = trainer
     trainer.generation_config = _greedy(trainer.generation_config)
     trainer.add_callback(_Noise(trainer))
+    if stale:  # the control: a trainer that never pushes after start-up (the engine keeps the first weights)
+        trainer.sync_vllm_weights = lambda finalize=True: setattr(trainer, "_vllm_step", trainer.state.global_step)
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
@@ -235,6 +238,7 @@ def main(out_json: str) -> None:
         # Scenario "run"
         result["run_hf"] = _run(tiny, ds, tmp / "hf", use_vllm=False)
         result["run_vllm"] = _run(tiny, ds, tmp / "vllm", use_vllm=True)
+        result["run_vllm_unsynced"] = _run(tiny, ds, tmp / "stale", use_vllm=True, stale=True)
     Path(out_json).write_text(json.dumps(result))
 
 

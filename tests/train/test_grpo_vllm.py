@@ -86,6 +86,14 @@ def test_a_greedy_grpo_run_gives_the_same_rewards_on_both_paths(probe) -> None:
     assert vllm["pushes"] == 3  # start-up, then after steps 1 and 2 (the run ends after step 3)
 
 
+@pytest.mark.slow
+def test_the_greedy_run_tells_a_vllm_that_never_syncs_apart(probe) -> None:
+    hf, unsynced = probe["run_hf"], probe["run_vllm_unsynced"]
+    assert unsynced["pushes"] == 1  # start-up only
+    assert unsynced["completions"][0] == hf["completions"][0]  # step 1 runs on the start-up weights on both
+    assert unsynced["completions"][1:] != hf["completions"][1:]  # later steps: the policy moved, the engine did not
+
+
 def _args(**kw) -> GRPOConfig:
     base = dict(output_dir="unused", use_cpu=True, report_to="none", use_vllm=True, vllm_mode="colocate",
                 num_generations=2, per_device_train_batch_size=2)  # fmt: skip
