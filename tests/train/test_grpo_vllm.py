@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from trl import GRPOConfig
 
-from train.checks import TrainConfigError
+from train.checks import RunStopped, TrainConfigError, run_cli
 from train.vllm_rollout import (
     check_prompt_lengths,
     check_served_checkpoint,
@@ -230,7 +230,19 @@ def test_a_row_whose_frames_do_not_decode_is_named(tiny_dir, sft_table, tmp_path
                                  reward_funcs=[lambda completions, **kw: [0.0] * len(completions)])  # fmt: skip
     row = dict(trainer.train_dataset[0])
     row["frames"] = [{"bytes": b"not a png", "path": None}] * 2
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(RunStopped) as err:
         trainer._generate_and_score_completions([row, row])
     assert str(err.value).startswith(f"row ({row['case_id']}, {row['organ']}): its frames do not decode (")
     assert str(err.value).endswith("); rebuild the set or drop the row.")
+
+
+def test_a_stopped_run_ends_in_one_line_with_exit_1(capsys) -> None:
+    def main(argv):
+        raise RunStopped("vLLM engine failed at step 3 generating rows (BDMAP_1, liver): RuntimeError: boom; ...")
+
+    with pytest.raises(SystemExit) as exited:
+        run_cli(main, [])
+    assert exited.value.code == 1
+    assert capsys.readouterr().err == (
+        "error: vLLM engine failed at step 3 generating rows (BDMAP_1, liver): RuntimeError: boom; ...\n"
+    )
