@@ -26,11 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import TrainerCallback
 from trl import GRPOConfig
 
 from emrl_data.text.report import VERIFIER_PROMPT
+from train.checks import RunStopped
 from train.data import frames_to_array, load_split, user_messages, verifier_messages
 from train.grpo import build_grpo_trainer
 from train.rewards import Verifier, r_e, r_f
@@ -229,6 +231,13 @@ def main(out_json: str) -> None:
         trainer.sync_vllm_weights()
         step["finalized_row"] = _direct_engine_row(trainer, row, COMPLETION_TOKENS)
         step["weights_changed"] = any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+        # The engine refusing a request mid-run (a prompt over max_model_len: 32 pairs x 64 tokens of 256² frames).
+        big = {"prompt": row["prompt"], "frames": np.zeros((64, 256, 256), dtype=np.uint8)}
+        try:
+            _vllm_greedy_row(trainer, big, COMPLETION_TOKENS)
+            step["engine_error"] = None
+        except RunStopped as exc:
+            step["engine_error"] = str(exc)
         result["step"] = step
         del trainer
         import gc

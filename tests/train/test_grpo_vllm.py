@@ -65,6 +65,16 @@ def test_after_a_step_and_a_sync_vllm_greedy_equals_hf_generate(probe) -> None:
 
 
 @pytest.mark.slow
+def test_an_engine_failure_mid_run_stops_in_one_line_naming_the_step_and_rows(probe) -> None:
+    error = probe["step"]["engine_error"]
+    assert error is not None and "\n" not in error
+    assert error.startswith("vLLM engine failed at step 1 generating rows probe row: ")
+    assert "2048" in error  # vLLM's own reason: the prompt is longer than max_model_len
+    assert error.endswith("; the run stops, the last saved checkpoint is intact; resume from it (use_vllm: false "
+                          "falls back to HF generate).")  # fmt: skip
+
+
+@pytest.mark.slow
 def test_a_sync_without_process_weights_after_loading_is_stale(probe) -> None:
     step = probe["step"]
     assert step["restored_row"] == step["before_row"]  # the old weights pushed back give the old completion
