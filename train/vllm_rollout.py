@@ -84,6 +84,12 @@ def check_vllm_settings(args: Any, *, n_processes: int = 1, version: str | None 
             "video-carrying vLLM engine runs in one training process only so far; train on 1 process or set "
             "use_vllm: false (HF generate, ZeRO-3 gathered)."
         )
+    if getattr(args, "vllm_enable_sleep_mode", False):
+        raise TrainConfigError(
+            "vllm_enable_sleep_mode: true is not supported by the video-carrying engine yet (it keeps its KV cache "
+            "between rollouts); set vllm_enable_sleep_mode: false and size vllm_gpu_memory_utilization with "
+            "python -m train.memory_plan."
+        )
     version = version or vllm_version()
     try:
         check_version(version)

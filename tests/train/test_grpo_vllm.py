@@ -129,6 +129,13 @@ def test_a_vllm_outside_the_supported_range_is_refused(version: str) -> None:
     check_vllm_settings(_args(), version="0.32.0+cpu")  # the supported one passes
 
 
+def test_sleep_mode_is_refused() -> None:
+    with pytest.raises(
+        TrainConfigError, match=r"^vllm_enable_sleep_mode: true is not supported .* set vllm_enable_sleep"
+    ):
+        check_vllm_settings(_args(vllm_enable_sleep_mode=True), version="0.32.0")
+
+
 def test_several_processes_are_refused() -> None:
     with pytest.raises(TrainConfigError, match=r"^use_vllm: true with 2 processes .*set use_vllm: false"):
         check_vllm_settings(_args(), n_processes=2, version="0.32.0")
