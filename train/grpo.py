@@ -95,6 +95,9 @@ class VideoGRPOTrainer(GRPOTrainer):
         self._vllm_step = -1
         if use_vllm:
             self._start_vllm()
+            # TRL's importance-sampling correction (vLLM's sampled-token log-probs against the policy's) runs on
+            # `use_vllm`; generation itself never reaches TRL's vLLM path (`_generate_single_turn` is ours).
+            self.use_vllm = bool(self.args.vllm_importance_sampling_correction)
 
     def _start_vllm(self) -> None:
         """Start the in-process engine on the policy's checkpoint, check names and prompt lengths, push weights."""
@@ -188,7 +191,7 @@ class VideoGRPOTrainer(GRPOTrainer):
             return super()._generate_single_turn(prompt_ids, *args, **kwargs)
 
     def _generate_vllm(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
-                       has_tool_images: bool = False) -> tuple[list[list[int]], None]:  # fmt: skip
+                       has_tool_images: bool = False) -> tuple[list[list[int]], list[list[float]] | None]:  # fmt: skip
         """Generate through the engine: video rows with their frames, verifier rows with their key-frame image.
 
         Prompt ids are the ones TRL tokenised for the policy (each row repeated G times already); vLLM gets the
@@ -226,11 +229,11 @@ class VideoGRPOTrainer(GRPOTrainer):
         vocab = self.accelerator.unwrap_model(self.model).config.text_config.vocab_size
         # No per-request seed: the engine's generator (seeded with args.seed at start) draws the samples. vLLM 0.32's
         # CPU runner fails on seeded requests whose prefill is split ("CPU Generator does not use offset").
-        params = sampling_params(gen, proc.vision_token_ids, vocab, seed=None)
+        params = sampling_params(gen, proc.vision_token_ids, vocab, seed=None, logprobs=self.use_vllm)
         from train.vllm_rollout import RolloutPromptMismatch  # noqa: PLC0415
 
         try:
-            completions = self.vllm.generate(requests, params, [list(ids) for ids in prompt_ids], names)
+            completions, logprobs = self.vllm.generate(requests, params, [list(ids) for ids in prompt_ids], names)
         except RolloutPromptMismatch:
             raise
         except Exception as exc:  # the engine died: stop the run here (the last saved checkpoint stays as it is)
@@ -239,7 +242,7 @@ class VideoGRPOTrainer(GRPOTrainer):
                 f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; the run stops, the last saved "
                 "checkpoint is intact; resume from it (use_vllm: false falls back to HF generate)."
             ) from exc
-        return completions, None
+        return completions, logprobs
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
         self._ct_videos = list(zip(inputs["ct_pixel_values_videos"], inputs["ct_video_grid_thw"], strict=True))

@@ -218,7 +218,8 @@ def video_input(frames: Any, fps: float) -> tuple[Any, dict[str, Any]]:
     return rgb, meta
 
 
-def sampling_params(generation_config: Any, suppress_tokens: Sequence[int], vocab_size: int, *, seed: int | None):
+def sampling_params(generation_config: Any, suppress_tokens: Sequence[int], vocab_size: int, *, seed: int | None,
+                    logprobs: bool = False):  # fmt: skip
     """Return vLLM `SamplingParams` equal to the HF `generate` settings of `generation_config`.
 
     Greedy (`do_sample` false) maps to temperature 0. The suppressed tokens (the vision tokens) are left out of
@@ -246,6 +247,7 @@ def sampling_params(generation_config: Any, suppress_tokens: Sequence[int], voca
         "detokenize": False,
         "skip_special_tokens": False,
         "seed": seed,
+        "logprobs": 0 if logprobs else None,  # the sampled token's log-prob (processed: after temperature, masks)
     }
     if not gc.do_sample:
         return SamplingParams(temperature=0.0, **common)
@@ -348,13 +350,14 @@ class VLLMRollout:
         self.max_model_len = max_model_len
         self.llm = LLM(model=self.model_path, enforce_eager=True, dtype=dtype, max_model_len=max_model_len,
                        gpu_memory_utilization=gpu_memory_utilization, limit_mm_per_prompt={"video": 1, "image": 1},
-                       seed=seed, enable_prefix_caching=False)  # fmt: skip
+                       seed=seed, enable_prefix_caching=False, logprobs_mode="processed_logprobs")  # fmt: skip
         self.served_shapes = checkpoint_tensor_shapes(model_path)
         self.n_pushes = 0
 
     def generate(self, requests: Sequence[dict[str, Any]], params: Any, expected_prompt_ids: Sequence[Sequence[int]],
-                 names: Sequence[str] | None = None) -> list[list[int]]:  # fmt: skip
-        """Generate one completion per request; return the completion token ids (through the first stop id).
+                 names: Sequence[str] | None = None) -> tuple[list[list[int]], list[list[float]] | None]:  # fmt: skip
+        """Generate one completion per request; return the completion token ids (through the first stop id) and, when
+        the sampling params ask for log-probs, each sampled token's log-prob (else None).
 
         Args:
             requests: vLLM prompts (`{"prompt_token_ids": [...], "multi_modal_data": {...}}`).
@@ -366,7 +369,8 @@ class VLLMRollout:
             RolloutPromptMismatch: when vLLM's prompt token ids for a request differ from the expected ones.
         """
         outputs = self.llm.generate(list(requests), params, use_tqdm=False)
-        completions = []
+        completions: list[list[int]] = []
+        logprobs: list[list[float]] = []
         for i, (out, expected) in enumerate(zip(outputs, expected_prompt_ids, strict=True)):
             got = list(out.prompt_token_ids)
             if got != list(expected):
@@ -381,7 +385,10 @@ class VLLMRollout:
                     "not be the policy's; check the chat template and the video metadata (docs/training.md)."
                 )
             completions.append(list(out.outputs[0].token_ids))
-        return completions
+            if out.outputs[0].logprobs is not None:
+                logprobs.append([float(step[t].logprob) for t, step in zip(completions[-1], out.outputs[0].logprobs,
+                                                                           strict=True)])  # fmt: skip
+        return completions, (logprobs if len(logprobs) == len(completions) else None)
 
     def push_weights(self, weights: Mapping[str, Any], *, finalize: bool = True) -> None:
         """Load `weights` (`{hf_name: tensor}`, any subset of the model) into the engine in place.

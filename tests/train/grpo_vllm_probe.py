@@ -133,7 +133,7 @@ def _direct_engine_row(trainer, row, n_new):
     params = sampling_params(gen, proc.vision_token_ids, trainer.model.config.text_config.vocab_size, seed=None)
     request = {"prompt_token_ids": served_prompt_ids(proc, msgs),
                "multi_modal_data": {"video": video_input(row["frames"], proc.video_fps)}}  # fmt: skip
-    return trainer.vllm.generate([request], params, [list(ids[0])])[0]
+    return trainer.vllm.generate([request], params, [list(ids[0])])[0][0]
 
 
 class _Noise(TrainerCallback):
@@ -188,9 +188,10 @@ def _run(tiny, ds, out: Path, use_vllm: bool, stale: bool = False) -> dict:
     trainer.train()
     seconds = time.perf_counter() - start
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    logp_diff = [h.get("sampling/sampling_logp_difference/mean") for h in trainer.state.log_history if "reward" in h]
     pushes = trainer.vllm.n_pushes if trainer.vllm is not None else 0
     return {"rewards": rewards, "completions": rec.completions, "verifier": rec.verifier_texts, "pushes": pushes,
-            "seconds": seconds, "steps": trainer.state.global_step}  # fmt: skip
+            "seconds": seconds, "steps": trainer.state.global_step, "logp_diff": logp_diff}  # fmt: skip
 
 
 def main(out_json: str) -> None:
