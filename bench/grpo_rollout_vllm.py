@@ -5,8 +5,9 @@ Two `VideoGRPOTrainer`s on the same tiny Qwen3-VL checkpoint and the same synthe
 (TRL's HF generate path) and one with `use_vllm: true`. A round gives both the same rollout batch (P prompts x G
 sampled completions of `--tokens` tokens, each row's frames as the video) plus one verifier query per completion (the
 key frame, greedy), through `_generate_and_score_completions`, the trainer's own step-time path; the vLLM side also
-pushes the trainable weights first (the per-step sync). Rounds alternate the two backends so the machine's noise hits
-both alike; the ratio is taken per round, then the median, of wall time (and, printed before the last line, of the
+pushes the weights first (the per-step sync) and, with TRL's importance-sampling correction on (the default, as in
+TRL's own vLLM path), runs one more policy forward for the old log-probs; `--no-is-correction` leaves it out. Rounds
+alternate the two backends so the machine's noise hits both alike; the ratio is taken per round, then the median, of wall time (and, printed before the last line, of the
 process's CPU time over all threads: on a shared machine wall time also measures the wait for a core).
 
 What it does not predict: see docs/training.md ("GRPO rollouts through vLLM"). The last line reads
@@ -44,7 +45,8 @@ def _trainer(tiny: Path, ds: Any, out: Path, use_vllm: bool, args: argparse.Name
     config = GRPOConfig(output_dir=str(out), num_generations=args.group, per_device_train_batch_size=args.prompts * args.group,
                         max_completion_length=args.tokens, max_steps=1, use_cpu=True, bf16=False, report_to="none",
                         save_strategy="no", seed=0, use_vllm=use_vllm, vllm_mode="colocate",
-                        vllm_gpu_memory_utilization=0.1, vllm_max_model_length=4096, disable_tqdm=True)  # fmt: skip
+                        vllm_gpu_memory_utilization=0.1, vllm_max_model_length=4096, disable_tqdm=True,
+                        vllm_importance_sampling_correction=args.is_correction)  # fmt: skip
     trainer = build_grpo_trainer(str(tiny), ds, config, reward_funcs=[r_verify])
     verifier.trainer = trainer
     return trainer
@@ -82,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, default=16)
     parser.add_argument("--frame-px", type=int, default=128)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--no-is-correction", dest="is_correction", action="store_false",
+                        help="turn TRL's importance-sampling correction off (it adds a policy forward to the vLLM step)")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         import vllm  # noqa: F401, PLC0415
