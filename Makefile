@@ -87,6 +87,13 @@ bench: venv
 bench-vllm: venv vllm-env
 	$(BIN)/python bench/mining_vllm.py
 
+# GRPO rollout time per step, HF generate vs the in-process vLLM engine, on the tiny model: the trainer runs in the
+# vLLM side environment (it holds the trainer's pins too; docs/training.md "GRPO rollouts through vLLM").
+.PHONY: bench-grpo-vllm
+bench-grpo-vllm: vllm-env
+	env -u PYTHONPATH PYTHONPATH=$(CURDIR) HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
+		$(VLLM_ENV)/bin/python bench/grpo_rollout_vllm.py
+
 # A tiny Qwen3-VL (built locally from a config) trained for a few dozen SFT steps on the demo SFT set (CPU).
 train-smoke: venv
 	test -d demo-output/sft || $(MAKE) demo

