@@ -115,10 +115,10 @@ clean:
 # the flow runs it interrupted as Cancelled.
 .PHONY: serve serve-stop serve-status
 serve: venv
-	$(BIN)/python -m flows.server up $(if $(PORT),--port $(PORT))
+	$(BIN)/emrl server up $(if $(PORT),--port $(PORT))
 
 serve-stop: venv
-	$(BIN)/python -m flows.server down
+	$(BIN)/emrl server down
 
 serve-status: venv
-	$(BIN)/python -m flows.server status
+	$(BIN)/emrl server status

@@ -24,6 +24,7 @@ from prefect.cache_policies import NO_CACHE
 from tqdm import tqdm
 
 from emrl_data import __version__
+from emrl_data.atomic_write import write_json_atomic, write_text_atomic
 from emrl_data.tables.records import PREDICTION_TRUTH_COLUMNS
 from emrl_data.tables.rl_hardset import (
     SPLITS,
@@ -35,7 +36,7 @@ from emrl_data.tables.rl_hardset import (
     summary_markdown,
     write_hardset_tables,
 )
-from emrl_data.tables.shards import sha256_file, write_json_atomic, write_text_atomic
+from emrl_data.tables.shards import sha256_file
 from emrl_data.types import row_id
 from flows._common import FailFastOnAuth, Progress, git_sha
 from inference import OpenAIBackend, ResultStore, TransformersBackend, request_from_row, run_inference

@@ -33,6 +33,7 @@ from prefect.futures import as_completed
 from prefect.states import Completed, Crashed, State
 from tqdm import tqdm
 
+from emrl_data.atomic_write import write_json_atomic, write_text_atomic
 from emrl_data.config import CurateConfig, SftConfig
 from emrl_data.labeling.curate import PLAUSIBLE_ORGAN_VOLUME_CM3, CaseResult, CaseStore, case_cache_key, curate_case
 from emrl_data.outcome import Rejection, RejectReason
@@ -49,7 +50,6 @@ from emrl_data.tables.sft_set import (
     write_contact_sheet,
     write_sft_set_tables,
 )
-from emrl_data.tables.shards import write_json_atomic, write_text_atomic
 from emrl_data.types import Organ
 from flows._common import Progress, batched, git_sha, rejection_table
 from flows.runners import check_cluster, is_lost_worker_error, make_task_runner, settle_future

@@ -29,6 +29,7 @@ import pyarrow as pa
 import xxhash
 
 from emrl_data import __version__
+from emrl_data.atomic_write import writing
 from emrl_data.config import CurateConfig
 from emrl_data.labeling.frames import build_frames
 from emrl_data.labeling.labels import OrganLabels, label_organ
@@ -54,7 +55,6 @@ from emrl_data.reading.fileio import (
     read_regular_bytes,
 )
 from emrl_data.reading.nifti import CaseImages, open_case
-from emrl_data.tables.shards import writing
 from emrl_data.text.report import (
     render_evidence,
     render_findings,

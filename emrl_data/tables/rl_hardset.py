@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from emrl_data.atomic_write import write_json_atomic, write_text_atomic
 from emrl_data.tables.records import PREDICTION_TRUTH_COLUMNS, SCHEMAS, check_required
-from emrl_data.tables.shards import write_json_atomic, write_split_streaming, write_text_atomic
+from emrl_data.tables.shards import write_split_streaming
 from emrl_data.tables.table_folder import count_rows, finish_table, row_order, write_table
 from emrl_data.text.evaluation import EvaluationResult, evaluate, write_evaluation
 from emrl_data.text.scoring import ReportScore, is_hard, score_report, truth_from_row

@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from emrl_data import __version__
+from emrl_data.atomic_write import write_bytes_atomic
 from emrl_data.config import CurateConfig, SftConfig
 from emrl_data.labeling.curate import CaseStore
 from emrl_data.labeling.frames import draw_contact_sheet
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.reading.atlas import AtlasPlan
 from emrl_data.tables.records import SFT_SCHEMA, check_required
-from emrl_data.tables.shards import write_bytes_atomic, write_split_streaming
+from emrl_data.tables.shards import write_split_streaming
 from emrl_data.tables.table_folder import count_rejections, count_rows, finish_table, row_order, write_table
 from emrl_data.types import Organ, Split, row_id
 

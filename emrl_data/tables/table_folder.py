@@ -15,10 +15,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from emrl_data.atomic_write import write_json_atomic, write_text_atomic
 from emrl_data.outcome import Rejection
 from emrl_data.tables.card import parquet_split_bytes, render_dataset_card
 from emrl_data.tables.records import SCHEMAS, check_required, column_descriptions, hub_features
-from emrl_data.tables.shards import table_manifest, write_json_atomic, write_split_shards, write_text_atomic
+from emrl_data.tables.shards import table_manifest, write_split_shards
 
 
 def row_order(row: Mapping[str, Any]) -> tuple[str, str, str]:

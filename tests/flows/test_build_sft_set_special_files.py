@@ -223,7 +223,7 @@ _EFBIG_STORE_SCRIPT = """
 import resource, signal, sys
 from pathlib import Path
 from emrl_data.labeling.curate import CaseResult, CaseStore
-from emrl_data.tables.shards import OutputWriteError
+from emrl_data.atomic_write import OutputWriteError
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
@@ -254,7 +254,8 @@ _EFBIG_SCRIPT = """
 import resource, signal, sys
 from pathlib import Path
 import pyarrow as pa
-from emrl_data.tables.shards import OutputWriteError, write_split_streaming
+from emrl_data.atomic_write import OutputWriteError
+from emrl_data.tables.shards import write_split_streaming
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write then fails with EFBIG instead of killing the process
 resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))

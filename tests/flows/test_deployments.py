@@ -1,9 +1,9 @@
 """The deployments end to end: `emrl server up`, `prefect deployment run FLOW/DEPLOYMENT --watch`, `emrl server down`.
 
 A real Prefect server on a free loopback port with its own PREFECT_HOME, the `emrl-local` process pool, every
-deployment of `prefect.yaml` (`prefect deploy --all`) and a process worker, all started by `python -m flows.server up`
-(the `make serve` command) in a subprocess; then the deployments run through the `prefect` CLI exactly as a user
-types them, on a small synthetic atlas; then `server_down` stops everything by PID, also when a test failed, and the
+deployment of `prefect.yaml` (`prefect deploy --all`) and a process worker, all started by `emrl server up` (the
+`make serve` command; `python -m flows.cli server up` here) in a subprocess; then the deployments run through the
+`prefect` CLI exactly as a user types them, on a small synthetic atlas; then `server_down` stops everything by PID, also when a test failed, and the
 fixture checks that nothing it started is left running.
 
 About 1-2 minutes on 2 busy cores: server start ~10 s, deploy ~5 s, each run ~10-20 s (worker poll + subprocess).
@@ -110,7 +110,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ops.Serve
     state = None
     try:
         up = subprocess.run(
-            [sys.executable, "-m", "flows.server", "up", "--home", str(home), "--project-root", str(ROOT)],
+            [sys.executable, "-m", "flows.cli", "server", "up", "--home", str(home), "--project-root", str(ROOT)],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -217,7 +217,7 @@ def test_status_fails_loudly_without_the_api_url(served: tuple[ops.ServerState, 
     assert unset["running"] and not unset["ok"]
     assert any("PREFECT_API_URL is not set" in p for p in unset["problems"])
     cli = subprocess.run(
-        [sys.executable, "-m", "flows.server", "status", "--home", state.prefect_home],
+        [sys.executable, "-m", "flows.cli", "server", "status", "--home", state.prefect_home],
         cwd=ROOT,
         env={k: v for k, v in state.env().items() if k != "PREFECT_API_URL"},
         capture_output=True,
