@@ -37,12 +37,14 @@ from train.checks import TrainConfigError, bar_only, run_cli
 logger = logging.getLogger(__name__)
 
 STAGES = ("data", "warmup", "sft", "grpo_a", "grpo_b", "grpo_c", "eval")
+DIAGNOSE = "diagnose"  # on request only (`--stages diagnose`): the reward signal at the SFT model (miniature_diagnose)
 MODELS = {"sft": "SFT", "grpo_a": "(a) GRPO r_e+r_f+r_c", "grpo_b": "(b) GRPO r_e+r_f", "grpo_c": "(c) lr-0 control"}
 GRPO_RUNS = {"grpo_a": (["r_e", "r_f", "r_c"], False), "grpo_b": (["r_e", "r_f"], False),
              "grpo_c": (["r_e", "r_f", "r_c"], True)}  # fmt: skip
 SHARED_STAGES = ("data", "warmup", "sft")  # what `--reuse_from` copies: the stages before GRPO
 GRPO_ONLY_KEYS = frozenset({"grpo_steps", "grpo_learning_rate", "grpo_prompts_per_step", "num_generations",
-                            "max_completion_length", "beta", "verifier_max_new_tokens", "n_bootstrap"})  # fmt: skip
+                            "grpo_temperature", "max_completion_length", "beta", "verifier_max_new_tokens",
+                            "n_bootstrap", "diagnose_prompts", "diagnose_temperatures"})  # fmt: skip
 
 
 @dataclass
@@ -72,11 +74,14 @@ class MiniatureConfig:
     grpo_learning_rate: float = 2.0e-4
     grpo_prompts_per_step: int = 4
     num_generations: int = 4
+    grpo_temperature: float = 1.0  # the rollouts' sampling temperature (the verifier and the eval stay greedy)
     max_completion_length: int = 112
     beta: float = 0.01
     verifier_max_new_tokens: int = 40
     eval_max_new_tokens: int = 128
     n_bootstrap: int = 1000
+    diagnose_prompts: int = 16  # `--stages diagnose`: train prompts sampled num_generations times at the SFT model
+    diagnose_temperatures: list[float] = field(default_factory=lambda: [1.0, 0.7])
 
 
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> MiniatureConfig:
@@ -279,7 +284,7 @@ class Miniature:
                           max_completion_length=cfg.max_completion_length, max_steps=cfg.grpo_steps, beta=cfg.beta,
                           learning_rate=0.0 if control else cfg.grpo_learning_rate, lr_scheduler_type="constant",
                           logging_steps=1, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
-                          loss_type="grpo", seed=cfg.seed, temperature=1.0, disable_tqdm=True)  # fmt: skip
+                          loss_type="grpo", seed=cfg.seed, temperature=cfg.grpo_temperature, disable_tqdm=True)  # fmt: skip
         trainer = build_grpo_trainer(str(self.out / "sft"), load_split(self.out / "data", "train"), args,
                                      rewards=rewards, verifier_max_new_tokens=cfg.verifier_max_new_tokens)  # fmt: skip
         bar_only(trainer)  # the per-step metrics stay in trainer_state.json and done.json
@@ -296,6 +301,33 @@ class Miniature:
                 "kl": [h.get("kl") for h in logs]}  # fmt: skip
 
     _stage_grpo_a = _stage_grpo_b = _stage_grpo_c = _grpo
+
+    def _stage_diagnose(self, stage: str) -> dict[str, Any]:
+        """Sample `num_generations` completions of the SFT model on `diagnose_prompts` train prompts per temperature;
+        write `diagnose/diagnose.json` and `diagnose/diagnose.md` (see `train.miniature_diagnose`)."""
+        import torch  # noqa: PLC0415
+
+        from train.data import load_model_and_processor  # noqa: PLC0415
+        from train.miniature_diagnose import sample_groups, summary_markdown  # noqa: PLC0415
+
+        cfg = self.cfg
+        if self.done("sft") is None:
+            raise TrainConfigError(f"miniature: stage diagnose needs the sft stage in {self.out}; run it first")
+        rows = self._rows("train")[: cfg.diagnose_prompts]
+        model, processor = load_model_and_processor(self.out / "sft", dtype=torch.float32)
+        summaries = []
+        for temperature in cfg.diagnose_temperatures:
+            summaries.append(sample_groups(model, processor, rows, num_generations=cfg.num_generations,
+                                           temperature=float(temperature), seed=cfg.seed,
+                                           max_new_tokens=cfg.max_completion_length,
+                                           verifier_max_new_tokens=cfg.verifier_max_new_tokens,
+                                           lesion_span=cfg.lesion_span, log=self.log))  # fmt: skip
+        (self.out / stage).mkdir(parents=True, exist_ok=True)
+        (self.out / stage / "diagnose.json").write_text(json.dumps(summaries, indent=2, default=str) + "\n")
+        table = summary_markdown(summaries)
+        (self.out / stage / "diagnose.md").write_text(table)
+        self.log(table)
+        return {"summaries": [{k: v for k, v in s.items() if k != "examples"} for s in summaries]}
 
     def _stage_eval(self, stage: str) -> dict[str, Any]:
         import torch  # noqa: PLC0415
@@ -425,7 +457,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default=None)
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    parser.add_argument("--stages", nargs="*", default=list(STAGES), choices=STAGES)
+    parser.add_argument("--stages", nargs="*", default=list(STAGES), choices=(*STAGES, DIAGNOSE),
+                        help=f"default: all but {DIAGNOSE} (run it on its own, after sft)")  # fmt: skip
     parser.add_argument("--reuse_from", default=None, metavar="DIR",
                         help="copy the finished data, warm-up and SFT stages of DIR (GRPO settings may differ)")  # fmt: skip
     args = parser.parse_args(argv)
