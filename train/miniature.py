@@ -305,28 +305,13 @@ class Miniature:
     def _stage_diagnose(self, stage: str) -> dict[str, Any]:
         """Sample `num_generations` completions of the SFT model on `diagnose_prompts` train prompts per temperature;
         write `diagnose/diagnose.json` and `diagnose/diagnose.md` (see `train.miniature_diagnose`)."""
-        import torch  # noqa: PLC0415
-
-        from train.data import load_model_and_processor  # noqa: PLC0415
-        from train.miniature_diagnose import sample_groups, summary_markdown  # noqa: PLC0415
+        from train.miniature_diagnose import diagnose_checkpoint  # noqa: PLC0415
 
         cfg = self.cfg
         if self.done("sft") is None:
             raise TrainConfigError(f"miniature: stage diagnose needs the sft stage in {self.out}; run it first")
         rows = self._rows("train")[: cfg.diagnose_prompts]
-        model, processor = load_model_and_processor(self.out / "sft", dtype=torch.float32)
-        summaries = []
-        for temperature in cfg.diagnose_temperatures:
-            summaries.append(sample_groups(model, processor, rows, num_generations=cfg.num_generations,
-                                           temperature=float(temperature), seed=cfg.seed,
-                                           max_new_tokens=cfg.max_completion_length,
-                                           verifier_max_new_tokens=cfg.verifier_max_new_tokens,
-                                           lesion_span=cfg.lesion_span, log=self.log))  # fmt: skip
-        (self.out / stage).mkdir(parents=True, exist_ok=True)
-        (self.out / stage / "diagnose.json").write_text(json.dumps(summaries, indent=2, default=str) + "\n")
-        table = summary_markdown(summaries)
-        (self.out / stage / "diagnose.md").write_text(table)
-        self.log(table)
+        summaries = diagnose_checkpoint(self.out / "sft", rows, cfg, self.out / stage, log=self.log)
         return {"summaries": [{k: v for k, v in s.items() if k != "examples"} for s in summaries]}
 
     def _stage_eval(self, stage: str) -> dict[str, Any]:

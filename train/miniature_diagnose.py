@@ -17,6 +17,7 @@ It also gives the sampled and the greedy rates of each finding on the same promp
 the tables only when it moves the greedy report).
 
     python -m train.miniature --config train/configs/miniature.yaml --output_dir miniature-output --stages diagnose
+    python -m train.miniature_diagnose --run_dir miniature-output --model grpo_a --split test  # any stage's model
 
 The computation (`group_summary`, `verifier_summary`) is pure and tested on constructed groups
 (`tests/train/test_miniature_diagnose.py`); `sample_groups` does the sampling.
@@ -24,8 +25,11 @@ The computation (`group_summary`, `verifier_summary`) is pure and tested on cons
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from emrl_data.text import scoring as sc
@@ -262,3 +266,60 @@ def summary_markdown(summaries: Sequence[Mapping[str, Any]]) -> str:
             + " |"
         )  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def diagnose_checkpoint(model_dir: str | Path, rows: Sequence[Mapping[str, Any]], cfg: Any, out_dir: str | Path,
+                        log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Run `sample_groups` at each of `cfg.diagnose_temperatures` (a `MiniatureConfig`) on the checkpoint in
+    `model_dir`; write `diagnose.json` (with example reports) and `diagnose.md` to `out_dir`; return the summaries."""
+    import torch  # noqa: PLC0415
+
+    from train.data import load_model_and_processor  # noqa: PLC0415
+
+    model, processor = load_model_and_processor(model_dir, dtype=torch.float32)
+    summaries = [
+        sample_groups(model, processor, rows, num_generations=cfg.num_generations, temperature=float(t),
+                      seed=cfg.seed, max_new_tokens=cfg.max_completion_length,
+                      verifier_max_new_tokens=cfg.verifier_max_new_tokens, lesion_span=cfg.lesion_span, log=log)
+        for t in cfg.diagnose_temperatures
+    ]  # fmt: skip
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "diagnose.json").write_text(json.dumps(summaries, indent=2, default=str) + "\n")
+    table = summary_markdown(summaries)
+    (out / "diagnose.md").write_text(table)
+    if log:
+        log(table)
+    return summaries
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI: diagnose any finished stage's model of a miniature run (written to `<run_dir>/diagnose_<model>_<split>`)."""
+    from train.checks import TrainConfigError  # noqa: PLC0415
+    from train.data import load_split  # noqa: PLC0415
+    from train.miniature import load_config  # noqa: PLC0415
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run_dir", required=True, help="a miniature output folder (its config.json is read)")
+    parser.add_argument("--model", default="sft", help="the stage whose model to sample: sft, grpo_a, grpo_b, ...")
+    parser.add_argument("--split", default="train", choices=("train", "test"))
+    parser.add_argument("--prompts", type=int, default=None, help="default: the run's diagnose_prompts")
+    parser.add_argument("--temperatures", type=float, nargs="+", default=None)
+    args = parser.parse_args(argv)
+    run = Path(args.run_dir)
+    if not (run / "config.json").exists():
+        raise TrainConfigError(f"--run_dir {run}: no config.json there; pass a miniature output folder")
+    if not (run / args.model / "done.json").exists():
+        raise TrainConfigError(f"--model {args.model}: that stage has not finished in {run}; run it first")
+    overrides = {k: v for k, v in (("diagnose_prompts", args.prompts), ("diagnose_temperatures", args.temperatures))
+                 if v is not None}  # fmt: skip
+    cfg = load_config(None, json.loads((run / "config.json").read_text()) | overrides)
+    rows = [dict(r) for r in load_split(run / "data", args.split)][: cfg.diagnose_prompts]
+    diagnose_checkpoint(run / args.model, rows, cfg, run / f"diagnose_{args.model}_{args.split}",
+                        log=lambda line: print(line, flush=True))  # fmt: skip
+
+
+if __name__ == "__main__":
+    from train.checks import run_cli
+
+    run_cli(main)

@@ -115,3 +115,13 @@ def test_miniature_grpo_temperature_is_a_grpo_only_key_and_diagnose_needs_sft(tm
     assert cfg.grpo_temperature == 0.7 and cfg.diagnose_temperatures == [1.0, 0.7]
     with pytest.raises(TrainConfigError, match="stage diagnose needs the sft stage"):
         Miniature(MiniatureConfig(), tmp_path / "run", log=lambda _: None).run((DIAGNOSE,))
+
+
+def test_diagnose_cli_refuses_a_folder_without_a_run_or_an_unfinished_model(tmp_path):
+    from train.miniature_diagnose import main  # noqa: PLC0415
+
+    with pytest.raises(TrainConfigError, match="no config.json there"):
+        main(["--run_dir", str(tmp_path)])
+    Miniature(MiniatureConfig(), tmp_path, log=lambda _: None)._claim_folder()
+    with pytest.raises(TrainConfigError, match="--model grpo_a: that stage has not finished"):
+        main(["--run_dir", str(tmp_path), "--model", "grpo_a"])
