@@ -191,6 +191,9 @@ class Miniature:
         record: dict[str, Any] = {}
         for stage in stages:
             previous = self.done(stage)
+            if stage == "eval" and previous is not None and previous.get("models") != self.finished_models():
+                self.log("== eval: a model finished since it ran; re-tabulating (kept predictions are reused)")
+                previous = None
             if previous is not None:
                 self.log(f"== {stage}: done earlier ({previous.get('seconds', 0):.0f} s), skipped")
                 record = previous
@@ -322,20 +325,29 @@ class Miniature:
         from train.warmup import generate_texts  # noqa: PLC0415
 
         cfg = self.cfg
+        names = self.finished_models()
+        missing = [n for n in ("sft", "grpo_a", "grpo_c") if n not in names]
+        if missing:
+            raise TrainConfigError(f"miniature: eval needs the stages {missing} in {self.out}; run them first")
         rows = self._rows("test")
         results: dict[str, Any] = {}
-        for name, label in MODELS.items():
-            model, processor = load_model_and_processor(self.out / name, dtype=torch.float32)
-            texts = generate_texts(model, processor, [user_messages(r["prompt"], r["frames"]) for r in rows],
-                                   cfg.eval_max_new_tokens)  # fmt: skip
+        for name in names:
+            label = MODELS[name]
+            kept = self.out / stage / name / "predictions.jsonl"
+            if kept.exists():  # an earlier eval of this finished model (a stage never reruns in its folder)
+                texts = [json.loads(line)["prediction"] for line in kept.read_text().splitlines()]
+            else:
+                model, processor = load_model_and_processor(self.out / name, dtype=torch.float32)
+                texts = generate_texts(model, processor, [user_messages(r["prompt"], r["frames"]) for r in rows],
+                                       cfg.eval_max_new_tokens)  # fmt: skip
             preds = [
                 {k: v for k, v in r.items() if k != "frames"} | {"prediction": t}
                 for r, t in zip(rows, texts, strict=True)
             ]
             (self.out / stage / name).mkdir(parents=True, exist_ok=True)
-            (self.out / stage / name / "predictions.jsonl").write_text(
-                "".join(json.dumps(p, default=str) + "\n" for p in preds)
-            )
+            tmp = kept.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(p, default=str) + "\n" for p in preds))
+            tmp.replace(kept)
             scored = score_predictions(preds)
             result = evaluate(scored, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
             write_evaluation(result, self.out / stage / name, model=label)
@@ -346,14 +358,18 @@ class Miniature:
             self.log(f"   {label}: average B-Acc {result.average_bacc.to_markdown()}, "
                      f"K-Hit {result.table2['average']['k_hit'].to_markdown()}, parse {parse:.0%}")  # fmt: skip
         claim = claim_check(results)
-        curves = {name: self.done(name)["curve"] for name in GRPO_RUNS}  # type: ignore[index]
+        curves = {name: self.done(name)["curve"] for name in GRPO_RUNS if name in names}  # type: ignore[index]
         out = {"config": asdict(cfg), "models": results, "claim": claim, "reward_curves": curves,
                "stages": {s: self.done(s) for s in STAGES if s != "eval"}}  # fmt: skip
         (self.out / "results.json").write_text(json.dumps(out, indent=2, default=str, allow_nan=False) + "\n")
         (self.out / "results.md").write_text(results_markdown(results, claim))
         save_curves_png(curves, self.out / "reward_curves.png")
         self.log((self.out / "results.md").read_text())
-        return {"claim": claim}
+        return {"claim": claim, "models": names}
+
+    def finished_models(self) -> list[str]:
+        """Return the models (`MODELS` keys, in order) whose stage finished."""
+        return [name for name in MODELS if self.done(name) is not None]
 
 
 def _half_width(metric: dict[str, Any]) -> float:
@@ -369,7 +385,7 @@ def claim_check(results: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     a = results["grpo_a"]
     for metric in ("average_bacc", "k_hit"):
-        for other in ("sft", "grpo_c", "grpo_b"):
+        for other in [m for m in ("sft", "grpo_c", "grpo_b") if m in results]:  # (b) may not have run
             b = results[other]
             gap = (a[metric]["value"] or 0.0) - (b[metric]["value"] or 0.0)
             half = max(_half_width(a[metric]), _half_width(b[metric]))

@@ -125,3 +125,23 @@ def test_diagnose_cli_refuses_a_folder_without_a_run_or_an_unfinished_model(tmp_
     Miniature(MiniatureConfig(), tmp_path, log=lambda _: None)._claim_folder()
     with pytest.raises(TrainConfigError, match="--model grpo_a: that stage has not finished"):
         main(["--run_dir", str(tmp_path), "--model", "grpo_a"])
+
+
+def test_eval_needs_sft_a_and_c_and_the_claim_check_works_without_b(tmp_path):
+    from train.miniature import claim_check  # noqa: PLC0415
+
+    mini = Miniature(MiniatureConfig(), tmp_path, log=lambda _: None)
+    for stage in ("sft", "grpo_a"):
+        (tmp_path / stage).mkdir(parents=True)
+        (tmp_path / stage / "done.json").write_text("{}")
+    assert mini.finished_models() == ["sft", "grpo_a"]
+    with pytest.raises(TrainConfigError, match=r"eval needs the stages \['grpo_c'\]"):
+        mini.run(("eval",))
+
+    def model(bacc, khit):
+        return {"average_bacc": {"value": bacc, "ci_low": bacc - 0.05, "ci_high": bacc + 0.05},
+                "k_hit": {"value": khit, "ci_low": khit - 0.1, "ci_high": khit + 0.1}}  # fmt: skip
+
+    claim = claim_check({"sft": model(0.6, 0.3), "grpo_a": model(0.6, 0.45), "grpo_c": model(0.6, 0.3)})
+    assert not any("grpo_b" in key for key in claim)
+    assert claim["k_hit: (a) - grpo_c"]["gap"] == pytest.approx(0.15) and claim["claim_holds"] is True
