@@ -291,6 +291,7 @@ class Miniature:
         trainer = build_grpo_trainer(str(self.out / "sft"), load_split(self.out / "data", "train"), args,
                                      rewards=rewards, verifier_max_new_tokens=cfg.verifier_max_new_tokens)  # fmt: skip
         bar_only(trainer)  # the per-step metrics stay in trainer_state.json and done.json
+        trainer.add_callback(_progress_callback(self.log, every=10))
         trainer.train()
         trainer.save_model(str(self.out / stage))
         trainer.save_state()
@@ -370,6 +371,21 @@ class Miniature:
     def finished_models(self) -> list[str]:
         """Return the models (`MODELS` keys, in order) whose stage finished."""
         return [name for name in MODELS if self.done(name) is not None]
+
+
+def _progress_callback(log: Any, every: int) -> Any:
+    """Return a callback that logs `step, R, KL, elapsed` every `every` optimizer steps (a long run shows progress)."""
+    from transformers import TrainerCallback  # noqa: PLC0415
+
+    start = time.perf_counter()
+
+    class Progress(TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+            if logs and "reward" in logs and state.global_step % every == 0:
+                log(f"   step {state.global_step}/{state.max_steps}: R {logs['reward']:.3f}, KL {logs.get('kl', 0):.3f}, "
+                    f"{time.perf_counter() - start:.0f} s")  # fmt: skip
+
+    return Progress()
 
 
 def _half_width(metric: dict[str, Any]) -> float:

@@ -219,7 +219,8 @@ def sample_groups(model: Any, processor: Any, rows: Sequence[Mapping[str, Any]],
             group.append(completion_record(report, truth, text, cfg))
         groups.append(group)
         examples.append({"row": i, "organ": row["organ"], "has_lesion": truth.has_lesion,
-                         "key_slice": truth.key_slice, "reports": reports[:3]})  # fmt: skip
+                         "key_slice": truth.key_slice, "reports": reports[:3],
+                         "verifier": {str(k): v for k, v in sorted(answers.items())}})  # fmt: skip
         greedy_text = generate_texts(model, processor, [msg], max_new_tokens)[0]
         greedy.append(completion_record(greedy_text, truth, None, cfg))
         if log:
