@@ -127,15 +127,15 @@ def test_diagnose_cli_refuses_a_folder_without_a_run_or_an_unfinished_model(tmp_
         main(["--run_dir", str(tmp_path), "--model", "grpo_a"])
 
 
-def test_eval_needs_sft_a_and_c_and_the_claim_check_works_without_b(tmp_path):
+def test_eval_needs_sft_and_a_and_the_claim_check_works_without_b_or_c(tmp_path):
     from train.miniature import claim_check  # noqa: PLC0415
 
     mini = Miniature(MiniatureConfig(), tmp_path, log=lambda _: None)
-    for stage in ("sft", "grpo_a"):
+    for stage in ("sft", "grpo_c"):
         (tmp_path / stage).mkdir(parents=True)
         (tmp_path / stage / "done.json").write_text("{}")
-    assert mini.finished_models() == ["sft", "grpo_a"]
-    with pytest.raises(TrainConfigError, match=r"eval needs the stages \['grpo_c'\]"):
+    assert mini.finished_models() == ["sft", "grpo_c"]
+    with pytest.raises(TrainConfigError, match=r"eval needs the stages \['grpo_a'\]"):
         mini.run(("eval",))
 
     def model(bacc, khit):
@@ -145,3 +145,6 @@ def test_eval_needs_sft_a_and_c_and_the_claim_check_works_without_b(tmp_path):
     claim = claim_check({"sft": model(0.6, 0.3), "grpo_a": model(0.6, 0.45), "grpo_c": model(0.6, 0.3)})
     assert not any("grpo_b" in key for key in claim)
     assert claim["k_hit: (a) - grpo_c"]["gap"] == pytest.approx(0.15) and claim["claim_holds"] is True
+    no_control = claim_check({"sft": model(0.6, 0.3), "grpo_a": model(0.6, 0.35)})  # (c) = SFT's tables: vs SFT only
+    assert set(no_control) == {f"{m}: (a) - sft" for m in ("average_bacc", "k_hit")} | {"claim_holds"}
+    assert no_control["claim_holds"] is False  # +0.05 < 0.10
