@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     """CLI: diagnose any finished stage's model of a miniature run (written to `<run_dir>/diagnose_<model>_<split>`)."""
     from train.checks import TrainConfigError  # noqa: PLC0415
     from train.data import load_split  # noqa: PLC0415
-    from train.miniature import load_config  # noqa: PLC0415
+    from train.miniature_config import load_config  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run_dir", required=True, help="a miniature output folder (its config.json is read)")

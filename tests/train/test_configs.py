@@ -10,7 +10,7 @@ from trl import GRPOConfig, SFTConfig, TrlParser
 
 from train.checks import TrainConfigError, check_precision, validate_launch
 from train.grpo import GrpoScriptArguments
-from train.miniature import load_config
+from train.miniature_config import load_config
 from train.sft import SftScriptArguments
 
 

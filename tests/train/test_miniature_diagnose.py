@@ -9,7 +9,8 @@ import pytest
 from emrl_data.organs import Organ
 from emrl_data.text.scoring import Truth
 from train.checks import TrainConfigError
-from train.miniature import DIAGNOSE, Miniature, MiniatureConfig, load_config
+from train.miniature import DIAGNOSE, Miniature
+from train.miniature_config import MiniatureConfig, load_config
 from train.miniature_diagnose import (
     completion_record,
     group_summary,

@@ -9,7 +9,8 @@ from emrl_data.text.report import NEGATIVE_FINDINGS, render_prompt
 from emrl_data.types import Organ
 from train.checks import TrainConfigError
 from train.data import frames_to_array
-from train.miniature import Miniature, MiniatureConfig, check_split, claim_check, load_config
+from train.miniature import Miniature, check_split, claim_check
+from train.miniature_config import MiniatureConfig, load_config
 from train.synthetic import VISIBLE_INTENSITY, make_visible_rows
 from train.tiny import build_model, build_processor
 from train.warmup import VerifierCollator, held_out_indices, lm_warmup, verifier_examples

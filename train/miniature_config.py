@@ -1,0 +1,75 @@
+"""The miniature's configuration: every knob in one dataclass, read from one YAML (`train/configs/miniature.yaml`).
+
+Its own module so that the experiment (`train.miniature`) and its diagnosis (`train.miniature_diagnose`) both read it
+without importing each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from emrl_data.organs import ORGANS
+from train.checks import TrainConfigError
+
+
+@dataclass
+class MiniatureConfig:
+    """Every knob of the miniature (one YAML; see train/configs/miniature.yaml)."""
+
+    n_train: int = 240
+    n_test: int = 120
+    n_frames: int = 8
+    size_px: int = 64
+    organs: list[str] = field(default_factory=lambda: [str(organ) for organ in ORGANS])  # every registered organ
+    sizes_mm: list[float] = field(default_factory=lambda: [31.0, 48.0, 90.0])  # lesion long-axis classes
+    lesion_span: int = 3  # frames on each side of the key frame that show a (shrinking) lesion
+    seed: int = 0
+    min_test_rows_per_class: int = 10  # per organ and class (positive / negative): below it the intervals mean little
+    warmup_max_steps: int = 1500
+    warmup_eval_every: int = 100
+    warmup_target_parse_rate: float = 0.95
+    warmup_target_sampled_parse_rate: float = 0.85
+    warmup_learning_rate: float = 3.0e-3
+    warmup_batch_size: int = 4
+    warmup_val_rows: int = 12
+    sft_steps: int = 100
+    sft_learning_rate: float = 1.0e-3
+    sft_batch_size: int = 4
+    grpo_steps: int = 30
+    grpo_learning_rate: float = 2.0e-4
+    grpo_prompts_per_step: int = 4
+    num_generations: int = 4
+    grpo_temperature: float = 1.0  # the rollouts' sampling temperature (the verifier and the eval stay greedy)
+    max_completion_length: int = 112
+    beta: float = 0.01
+    verifier_max_new_tokens: int = 40
+    eval_max_new_tokens: int = 128
+    n_bootstrap: int = 1000
+    diagnose_prompts: int = 16  # `--stages diagnose`: train prompts sampled num_generations times at the SFT model
+    diagnose_temperatures: list[float] = field(default_factory=lambda: [1.0, 0.7])
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> MiniatureConfig:
+    """Return the config from a YAML file (unknown keys are an error) plus `overrides`."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    data.update(overrides or {})
+    known = {f.name for f in fields(MiniatureConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise TrainConfigError(f"{path}: unknown keys {unknown}; valid keys are {sorted(known)}")
+    types = {f.name: f.type for f in fields(MiniatureConfig)}
+    for key, value in data.items():
+        try:
+            if types[key] == "float" and isinstance(value, int | float | str):
+                data[key] = float(value)  # YAML reads 1e-4 (no dot) as a string
+            elif types[key] == "int" and not isinstance(value, int):
+                data[key] = int(value)
+        except ValueError:
+            raise TrainConfigError(f"{path}: {key}={value!r}: expected a number ({types[key]})") from None
+    return MiniatureConfig(**data)
