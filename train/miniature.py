@@ -397,11 +397,21 @@ def save_curves_png(curves: dict[str, dict[str, list]], path: Path) -> Path:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    colors = dict(
+        zip(GRPO_RUNS, ("tab:blue", "tab:orange", "tab:green"), strict=True)
+    )  # one colour per run, both panels
     for name, curve in curves.items():
         for ax, key in zip(axes, ("reward", "rewards/r_c/mean"), strict=True):
             points = curve.get(key, [])
             if points:
-                ax.plot([s for s, _ in points], [v for _, v in points], marker="o", ms=2, label=MODELS[name])
+                ax.plot(
+                    [s for s, _ in points],
+                    [v for _, v in points],
+                    marker="o",
+                    ms=2,
+                    label=MODELS[name],
+                    color=colors.get(name),
+                )
     for ax, title in zip(axes, ("R (weighted reward)", "r_c (verifier consistency)"), strict=True):
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("optimizer step")
