@@ -100,8 +100,8 @@ train-smoke: venv
 	$(BIN)/python -m train.sft --config train/configs/sft_tiny.yaml --dataset_dir demo-output/sft --output_dir demo-output/sft_model
 	bash train/device_check.sh --tiny demo-output/device_check.json
 
-# The paper's experiment in miniature (CPU, <= 30 min on 2 cores): warm-up, partial SFT, GRPO (a) r_e+r_f+r_c,
-# (b) r_e+r_f, (c) lr-0 control; Table 1/2 with 95 % intervals. Rerunning resumes from the finished stages.
+# The paper's experiment in miniature (CPU, about 60 min on 2 shared cores; docs/training.md): warm-up, partial SFT,
+# GRPO (a) r_e+r_f+r_c, (b) r_e+r_f, (c) lr-0 control; Table 1/2 with 95 % intervals. Reruns resume.
 miniature: venv
 	$(BIN)/python -m train.miniature --config train/configs/miniature.yaml --output_dir miniature-output
 
