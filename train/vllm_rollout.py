@@ -410,9 +410,6 @@ class VLLMRollout:
         self.llm.reset_prefix_cache()  # KV blocks computed with the old weights
         self.n_pushes += 1
 
-    def sleep(self) -> None:  # pragma: no cover - GPU only (sleep mode frees the KV cache between rollouts)
-        self.llm.sleep(level=1)
-
 
 def _reload_without_processing(worker: Any, items: list[tuple[str, Any]]) -> None:
     """Run in vLLM's worker: the in-place reload with the linear layers' `process_weights_after_loading` reduced to
