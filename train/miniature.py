@@ -25,7 +25,7 @@ import logging
 import math
 import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +37,13 @@ from train.miniature_config import MiniatureConfig, load_config
 
 logger = logging.getLogger(__name__)
 
-STAGES = ("data", "warmup", "sft", "grpo_a", "grpo_b", "grpo_c", "eval")
+STAGES = ("data", "warmup", "sft", "grpo_a", "grpo_b", "grpo_c", "more_sft", "more_sft_llm", "eval")
 DIAGNOSE = "diagnose"  # on request only (`--stages diagnose`): the reward signal at the SFT model (miniature_diagnose)
-MODELS = {"sft": "SFT", "grpo_a": "(a) GRPO r_e+r_f+r_c", "grpo_b": "(b) GRPO r_e+r_f", "grpo_c": "(c) lr-0 control"}
+MODELS = {"sft": "SFT", "grpo_a": "(a) GRPO r_e+r_f+r_c", "grpo_b": "(b) GRPO r_e+r_f", "grpo_c": "(c) lr-0 control",
+          "more_sft": "(d) more SFT, ViT+projector", "more_sft_llm": "(e) more SFT, LLM+projector"}
+# (d), (e): SFT continued from the SFT checkpoint on as many train rows as GRPO's prompts (`more_sft_steps`), with the
+# paper's SFT freezing (d) or GRPO's (e): does GRPO beat plain supervised training given the same rows?
+MORE_SFT_RUNS = {"more_sft": "sft", "more_sft_llm": "grpo"}  # stage -> the freezing (train.freeze.STAGE_TRAINABLE)
 GRPO_RUNS = {"grpo_a": (["r_e", "r_f", "r_c"], False), "grpo_b": (["r_e", "r_f"], False),
              "grpo_c": (["r_e", "r_f", "r_c"], True)}  # fmt: skip
 SHARED_STAGES = ("data", "warmup", "sft")  # what `--reuse_from` copies: the stages before GRPO
@@ -59,6 +63,11 @@ def check_split(rows: list[dict[str, Any]], cfg: MiniatureConfig) -> None:
                     f"miniature: the test split has {n} {kind} {organ} rows, fewer than min_test_rows_per_class="
                     f"{cfg.min_test_rows_per_class}, too few for its 95 % intervals; raise n_test (now {cfg.n_test})"
                 )
+
+
+def more_sft_steps(cfg: MiniatureConfig) -> int:
+    """Steps of (d) and (e): as many train rows as GRPO's prompts (grpo_steps x grpo_prompts_per_step), rounded up."""
+    return math.ceil(cfg.grpo_steps * cfg.grpo_prompts_per_step / cfg.sft_batch_size)
 
 
 class Miniature:
@@ -194,25 +203,37 @@ class Miniature:
         return {"steps": result.steps, "parse_rates": result.parse_rates, "verifier_rates": result.verifier_rates}
 
     def _stage_sft(self, stage: str) -> dict[str, Any]:
+        return self._sft(stage, start="warmup", freezing="sft", steps=self.cfg.sft_steps)
+
+    def _more_sft(self, stage: str) -> dict[str, Any]:
+        return self._sft(stage, start="sft", freezing=MORE_SFT_RUNS[stage], steps=more_sft_steps(self.cfg))
+
+    _stage_more_sft = _stage_more_sft_llm = _more_sft
+
+    def _sft(self, stage: str, *, start: str, freezing: str, steps: int) -> dict[str, Any]:
+        """Supervised steps from the `start` stage's checkpoint, training the parameter groups of `freezing`."""
         import torch  # noqa: PLC0415
 
         from train.data import load_split  # noqa: PLC0415
         from train.sft import build_sft_trainer, load_policy, make_sft_config  # noqa: PLC0415
 
         cfg = self.cfg
+        if self.done(start) is None:
+            raise TrainConfigError(f"miniature: stage {stage} needs the {start} stage in {self.out}; run it first")
         torch.manual_seed(cfg.seed)
-        model, processor = load_policy(str(self.out / "warmup"))
-        args = make_sft_config(output_dir=str(self.out / stage), max_steps=cfg.sft_steps,
+        model, processor = load_policy(str(self.out / start))
+        args = make_sft_config(output_dir=str(self.out / stage), max_steps=steps,
                                learning_rate=cfg.sft_learning_rate, lr_scheduler_type="constant",
                                per_device_train_batch_size=cfg.sft_batch_size, use_cpu=True, bf16=False,
                                gradient_checkpointing=False, logging_steps=10, save_strategy="no", seed=cfg.seed,
                                disable_tqdm=True)  # fmt: skip
-        trainer = bar_only(build_sft_trainer(model, processor, load_split(self.out / "data", "train"), args))
+        trainer = bar_only(build_sft_trainer(model, processor, load_split(self.out / "data", "train"), args,
+                                             stage=freezing))  # fmt: skip
         trainer.train()
         trainer.save_model(str(self.out / stage))
         processor.save_pretrained(str(self.out / stage))
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-        return {"steps": trainer.state.global_step, "losses": losses}
+        return {"steps": trainer.state.global_step, "losses": losses, "start": start, "freezing": freezing}
 
     def _grpo(self, stage: str) -> dict[str, Any]:
         import torch  # noqa: PLC0415
@@ -340,15 +361,19 @@ def _half_width(metric: dict[str, Any]) -> float:
 def claim_check(results: dict[str, Any]) -> dict[str, Any]:
     """Does (a) beat SFT and (c) on average B-Acc or K-Hit by more than the intervals' half-width? And (a) vs (b)?
 
-    The margin compared against is the larger half-width of the two models' 95 % intervals.
+    The margin compared against is the larger half-width of the two models' 95 % intervals. `beats_more_sft`: does
+    (a) also beat (d) and (e), SFT continued on as many rows (None when neither ran)?
     """
     out: dict[str, Any] = {}
     a = results["grpo_a"]
     for metric in ("average_bacc", "k_hit"):
-        for other in [m for m in ("sft", "grpo_c", "grpo_b") if m in results]:  # (b) may not have run
+        for other in [m for m in ("sft", "grpo_c", "grpo_b", *MORE_SFT_RUNS) if m in results]:  # any may be missing
             b = results[other]
-            gap = (a[metric]["value"] or 0.0) - (b[metric]["value"] or 0.0)
             half = max(_half_width(a[metric]), _half_width(b[metric]))
+            if math.isnan(half):  # a metric without an interval (say K-Hit of a model that reports no lesion)
+                out[f"{metric}: (a) - {other}"] = {"gap": None, "half_width": None, "beyond_interval": False}
+                continue
+            gap = (a[metric]["value"] or 0.0) - (b[metric]["value"] or 0.0)
             out[f"{metric}: (a) - {other}"] = {"gap": gap, "half_width": half, "beyond_interval": gap > half}
     beats = [  # without a (c) run, against SFT alone (lr 0 reproduces SFT's weights, so its tables too)
         out[f"{m}: (a) - sft"]["beyond_interval"]
@@ -356,11 +381,19 @@ def claim_check(results: dict[str, Any]) -> dict[str, Any]:
         for m in ("average_bacc", "k_hit")
     ]
     out["claim_holds"] = any(beats)
+    more = [m for m in MORE_SFT_RUNS if m in results]  # beyond the claim: does (a) beat supervised training too?
+    out["beats_more_sft"] = (
+        any(all(out[f"{metric}: (a) - {m}"]["beyond_interval"] for m in more) for metric in ("average_bacc", "k_hit"))
+        if more
+        else None
+    )
     return out
 
 
 def _verdict(value: dict[str, Any]) -> str:
     """Return "above the interval", "below the interval" or "within the interval" for a claim-check entry."""
+    if value["gap"] is None:
+        return "no interval to compare"
     if value["gap"] > value["half_width"]:
         return "above the interval"
     return "below the interval" if value["gap"] < -value["half_width"] else "within the interval"
@@ -382,10 +415,15 @@ def results_markdown(results: dict[str, Any], claim: dict[str, Any]) -> str:
                      f"{cell(r['table2_overall'])} |")  # fmt: skip
     lines.append("")
     for key, value in claim.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and value["gap"] is None:
+            lines.append(f"- {key}: n/a: {_verdict(value)}")
+        elif isinstance(value, dict):
             lines.append(f"- {key}: {100 * value['gap']:+.1f} points (half-width {100 * value['half_width']:.1f}): "
                          f"{_verdict(value)}")  # fmt: skip
     lines.append(f"- claim ((a) beats SFT and (c) beyond the intervals on B-Acc or K-Hit): {claim['claim_holds']}")
+    if claim.get("beats_more_sft") is not None:
+        lines.append("- beyond the claim ((a) beats more SFT on the same rows, (d) and (e), beyond the intervals on "
+                     f"B-Acc or K-Hit): {claim['beats_more_sft']}")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -433,6 +471,8 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"default: all but {DIAGNOSE} (run it on its own, after sft)")  # fmt: skip
     parser.add_argument("--reuse_from", default=None, metavar="DIR",
                         help="copy the finished data, warm-up and SFT stages of DIR (GRPO settings may differ)")  # fmt: skip
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, metavar="SEED",
+                        help="one run per seed in OUTPUT_DIR/seed-<SEED> (the seed key overridden), then seeds.md")  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     overrides = {}
@@ -440,10 +480,23 @@ def main(argv: list[str] | None = None) -> None:
         key, _, value = item.partition("=")
         overrides[key] = yaml.safe_load(value)
     cfg = load_config(args.config, overrides)
-    miniature = Miniature(cfg, args.output_dir)
-    if args.reuse_from:
-        miniature.reuse(args.reuse_from)
-    miniature.run(tuple(args.stages))
+    if args.seeds is None:
+        miniature = Miniature(cfg, args.output_dir)
+        if args.reuse_from:
+            miniature.reuse(args.reuse_from)
+        miniature.run(tuple(args.stages))
+        return
+    from train.miniature_seeds import seed_dir, write_seeds_summary  # noqa: PLC0415
+
+    for seed in args.seeds:  # one full run per seed, each in its own folder (and resumable there)
+        print(f"=== seed {seed}: {seed_dir(args.output_dir, seed)}", flush=True)
+        miniature = Miniature(replace(cfg, seed=seed), seed_dir(args.output_dir, seed))
+        if args.reuse_from:
+            miniature.reuse(seed_dir(args.reuse_from, seed))
+        miniature.run(tuple(args.stages))
+    if "eval" in args.stages:
+        write_seeds_summary(args.output_dir, args.seeds)
+        print((Path(args.output_dir) / "seeds.md").read_text(), flush=True)
 
 
 if __name__ == "__main__":

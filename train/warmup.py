@@ -167,11 +167,12 @@ def _fails(text: str, organ: str) -> bool:
 
 
 def verifier_claim_rate(model: Any, processor: CTQwen3VLProcessor, rows: Sequence[Mapping[str, Any]],
-                        max_new_tokens: int = 48) -> float:  # fmt: skip
-    """Return the fraction of positive rows' key frames on which the greedy verifier answer claims a lesion."""
+                        max_new_tokens: int = 48) -> float | None:  # fmt: skip
+    """Return the fraction of positive rows' key frames on which the greedy verifier answer claims a lesion (None
+    without a positive row: no rate, rather than a NaN that strict JSON refuses)."""
     pos = [r for r in rows if r["has_lesion"] and r.get("key_slice_frame")]
     if not pos:
-        return float("nan")
+        return None
     msgs = [
         verifier_messages(frames_to_array(r["frames"])[int(r["key_slice_frame"]) - 1], VERIFIER_PROMPT) for r in pos
     ]
@@ -261,8 +262,12 @@ def lm_warmup(
             line = f"  warm-up step {step}: report loss {result.report_loss:.3f}"
             if pairs:
                 vrate = verifier_claim_rate(model, processor, val_rows)
-                result.verifier_rates.append((step, vrate))
-                line += f", verifier loss {result.verifier_loss:.3f}, verifier names the lesion on {vrate:.0%} of key frames"
+                line += f", verifier loss {result.verifier_loss:.3f}"
+                if vrate is None:
+                    line += ", no positive held-out row for the verifier"
+                else:
+                    result.verifier_rates.append((step, vrate))
+                    line += f", verifier names the lesion on {vrate:.0%} of key frames"
             line += f"; held-out parse rate {rate:.0%} (target {target_parse_rate:.0%})"
             if target_sampled_parse_rate > 0:
                 line += f", sampled {sampled:.0%} (target {target_sampled_parse_rate:.0%})"

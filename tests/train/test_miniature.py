@@ -1,0 +1,119 @@
+"""The miniature end to end at toy size (every stage, the more-SFT controls, resume) and its seed summary."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from train.freeze import parameter_group
+from train.miniature import MODELS, STAGES, Miniature, claim_check, main, more_sft_steps
+from train.miniature_config import MiniatureConfig
+from train.miniature_seeds import seeds_markdown, summarize_seeds
+
+
+def _model(bacc, khit, half=(0.05, 0.1)):
+    return {"label": "m", "average_bacc": {"value": bacc, "ci_low": bacc - half[0], "ci_high": bacc + half[0]},
+            "k_hit": {"value": khit, "ci_low": khit - half[1], "ci_high": khit + half[1]}}  # fmt: skip
+
+
+def test_more_sft_steps_see_as_many_rows_as_grpo_prompts():
+    assert more_sft_steps(MiniatureConfig(grpo_steps=60, grpo_prompts_per_step=8, sft_batch_size=4)) == 120
+    assert more_sft_steps(MiniatureConfig(grpo_steps=7, grpo_prompts_per_step=3, sft_batch_size=4)) == 6  # 21 / 4 up
+
+
+def test_claim_check_against_more_sft():
+    base = {"sft": _model(0.6, 0.3), "grpo_a": _model(0.8, 0.5), "grpo_c": _model(0.6, 0.3)}
+    claim = claim_check(base | {"more_sft": _model(0.7, 0.45), "more_sft_llm": _model(0.75, 0.2)})
+    assert claim["average_bacc: (a) - more_sft"]["gap"] == pytest.approx(0.1)  # beyond 0.05
+    assert claim["average_bacc: (a) - more_sft_llm"]["beyond_interval"] is False  # +0.05, not beyond 0.05
+    assert claim["k_hit: (a) - more_sft"]["beyond_interval"] is False  # +0.05 < 0.10
+    assert claim["k_hit: (a) - more_sft_llm"]["beyond_interval"] is True  # +0.30
+    assert claim["claim_holds"] is True
+    assert claim["beats_more_sft"] is False  # no one metric beats both (d) and (e)
+    both = claim_check(base | {"more_sft": _model(0.6, 0.3), "more_sft_llm": _model(0.7, 0.35)})
+    assert both["beats_more_sft"] is True  # B-Acc +0.2 and +0.1, both beyond 0.05
+
+
+def test_seed_summary_gaps_means_and_counts():
+    def run(a_khit, sft_khit):
+        models = {"sft": _model(0.6, sft_khit), "grpo_a": _model(0.7, a_khit), "grpo_c": _model(0.6, sft_khit)}
+        return {"models": models, "claim": claim_check(models)}
+
+    summary = summarize_seeds({0: run(0.5, 0.3), 1: run(0.35, 0.3), 2: run(0.2, 0.4)})
+    k = summary["comparisons"]["k_hit: (a) - sft"]
+    assert k["gaps"] == pytest.approx({0: 0.2, 1: 0.05, 2: -0.2})
+    assert (k["mean_gap"], k["min_gap"], k["max_gap"]) == pytest.approx((0.05 / 3, -0.2, 0.2))
+    assert (k["n_beyond"], k["n_seeds"]) == (1, 3)
+    assert summary["comparisons"]["average_bacc: (a) - grpo_c"]["n_beyond"] == 3  # +0.1 > 0.05 in each seed
+    assert summary["flags"]["claim_holds"] == {0: True, 1: True, 2: True}
+    assert summary["values"]["grpo_a"]["k_hit"] == {0: 0.5, 1: 0.35, 2: 0.2}
+    md = seeds_markdown(summary)
+    assert "| m | K-Hit | 50.0 | 35.0 | 20.0 | 35.0 |" in md
+    assert "| k_hit: (a) - sft | +20.0 | +5.0 | -20.0 | +1.7 | 1 of 3 |" in md
+    assert "- claim ((a) beats SFT and (c)): 3 of 3 seeds" in md
+    assert "(a) beats (d) and (e)" not in md  # neither ran
+
+
+TOY = {"n_train": 8, "n_test": 4, "n_frames": 4, "size_px": 32, "organs": ["kidney"], "min_test_rows_per_class": 1,
+       "warmup_max_steps": 2, "warmup_eval_every": 2, "warmup_val_rows": 2, "warmup_target_parse_rate": 0.0,
+       "warmup_target_sampled_parse_rate": 0.0, "sft_steps": 2, "sft_batch_size": 2, "grpo_steps": 1,
+       "grpo_prompts_per_step": 2, "num_generations": 2, "max_completion_length": 8, "verifier_max_new_tokens": 4,
+       "eval_max_new_tokens": 8, "n_bootstrap": 20}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("miniature")
+    lines: list[str] = []
+    Miniature(MiniatureConfig(**TOY), out, log=lines.append).run()
+    return out, lines
+
+
+def _weights(path):
+    return load_file(str(path / "model.safetensors"))
+
+
+def _changed_groups(before, after):
+    return {parameter_group(k) for k in before if not torch.equal(before[k], after[k])}
+
+
+def test_every_stage_finishes_and_results_hold_every_model(toy_run):
+    out, _ = toy_run
+    assert all((out / s / "done.json").exists() for s in STAGES)
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["models"]) == list(MODELS)
+    assert set(results["claim"]) >= {"k_hit: (a) - more_sft", "k_hit: (a) - more_sft_llm", "beats_more_sft"}
+    assert isinstance(results["claim"]["beats_more_sft"], bool)
+    assert "(e) more SFT, LLM+projector" in (out / "results.md").read_text()
+    for stage, freezing in (("more_sft", "sft"), ("more_sft_llm", "grpo")):
+        done = json.loads((out / stage / "done.json").read_text())
+        assert (done["steps"], done["start"], done["freezing"]) == (1, "sft", freezing)  # 1 x 2 prompts / 2 rows
+
+
+def test_more_sft_trains_its_own_parameter_groups(toy_run):
+    out, _ = toy_run
+    sft = _weights(out / "sft")
+    assert _changed_groups(sft, _weights(out / "more_sft")) == {"vit", "projector"}  # the paper's SFT freezing
+    assert _changed_groups(sft, _weights(out / "more_sft_llm")) == {"llm", "projector"}  # GRPO's freezing
+
+
+def test_a_rerun_skips_every_finished_stage(toy_run):
+    out, _ = toy_run
+    lines: list[str] = []
+    Miniature(MiniatureConfig(**TOY), out, log=lines.append).run()
+    assert [line.split(":")[0] for line in lines if line.startswith("==")] == [f"== {s}" for s in STAGES]
+    assert all("done earlier" in line for line in lines if line.startswith("=="))
+
+
+def test_seeds_cli_runs_one_folder_per_seed_and_summarises(toy_run, tmp_path, capsys):
+    out, _ = toy_run
+    (tmp_path / "seed-0").symlink_to(out, target_is_directory=True)  # seed 0 has run: only its eval is read back
+    config = tmp_path / "toy.json"
+    config.write_text(json.dumps(TOY))
+    main(["--config", str(config), "--output_dir", str(tmp_path), "--seeds", "0", "--stages", "eval"])
+    summary = json.loads((tmp_path / "seeds.json").read_text())
+    assert summary["seeds"] == [0] and list(summary["values"]) == list(MODELS)
+    assert "| comparison | seed 0 | mean | beyond the interval |" in capsys.readouterr().out
