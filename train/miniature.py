@@ -39,8 +39,14 @@ logger = logging.getLogger(__name__)
 
 STAGES = ("data", "warmup", "sft", "grpo_a", "grpo_b", "grpo_c", "more_sft", "more_sft_llm", "eval")
 DIAGNOSE = "diagnose"  # on request only (`--stages diagnose`): the reward signal at the SFT model (miniature_diagnose)
-MODELS = {"sft": "SFT", "grpo_a": "(a) GRPO r_e+r_f+r_c", "grpo_b": "(b) GRPO r_e+r_f", "grpo_c": "(c) lr-0 control",
-          "more_sft": "(d) more SFT, ViT+projector", "more_sft_llm": "(e) more SFT, LLM+projector"}
+MODELS = {
+    "sft": "SFT",
+    "grpo_a": "(a) GRPO r_e+r_f+r_c",
+    "grpo_b": "(b) GRPO r_e+r_f",
+    "grpo_c": "(c) lr-0 control",
+    "more_sft": "(d) more SFT, ViT+projector",
+    "more_sft_llm": "(e) more SFT, LLM+projector",
+}
 # (d), (e): SFT continued from the SFT checkpoint on as many train rows as GRPO's prompts (`more_sft_steps`), with the
 # paper's SFT freezing (d) or GRPO's (e): does GRPO beat plain supervised training given the same rows?
 MORE_SFT_RUNS = {"more_sft": "sft", "more_sft_llm": "grpo"}  # stage -> the freezing (train.freeze.STAGE_TRAINABLE)

@@ -68,7 +68,9 @@ def seeds_markdown(summary: dict[str, Any]) -> str:
     lines += ["", f"| comparison | {head} | mean | beyond the interval |", "| --- |" + " --- |" * (len(seeds) + 2)]
     for key, entry in summary["comparisons"].items():
         cells = " | ".join(f"{100 * entry['gaps'][s]:+.1f}" if s in entry["gaps"] else "n/a" for s in seeds)
-        lines.append(f"| {key} | {cells} | {100 * entry['mean_gap']:+.1f} | {entry['n_beyond']} of {entry['n_seeds']} |")
+        lines.append(
+            f"| {key} | {cells} | {100 * entry['mean_gap']:+.1f} | {entry['n_beyond']} of {entry['n_seeds']} |"
+        )
     lines.append("")
     for flag, text in (("claim_holds", "claim ((a) beats SFT and (c))"), ("beats_more_sft", "(a) beats (d) and (e)")):
         got = [v for v in summary["flags"][flag].values() if v is not None]

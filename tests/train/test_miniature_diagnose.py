@@ -147,6 +147,9 @@ def test_eval_needs_sft_and_a_and_the_claim_check_works_without_b_or_c(tmp_path)
     assert not any("grpo_b" in key for key in claim)
     assert claim["k_hit: (a) - grpo_c"]["gap"] == pytest.approx(0.15) and claim["claim_holds"] is True
     no_control = claim_check({"sft": model(0.6, 0.3), "grpo_a": model(0.6, 0.35)})  # (c) = SFT's tables: vs SFT only
-    assert set(no_control) == {f"{m}: (a) - sft" for m in ("average_bacc", "k_hit")} | {"claim_holds", "beats_more_sft"}
+    assert set(no_control) == {f"{m}: (a) - sft" for m in ("average_bacc", "k_hit")} | {
+        "claim_holds",
+        "beats_more_sft",
+    }
     assert no_control["beats_more_sft"] is None  # neither (d) nor (e) ran
     assert no_control["claim_holds"] is False  # +0.05 < 0.10
