@@ -269,6 +269,80 @@ def summary_markdown(summaries: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def trainer_rollout_groups(model_dir: str | Path, rows: Sequence[Mapping[str, Any]], *, num_generations: int,
+                           temperature: float, max_new_tokens: int, prompts_per_call: int, seed: int,
+                           cfg: sc.ScoringConfig = sc.DEFAULT_CONFIG) -> tuple[list[list[dict[str, Any]]], list[str]]:  # fmt: skip
+    """Sample `num_generations` completions per row through GRPO's own rollout path and score them (no verifier).
+
+    The rows go through `VideoGRPOTrainer._generate_and_score_completions`, `prompts_per_call` prompts at a time (a
+    GRPO step's batch: TRL's left-padded, batched `generate` with the trainer's sampling settings), at learning rate 0.
+    Returns the groups (`completion_record`s, r_c left out) and the completion texts in row order.
+    """
+    import tempfile  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+    from datasets import Dataset  # noqa: PLC0415
+    from trl import GRPOConfig  # noqa: PLC0415
+
+    from train.grpo import build_grpo_trainer  # noqa: PLC0415
+
+    torch.manual_seed(seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        args = GRPOConfig(output_dir=tmp, num_generations=num_generations, max_completion_length=max_new_tokens,
+                          per_device_train_batch_size=prompts_per_call * num_generations, max_steps=1,
+                          learning_rate=0.0, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+                          loss_type="grpo", seed=seed, temperature=temperature, disable_tqdm=True)  # fmt: skip
+        trainer = build_grpo_trainer(str(model_dir), Dataset.from_list([dict(r) for r in rows]), args,
+                                     rewards=["r_e", "r_f"])  # fmt: skip
+        proc = trainer.processing_class
+        texts: list[str] = []
+        for start in range(0, len(rows), prompts_per_call):
+            stop = min(start + prompts_per_call, len(rows))
+            batch = [dict(trainer.train_dataset[i]) for i in range(start, stop) for _ in range(num_generations)]
+            out = trainer._generate_and_score_completions(batch)
+            ids = [c[m.bool()].tolist() for c, m in zip(out["completion_ids"], out["completion_mask"], strict=True)]
+            texts += proc.batch_decode(ids, skip_special_tokens=True)
+    groups = [
+        [completion_record(t, sc.truth_from_row(row), None, cfg) for t in texts[i * num_generations : (i + 1) * num_generations]]
+        for i, row in enumerate(rows)
+    ]  # fmt: skip
+    return groups, texts
+
+
+def compare_rollouts(model_dir: str | Path, rows: Sequence[Mapping[str, Any]], cfg: Any, temperature: float,
+                     out_dir: str | Path, log: Callable[[str], None] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Do GRPO's batched rollouts sample what the policy samples on its own? The same rows both ways, one table.
+
+    Writes `rollouts_T<temperature>.json` to `out_dir`: `group_summary` of the trainer's rollouts
+    (`trainer_rollout_groups`) and of per-prompt sampling (`sample_groups`), r_c aside (the verifier is not queried
+    in the first). Returns that dict.
+    """
+    import torch  # noqa: PLC0415
+
+    from train.data import load_model_and_processor  # noqa: PLC0415
+
+    trainer_groups, _ = trainer_rollout_groups(model_dir, rows, num_generations=cfg.num_generations,
+                                               temperature=temperature, max_new_tokens=cfg.max_completion_length,
+                                               prompts_per_call=cfg.grpo_prompts_per_step, seed=cfg.seed)  # fmt: skip
+    model, processor = load_model_and_processor(model_dir, dtype=torch.float32)
+    own = sample_groups(model, processor, rows, num_generations=cfg.num_generations, temperature=temperature,
+                        seed=cfg.seed, max_new_tokens=cfg.max_completion_length,
+                        verifier_max_new_tokens=cfg.verifier_max_new_tokens, lesion_span=cfg.lesion_span)  # fmt: skip
+    result = {"temperature": temperature, "trainer": group_summary(trainer_groups),
+              "own": {k: v for k, v in own.items() if k != "examples"}}  # fmt: skip
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rollouts_T{temperature}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    if log:
+        for name in ("trainer", "own"):
+            s = result[name]
+            log(f"   {name} sampling at T {temperature}, {s['n_groups']} x {s['group_size']}: existence "
+                f"{s['sampled_rate']['existence']:.3f}, K-Hit {s['sampled_rate']['k_hit'] or 0:.3f}, parses "
+                f"{s['sampled_rate']['parse_ok']:.3f}; groups with spread r_e {s['spread']['r_e'] or 0:.2f}, "
+                f"r_f {s['spread']['r_f'] or 0:.2f}, R_b {s['spread']['reward_b'] or 0:.2f}")  # fmt: skip
+    return result
+
+
 def diagnose_checkpoint(model_dir: str | Path, rows: Sequence[Mapping[str, Any]], cfg: Any, out_dir: str | Path,
                         log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """Run `sample_groups` at each of `cfg.diagnose_temperatures` (a `MiniatureConfig`) on the checkpoint in
@@ -306,6 +380,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", default="train", choices=("train", "test"))
     parser.add_argument("--prompts", type=int, default=None, help="default: the run's diagnose_prompts")
     parser.add_argument("--temperatures", type=float, nargs="+", default=None)
+    parser.add_argument("--rollouts", action="store_true",
+                        help="instead: compare GRPO's batched rollouts with per-prompt sampling on the same prompts")  # fmt: skip
     args = parser.parse_args(argv)
     run = Path(args.run_dir)
     if not (run / "config.json").exists():
@@ -316,6 +392,11 @@ def main(argv: list[str] | None = None) -> None:
                  if v is not None}  # fmt: skip
     cfg = load_config(None, json.loads((run / "config.json").read_text()) | overrides)
     rows = [dict(r) for r in load_split(run / "data", args.split)][: cfg.diagnose_prompts]
+    if args.rollouts:
+        for t in cfg.diagnose_temperatures:
+            compare_rollouts(run / args.model, rows, cfg, float(t), run / f"diagnose_{args.model}_{args.split}",
+                             log=lambda line: print(line, flush=True))  # fmt: skip
+        return
     diagnose_checkpoint(run / args.model, rows, cfg, run / f"diagnose_{args.model}_{args.split}",
                         log=lambda line: print(line, flush=True))  # fmt: skip
 

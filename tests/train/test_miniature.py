@@ -117,3 +117,29 @@ def test_seeds_cli_runs_one_folder_per_seed_and_summarises(toy_run, tmp_path, ca
     summary = json.loads((tmp_path / "seeds.json").read_text())
     assert summary["seeds"] == [0] and list(summary["values"]) == list(MODELS)
     assert "| comparison | seed 0 | mean | beyond the interval |" in capsys.readouterr().out
+
+
+def test_trainer_rollouts_at_a_near_zero_temperature_are_the_greedy_reports(toy_run):
+    from train.data import load_model_and_processor, load_split, user_messages
+    from train.miniature_diagnose import trainer_rollout_groups
+    from train.warmup import generate_texts
+
+    out, _ = toy_run
+    rows = [dict(r) for r in load_split(out / "data", "train")][:3]  # 3 prompts, 2 per call: a padded, partial batch
+    groups, texts = trainer_rollout_groups(out / "sft", rows, num_generations=2, temperature=1e-4, max_new_tokens=8,
+                                           prompts_per_call=2, seed=0)  # fmt: skip
+    model, proc = load_model_and_processor(out / "sft", dtype=torch.float32)
+    greedy = generate_texts(model, proc, [user_messages(r["prompt"], r["frames"]) for r in rows], 8)
+    assert texts == [g for g in greedy for _ in range(2)]  # GRPO's rollout path samples the policy's own report
+    assert [len(g) for g in groups] == [2, 2, 2]
+
+
+def test_diagnose_rollouts_cli_writes_both_summaries(toy_run):
+    from train.miniature_diagnose import main as diagnose_main
+
+    out, _ = toy_run
+    diagnose_main(["--run_dir", str(out), "--rollouts", "--prompts", "2", "--temperatures", "1.0"])
+    result = json.loads((out / "diagnose_sft_train" / "rollouts_T1.0.json").read_text())
+    assert (result["trainer"]["n_groups"], result["trainer"]["group_size"]) == (2, 2)
+    assert (result["own"]["n_groups"], result["own"]["group_size"]) == (2, 2)
+    assert set(result["trainer"]["sampled_rate"]) == {"existence", "attributes", "k_hit", "parse_ok"}

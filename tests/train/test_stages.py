@@ -324,3 +324,14 @@ def test_each_prompt_video_is_encoded_once_per_rollout(grpo_run, monkeypatch):
     finally:
         trainer.reward_funcs = saved
     assert len(calls) == 2  # two prompts, eight completions
+
+
+def test_rollout_sampling_settings_are_temperature_only(grpo_run):
+    """Sampled rollouts draw from softmax(logits / T) over the whole vocabulary (vision tokens suppressed), as the
+    miniature's diagnosis samples: no top-k, top-p, min-p or repetition penalty reshapes them."""
+    trainer, _, _ = grpo_run
+    gen = trainer.generation_config
+    assert gen.do_sample is True and gen.temperature == trainer.args.temperature == 1.0
+    assert gen.top_k in (0, None) and gen.top_p in (1.0, None) and gen.min_p is None
+    assert gen.repetition_penalty in (1.0, None)
+    assert set(trainer.processing_class.vision_token_ids) <= set(gen.suppress_tokens)
