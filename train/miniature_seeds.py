@@ -79,11 +79,49 @@ def seeds_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def save_seeds_png(results: dict[int, dict[str, Any]], path: Path) -> Path:
+    """Plot each model's B-Acc and K-Hit per seed with its 95 % interval (one colour per seed)."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    seeds = sorted(results)
+    names = list(dict.fromkeys(n for s in seeds for n in results[s]["models"]))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, (metric, title) in zip(axes, METRICS.items(), strict=True):
+        for j, seed in enumerate(seeds):
+            xs, ys, err = [], [], [[], []]
+            for i, name in enumerate(names):
+                m = results[seed]["models"].get(name, {}).get(metric, {})
+                if m.get("value") is None:
+                    continue
+                x, y = i + (j - (len(seeds) - 1) / 2) * 0.2, 100 * m["value"]
+                xs.append(x)
+                ys.append(y)
+                err[0].append(y - 100 * (m.get("ci_low") if m.get("ci_low") is not None else m["value"]))
+                err[1].append(100 * (m.get("ci_high") if m.get("ci_high") is not None else m["value"]) - y)
+            ax.errorbar(xs, ys, yerr=err, fmt="o", ms=4, capsize=2, label=f"seed {seed}")
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels([results[seeds[0]]["models"].get(n, {}).get("label", n).split(" ")[0] for n in names])
+        ax.set_title(f"{title} (%), 95 % intervals", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.text(0.5, 0.01, "  ".join(results[seeds[0]]["models"][n]["label"] for n in names if n in results[seeds[0]]["models"]),
+             ha="center", fontsize=7)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def write_seeds_summary(output_dir: str | Path, seeds: list[int]) -> dict[str, Any]:
-    """Read each seed's `results.json` under `output_dir`; write `seeds.json` and `seeds.md`; return the summary."""
+    """Read each seed's `results.json` under `output_dir`; write `seeds.json`, `seeds.md` and `seeds.png`; return the
+    summary."""
     results = {s: json.loads((seed_dir(output_dir, s) / "results.json").read_text()) for s in seeds}
     summary = summarize_seeds(results)
     out = Path(output_dir)
     (out / "seeds.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     (out / "seeds.md").write_text(seeds_markdown(summary))
+    save_seeds_png(results, out / "seeds.png")
     return summary

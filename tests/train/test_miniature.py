@@ -116,6 +116,7 @@ def test_seeds_cli_runs_one_folder_per_seed_and_summarises(toy_run, tmp_path, ca
     main(["--config", str(config), "--output_dir", str(tmp_path), "--seeds", "0", "--stages", "eval"])
     summary = json.loads((tmp_path / "seeds.json").read_text())
     assert summary["seeds"] == [0] and list(summary["values"]) == list(MODELS)
+    assert (tmp_path / "seeds.png").stat().st_size > 0
     assert "| comparison | seed 0 | mean | beyond the interval |" in capsys.readouterr().out
 
 
