@@ -10,11 +10,14 @@ Stages (each writes its folder under `output_dir` and a `<stage>/done.json`; a r
 3. `sft`: the paper's SFT freezing (ViT + projector train, LLM frozen) for a few steps: partial skill.
 4. `grpo_a` (r_e + r_f + r_c, verifier on), `grpo_b` (r_e + r_f), `grpo_c` (r_e + r_f + r_c at learning rate 0:
    the control), all from the SFT checkpoint, same seed, so the same prompts in the same order.
-5. `eval`: greedy reports of SFT, (a), (b), (c) on the held-out test split, scored and tabulated with `emrl eval`'s
+5. `more_sft` (d), `more_sft_llm` (e): SFT continued from the SFT checkpoint on as many train rows as GRPO's prompts,
+   with the paper's SFT freezing (d) or GRPO's (e): is GRPO's gain more than further supervised training gives?
+6. `eval`: greedy reports of every finished model on the held-out test split, scored and tabulated with `emrl eval`'s
    machinery (`emrl_data.text.evaluation`: Table 1/2, 95 % bootstrap intervals); `results.json`, `results.md` and
    `reward_curves.png` in `output_dir`.
 
     python -m train.miniature --config train/configs/miniature.yaml --output_dir miniature-output
+    python -m train.miniature --config train/configs/miniature.yaml --output_dir miniature-seeds --seeds 0 1 2
 """
 
 from __future__ import annotations
