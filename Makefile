@@ -97,8 +97,9 @@ bench-grpo-vllm: vllm-env
 # A tiny Qwen3-VL (built locally from a config) trained for a few dozen SFT steps on the demo SFT set (CPU).
 train-smoke: venv
 	test -d demo-output/sft || $(MAKE) demo
-	$(BIN)/python -m train.sft --config train/configs/sft_tiny.yaml --dataset_dir demo-output/sft --output_dir demo-output/sft_model
-	bash train/device_check.sh --tiny demo-output/device_check.json
+	$(BIN)/python -m train.tooling.tiny --output_dir demo-output/tiny_model
+	$(BIN)/python -m train.sft --config train/configs/sft_tiny.yaml --dataset_dir demo-output/sft --model_name_or_path demo-output/tiny_model --output_dir demo-output/smoke_model
+	bash train/tools/device_check.sh --tiny demo-output/device_check.json
 
 # The paper's experiment in miniature (CPU, about 14 min on 2 idle cores; docs/training.md): warm-up, partial SFT,
 # GRPO (a) r_e+r_f+r_c, (b) r_e+r_f, (c) lr-0 control, (d)/(e) more SFT on the same rows; Table 1/2 with 95 %

@@ -96,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     from train.data import load_split  # noqa: PLC0415
-    from train.synthetic import write_sft_table  # noqa: PLC0415
-    from train.tiny import save_tiny  # noqa: PLC0415
+    from train.tooling.synthetic import write_sft_table  # noqa: PLC0415
+    from train.tooling.tiny import save_tiny  # noqa: PLC0415
     from train.vllm_rollout import prompt_token_counts  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory() as tmp_name:

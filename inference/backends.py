@@ -4,7 +4,7 @@ Both backends take `InferenceRequest`s (a row's prompt and its frames as PNG byt
 one `InferenceResult` per request, in request order. A failure of one request never fails the batch: it becomes a
 result with `text=None` and `error` set, so the caller (`inference.store.run_inference`) records it and moves on.
 
-* `TransformersBackend`: a local checkpoint directory (written by `train.tiny`, `train.sft` or `train.grpo`), loaded
+* `TransformersBackend`: a local checkpoint directory (written by `train.tooling.tiny`, `train.sft` or `train.grpo`), loaded
   with `train.data.load_model_and_processor`. The frames reach Qwen3-VL as one video through `train.data`'s CT encoder
   and chat layout (`render_prompt_text`), exactly as in training. Decoding is greedy, batched with left padding, and
   the four vision tokens are suppressed (`training.md` §6.5); the text is decoded with `skip_special_tokens=True`.

@@ -107,14 +107,14 @@ def check_checkpoint(checkpoint: str | Path, *, cpu: bool = True) -> None:
         if declared not in (None, PROCESSOR_CLASS):
             raise VLLMServeError(
                 f"{ckpt}/{name}: processor_class {declared!r}, which vLLM cannot build (only {PROCESSOR_CLASS})",
-                f"rewrite the checkpoint's processor files: python -m train.upgrade_checkpoint {ckpt}",
+                f"rewrite the checkpoint's processor files: python -m train.tools.upgrade_checkpoint {ckpt}",
             )
     head_dim = (config.get("text_config") or {}).get("head_dim")
     if cpu and head_dim not in CPU_HEAD_SIZES:
         raise VLLMServeError(
             f"{ckpt}: text head_dim {head_dim}, which vLLM's CPU attention does not support "
             f"(it supports {', '.join(map(str, CPU_HEAD_SIZES))})",
-            "serve it on a GPU, or train a checkpoint whose text head_dim is one of those (train.tiny: 32)",
+            "serve it on a GPU, or train a checkpoint whose text head_dim is one of those (train.tooling.tiny: 32)",
         )
 
 

@@ -41,3 +41,16 @@ def test_committed_schemas_are_up_to_date() -> None:
         assert committed == schema_to_json(name), (
             f"schemas/{name}.schema.json is stale: run `python -m emrl_data.tables.records --write-schemas schemas/`"
         )
+
+
+def test_training_library_contract_names_every_module_directly_in_train() -> None:
+    """The contract that keeps the training library free of tooling, the miniature and tools lists its source
+    modules by name; a new module directly in `train/` must join that list (or move into a subpackage)."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (library,) = [c for c in contracts if c["name"].startswith("the training library")]
+    on_disk = {f"train.{p.stem}" for p in (ROOT / "train").glob("*.py") if p.stem != "__init__"}
+    assert set(library["source_modules"]) == on_disk
+    subpackages = {f"train.{p.parent.name}" for p in (ROOT / "train").glob("*/__init__.py")}
+    assert set(library["forbidden_modules"]) == subpackages

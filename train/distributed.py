@@ -117,7 +117,7 @@ def check_launch(stage: str, script_args: Any, training_args: Any, env: Mapping[
     if stage == "sft" and acc.get("deepspeed_config", {}).get("zero_stage") == 3:
         if acc["deepspeed_config"].get("zero3_init_flag") and script_args.model_name_or_path is None:
             raise TrainConfigError("ZeRO-3 with zero3_init_flag builds the weights sharded from a checkpoint; pass "
-                                   "--model_name_or_path (python -m train.tiny --output_dir D writes a tiny one).")  # fmt: skip
+                                   "--model_name_or_path (python -m train.tooling.tiny --output_dir D writes a tiny one).")  # fmt: skip
 
 
 def prepare_deepspeed_cpu(env: Mapping[str, str] | None = None) -> bool:
@@ -144,7 +144,7 @@ def policy_load_kwargs(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """`from_pretrained` keyword arguments that load the policy straight onto this rank's GPU (no host copy).
 
     `{"device_map": {"": "cuda:<LOCAL_RANK>"}}` with CUDA, except under ZeRO-3 (`zero.Init` shards the weights at
-    load and refuses a device map); `{}` on CPU. Host memory per node per path: `train.memory_plan.host_plan`.
+    load and refuses a device map); `{}` on CPU. Host memory per node per path: `train.tools.memory_plan.host_plan`.
     """
     import torch  # noqa: PLC0415
 

@@ -88,7 +88,7 @@ def check_vllm_settings(args: Any, *, n_processes: int = 1, version: str | None 
         raise TrainConfigError(
             "vllm_enable_sleep_mode: true is not supported by the video-carrying engine yet (it keeps its KV cache "
             "between rollouts); set vllm_enable_sleep_mode: false and size vllm_gpu_memory_utilization with "
-            "python -m train.memory_plan."
+            "python -m train.tools.memory_plan."
         )
     version = version or vllm_version()
     try:

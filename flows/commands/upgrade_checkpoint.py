@@ -1,4 +1,4 @@
-"""`emrl upgrade-checkpoint DIR...`: rewrite an old checkpoint as a standard Qwen3-VL one (train.upgrade_checkpoint)."""
+"""`emrl upgrade-checkpoint DIR...`: rewrite an old checkpoint as a standard Qwen3-VL one (train.tools.upgrade_checkpoint)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
         parents=common,
         help="rewrite an old checkpoint (custom processor class) as a standard Qwen3-VL one, in place",
         description="Set processor_class Qwen3VLProcessor and write the image/video processor configs, so "
-        "AutoProcessor, vLLM and `transformers serve` load it as Qwen3-VL (python -m train.upgrade_checkpoint). "
+        "AutoProcessor, vLLM and `transformers serve` load it as Qwen3-VL (python -m train.tools.upgrade_checkpoint). "
         "Idempotent; exit 2 when DIR is not a Qwen3-VL checkpoint.",
     )
     p.add_argument("dirs", nargs="+", metavar="DIR", type=Path, help="checkpoint folder (e.g. OUT/sft_model)")
@@ -26,6 +26,6 @@ def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run `python -m train.upgrade_checkpoint` in a subprocess (flows never import train); return its status."""
-    cmd = [sys.executable, "-m", "train.upgrade_checkpoint", *(str(Path(d).resolve()) for d in args.dirs)]
+    """Run `python -m train.tools.upgrade_checkpoint` in a subprocess (flows never import train); return its status."""
+    cmd = [sys.executable, "-m", "train.tools.upgrade_checkpoint", *(str(Path(d).resolve()) for d in args.dirs)]
     return subprocess.run(cmd, cwd=PROJECT_ROOT, check=False).returncode

@@ -75,7 +75,7 @@ def test_library_defaults_come_from_emrl_data_config() -> None:
     assert sft["max_frames"].default == frames.max_frames == 32
     for name in ("negatives_per_positive", "seed", "test_fraction"):
         assert sft[name].default == getattr(SftConfig(), name), name
-    from train.memory_plan import Shape  # the memory plan reads the same frames
+    from train.tools.memory_plan import Shape  # the memory plan reads the same frames
 
     assert (Shape().frames, Shape().frame_px) == (frames.max_frames, frames.frame_size_px)
 

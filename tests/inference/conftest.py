@@ -10,7 +10,7 @@ from tests.inference.helpers import make_requests
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
-    from train.tiny import save_tiny
+    from train.tooling.tiny import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("inference-tiny") / "model", seed=0)
 

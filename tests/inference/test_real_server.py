@@ -18,7 +18,7 @@ from flows.cli import main
 from inference.backends import EndpointProbeError, OpenAIBackend, request_from_row
 from tests.inference.helpers import first_train_row, serve_beside_sft_set
 from tests.inference.real_server import ServerProcess
-from train.tiny import save_tiny
+from train.tooling.tiny import save_tiny
 
 
 FRAME_PX = 64

@@ -13,7 +13,7 @@ import pytest
 from flows.cli import main
 from inference.vllm_server import VLLMServer
 from tests.inference.helpers import build_small_sft_set
-from train.tiny import save_tiny
+from train.tooling.tiny import save_tiny
 
 
 FRAME_PX = 64

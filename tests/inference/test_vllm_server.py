@@ -31,7 +31,7 @@ from inference.vllm_server import VLLMServeError, VLLMServer, check_checkpoint, 
 from inference.vllm_server import main as serve_main
 from tests.inference.helpers import first_train_row, make_requests, serve_beside_sft_set
 from train.data import encode_ct_video, frames_to_array, render_prompt_text
-from train.tiny import save_tiny
+from train.tooling.tiny import save_tiny
 
 
 FRAME_PX = 64
@@ -230,7 +230,9 @@ def test_a_custom_processor_class_is_refused_with_the_upgrade_command(plain_chec
         f"{bad}/processor_config.json: processor_class 'CTQwen3VLProcessor', which vLLM cannot build "
         "(only Qwen3VLProcessor)"
     )
-    assert caught.value.fix == f"rewrite the checkpoint's processor files: python -m train.upgrade_checkpoint {bad}"
+    assert (
+        caught.value.fix == f"rewrite the checkpoint's processor files: python -m train.tools.upgrade_checkpoint {bad}"
+    )
 
 
 def test_versions_outside_the_supported_range_are_refused() -> None:

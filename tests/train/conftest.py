@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from train.synthetic import write_sft_table
-from train.tiny import build_processor, save_tiny
+from train.tooling.synthetic import write_sft_table
+from train.tooling.tiny import build_processor, save_tiny
 
 
 @pytest.fixture(scope="session")

@@ -11,10 +11,10 @@ from train.data import CTQwen3VLProcessor, user_messages
 from train.sft import main as sft_main
 
 
-def test_sft_cli_then_checkpoint_reloads_and_generates(sft_table, tmp_path):
+def test_sft_cli_then_checkpoint_reloads_and_generates(sft_table, tiny_dir, tmp_path):
     out = tmp_path / "sft"
     sft_main(["--config", "train/configs/sft_tiny.yaml", "--dataset_dir", str(sft_table), "--output_dir", str(out),
-              "--max_steps", "2"])  # fmt: skip
+              "--model_name_or_path", str(tiny_dir), "--max_steps", "2"])  # fmt: skip
     model = Qwen3VLForConditionalGeneration.from_pretrained(out)
     proc = CTQwen3VLProcessor.from_pretrained(out)
     frames = np.random.default_rng(0).integers(0, 256, (8, 64, 64), dtype=np.uint8)
@@ -27,11 +27,11 @@ def test_sft_cli_then_checkpoint_reloads_and_generates(sft_table, tmp_path):
 
 
 @pytest.mark.parametrize("step_logs", ["true", "false"])
-def test_step_logs_false_keeps_the_metrics_but_not_the_console_dicts(sft_table, tmp_path, capsys, step_logs):
+def test_step_logs_false_keeps_the_metrics_but_not_the_console_dicts(sft_table, tiny_dir, tmp_path, capsys, step_logs):
     """`step_logs: false` (the demo's configs): no per-step metric dict on the console, the same log history on disk."""
     out = tmp_path / "sft"
     sft_main(["--config", "train/configs/sft_tiny.yaml", "--dataset_dir", str(sft_table), "--output_dir", str(out),
-              "--max_steps", "2", "--logging_steps", "1", "--step_logs", step_logs])  # fmt: skip
+              "--model_name_or_path", str(tiny_dir), "--max_steps", "2", "--logging_steps", "1", "--step_logs", step_logs])  # fmt: skip
     printed = capsys.readouterr().out
     assert printed.count("{'loss': ") == (2 if step_logs == "true" else 0)
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
@@ -59,7 +59,7 @@ def test_grpo_cli_all_rewards(sft_table, tiny_dir, tmp_path, capsys):
 
 
 def test_device_check_tiny(tmp_path):
-    from train.device_check import main as dc_main
+    from train.tools.device_check import main as dc_main
 
     out = tmp_path / "dc.json"
     dc_main(["--tiny", "--output", str(out)])  # asserts inside: finite loss, gradients, parameter groups

@@ -10,8 +10,9 @@ from trl import GRPOConfig, SFTConfig, TrlParser
 
 from train.checks import TrainConfigError, check_precision, validate_launch
 from train.grpo import GrpoScriptArguments
-from train.miniature_config import load_config
+from train.miniature.config import load_config
 from train.sft import SftScriptArguments
+from train.tooling.demo_sft import DemoSftArguments
 
 
 CONFIGS = sorted(Path("train/configs").glob("*.yaml"))
@@ -19,11 +20,15 @@ CONFIGS = sorted(Path("train/configs").glob("*.yaml"))
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_config_parses_and_keeps_fp32_masters(path, tmp_path):
-    if path.name == "miniature.yaml":  # not a TRL config: the miniature's own keys (train.miniature.MiniatureConfig)
+    if (
+        path.name == "miniature.yaml"
+    ):  # not a TRL config: the miniature's own keys (train.miniature.config.MiniatureConfig)
         cfg = load_config(path)
         assert cfg.n_test >= cfg.min_test_rows_per_class * 2 * len(cfg.organs)
         return
+    kinds = {"sft_demo.yaml": (DemoSftArguments, SFTConfig)}
     kind = (SftScriptArguments, SFTConfig) if path.name.startswith("sft") else (GrpoScriptArguments, GRPOConfig)
+    kind = kinds.get(path.name, kind)
     raw = yaml.safe_load(path.read_text())
     overrides = ["--output_dir", str(tmp_path)] + (["--use_cpu", "true", "--bf16", "false"] if raw.get("bf16") else [])
     script, training = TrlParser(kind).parse_args_and_config(["--config", str(path), *overrides])
@@ -96,6 +101,7 @@ def test_bad_inputs_end_in_one_line_errors(sft_table, tmp_path, capsys):
         (sft_main, [*base, "--dataset_dir", str(sft_table), "--max_frames", "4"], "more than max_frames=4"),
         (sft_main, [*base, "--dataset_dir", str(sft_table), "--model_name_or_path", str(not_qwen)], "not Qwen3-VL"),
         (sft_main, [*base, "--dataset_dir", str(sft_table), "--dtype", "bfloat16"], "no fp32 master copy"),
+        (sft_main, [*base, "--dataset_dir", str(sft_table)], "--model_name_or_path is required"),
         (grpo_main, ["--config", "train/configs/grpo_tiny.yaml", "--output_dir", str(tmp_path / "g"),
                      "--dataset_dir", str(sft_table), "--model_name_or_path", str(not_qwen)], "not Qwen3-VL"),
         (grpo_main, ["--config", "train/configs/grpo_tiny.yaml", "--output_dir", str(tmp_path / "g"),
@@ -112,7 +118,7 @@ def test_bad_inputs_end_in_one_line_errors(sft_table, tmp_path, capsys):
 
 
 def test_memory_table_in_docs_is_the_scripts_output():
-    from train.memory_plan import markdown, plan
+    from train.tools.memory_plan import markdown, plan
 
     assert markdown() in Path("docs/training.md").read_text()
     full_one_gpu, zero2, zero3, lora, lora_vllm = plan()
@@ -123,7 +129,7 @@ def test_memory_table_in_docs_is_the_scripts_output():
 
 
 def test_memory_plan_counts_what_runs():
-    from train.memory_plan import GIB, parameter_counts, plan
+    from train.tools.memory_plan import GIB, parameter_counts, plan
 
     c = parameter_counts()
     total, trainable = (c["vit"] + c["projector"] + c["llm"]) / GIB, (c["projector"] + c["llm"]) / GIB
@@ -138,7 +144,7 @@ def test_memory_plan_counts_what_runs():
 
 
 def test_memory_plan_counts_generation_as_it_runs():
-    from train.memory_plan import GIB, Shape, parameter_counts, plan, rows_per_generate_call, vllm_fraction
+    from train.tools.memory_plan import GIB, Shape, parameter_counts, plan, rows_per_generate_call, vllm_fraction
 
     c = parameter_counts()
     # grpo.yaml: 1 x accumulation 8 per GPU; grpo_lora.yaml: 1 x accumulation 64 (one generate call holds them all)

@@ -9,9 +9,9 @@ import torch
 from safetensors.torch import load_file
 
 from train.freeze import parameter_group
-from train.miniature import MODELS, STAGES, Miniature, claim_check, main, more_sft_steps
-from train.miniature_config import MiniatureConfig
-from train.miniature_seeds import seeds_markdown, summarize_seeds
+from train.miniature.config import MiniatureConfig
+from train.miniature.seeds import seeds_markdown, summarize_seeds
+from train.miniature.study import MODELS, STAGES, Miniature, claim_check, main, more_sft_steps
 
 
 def _model(bacc, khit, half=(0.05, 0.1)):
@@ -122,8 +122,8 @@ def test_seeds_cli_runs_one_folder_per_seed_and_summarises(toy_run, tmp_path, ca
 
 def test_trainer_rollouts_at_a_near_zero_temperature_are_the_greedy_reports(toy_run):
     from train.data import load_model_and_processor, load_split, user_messages
-    from train.miniature_diagnose import trainer_rollout_groups
-    from train.warmup import generate_texts
+    from train.miniature.diagnose import trainer_rollout_groups
+    from train.tooling.warmup import generate_texts
 
     out, _ = toy_run
     rows = [dict(r) for r in load_split(out / "data", "train")][:3]  # 3 prompts, 2 per call: a padded, partial batch
@@ -136,7 +136,7 @@ def test_trainer_rollouts_at_a_near_zero_temperature_are_the_greedy_reports(toy_
 
 
 def test_diagnose_rollouts_cli_writes_both_summaries(toy_run):
-    from train.miniature_diagnose import main as diagnose_main
+    from train.miniature.diagnose import main as diagnose_main
 
     out, _ = toy_run
     diagnose_main(["--run_dir", str(out), "--rollouts", "--prompts", "2", "--temperatures", "1.0"])

@@ -1,4 +1,4 @@
-"""The miniature's reward-signal diagnosis (`train.miniature_diagnose`): exact values on constructed inputs."""
+"""The miniature's reward-signal diagnosis (`train.miniature.diagnose`): exact values on constructed inputs."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import pytest
 from emrl_data.organs import Organ
 from emrl_data.text.scoring import Truth
 from train.checks import TrainConfigError
-from train.miniature import DIAGNOSE, Miniature
-from train.miniature_config import MiniatureConfig, load_config
-from train.miniature_diagnose import (
+from train.miniature.config import MiniatureConfig, load_config
+from train.miniature.diagnose import (
     completion_record,
     group_summary,
     summary_markdown,
     verifier_record,
     verifier_summary,
 )
+from train.miniature.study import DIAGNOSE, Miniature
 
 
 TRUTH = Truth(Organ.LIVER, True, 3.1, ("2",), "hyper", 5)
@@ -119,7 +119,7 @@ def test_miniature_grpo_temperature_is_a_grpo_only_key_and_diagnose_needs_sft(tm
 
 
 def test_diagnose_cli_refuses_a_folder_without_a_run_or_an_unfinished_model(tmp_path):
-    from train.miniature_diagnose import main  # noqa: PLC0415
+    from train.miniature.diagnose import main  # noqa: PLC0415
 
     with pytest.raises(TrainConfigError, match="no config.json there"):
         main(["--run_dir", str(tmp_path)])
@@ -129,7 +129,7 @@ def test_diagnose_cli_refuses_a_folder_without_a_run_or_an_unfinished_model(tmp_
 
 
 def test_eval_needs_sft_and_a_and_the_claim_check_works_without_b_or_c(tmp_path):
-    from train.miniature import claim_check  # noqa: PLC0415
+    from train.miniature.study import claim_check  # noqa: PLC0415
 
     mini = Miniature(MiniatureConfig(), tmp_path, log=lambda _: None)
     for stage in ("sft", "grpo_c"):

@@ -30,12 +30,12 @@ def curated(prefect_harness, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_sft_step_on_curated_shards(curated: Path, tmp_path: Path) -> None:
+def test_sft_step_on_curated_shards(curated: Path, tiny_dir: Path, tmp_path: Path) -> None:
     (shard,) = (curated / "sft/data").glob("train-*.parquet")
     assert pq.read_table(shard).num_rows >= 2
     out = tmp_path / "sft"
     sft_main(["--config", "train/configs/sft_tiny.yaml", "--dataset_dir", str(curated / "sft"), "--output_dir",
-              str(out), "--max_steps", "1"])  # fmt: skip
+              str(out), "--model_name_or_path", str(tiny_dir), "--max_steps", "1"])  # fmt: skip
     assert (out / "config.json").is_file()
 
 

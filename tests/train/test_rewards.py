@@ -4,7 +4,7 @@ import pytest
 
 from emrl_data.text.scoring import ScoringConfig
 from train.rewards import DEFAULT_REWARD_WEIGHTS, make_reward_funcs, r_e, r_f, reward_weights_for
-from train.synthetic import make_rows
+from train.tooling.synthetic import make_rows
 
 
 class _StubVerifier:

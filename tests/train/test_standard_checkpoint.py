@@ -35,7 +35,7 @@ from train.data import (
     video_placeholder,
 )
 from train.sft import main as sft_main
-from train.upgrade_checkpoint import main as upgrade_main
+from train.tools.upgrade_checkpoint import main as upgrade_main
 
 
 PROMPT = "Describe the liver."  # the prompt tests/train/hf_reference.py uses
@@ -45,11 +45,11 @@ PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "video_p
 
 
 @pytest.fixture(scope="module")
-def sft_ckpt(sft_table, tmp_path_factory) -> Path:
+def sft_ckpt(sft_table, tiny_dir, tmp_path_factory) -> Path:
     """The checkpoint `python -m train.sft` writes (tiny model, one step)."""
     out = tmp_path_factory.mktemp("std") / "sft"
     sft_main(["--config", "train/configs/sft_tiny.yaml", "--dataset_dir", str(sft_table), "--output_dir", str(out),
-              "--max_steps", "1"])  # fmt: skip
+              "--model_name_or_path", str(tiny_dir), "--max_steps", "1"])  # fmt: skip
     return out
 
 
@@ -337,8 +337,8 @@ lib = torch.library.Library("torchvision", "DEF")  # the schemas PyPI torchvisio
 lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
 lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
 import torchvision
-from train.device_check import auto_processor_check
-from train.tiny import build_config, build_processor
+from train.tools.device_check import auto_processor_check
+from train.tooling.tiny import build_config, build_processor
 p = build_processor()
 n, px = int(sys.argv[2]), int(sys.argv[3])
 frames = np.random.default_rng(0).integers(0, 256, (n, px, px), dtype=np.uint8)

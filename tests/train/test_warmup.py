@@ -9,11 +9,11 @@ from emrl_data.text.report import NEGATIVE_FINDINGS, render_prompt
 from emrl_data.types import Organ
 from train.checks import TrainConfigError
 from train.data import frames_to_array
-from train.miniature import Miniature, check_split, claim_check
-from train.miniature_config import MiniatureConfig, load_config
-from train.synthetic import VISIBLE_INTENSITY, make_visible_rows
-from train.tiny import build_model, build_processor
-from train.warmup import VerifierCollator, held_out_indices, lm_warmup, verifier_examples
+from train.miniature.config import MiniatureConfig, load_config
+from train.miniature.study import Miniature, check_split, claim_check
+from train.tooling.synthetic import VISIBLE_INTENSITY, make_visible_rows
+from train.tooling.tiny import build_model, build_processor
+from train.tooling.warmup import VerifierCollator, held_out_indices, lm_warmup, verifier_examples
 
 
 def test_held_out_indices_span_the_table():
@@ -153,9 +153,9 @@ def test_claim_check_compares_gaps_with_interval_half_widths():
 
 def test_sft_cli_warmup_cap_is_a_one_line_error(sft_table, tmp_path, capsys):
     from train.checks import run_cli
-    from train.sft import main as sft_main
+    from train.tooling.demo_sft import main as sft_main
 
-    argv = ["--config", "train/configs/sft_tiny.yaml", "--dataset_dir", str(sft_table), "--output_dir",
+    argv = ["--config", "train/configs/sft_demo.yaml", "--dataset_dir", str(sft_table), "--output_dir",
             str(tmp_path / "sft"), "--lm_warmup_steps", "2", "--lm_warmup_target_parse_rate", "0.95",
             "--lm_warmup_eval_every", "2", "--lm_warmup_val_rows", "2", "--gradient_checkpointing", "false"]  # fmt: skip
     with pytest.raises(SystemExit) as exit_info:

@@ -2,7 +2,7 @@
 
 Shape (SPEC §9): Qwen3-VL-8B, 32 frames of 448² (16 frame pairs x 196 tokens = 3,136 video tokens, ≈3.5k prompt
 tokens), 512-token completions, G = 8, verifier on, per-device micro-batch 1, bf16 compute with fp32 master weights.
-Parameter counts come from instantiating the model on the meta device from `train.tiny.build_config(..., "8b")`.
+Parameter counts come from instantiating the model on the meta device from `train.tooling.tiny.build_config(..., "8b")`.
 
 Per GPU, in GiB: weights (bf16 compute copy and/or fp32 masters), gradients, AdamW state (fp32 m and v), the β > 0
 reference model, activations of one micro-batch with activation checkpointing, and generation as it runs: the KV cache
@@ -13,8 +13,8 @@ gathers for each call, and, with vLLM rollouts (`use_vllm: true`, `train.vllm_ro
 attention (34·s·h bytes for the one layer being recomputed, 2·s·h per checkpointed layer input) plus the fp32
 logits of the completion tokens (and their gradient).
 
-    python -m train.memory_plan            # markdown table (pasted into docs/training.md by --write-docs)
-    python -m train.memory_plan --write-docs docs/training.md
+    python -m train.tools.memory_plan            # markdown table (pasted into docs/training.md by --write-docs)
+    python -m train.tools.memory_plan --write-docs docs/training.md
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 
 from emrl_data.config import FrameConfig
 from train.freeze import parameter_group
-from train.tiny import build_config, build_tokenizer
+from train.tooling.tiny import build_config, build_tokenizer
 
 
 GIB = 2**30
@@ -67,7 +67,7 @@ def parameter_counts() -> dict[str, int]:
     return counts
 
 
-CONFIGS = Path(__file__).resolve().parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def rows_per_generate_call(config: str) -> int:
@@ -181,7 +181,7 @@ def markdown(n_gpus_multi: int = 8) -> str:
     prompt, seq = _tokens(Shape())
     kv_row = kv_bytes_per_row(c, Shape()) / GIB
     lines = [
-        f"Computed by `python -m train.memory_plan` from the Qwen3-VL-8B config: ViT {c['vit'] / 1e9:.3f} B, "
+        f"Computed by `python -m train.tools.memory_plan` from the Qwen3-VL-8B config: ViT {c['vit'] / 1e9:.3f} B, "
         f"projector {c['projector'] / 1e9:.3f} B, LLM (incl. embeddings and lm_head) {c['llm'] / 1e9:.3f} B "
         f"parameters; LoRA r={Shape().lora_rank} adds {c['lora'] / 1e6:.0f} M. Sequence: {prompt} prompt + "
         f"{Shape().completion_tokens} completion tokens, G = {Shape().group}. GiB per GPU; 'fits' keeps 10 % headroom. "

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Wheels the GPU machine lacks (Python 3.12, x86-64), for train/device_check.sh; run here, in the repo root, once.
-# They go to .whl/ (git-ignored through .git/info/exclude) and travel with `carry: [".whl"]`.
+# Wheels for a GPU machine without package-index access (Python 3.12, x86-64) that has torch, transformers,
+# accelerate, peft and pyarrow but lacks trl and datasets: run once in the repo root of a machine that has access;
+# copy .whl/ with the checkout. train/tools/device_check.sh installs them for its run.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> "$(git rev-parse --git-path info/exclude)"
 for pkg in trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19; do
   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -3,7 +3,7 @@
 Qwen3-VL-8B-shaped random model built in memory (no download), 32 frames of 448² (3,136 video tokens), G = 8, up to
 512-token completions. It follows the single-GPU memory plan (`docs/training.md`): fp32 masters for everything that
 trains, bf16 for frozen weights and compute. Budget: it must decide within 6 of the device's 8 minutes
-(`train/device_check.sh` stops it at 360 s).
+(`train/tools/device_check.sh` stops it at 360 s).
 
 * SFT step: ViT + projector train (fp32), the LLM is frozen (bf16).
 * The SFT trainer is freed (no reference cycle keeps it) before GRPO; the same model object goes on: no save/reload.
@@ -16,7 +16,7 @@ trains, bf16 for frozen weights and compute. Budget: it must decide within 6 of 
   varies within every group, so the check can assert a nonzero policy gradient. Ids beyond the report tokenizer
   (the 8B vocabulary is 151,936) are suppressed, so every sampled token decodes.
 * No full-model copies: parameter changes are judged on <= 4096 evenly spaced samples per tensor kept on the GPU.
-* `plan_8b`: the 8B GRPO LoRA model on the meta device, its trainable parameters checked against `train.memory_plan`
+* `plan_8b`: the 8B GRPO LoRA model on the meta device, its trainable parameters checked against `train.tools.memory_plan`
   (the CPU rehearsal runs it too); on the GPU the JSON line gives the measured peak over the planned GiB.
 
 Asserts: finite losses, nonzero gradient norms, changed/unchanged parameter groups, >= 1 verifier query in the loop,
@@ -25,8 +25,8 @@ checkpoints, loads with stock `AutoProcessor` as a `Qwen3VLProcessor` with a `Qw
 equals `encode_ct_video` (issue 15; needs torchvision, so skipped with a printed reason under `--tiny`). Prints one
 JSON line. `--tiny` runs the same code on CPU with the tiny model (suite; the rehearsal).
 
-    python3 -m train.device_check --output $OUT/device_check.json
-    python3 -m train.device_check --tiny --output /tmp/device_check.json
+    python3 -m train.tools.device_check --output $OUT/device_check.json
+    python3 -m train.tools.device_check --tiny --output /tmp/device_check.json
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ from train.freeze import parameter_group, set_stage_trainable
 from train.grpo import VideoGRPOTrainer, _apply_lora, make_grpo_config
 from train.rewards import Verifier, completion_text, make_reward_funcs
 from train.sft import build_sft_trainer, make_sft_config
-from train.synthetic import write_sft_table
-from train.tiny import build_model, build_processor
+from train.tooling.synthetic import write_sft_table
+from train.tooling.tiny import build_model, build_processor
 
 
 class _StepStats(TrainerCallback):
@@ -269,8 +269,8 @@ def _auto_processor_step(processor: Any, config: Any, work: Path, frames: Any, t
 
 def plan_8b(lora_r: int = 64) -> dict[str, Any]:
     """The 8B shape on the meta device (no memory): the GRPO LoRA model's trainable parameters per group, checked
-    against `train.memory_plan`'s counts, and the plan's GiB for this path (the check's peak is compared with it)."""
-    from train.memory_plan import parameter_counts, plan  # noqa: PLC0415
+    against `train.tools.memory_plan`'s counts, and the plan's GiB for this path (the check's peak is compared with it)."""
+    from train.tools.memory_plan import parameter_counts, plan  # noqa: PLC0415
 
     processor = build_processor()
     with torch.device("meta"):
@@ -344,7 +344,7 @@ def run_check(*, tiny: bool, work_dir: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """CLI: `python3 -m train.device_check [--tiny] --output PATH`; prints one JSON line."""
+    """CLI: `python3 -m train.tools.device_check [--tiny] --output PATH`; prints one JSON line."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="tiny model, 8 frames of 64², CPU")
     parser.add_argument("--output", default="device_check.json")

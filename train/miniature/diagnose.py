@@ -17,7 +17,7 @@ It also gives the sampled and the greedy rates of each finding on the same promp
 the tables only when it moves the greedy report).
 
     python -m train.miniature --config train/configs/miniature.yaml --output_dir miniature-output --stages diagnose
-    python -m train.miniature_diagnose --run_dir miniature-output --model grpo_a --split test  # any stage's model
+    python -m train.miniature.diagnose --run_dir miniature-output --model grpo_a --split test  # any stage's model
 
 The computation (`group_summary`, `verifier_summary`) is pure and tested on constructed groups
 (`tests/train/test_miniature_diagnose.py`); `sample_groups` does the sampling.
@@ -184,7 +184,7 @@ def sample_groups(model: Any, processor: Any, rows: Sequence[Mapping[str, Any]],
 
     from emrl_data.text.report import VERIFIER_PROMPT  # noqa: PLC0415
     from train.data import frames_to_array, user_messages, verifier_messages  # noqa: PLC0415
-    from train.warmup import generate_texts  # noqa: PLC0415
+    from train.tooling.warmup import generate_texts  # noqa: PLC0415
 
     model.eval()
     groups, verifier_records, greedy, examples = [], [], [], []
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     """CLI: diagnose any finished stage's model of a miniature run (written to `<run_dir>/diagnose_<model>_<split>`)."""
     from train.checks import TrainConfigError  # noqa: PLC0415
     from train.data import load_split  # noqa: PLC0415
-    from train.miniature_config import load_config  # noqa: PLC0415
+    from train.miniature.config import load_config  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run_dir", required=True, help="a miniature output folder (its config.json is read)")

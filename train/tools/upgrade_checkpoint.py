@@ -1,6 +1,6 @@
 """Rewrite a checkpoint saved with the custom `CTQwen3VLProcessor` class to the standard Qwen3-VL form, in place.
 
-    python -m train.upgrade_checkpoint DIR [DIR ...]      # or: emrl upgrade-checkpoint DIR
+    python -m train.tools.upgrade_checkpoint DIR [DIR ...]      # or: emrl upgrade-checkpoint DIR
 
 Checkpoints saved before issue 15 declare `processor_class: CTQwen3VLProcessor` and have no video processor config,
 so `AutoProcessor` returns a bare tokenizer and servers see a text-only model. This sets `Qwen3VLProcessor`, writes
@@ -18,7 +18,7 @@ from train.checkpoint import NotACheckpointError, upgrade_checkpoint
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry; returns the exit status (0, or 2 on a directory that is not a checkpoint)."""
-    parser = argparse.ArgumentParser(prog="python -m train.upgrade_checkpoint", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m train.tools.upgrade_checkpoint", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("dirs", nargs="+", metavar="DIR", help="checkpoint directory (rewritten in place)")
     args = parser.parse_args(argv)

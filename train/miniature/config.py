@@ -1,6 +1,6 @@
 """The miniature's configuration: every knob in one dataclass, read from one YAML (`train/configs/miniature.yaml`).
 
-Its own module so that the experiment (`train.miniature`) and its diagnosis (`train.miniature_diagnose`) both read it
+Its own module so that the experiment (`train.miniature`) and its diagnosis (`train.miniature.diagnose`) both read it
 without importing each other.
 """
 

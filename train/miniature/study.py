@@ -2,10 +2,10 @@
 
 Stages (each writes its folder under `output_dir` and a `<stage>/done.json`; a rerun skips finished stages):
 
-1. `data`: a synthetic sft table (`train.synthetic.make_visible_rows`) whose findings are visible only in the frames:
+1. `data`: a synthetic sft table (`train.tooling.synthetic.make_visible_rows`) whose findings are visible only in the frames:
    presence, size class (disc radius), location (left/right half), attenuation (disc intensity), key frame (largest
    disc). The prompt names the organ and the frame count only.
-2. `warmup` (not the paper): a tiny Qwen3-VL learns the report and verifier languages (`train.warmup`); it stops on
+2. `warmup` (not the paper): a tiny Qwen3-VL learns the report and verifier languages (`train.tooling.warmup`); it stops on
    the held-out parse-rate criterion, or fails in one line at its cap.
 3. `sft`: the paper's SFT freezing (ViT + projector train, LLM frozen) for a few steps: partial skill.
 4. `grpo_a` (r_e + r_f + r_c, verifier on), `grpo_b` (r_e + r_f), `grpo_c` (r_e + r_f + r_c at learning rate 0:
@@ -34,8 +34,8 @@ from typing import Any
 
 import yaml
 
-from train.checks import TrainConfigError, bar_only, run_cli
-from train.miniature_config import MiniatureConfig, load_config
+from train.checks import TrainConfigError, bar_only
+from train.miniature.config import MiniatureConfig, load_config
 
 
 logger = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ class Miniature:
     # -- stages ----------------------------------------------------------------------------------------------------
 
     def _stage_data(self, stage: str) -> dict[str, Any]:
-        from train.synthetic import make_visible_rows, write_rows  # noqa: PLC0415
+        from train.tooling.synthetic import make_visible_rows, write_rows  # noqa: PLC0415
 
         cfg = self.cfg
         kw = {"n_frames": cfg.n_frames, "size_px": cfg.size_px, "organs": tuple(cfg.organs),
@@ -192,8 +192,8 @@ class Miniature:
     def _stage_warmup(self, stage: str) -> dict[str, Any]:
         import torch  # noqa: PLC0415
 
-        from train.tiny import build_model, build_processor  # noqa: PLC0415
-        from train.warmup import held_out_indices, lm_warmup  # noqa: PLC0415
+        from train.tooling.tiny import build_model, build_processor  # noqa: PLC0415
+        from train.tooling.warmup import held_out_indices, lm_warmup  # noqa: PLC0415
 
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
@@ -280,8 +280,8 @@ class Miniature:
 
     def _stage_diagnose(self, stage: str) -> dict[str, Any]:
         """Sample `num_generations` completions of the SFT model on `diagnose_prompts` train prompts per temperature;
-        write `diagnose/diagnose.json` and `diagnose/diagnose.md` (see `train.miniature_diagnose`)."""
-        from train.miniature_diagnose import diagnose_checkpoint  # noqa: PLC0415
+        write `diagnose/diagnose.json` and `diagnose/diagnose.md` (see `train.miniature.diagnose`)."""
+        from train.miniature.diagnose import diagnose_checkpoint  # noqa: PLC0415
 
         cfg = self.cfg
         if self.done("sft") is None:
@@ -295,7 +295,7 @@ class Miniature:
 
         from emrl_data.text.evaluation import evaluate, score_predictions, write_evaluation  # noqa: PLC0415
         from train.data import load_model_and_processor, user_messages  # noqa: PLC0415
-        from train.warmup import generate_texts  # noqa: PLC0415
+        from train.tooling.warmup import generate_texts  # noqa: PLC0415
 
         cfg = self.cfg
         names = self.finished_models()
@@ -495,7 +495,7 @@ def main(argv: list[str] | None = None) -> None:
             miniature.reuse(args.reuse_from)
         miniature.run(tuple(args.stages))
         return
-    from train.miniature_seeds import seed_dir, write_seeds_summary  # noqa: PLC0415
+    from train.miniature.seeds import seed_dir, write_seeds_summary  # noqa: PLC0415
 
     for seed in args.seeds:  # one full run per seed, each in its own folder (and resumable there)
         print(f"=== seed {seed}: {seed_dir(args.output_dir, seed)}", flush=True)
@@ -506,7 +506,3 @@ def main(argv: list[str] | None = None) -> None:
     if "eval" in args.stages:
         write_seeds_summary(args.output_dir, args.seeds)
         print((Path(args.output_dir) / "seeds.md").read_text(), flush=True)
-
-
-if __name__ == "__main__":
-    run_cli(main)

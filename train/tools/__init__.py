@@ -1,0 +1,1 @@
+"""Tools around training: the GPU device check, the GPU memory plan, and the checkpoint upgrade."""
