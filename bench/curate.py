@@ -156,7 +156,7 @@ class FairFloor:
 
         import numpy as np
 
-        from emrl_data.reading.nifti import _PART_ONLY_MASKS
+        from emrl_data.reading.case_images import _PART_ONLY_MASKS
 
         wall, started = time.perf_counter(), time.process_time()
         hashlib.sha256(raw).digest()

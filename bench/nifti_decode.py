@@ -39,7 +39,7 @@ def _files(ref) -> list[Path]:  # type: ignore[no-untyped-def]
 
 def ours(ref) -> None:  # type: ignore[no-untyped-def]
     """open_case + every mask (placement and, for organ masks, evidence checks included)."""
-    from emrl_data.reading.nifti import open_case
+    from emrl_data.reading.case_images import open_case
 
     case = open_case(ref)
     for path in _files(ref)[1:]:

@@ -1,4 +1,5 @@
-"""Shared value types: organs (defined with their registry in `emrl_data.organs`), case ids, splits, table columns."""
+"""Shared value types: organs (defined with their registry in `emrl_data.organs`), case ids, splits, 3-D boxes, table
+columns."""
 
 from __future__ import annotations
 
@@ -12,7 +13,20 @@ import pyarrow as pa
 from emrl_data.organs import Organ
 
 
-__all__ = ["CASE_ID_PATTERN", "Attenuation", "Organ", "Split", "column", "is_valid_case_id", "row_id", "row_values"]
+__all__ = [
+    "CASE_ID_PATTERN",
+    "Attenuation",
+    "Box3",
+    "Organ",
+    "Split",
+    "column",
+    "is_valid_case_id",
+    "row_id",
+    "row_values",
+]
+
+# A 3-D box as index slices, half-open, step None; its frame (storage order or canonical RAS) is named where it is used.
+Box3 = tuple[slice, slice, slice]
 
 
 class Split(StrEnum):

@@ -47,6 +47,7 @@ from emrl_data.reading.atlas import (
     structure_of,
     unrecognised_lesion_files,
 )
+from emrl_data.reading.case_images import CaseImages, open_case
 from emrl_data.reading.fileio import (
     FileChangedError,
     NotRegularFileError,
@@ -54,7 +55,6 @@ from emrl_data.reading.fileio import (
     open_regular,
     read_regular_bytes,
 )
-from emrl_data.reading.nifti import CaseImages, open_case
 from emrl_data.text.report import (
     render_evidence,
     render_findings,

@@ -29,7 +29,7 @@ from emrl_data.config import LabelConfig
 from emrl_data.organs import LOCATION_NAMES, ORGAN_STRUCTURES, organ_spec
 from emrl_data.outcome import CaseDataError, RejectReason
 from emrl_data.reading.placement import organ_hu_window
-from emrl_data.types import Attenuation, Organ, column
+from emrl_data.types import Attenuation, Box3, Organ, column
 
 
 logger = logging.getLogger(__name__)
@@ -45,9 +45,6 @@ class _MaskGetter(Protocol):
 
 
 _INT_LIST = pa.list_(pa.int32())
-
-# A 3-D box as index slices `(x, y, z)`, half-open, step None; in the frame named where it is used.
-Box3 = tuple[slice, slice, slice]
 
 
 class MaskSource(Protocol):

@@ -27,6 +27,7 @@ from nibabel.orientations import io_orientation
 
 from emrl_data.organs import organ_spec
 from emrl_data.outcome import CaseDataError, RejectReason
+from emrl_data.reading.nifti import format_numbers
 
 
 _MINI_CLIP_HU = 1000
@@ -247,3 +248,109 @@ def verify_organ_mask(
     if geometric:
         raise CaseDataError(RejectReason.MASK_ORIENTATION_CONFLICT, said, path=name, organ=organ)
     raise CaseDataError(RejectReason.IMPLAUSIBLE_ORGAN_HU, said, path=name, organ=organ)
+
+
+# --- mask placement on another grid ---------------------------------------------------------------------------
+
+_PERMUTATION_ATOL = 1e-3  # entries of inv(A_ct) @ A_mask within this of 0 / +-1
+_OFFSET_ATOL_VOX = 0.01  # translation within this of an integer voxel offset
+
+
+def place_on_grid(
+    mask: np.ndarray,
+    mask_affine: np.ndarray,
+    ct_shape: tuple[int, int, int],
+    ct_affine: np.ndarray,
+    name: str,
+) -> np.ndarray:
+    """Write a mask stored on another grid into a zero CT-shaped array, in the CT's storage order.
+
+    The map from mask voxel indices to CT voxel indices, `T = inv(A_ct) @ A_mask`, must be a signed axis permutation
+    with an integer translation: crops (Mini releases) and axis flips/reorders are placeable, rotations, scalings and
+    sub-voxel shifts are not.
+
+    Args:
+        mask: bool (I', J', K') mask in its own storage order.
+        mask_affine: (4, 4) mask voxel -> world mm.
+        ct_shape: the CT's stored shape (I, J, K).
+        ct_affine: (4, 4) CT voxel -> world mm.
+        name: the mask file, for messages.
+
+    Returns:
+        bool (I, J, K) array in the CT's storage order (Fortran order), read-only.
+
+    Raises:
+        CaseDataError: MASK_GRID_MISMATCH when T is not placeable or a nonzero mask voxel falls outside the CT grid.
+    """
+    t = np.linalg.inv(ct_affine) @ mask_affine
+    rot, offset = t[:3, :3], t[:3, 3]
+    signs = np.rint(rot)
+    is_signed_permutation = (
+        np.allclose(rot, signs, atol=_PERMUTATION_ATOL)
+        and (np.abs(signs).sum(axis=0) == 1).all()
+        and (np.abs(signs).sum(axis=1) == 1).all()
+    )
+    where = f"mask shape {mask.shape} vs CT shape {ct_shape}, voxel offset {format_numbers(offset)}"
+    if not is_signed_permutation:
+        raise CaseDataError(
+            RejectReason.MASK_GRID_MISMATCH,
+            f"{name}: mask grid is rotated or scaled relative to the CT's ({where}; "
+            f"index map {format_numbers(rot.ravel())}), cannot be placed",
+            path=name,
+        )
+    offset_vox = np.rint(offset)
+    if not np.allclose(offset, offset_vox, atol=_OFFSET_ATOL_VOX):
+        raise CaseDataError(
+            RejectReason.MASK_GRID_MISMATCH,
+            f"{name}: mask grid is shifted by a non-integer number of CT voxels ({where}), cannot be placed",
+            path=name,
+        )
+    # CT axis j <- mask axis src[j] with sign s[j]: c_j = s_j * m_src[j] + offset_j.
+    src = [int(np.flatnonzero(signs[j])[0]) for j in range(3)]
+    view = mask.transpose(src)
+    flips = []
+    starts = []
+    for j in range(3):
+        n = view.shape[j]
+        if signs[j, src[j]] < 0:  # after flipping, view index v maps to c = v + offset - (n - 1)
+            flips.append(slice(None, None, -1))
+            starts.append(int(offset_vox[j]) - (n - 1))
+        else:
+            flips.append(slice(None))
+            starts.append(int(offset_vox[j]))
+    view = view[tuple(flips)]
+    dst = [slice(max(0, s), min(c, s + n)) for s, c, n in zip(starts, ct_shape, view.shape, strict=True)]
+    inside = [
+        slice(d.start - s, d.stop - s) if d.stop > d.start else slice(0, 0) for d, s in zip(dst, starts, strict=True)
+    ]
+    outside = _count_outside(view, inside)
+    if outside:
+        raise CaseDataError(
+            RejectReason.MASK_GRID_MISMATCH,
+            f"{name}: {outside} nonzero mask voxels fall outside the CT grid ({where})",
+            path=name,
+        )
+    placed = np.zeros(ct_shape, dtype=np.bool_, order="F")
+    if all(d.stop > d.start for d in dst):
+        placed[tuple(dst)] = view[tuple(inside)]
+    placed.flags.writeable = False
+    return placed
+
+
+def _count_outside(view: np.ndarray, inside: list[slice]) -> int:
+    """Count nonzero voxels of `view` outside the box `inside` (slabs beyond each face, each voxel once)."""
+    if all(s.stop > s.start for s in inside) and all(
+        s.start == 0 and s.stop == n for s, n in zip(inside, view.shape, strict=True)
+    ):
+        return 0
+    if any(s.stop <= s.start for s in inside):
+        return int(np.count_nonzero(view))
+    total = 0
+    rest = view
+    for axis, s in enumerate(inside):
+        # Slabs before and after the box along this axis, then restrict to the box along it for later axes.
+        lo = (slice(None),) * axis + (slice(0, s.start),)
+        hi = (slice(None),) * axis + (slice(s.stop, None),)
+        total += int(np.count_nonzero(rest[lo])) + int(np.count_nonzero(rest[hi]))
+        rest = rest[(slice(None),) * axis + (s,)]
+    return total

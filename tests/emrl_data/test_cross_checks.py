@@ -9,7 +9,7 @@ import pytest
 
 from emrl_data.labeling.labels import label_organ
 from emrl_data.reading.atlas import plan_atlas
-from emrl_data.reading.nifti import open_case
+from emrl_data.reading.case_images import open_case
 from emrl_data.synthetic import CaseSpec, LesionSpec, write_atlas
 from emrl_data.types import Organ
 

@@ -15,7 +15,8 @@ from nibabel.orientations import apply_orientation, io_orientation
 from emrl_data.config import LoadConfig
 from emrl_data.outcome import CaseDataError, RejectReason
 from emrl_data.reading.atlas import CaseRef
-from emrl_data.reading.nifti import CaseImages, NiftiVolume, open_case, read_nifti
+from emrl_data.reading.case_images import CaseImages, open_case
+from emrl_data.reading.nifti import NiftiVolume, read_nifti
 
 
 CASE_ID = "BDMAP_00000042"
@@ -823,7 +824,7 @@ def test_check_mask_bytes_refuses_values_other_than_0_and_1(dtype: type, value: 
 
 def test_orientation_maps_a_box_like_the_array() -> None:
     from emrl_data.labeling.labels import _mask_box
-    from emrl_data.reading.nifti import _Orientation
+    from emrl_data.reading.case_images import _Orientation
 
     affine = np.diag([-1.0, -1.0, 1.0, 1.0])[[1, 0, 2, 3]]  # stored i -> -A (y), stored j -> -R... (x), k -> S
     stored = np.zeros((6, 5, 4), dtype=np.bool_, order="F")

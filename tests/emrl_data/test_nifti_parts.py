@@ -17,7 +17,7 @@ from emrl_data.config import CurateConfig
 from emrl_data.labeling.curate import curate_case
 from emrl_data.outcome import CaseDataError, RejectReason
 from emrl_data.reading.atlas import plan_atlas
-from emrl_data.reading.nifti import _Orientation, open_case
+from emrl_data.reading.case_images import _Orientation, open_case
 from emrl_data.synthetic import CaseSpec, LesionSpec, write_atlas
 from emrl_data.types import Organ
 

@@ -20,7 +20,8 @@ from emrl_data.config import LoadConfig
 from emrl_data.outcome import CaseDataError, RejectReason
 from emrl_data.reading import inflate
 from emrl_data.reading.atlas import CaseRef
-from emrl_data.reading.nifti import open_case, read_nifti
+from emrl_data.reading.case_images import open_case
+from emrl_data.reading.nifti import read_nifti
 from emrl_data.synthetic import CaseSpec, write_case
 
 
