@@ -40,7 +40,7 @@ from emrl_data.tables.shards import sha256_file
 from emrl_data.types import row_id
 from flows._common import FailFastOnAuth, Progress, git_sha
 from inference import OpenAIBackend, ResultStore, TransformersBackend, request_from_row, run_inference
-from inference.backends import DIALECTS, MAX_TOKENS_FIELDS
+from inference.openai_client import DIALECTS, MAX_TOKENS_FIELDS
 
 
 def _shards(sft_dir: Path, split: str) -> list[Path]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.backends import InferenceRequest, InferenceResult
+from inference.requests import InferenceRequest, InferenceResult
 from inference.store import ResultStore, run_inference
 from tests.inference.helpers import EchoBackend, text_requests
 
