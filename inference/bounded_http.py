@@ -22,6 +22,7 @@ Deadlines (`Deadlines`, the `--connect-timeout`, `--first-byte-timeout` and `--a
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -273,3 +274,29 @@ def mask(text: str, secrets: Iterable[str]) -> str:
     for secret in sorted((s for s in secrets if s), key=len, reverse=True):
         text = text.replace(secret, MASK)
     return text
+
+
+class _MaskSecrets(logging.Filter):
+    """Masks the registered secrets in httpx's and httpcore's own log records (they log reason phrases and headers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secrets: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.secrets:
+            message = record.getMessage()
+            masked = mask(message, self.secrets)
+            if masked != message:
+                record.msg, record.args = masked, None
+        return True
+
+
+_LIBRARY_FILTER = _MaskSecrets()
+for _name in ("httpx", "httpcore.connection", "httpcore.http11", "httpcore.http2", "httpcore.proxy"):
+    logging.getLogger(_name).addFilter(_LIBRARY_FILTER)
+
+
+def register_secrets(secrets: Iterable[str]) -> None:
+    """Mask `secrets` in the HTTP libraries' log records too (for the life of the process)."""
+    _LIBRARY_FILTER.secrets.update(s for s in secrets if s)

@@ -63,6 +63,7 @@ from inference.bounded_http import (
     make_client,
     mask,
     parse_json,
+    register_secrets,
 )
 from inference.probe import ProbeReport, run_probe
 from inference.requests import InferenceRequest, InferenceResult
@@ -166,6 +167,7 @@ class OpenAIBackend:
                 "character): set it to the key alone."
             )
         self._secrets = (self._api_key, f"Bearer {self._api_key}") if self._api_key else ()
+        register_secrets(self._secrets)
         self._auth_failure: str | None = None  # set on the first 401/403: later requests are not sent
         self._client = make_client(max_concurrency, self.deadlines)
         logger.info(
