@@ -204,10 +204,8 @@ def build_rl_hardset_flow(
         max_tokens_field: "max_tokens" or "max_completion_tokens" (OpenAI's newer models) (backend "openai").
         probe: send the first train row twice (2 and 4 frames) before the run: a wrong endpoint, model name, key or
             dialect, or a server that drops the frames, stops the run in one line before any row (backend "openai").
-        connect_timeout_s: deadline to open a connection (backend "openai"; retried).
-        first_byte_timeout_s: longest wait for any byte of an answer, the first included (backend "openai").
-        answer_timeout_s: deadline of a whole answer (backend "openai"). Past either deadline the row is stored as a
-            `timeout` error, sent again by the next run (`retry_errors`).
+        connect_timeout_s, first_byte_timeout_s, answer_timeout_s: the deadlines of each request (backend "openai";
+            `docs/serving.md`); past one the row is a `timeout` error, sent again by the next run (`retry_errors`).
         splits: the splits to predict (default both). `["test"]` evaluates a model on the test split only (a served
             or hosted comparison model: `predictions/` and its metrics; the hard set is then empty).
         target_size: the cap of the hard set (paper: about 2K).
@@ -223,38 +221,49 @@ def build_rl_hardset_flow(
     Returns:
         The run summary (also `rl_hardset/summary.json`).
     """
-    logger = get_run_logger()
     started = time.perf_counter()
     sft, out = Path(sft_dir).resolve(), Path(output_dir).resolve()
     splits = _checked_settings(sft, splits, dialect, max_tokens_field)
-    model = model_path if backend == "transformers" else f"{endpoint_url}#{endpoint_model}"
-    request_format = dialect if backend == "openai" else None  # the dialect changes what the model sees
-    fingerprint = _store_fingerprint(sft, model_path, model, max_new_tokens, request_format)
-    store_path = out / ".work" / f"predictions-{fingerprint}.jsonl"
-    store_path.parent.mkdir(parents=True, exist_ok=True)
-    backend_kwargs = {"backend": backend, "model_path": model_path, "endpoint_url": endpoint_url,
+    model, fingerprint, store_path = _store(sft, out, backend, model_path, endpoint_url, endpoint_model, max_new_tokens,
+                                            dialect)  # fmt: skip
+    backend_kwargs = {"backend": backend, "model_path": model_path, "endpoint_url": endpoint_url, "dialect": dialect,
                       "endpoint_model": endpoint_model, "rows_per_call": rows_per_call, "max_new_tokens": max_new_tokens,
-                      "max_concurrency": max_concurrency, "device": device, "dialect": dialect,
-                      "max_tokens_field": max_tokens_field, "connect_timeout_s": connect_timeout_s,
-                      "first_byte_timeout_s": first_byte_timeout_s, "answer_timeout_s": answer_timeout_s}  # fmt: skip
+                      "max_concurrency": max_concurrency, "device": device, "max_tokens_field": max_tokens_field,
+                      "connect_timeout_s": connect_timeout_s, "first_byte_timeout_s": first_byte_timeout_s,
+                      "answer_timeout_s": answer_timeout_s}  # fmt: skip
     if backend == "openai" and probe:
         probe_task(str(sft), splits[0], backend_kwargs)
     predicted = predict_task(str(sft), splits, str(store_path), backend_kwargs, limit, retry_errors)
-    results = predicted["results"]
-
-    # Score every predicted row with the shared scorer, then select the hard rows of the train split.
+    results = predicted["results"]  # scored with the shared scorer; the hard rows are chosen from the train split
     columns = [*PREDICTION_TRUTH_COLUMNS, "frames"]
     collected = collect_predictions({s: _iter_rows(sft, s, columns) for s in SPLITS}, results, str(model))
     chosen = select_hard_rows(collected.scored["train"], target_size=target_size)
-
     provenance = {"pipeline_version": __version__, "git_sha": git_sha(), "config_fingerprint": fingerprint,
                   "model": str(model), "sft_dir": str(sft), "target_size": target_size}  # fmt: skip
     inference = {"retried_errors": predicted["retried_errors"], "kept_errors": not retry_errors,
                  "other_model_answers": _other_models(results, endpoint_model if backend == "openai" else None)}  # fmt: skip
     summary = _write_outputs(sft, out, collected, chosen, provenance, n_bootstrap, started, inference)
-    logger.info("build-rl-hardset: %d hard rows of %d train rows", len(chosen), len(collected.scored["train"]))
     _fail_on_failed_predictions(collected.failed, len(collected.predictions), max_failed_predictions, retry_errors)
     return summary
+
+
+def _store(
+    sft: Path,
+    out: Path,
+    backend: str,
+    model_path: str | None,
+    endpoint_url: str | None,
+    endpoint_model: str | None,
+    max_new_tokens: int,
+    dialect: str,
+) -> tuple[str | None, str, Path]:
+    """The model's name in the outputs, the store's fingerprint and the store's path (its folder created)."""
+    model = model_path if backend == "transformers" else f"{endpoint_url}#{endpoint_model}"
+    request_format = dialect if backend == "openai" else None  # the dialect changes what the model sees
+    fingerprint = _store_fingerprint(sft, model_path, model, max_new_tokens, request_format)
+    store_path = out / ".work" / f"predictions-{fingerprint}.jsonl"
+    store_path.parent.mkdir(parents=True, exist_ok=True)
+    return model, fingerprint, store_path
 
 
 def _other_models(results: Mapping[str, Mapping[str, Any]], asked: str | None) -> dict[str, int]:
@@ -309,6 +318,9 @@ def _write_outputs(
     summary_md = summary_markdown(summary, metrics_text)
     write_text_atomic(summary_md, out / "rl_hardset" / "summary.md")
     _artifacts(summary_md, chosen)
+    get_run_logger().info(
+        "build-rl-hardset: %d hard rows of %d train rows", len(chosen), len(collected.scored["train"])
+    )
     return summary
 
 
