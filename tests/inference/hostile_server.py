@@ -80,94 +80,100 @@ class HostileServer:
                 threading.Thread(target=self.stop, daemon=True).start()
 
 
-def _handler(srv: HostileServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+class _Handler(BaseHTTPRequestHandler):
+    """The stub's request handler; `srv` is the `HostileServer` it serves."""
 
-        def log_message(self, *args: Any) -> None:  # quiet
-            pass
+    srv: HostileServer
+    protocol_version = "HTTP/1.1"
 
-        def do_GET(self) -> None:  # noqa: N802 (http.server's API)
-            self._send(200, json.dumps({"version": "0.32.0"}).encode())
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
 
-        def do_POST(self) -> None:  # noqa: N802
-            body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
-            fault, alive = srv.take()
-            if not alive:
-                self.close_connection = True
-                return
-            auth = self.headers.get("authorization", "")
-            key = auth.removeprefix("Bearer ")
-            kind, _, arg = (fault or "").partition(":")
-            answer: dict[str, Any] = {"id": "x", "object": "chat.completion", "model": body.get("model"),
-                                      "choices": [{"index": 0, "message": {"role": "assistant", "content": TEXT}}],
-                                      "usage": {"prompt_tokens": 10 + len(json.dumps(body)) // 1000}}  # fmt: skip
-            if kind == "status" or kind == "echo":
-                code = int(arg)
-                msg = f"injected fault {code}" + (f" for {auth}" if kind == "echo" else "")
-                headers = {"Retry-After": "0"} if code in (429, 503) else {}
-                if kind == "echo":
-                    headers |= {"X-Echo": auth}
-                self._send(code, json.dumps({"error": {"message": msg}}).encode(), headers,
-                           reason=key if kind == "echo" else None)  # fmt: skip
-                return
-            if kind == "hold":
-                srv.stopping.wait(60)
-                self.close_connection = True
-                return
-            if kind == "reset":
-                self.close_connection = True
-                return
-            if kind == "content_echo":
-                answer["choices"][0]["message"]["content"] = f"{TEXT} {key}"
-            if kind == "model_echo":
-                answer["model"] = key
-            if kind == "model":
-                answer["model"] = arg
-            raw = _raw(kind, arg, answer)
-            if raw is None:
-                return self._send(200, b"x" * int(arg))  # oversize
-            if kind == "trickle_headers":
-                head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(raw)}\r\n\r\n".encode()
-                return self._trickle(head + raw)
-            if kind == "trickle":
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                return self._trickle(raw)
-            if kind == "truncated":
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw[: len(raw) // 2])
-                self.close_connection = True
-                return
-            headers = {"Content-Encoding": "gzip"} if kind == "gzip_bad" else {}
-            self._send(200, raw, headers)
-            if fault is None or kind in ("content_echo", "model_echo", "model"):
-                srv.count_answer(body)
+    def do_GET(self) -> None:  # noqa: N802 (http.server's API)
+        self._send(200, json.dumps({"version": "0.32.0"}).encode())
 
-        def _trickle(self, data: bytes) -> None:
-            for i in range(len(data)):
-                if srv.stopping.wait(0.2):
-                    break
-                try:
-                    self.wfile.write(data[i : i + 1])
-                    self.wfile.flush()
-                except OSError:
-                    break
+    def do_POST(self) -> None:  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
+        fault, alive = self.srv.take()
+        if not alive:
             self.close_connection = True
-
-        def _send(self, code: int, data: bytes, headers: dict[str, str] | None = None, reason: str | None = None):
-            self.send_response(code, reason)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
+            return
+        auth = self.headers.get("authorization", "")
+        key = auth.removeprefix("Bearer ")
+        kind, _, arg = (fault or "").partition(":")
+        answer: dict[str, Any] = {"id": "x", "object": "chat.completion", "model": body.get("model"),
+                                  "choices": [{"index": 0, "message": {"role": "assistant", "content": TEXT}}],
+                                  "usage": {"prompt_tokens": 10 + len(json.dumps(body)) // 1000}}  # fmt: skip
+        if kind == "status" or kind == "echo":
+            return self._error(int(arg), auth if kind == "echo" else None)
+        if kind == "hold":
+            self.srv.stopping.wait(60)
+            self.close_connection = True
+            return
+        if kind == "reset":
+            self.close_connection = True
+            return
+        if kind == "content_echo":
+            answer["choices"][0]["message"]["content"] = f"{TEXT} {key}"
+        if kind == "model_echo":
+            answer["model"] = key
+        if kind == "model":
+            answer["model"] = arg
+        raw = _raw(kind, arg, answer)
+        if raw is None:
+            return self._send(200, b"x" * int(arg))  # oversize
+        if kind == "trickle_headers":
+            head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(raw)}\r\n\r\n".encode()
+            return self._trickle(head + raw)
+        if kind == "trickle":
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(raw)))
             self.end_headers()
-            self.wfile.write(data)
+            return self._trickle(raw)
+        if kind == "truncated":
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw[: len(raw) // 2])
+            self.close_connection = True
+            return
+        headers = {"Content-Encoding": "gzip"} if kind == "gzip_bad" else {}
+        self._send(200, raw, headers)
+        if fault is None or kind in ("content_echo", "model_echo", "model"):
+            self.srv.count_answer(body)
 
-    return Handler
+    def _error(self, code: int, auth: str | None) -> None:
+        """An OpenAI-shaped error; with `auth`, echoed in the message, a header and the reason phrase."""
+        msg = f"injected fault {code}" + (f" for {auth}" if auth else "")
+        headers = {"Retry-After": "0"} if code in (429, 503) else {}
+        if auth:
+            headers |= {"X-Echo": auth}
+        reason = auth.removeprefix("Bearer ") if auth else None
+        self._send(code, json.dumps({"error": {"message": msg}}).encode(), headers, reason=reason)
+
+    def _trickle(self, data: bytes) -> None:
+        for i in range(len(data)):
+            if self.srv.stopping.wait(0.2):
+                break
+            try:
+                self.wfile.write(data[i : i + 1])
+                self.wfile.flush()
+            except OSError:
+                break
+        self.close_connection = True
+
+    def _send(self, code: int, data: bytes, headers: dict[str, str] | None = None, reason: str | None = None):
+        self.send_response(code, reason)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def _handler(srv: HostileServer) -> type[BaseHTTPRequestHandler]:
+    return type("Handler", (_Handler,), {"srv": srv})
 
 
 def _raw(kind: str, arg: str, answer: dict[str, Any]) -> bytes | None:
