@@ -23,7 +23,9 @@ from pathlib import Path
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `tests.inference.helpers`
-from inference.backends import OpenAIBackend, TransformersBackend  # noqa: E402
+from inference.bounded_http import Deadlines  # noqa: E402
+from inference.openai_client import OpenAIBackend  # noqa: E402
+from inference.transformers_backend import TransformersBackend  # noqa: E402
 from inference.vllm_server import VLLMServer  # noqa: E402
 from tests.inference.helpers import make_requests  # noqa: E402
 
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
             local_s, local_out = _best(lambda: local.generate(rows), args.repeat)
             url = server.wait()
             with OpenAIBackend(url, "bench", max_concurrency=args.concurrency, max_tokens=args.max_new_tokens,
-                               timeout_s=600) as remote:  # fmt: skip
+                               deadlines=Deadlines(first_byte_s=600, answer_s=600)) as remote:  # fmt: skip
                 vllm_s, vllm_out = _best(lambda: remote.generate(rows), args.repeat)
             version = server.version
         finally:

@@ -39,8 +39,8 @@ from emrl_data.tables.rl_hardset import (
 from emrl_data.tables.shards import sha256_file
 from emrl_data.types import row_id
 from flows._common import FailFastOnAuth, Progress, git_sha
-from inference import OpenAIBackend, ResultStore, TransformersBackend, request_from_row, run_inference
-from inference.backends import DIALECTS, MAX_TOKENS_FIELDS
+from inference import Deadlines, OpenAIBackend, ResultStore, TransformersBackend, request_from_row, run_inference
+from inference.openai_client import DIALECTS, MAX_TOKENS_FIELDS
 
 
 def _shards(sft_dir: Path, split: str) -> list[Path]:
@@ -74,6 +74,7 @@ def _make_backend(
                 max_tokens=kw["max_new_tokens"],
                 dialect=kw["dialect"],
                 max_tokens_field=kw["max_tokens_field"],
+                deadlines=Deadlines(kw["connect_timeout_s"], kw["first_byte_timeout_s"], kw["answer_timeout_s"]),
             )
         )
     raise ValueError(f"backend={backend!r}; expected 'transformers' or 'openai'.")
@@ -110,15 +111,22 @@ def probe_task(sft_dir: str, split: str, backend_kwargs: dict[str, Any]) -> dict
 
 @task(cache_policy=NO_CACHE)
 def predict_task(
-    sft_dir: str, splits: list[str], store_path: str, backend_kwargs: dict[str, Any], limit: int | None
-) -> dict[str, dict[str, Any]]:
-    """Run the model over the rows of `splits` that the store has no result for; return every result by row id."""
+    sft_dir: str,
+    splits: list[str],
+    store_path: str,
+    backend_kwargs: dict[str, Any],
+    limit: int | None,
+    retry_errors: bool = True,
+) -> dict[str, Any]:
+    """Run the model over the rows of `splits` that the store has no result for (and, with `retry_errors`, those
+    stored as errors); return `{"results": every result by row id, "retried_errors": rows sent again}`."""
     logger = get_run_logger()
     sft = Path(sft_dir)
     total = sum(min(pq.ParquetFile(p).metadata.num_rows, limit or 10**12) for s in splits for p in _shards(sft, s))
     progress = Progress(total, "SFT model predictions", unit="rows")
     backend = _make_backend(**backend_kwargs)
     results: dict[str, dict[str, Any]] = {}
+    retried = [0]
     with (
         ResultStore(Path(store_path)) as store,
         tqdm(total=total, desc="SFT model predictions", unit="row", file=sys.stderr, disable=None) as bar,
@@ -131,25 +139,29 @@ def predict_task(
                     break
                 chunk.append(request_from_row(row))
                 if len(chunk) == 32:
-                    results |= _run(backend, chunk, store, backend_kwargs["rows_per_call"], bar, progress)
+                    results |= _run(backend, chunk, store, backend_kwargs["rows_per_call"], bar, progress,
+                                    retry_errors, retried)  # fmt: skip
                     chunk = []
             if chunk:
-                results |= _run(backend, chunk, store, backend_kwargs["rows_per_call"], bar, progress)
+                results |= _run(backend, chunk, store, backend_kwargs["rows_per_call"], bar, progress, retry_errors,
+                                retried)  # fmt: skip
     failed = sum(r["error"] is not None for r in results.values())
-    logger.info("%d predictions (%d failed) in %s", len(results), failed, store_path)
-    return results
+    logger.info("%d predictions (%d failed, %d earlier errors sent again) in %s", len(results), failed, retried[0],
+                store_path)  # fmt: skip
+    return {"results": results, "retried_errors": retried[0]}
 
 
-def _run(backend, requests, store, batch_size, bar, progress) -> dict[str, dict[str, Any]]:
+def _run(backend, requests, store, batch_size, bar, progress, retry_errors, retried) -> dict[str, dict[str, Any]]:
     def tick(n: int, resumed: int = 0) -> None:
         bar.update(n)
         progress.advance(n, resumed=resumed)
 
-    already = len(requests) - len(store.pending(requests))
-    if already:
+    todo = len(store.pending(requests, retry_errors=retry_errors))
+    retried[0] += todo - len(store.pending(requests))
+    if already := len(requests) - todo:
         tick(already, resumed=already)
-    done = run_inference(backend, requests, store, batch_size=batch_size, progress=tick)
-    return {rid: {"text": r.text, "error": r.error} for rid, r in done.items()}
+    done = run_inference(backend, requests, store, batch_size=batch_size, progress=tick, retry_errors=retry_errors)
+    return {rid: {"text": r.text, "error": r.error, "model": r.model} for rid, r in done.items()}
 
 
 @flow(name="build-rl-hardset")
@@ -163,6 +175,9 @@ def build_rl_hardset_flow(
     dialect: str = "vllm",
     max_tokens_field: str = "max_tokens",
     probe: bool = True,
+    connect_timeout_s: float = 10.0,
+    first_byte_timeout_s: float = 120.0,
+    answer_timeout_s: float = 300.0,
     splits: list[str] | None = None,
     target_size: int = 2000,
     rows_per_call: int = 4,
@@ -170,6 +185,7 @@ def build_rl_hardset_flow(
     max_concurrency: int = 8,
     device: str = "auto",
     max_failed_predictions: int = 0,
+    retry_errors: bool = True,
     n_bootstrap: int = 1000,
     limit: int | None = None,
 ) -> dict[str, Any]:
@@ -188,6 +204,8 @@ def build_rl_hardset_flow(
         max_tokens_field: "max_tokens" or "max_completion_tokens" (OpenAI's newer models) (backend "openai").
         probe: send the first train row twice (2 and 4 frames) before the run: a wrong endpoint, model name, key or
             dialect, or a server that drops the frames, stops the run in one line before any row (backend "openai").
+        connect_timeout_s, first_byte_timeout_s, answer_timeout_s: the deadlines of each request (backend "openai";
+            `docs/serving.md`); past one the row is a `timeout` error, sent again by the next run (`retry_errors`).
         splits: the splits to predict (default both). `["test"]` evaluates a model on the test split only (a served
             or hosted comparison model: `predictions/` and its metrics; the hard set is then empty).
         target_size: the cap of the hard set (paper: about 2K).
@@ -196,40 +214,65 @@ def build_rl_hardset_flow(
         max_concurrency: in-flight requests (backend "openai").
         device: "auto", "cpu" or "cuda[:N]" (backend "transformers").
         max_failed_predictions: the flow fails when more rows than this could not be predicted.
+        retry_errors: send the rows an earlier run stored as errors again (default); False keeps them as they are.
         n_bootstrap: bootstrap replicates of the metric intervals.
         limit: predict only the first N rows of each split (smoke runs).
 
     Returns:
         The run summary (also `rl_hardset/summary.json`).
     """
-    logger = get_run_logger()
     started = time.perf_counter()
     sft, out = Path(sft_dir).resolve(), Path(output_dir).resolve()
     splits = _checked_settings(sft, splits, dialect, max_tokens_field)
+    model, fingerprint, store_path = _store(sft, out, backend, model_path, endpoint_url, endpoint_model, max_new_tokens,
+                                            dialect)  # fmt: skip
+    backend_kwargs = {"backend": backend, "model_path": model_path, "endpoint_url": endpoint_url, "dialect": dialect,
+                      "endpoint_model": endpoint_model, "rows_per_call": rows_per_call, "max_new_tokens": max_new_tokens,
+                      "max_concurrency": max_concurrency, "device": device, "max_tokens_field": max_tokens_field,
+                      "connect_timeout_s": connect_timeout_s, "first_byte_timeout_s": first_byte_timeout_s,
+                      "answer_timeout_s": answer_timeout_s}  # fmt: skip
+    if backend == "openai" and probe:
+        probe_task(str(sft), splits[0], backend_kwargs)
+    predicted = predict_task(str(sft), splits, str(store_path), backend_kwargs, limit, retry_errors)
+    results = predicted["results"]  # scored with the shared scorer; the hard rows are chosen from the train split
+    columns = [*PREDICTION_TRUTH_COLUMNS, "frames"]
+    collected = collect_predictions({s: _iter_rows(sft, s, columns) for s in SPLITS}, results, str(model))
+    chosen = select_hard_rows(collected.scored["train"], target_size=target_size)
+    provenance = {"pipeline_version": __version__, "git_sha": git_sha(), "config_fingerprint": fingerprint,
+                  "model": str(model), "sft_dir": str(sft), "target_size": target_size}  # fmt: skip
+    inference = {"retried_errors": predicted["retried_errors"], "kept_errors": not retry_errors,
+                 "other_model_answers": _other_models(results, endpoint_model if backend == "openai" else None)}  # fmt: skip
+    summary = _write_outputs(sft, out, collected, chosen, provenance, n_bootstrap, started, inference)
+    _fail_on_failed_predictions(collected.failed, len(collected.predictions), max_failed_predictions, retry_errors)
+    return summary
+
+
+def _store(
+    sft: Path,
+    out: Path,
+    backend: str,
+    model_path: str | None,
+    endpoint_url: str | None,
+    endpoint_model: str | None,
+    max_new_tokens: int,
+    dialect: str,
+) -> tuple[str | None, str, Path]:
+    """The model's name in the outputs, the store's fingerprint and the store's path (its folder created)."""
     model = model_path if backend == "transformers" else f"{endpoint_url}#{endpoint_model}"
     request_format = dialect if backend == "openai" else None  # the dialect changes what the model sees
     fingerprint = _store_fingerprint(sft, model_path, model, max_new_tokens, request_format)
     store_path = out / ".work" / f"predictions-{fingerprint}.jsonl"
     store_path.parent.mkdir(parents=True, exist_ok=True)
-    backend_kwargs = {"backend": backend, "model_path": model_path, "endpoint_url": endpoint_url,
-                      "endpoint_model": endpoint_model, "rows_per_call": rows_per_call, "max_new_tokens": max_new_tokens,
-                      "max_concurrency": max_concurrency, "device": device, "dialect": dialect,
-                      "max_tokens_field": max_tokens_field}  # fmt: skip
-    if backend == "openai" and probe:
-        probe_task(str(sft), splits[0], backend_kwargs)
-    results = predict_task(str(sft), splits, str(store_path), backend_kwargs, limit)
+    return model, fingerprint, store_path
 
-    # Score every predicted row with the shared scorer, then select the hard rows of the train split.
-    columns = [*PREDICTION_TRUTH_COLUMNS, "frames"]
-    collected = collect_predictions({s: _iter_rows(sft, s, columns) for s in SPLITS}, results, str(model))
-    chosen = select_hard_rows(collected.scored["train"], target_size=target_size)
 
-    provenance = {"pipeline_version": __version__, "git_sha": git_sha(), "config_fingerprint": fingerprint,
-                  "model": str(model), "sft_dir": str(sft), "target_size": target_size}  # fmt: skip
-    summary = _write_outputs(sft, out, collected, chosen, provenance, n_bootstrap, started)
-    logger.info("build-rl-hardset: %d hard rows of %d train rows", len(chosen), len(collected.scored["train"]))
-    _fail_on_failed_predictions(collected.failed, max_failed_predictions)
-    return summary
+def _other_models(results: Mapping[str, Mapping[str, Any]], asked: str | None) -> dict[str, int]:
+    """How many answers named each model other than `asked` (hosted APIs answer with dated names), most first."""
+    counts: dict[str, int] = {}
+    for result in results.values():
+        if asked is not None and (name := result.get("model")) is not None and name != asked:
+            counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _checked_settings(sft: Path, splits: list[str] | None, dialect: str, max_tokens_field: str) -> list[str]:
@@ -257,29 +300,56 @@ def _write_outputs(
     provenance: dict[str, Any],
     n_bootstrap: int,
     started: float,
+    inference: Mapping[str, Any],
 ) -> dict[str, Any]:
     """Write `predictions/`, `rl_hardset/` (tables, metrics, summary.json/md) and the artifacts; return the summary."""
     metrics_text = write_hardset_tables(
         out, _iter_rows(sft, "train"), collected, chosen, provenance=provenance, n_bootstrap=n_bootstrap
     )
     summary = build_summary(
-        provenance=provenance, collected=collected, chosen=chosen, out=out, elapsed_s=time.perf_counter() - started
+        provenance=provenance,
+        collected=collected,
+        chosen=chosen,
+        out=out,
+        elapsed_s=time.perf_counter() - started,
+        inference=inference,
     )
     write_json_atomic(summary, out / "rl_hardset" / "summary.json")
     summary_md = summary_markdown(summary, metrics_text)
     write_text_atomic(summary_md, out / "rl_hardset" / "summary.md")
     _artifacts(summary_md, chosen)
+    get_run_logger().info(
+        "build-rl-hardset: %d hard rows of %d train rows", len(chosen), len(collected.scored["train"])
+    )
     return summary
 
 
-def _fail_on_failed_predictions(failed: Sequence[Mapping[str, Any]], max_failed_predictions: int) -> None:
+class FailedPredictionsError(RuntimeError):
+    """More rows than allowed could not be predicted. `str(err)` names how many and the first; `fix` says what a
+    rerun of the same command does with them."""
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(problem)
+        self.fix = fix
+
+
+def _fail_on_failed_predictions(
+    failed: Sequence[Mapping[str, Any]], total: int, max_failed_predictions: int, retry_errors: bool
+) -> None:
     """Fail the run (after its outputs are written) when more rows than allowed could not be predicted."""
-    if len(failed) > max_failed_predictions:
-        raise RuntimeError(
-            f"{len(failed)} row(s) could not be predicted (max_failed_predictions={max_failed_predictions}); "
-            f"rerun to retry only them. First: {row_id(failed[0]['case_id'], failed[0]['organ'])}: "
-            f"{failed[0]['inference_error']}"
-        )
+    if len(failed) <= max_failed_predictions:
+        return
+    first = f"{row_id(failed[0]['case_id'], failed[0]['organ'])}: {failed[0]['inference_error']}"
+    problem = (
+        f"{len(failed)} of {total} row(s) could not be predicted (max_failed_predictions={max_failed_predictions}); "
+        f"first: {first}"
+    )
+    kept = total - len(failed)
+    if retry_errors:
+        fix = f"rerun the same command: it sends only these {len(failed)} row(s) again and keeps the {kept} predicted"
+    else:
+        fix = f"rerun without --keep-errors (flow: retry_errors=true) to send these {len(failed)} row(s) again"
+    raise FailedPredictionsError(problem, fix)
 
 
 def _store_fingerprint(

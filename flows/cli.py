@@ -67,6 +67,8 @@ def _explain(exc: BaseException) -> tuple[str, str]:
         return text, "fix the atlas folder or the file named above, then rerun (docs/decisions.md: atlas robustness)"
     if name == "EndpointAuthError":
         return text, "export OPENAI_API_KEY=<a key the endpoint accepts>, then rerun (finished rows are kept)"
+    if name == "FailedPredictionsError":  # the fix says what a rerun does with the failed rows
+        return text, getattr(exc, "fix", "rerun the same command")
     if name == "EndpointProbeError":
         return text, getattr(exc, "fix", "check --endpoint, --endpoint-model and --dialect")
     if name == "ClusterPreflightError":

@@ -83,28 +83,31 @@ def check_build_rl_hardset(args: argparse.Namespace) -> None:
 
 def check_endpoint(base_url: str, model: str, timeout_s: float = ENDPOINT_CHECK_TIMEOUT_S) -> None:
     """Ask the endpoint for its models once: a refused key or an unreachable server fails here, before any row."""
-    import httpx
+    from inference.bounded_http import Deadlines, clean, exchange, make_client, mask, parse_json
 
     key = os.environ.get("OPENAI_API_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    try:
-        response = httpx.get(base_url.rstrip("/") + "/models", headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as exc:
+    deadlines = Deadlines(timeout_s, timeout_s, timeout_s)  # a server that trickles its answer cannot hold the start
+    with make_client(1, deadlines) as client:
+        answer = exchange(client, "GET", base_url.rstrip("/") + "/models", deadlines=deadlines, headers=headers)
+    if answer.status is None:
+        words = (answer.error or "").split(": ")  # "connection error: ConnectError: ..." or "timeout: ..."
         raise UsageError(
-            f"cannot reach the endpoint {base_url} ({type(exc).__name__})",
+            f"cannot reach the endpoint {base_url} ({words[1] if words[0] == 'connection error' else words[0]})",
             "start the server (`make vllm-serve CKPT=DIR`, or `vllm serve` with the flags of docs/serving.md) or fix "
             "--endpoint (the base URL including /v1)",
-        ) from exc
-    if response.status_code in (401, 403):
+        )
+    if answer.status in (401, 403):
         state = "is not set" if not key else "was refused"
         raise UsageError(
-            f"the endpoint answered HTTP {response.status_code}: OPENAI_API_KEY {state}",
+            f"the endpoint answered HTTP {answer.status}: OPENAI_API_KEY {state}",
             "export OPENAI_API_KEY=<a key the server accepts> (vllm: the value of --api-key)",
         )
-    if response.status_code == 200:
+    if answer.status == 200:
+        data, _ = parse_json(answer.body)
         try:
-            served = [m["id"] for m in response.json().get("data", [])]
-        except (ValueError, AttributeError, KeyError, TypeError):
+            served = [mask(clean(str(m["id"])), [key or ""])[:100] for m in data.get("data", [])]
+        except (AttributeError, KeyError, TypeError):
             return  # not the OpenAI models list: the first request will tell
         # `transformers serve PATH` lists its Hub cache, not the model it was given by path: the probe checks that name.
         if served and model not in served and not Path(model).is_dir():

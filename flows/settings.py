@@ -147,6 +147,12 @@ ENDPOINT = (  # the request options of `build-rl-hardset --endpoint` (docs/servi
     Setting("probe", "--no-probe", True, "", "skip the probe (--endpoint): by default the first row is sent twice (2 "
             "and 4 frames) before the run, and a wrong endpoint, model, key or dialect, or a server that drops the "
             "frames, stops it in one line"),
+    Setting("connect_timeout_s", "--connect-timeout", 10.0, "s", "deadline to open a connection to --endpoint "
+            "(retried)", positive(float, 0.01), "SECONDS"),
+    Setting("first_byte_timeout_s", "--first-byte-timeout", 120.0, "s", "longest wait for any byte of an answer, the "
+            "first included (--endpoint); past it the row is a timeout error", positive(float, 0.01), "SECONDS"),
+    Setting("answer_timeout_s", "--answer-timeout", 300.0, "s", "deadline of a whole answer, first byte sent to last "
+            "byte received (--endpoint); past it the row is a timeout error", positive(float, 0.01), "SECONDS"),
 )
 
 BUILD_RL_HARDSET = (
@@ -163,6 +169,8 @@ BUILD_RL_HARDSET = (
             positive(), "N", demo=200),
     Setting("max_failed_predictions", "--max-failed-predictions", 0, "rows", "fail when more rows than this got no "
             "prediction (a rerun retries only them)", positive(int, 0), "N"),
+    Setting("retry_errors", "--keep-errors", True, "", "keep the rows stored as errors by an earlier run as they are "
+            "(by default a rerun sends them again)"),
     Setting("limit", "--limit", None, "rows", "only the first N rows of each split, for smoke runs (default: all)",
             positive(), "N"),
 )

@@ -21,23 +21,35 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
-from inference.backends import InferenceBackend, InferenceRequest, InferenceResult
+from inference.backends import InferenceBackend
+from inference.requests import InferenceRequest, InferenceResult
 
 
 logger = logging.getLogger(__name__)
 
 _FIELDS = ("request_id", "text", "error", "seconds", "attempts")
+_OPTIONAL = ("model",)  # written only when set, so lines of backends without it stay as they were
 
 
 def _to_line(result: InferenceResult) -> bytes:
+    """One JSONL line; text that UTF-8 cannot carry as it is (a lone surrogate) is written as JSON escapes instead.
+
+    Raises:
+        ValueError: a result that is not JSON (e.g. `seconds` NaN): a bug in the backend, not an answer.
+    """
     record = {name: getattr(result, name) for name in _FIELDS}
-    return (json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+    record |= {name: value for name in _OPTIONAL if (value := getattr(result, name)) is not None}
+    text = json.dumps(record, ensure_ascii=False, allow_nan=False)
+    try:
+        return (text + "\n").encode("utf-8")
+    except UnicodeEncodeError:  # read back as the same string: nothing is lost or raised
+        return (json.dumps(record, ensure_ascii=True, allow_nan=False) + "\n").encode("ascii")
 
 
 def _from_line(line: bytes) -> InferenceResult:
     record = json.loads(line)
-    if not isinstance(record, dict) or set(record) != set(_FIELDS):
-        raise ValueError(f"expected the keys {_FIELDS}")
+    if not isinstance(record, dict) or not set(_FIELDS) <= set(record) <= {*_FIELDS, *_OPTIONAL}:
+        raise ValueError(f"expected the keys {_FIELDS} (and optionally {_OPTIONAL})")
     return InferenceResult(**record)
 
 

@@ -275,6 +275,7 @@ def build_summary(
     chosen: Sequence[HardRow],
     out: Path,
     elapsed_s: float,
+    inference: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Return the run summary (`rl_hardset/summary.json`): provenance, prediction and hard-set counts, timing.
 
@@ -284,12 +285,19 @@ def build_summary(
         chosen: the selected hard rows.
         out: the output root.
         elapsed_s: seconds since the start of the run.
+        inference: what the prediction step reports: `retried_errors` (rows an earlier run stored as errors, sent
+            again), `kept_errors` (True when such rows were kept as they are) and `other_model_answers` (answers that
+            named another model than the one asked for, by name: a note, not an error).
     """
     train = collected.scored.get("train", [])
     return {
         **provenance,
         "predictions": len(collected.predictions),
         "failed_predictions": len(collected.failed),
+        "retried_errors": 0,
+        "kept_errors": False,
+        "other_model_answers": {},
+        **(inference or {}),
         "hard_in_train": sum(is_hard(s)[0] for _, s in train),
         "train_rows_scored": len(train),
         "rl_hardset_rows": len(chosen),
@@ -300,13 +308,26 @@ def build_summary(
     }
 
 
+def _other_model_note(counts: Mapping[str, int], model: str) -> list[str]:
+    """The summary line on answers that named another model (hosted APIs answer with dated names), or none."""
+    if not counts:
+        return []
+    names = ", ".join(f"`{name}` ({n})" for name, n in list(counts.items())[:5])
+    more = f" and {len(counts) - 5} more" if len(counts) > 5 else ""
+    return [f"- note: {sum(counts.values())} answer(s) named another model than asked ({model}): {names}{more}"]
+
+
 def summary_markdown(summary: Mapping[str, Any], metrics: str) -> str:
     """Return `rl_hardset/summary.md`: model, prediction counts, the hard set by organ and reason, outputs, metrics."""
     lines = [
         "# build-rl-hardset",
         "",
         f"- model: `{summary['model']}`",
-        f"- predictions: **{summary['predictions']}** ({summary['failed_predictions']} failed)",
+        f"- predictions: **{summary['predictions']}** ({summary['failed_predictions']} failed"
+        + (f"; {n} stored as errors by an earlier run, sent again" if (n := summary.get("retried_errors")) else "")
+        + ("; errors of earlier runs kept as they are (keep-errors)" if summary.get("kept_errors") else "")
+        + ")",
+        *_other_model_note(summary.get("other_model_answers") or {}, summary["model"]),
         f"- hard train rows: {summary['hard_in_train']} of {summary['train_rows_scored']}; "
         f"chosen: **{summary['rl_hardset_rows']}** (cap {summary['target_size']}) "
         + ", ".join(f"{o} {n}" for o, n in summary["rl_hardset_by_organ"].items()),

@@ -174,7 +174,8 @@ def test_build_summary_and_markdown_describe_the_hard_set() -> None:
         provenance=provenance, collected=_collected(), chosen=chosen, out=Path("/o"), elapsed_s=2.5
     )
     assert summary == {
-        "model": "m", "target_size": 2, "predictions": 3, "failed_predictions": 1, "hard_in_train": 1,
+        "model": "m", "target_size": 2, "predictions": 3, "failed_predictions": 1, "retried_errors": 0,
+        "kept_errors": False, "other_model_answers": {}, "hard_in_train": 1,
         "train_rows_scored": 1, "rl_hardset_rows": 2, "rl_hardset_by_organ": {"liver": 2, "pancreas": 0, "kidney": 0},
         "reasons": {"existence": 1, "size": 2}, "seconds": 2.5,
         "tables": {"predictions": "/o/predictions", "rl_hardset": "/o/rl_hardset"},
@@ -185,3 +186,15 @@ def test_build_summary_and_markdown_describe_the_hard_set() -> None:
         "- reasons: existence 1, size 2\n- took 2.5 s\n\nOutputs:\n\n"
         "- `predictions`: /o/predictions\n- `rl_hardset`: /o/rl_hardset\n\nMETRICS\n"
     )
+
+
+def test_summary_counts_errors_sent_again_and_answers_naming_another_model() -> None:
+    inference = {"retried_errors": 4, "kept_errors": False, "other_model_answers": {"gpt-4o-mini-2024-07-18": 3}}
+    summary = build_summary(provenance={"model": "gpt-4o-mini", "target_size": 2}, collected=_collected(), chosen=[],
+                            out=Path("/o"), elapsed_s=1.0, inference=inference)  # fmt: skip
+    assert {k: summary[k] for k in inference} == inference
+    lines = summary_markdown(summary, "").splitlines()
+    assert lines[3] == "- predictions: **3** (1 failed; 4 stored as errors by an earlier run, sent again)"
+    assert lines[4] == "- note: 3 answer(s) named another model than asked (gpt-4o-mini): `gpt-4o-mini-2024-07-18` (3)"
+    kept = summary_markdown({**summary, "retried_errors": 0, "kept_errors": True}, "").splitlines()
+    assert kept[3] == "- predictions: **3** (1 failed; errors of earlier runs kept as they are (keep-errors))"

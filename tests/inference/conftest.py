@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.backends import InferenceRequest
+from inference.requests import InferenceRequest
 from tests.inference.helpers import make_requests
 
 

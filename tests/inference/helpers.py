@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from inference.backends import InferenceRequest, InferenceResult
+from inference.requests import InferenceRequest, InferenceResult
 from inference.store import ResultStore, run_inference
 
 

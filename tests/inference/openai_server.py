@@ -49,7 +49,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from PIL import Image
 
-from inference.backends import InferenceBackend, InferenceRequest
+from inference.backends import InferenceBackend
+from inference.requests import InferenceRequest
 
 
 logger = logging.getLogger(__name__)
@@ -260,7 +261,7 @@ def complete(
 
 def main(argv: list[str] | None = None) -> None:
     """Serve a local checkpoint on 127.0.0.1 (free port written to `--port-file` once listening)."""
-    from inference.backends import TransformersBackend  # noqa: PLC0415
+    from inference.transformers_backend import TransformersBackend  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", required=True)

@@ -20,15 +20,12 @@ from typing import Any
 import httpx
 import pytest
 
-from inference.backends import (
-    VLLM_VIDEO_EXTRA_BODY,
-    EndpointAuthError,
-    EndpointProbeError,
-    InferenceRequest,
-    OpenAIBackend,
-    TransformersBackend,
-)
+from inference.bounded_http import Deadlines
+from inference.openai_client import VLLM_VIDEO_EXTRA_BODY, EndpointAuthError, OpenAIBackend
+from inference.probe import EndpointProbeError
+from inference.requests import InferenceRequest
 from inference.store import ResultStore, run_inference
+from inference.transformers_backend import TransformersBackend
 from tests.inference.openai_server import API_KEY_ENV
 
 
@@ -246,8 +243,9 @@ def test_unknown_model_is_404(server, control, make_backend, requests3):
 
 def test_timeout_is_reported_and_not_retried(server, control, make_backend, requests3):
     control(hold=True)  # the server answers nothing until the fixture's reset: the answer can only be the timeout
-    result = make_backend(timeout_s=0.3).generate(requests3[:1])[0]
-    assert result.error == "timeout after 0.3 s" and result.attempts == 1 and result.text is None
+    result = make_backend(deadlines=Deadlines(first_byte_s=0.3)).generate(requests3[:1])[0]
+    assert result.error == "timeout: no byte for 0.3 s (first-byte deadline)" and result.attempts == 1
+    assert result.text is None
     assert _stats(server)["requests"] == 1
 
 

@@ -15,7 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from flows.cli import main
-from inference.backends import EndpointProbeError, OpenAIBackend, request_from_row
+from inference.openai_client import OpenAIBackend
+from inference.probe import EndpointProbeError
+from inference.requests import request_from_row
 from tests.inference.helpers import first_train_row, serve_beside_sft_set
 from tests.inference.real_server import ServerProcess
 from train.tooling.tiny import save_tiny

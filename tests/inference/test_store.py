@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.backends import InferenceRequest, InferenceResult
+from inference.requests import InferenceRequest, InferenceResult
 from inference.store import ResultStore, run_inference
 from tests.inference.helpers import EchoBackend, text_requests
 
@@ -146,3 +146,12 @@ def test_kill_after_k_rows_then_rerun_does_only_the_rest(tmp_path):
         out = run_inference(backend, text_requests(n), store, batch_size=4)
     assert sorted(backend.seen) == sorted({f"r{i:03d}" for i in range(n)} - done)  # exactly the missing rows
     assert len(out) == n and all(r.ok for r in out.values())
+
+
+def test_text_utf8_cannot_carry_is_stored_escaped_and_read_back_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    with ResultStore(path) as store:
+        store.add(InferenceResult("r000", "a \ud800 b", None, 0.0, 1, "m"))
+    assert b"\\ud800" in path.read_bytes()
+    with ResultStore(path) as store:
+        assert store.get("r000") == InferenceResult("r000", "a \ud800 b", None, 0.0, 1, "m")

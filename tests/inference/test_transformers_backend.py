@@ -5,7 +5,8 @@ import io
 import pytest
 from PIL import Image
 
-from inference.backends import InferenceRequest, TransformersBackend, request_from_row
+from inference.requests import InferenceRequest, request_from_row
+from inference.transformers_backend import TransformersBackend
 
 
 @pytest.fixture(scope="module")

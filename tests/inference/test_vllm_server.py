@@ -24,9 +24,12 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 
-import inference.backends as backends
+import inference.probe as probe_module
 from flows.cli import main
-from inference.backends import EndpointProbeError, OpenAIBackend, TransformersBackend, request_from_row
+from inference.openai_client import OpenAIBackend
+from inference.probe import EndpointProbeError
+from inference.requests import request_from_row
+from inference.transformers_backend import TransformersBackend
 from inference.vllm_server import VLLMServeError, VLLMServer, check_checkpoint, check_version
 from inference.vllm_server import main as serve_main
 from tests.inference.helpers import first_train_row, make_requests, serve_beside_sft_set
@@ -158,8 +161,8 @@ def test_per_request_processor_settings_are_refused_with_the_server_side_fix(end
 
 @pytest.mark.slow
 def test_a_vllm_outside_the_supported_range_stops_the_probe(endpoint, sft_out, monkeypatch) -> None:
-    monkeypatch.setattr(backends, "SUPPORTED_VLLM", ((0, 33), (0, 34)))
-    monkeypatch.setattr(backends, "SUPPORTED_VLLM_TEXT", ">=0.33,<0.34")
+    monkeypatch.setattr(probe_module, "SUPPORTED_VLLM", ((0, 33), (0, 34)))
+    monkeypatch.setattr(probe_module, "SUPPORTED_VLLM_TEXT", ">=0.33,<0.34")
     request = request_from_row(first_train_row(sft_out))
     with OpenAIBackend(endpoint, NAME, retries=0) as backend, pytest.raises(EndpointProbeError) as caught:
         backend.probe(request)
