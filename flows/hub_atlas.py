@@ -16,9 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
-from huggingface_hub import HfApi, hf_hub_url
+from huggingface_hub import HfApi
 from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
@@ -65,7 +66,7 @@ class HubRelease:
 
     def url(self, path: str) -> str:
         """The download URL of a file of this commit."""
-        return hf_hub_url(self.repo_id, path, repo_type="dataset", revision=self.sha, endpoint=self.endpoint)
+        return f"{self.endpoint.rstrip('/')}/datasets/{self.repo_id}/resolve/{self.sha}/{quote(path)}"
 
 
 def resolve_release(repo_id: str, revision: str | None = None) -> HubRelease:
