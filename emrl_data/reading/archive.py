@@ -245,7 +245,8 @@ def _check_member(
 ) -> tuple[str, str] | None:
     """`(case id, layout file)` a member unpacks to, or None after recording why it is skipped or rejects its case."""
     parts = _member_path(info.name, kind)
-    first = parts[0] if parts else ""
+    named = [p for p in info.name.replace("\\", "/").split("/") if p not in ("", ".", kind)]
+    first = parts[0] if parts else named[0] if parts is None and named else ""  # an unsafe path still names its case
     in_range = is_valid_case_id(first) and case_range[0] <= int(first[6:]) <= case_range[1]
     unsafe = "an absolute or climbing (..) path" if parts is None else None if info.isdir() else _unsafe_kind(info)
     if unsafe is not None:
