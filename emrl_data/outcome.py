@@ -75,3 +75,9 @@ class Rejection:
             "detail": self.detail,
             "path": self.path,
         }
+
+
+# Reasons only a released part (read from the Hub) produces: tested on built archives, no synthetic-case defect.
+ARCHIVE_REASONS = frozenset(
+    {RejectReason.PART_CHECKSUM_MISMATCH, RejectReason.UNSAFE_ARCHIVE_MEMBER, RejectReason.CORRUPT_ARCHIVE}
+)
