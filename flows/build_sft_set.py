@@ -354,7 +354,7 @@ def _read_atlas(
     if repo_id is not None:
         done = curate_release(
             repo_id, hub, out=out, cfg=cfg, store=store, test_fraction=sft_cfg.test_fraction, limit=limit,
-            runner=runner, case_timeout_s=case_timeout_s,
+            runner=runner, case_timeout_s=case_timeout_s, curate_one=curate_bounded,
         )  # fmt: skip
         source = {"atlas_source": done.release.source, "atlas_revision": done.release.sha}
         return AtlasRead(

@@ -140,9 +140,16 @@ class PartProgress:
             update_progress_artifact(artifact_id=self._ids[which], progress=min(pct, 100.0))
 
 
+CurateOne = Callable[..., tuple[str, str, bool]]  # `flows.build_sft_set.curate_bounded`: one case into the store
+
+
 @task(cache_policy=NO_CACHE)
-def curate_part_task(job: PartJob) -> PartOutcome:
-    """Curate one part pair into the case store (or find it in the part ledger); see the module docstring."""
+def curate_part_task(job: PartJob, curate_one: CurateOne) -> PartOutcome:
+    """Curate one part pair into the case store (or find it in the part ledger); see the module docstring.
+
+    `curate_one` curates one case under the per-case time bound (`flows.build_sft_set.curate_bounded`, handed in
+    by the flow: the flow module imports this one).
+    """
     started = time.perf_counter()
     store, ledger, key = CaseStore(Path(job.store_dir)), PartLedger(Path(job.ledger_dir)), job.ledger_key()
     entry = ledger.get(key)
@@ -156,7 +163,7 @@ def curate_part_task(job: PartJob) -> PartOutcome:
     meter, progress = ScratchMeter(job.allowance_bytes), PartProgress(job)
     outcome = PartOutcome(job.pair.name)
     try:
-        _read_pair(job, key, work, meter, store, progress, outcome)
+        _read_pair(job, key, work, meter, store, progress, outcome, curate_one)
     finally:
         for kind in (IMAGE_KIND, MASK_KIND):
             shutil.rmtree(work / kind, ignore_errors=True)
@@ -178,10 +185,9 @@ def _read_pair(
     store: CaseStore,
     progress: PartProgress,
     outcome: PartOutcome,
+    curate_bounded: CurateOne,
 ) -> None:
     """Masks first (unpacked whole: small), then the image part's CTs one by one, each case curated as it lands."""
-    from flows.build_sft_set import curate_bounded  # the flow module imports this one
-
     cfg, pair = CurateConfig.from_dict(job.cfg_dict), job.pair
     readings: dict[str, PartReading] = {}
     finished: dict[str, tuple[str, str, bool]] = {}
@@ -322,6 +328,7 @@ def curate_release(
     limit: int | None,
     runner: tuple[str, str | None, int],
     case_timeout_s: float | None,
+    curate_one: CurateOne,
 ) -> HubCuration:
     """Resolve the revision, read the side files, run one task per part pair, and gather the cases."""
     logger = get_run_logger()
@@ -362,7 +369,7 @@ def curate_release(
         )
         for p in pairs
     ]
-    outcomes = _run_parts(jobs, concurrency, runner[0], runner[1], store)
+    outcomes = _run_parts(jobs, concurrency, runner[0], runner[1], store, curate_one)
     return _gather(release, listing is not None, metadata, meta_rejections, warnings, outcomes, options, concurrency)
 
 
@@ -380,7 +387,7 @@ def _limited(pairs: tuple[PartPair, ...], limit: int | None) -> tuple[list[PartP
 
 
 def _run_parts(
-    jobs: list[PartJob], concurrency: int, kind: str, address: str | None, store: CaseStore
+    jobs: list[PartJob], concurrency: int, kind: str, address: str | None, store: CaseStore, curate_one: CurateOne
 ) -> list[PartOutcome]:
     """Run the part tasks, at most `concurrency` at once (a window, whatever the runner's own size)."""
     check_cluster(kind, address, store.root)
@@ -392,7 +399,7 @@ def _run_parts(
         while queue or pending:
             while queue and len(pending) < concurrency:
                 job = queue.pop(0)
-                pending[runner.submit(curate_part_task, parameters={"job": job})] = job
+                pending[runner.submit(curate_part_task, parameters={"job": job, "curate_one": curate_one})] = job
             future = next(iter(as_completed(list(pending))))
             del pending[future]
             outcome = future.result()

@@ -118,11 +118,11 @@ class _BoundedTarInfo(tarfile.TarInfo):
     """
 
     @classmethod
-    def fromtarfile(cls, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:  # noqa: D102 (tarfile's API)
+    def fromtarfile(cls, tarfile_: tarfile.TarFile) -> Any:  # noqa: D102 (tarfile's API)
         buf = tarfile_.fileobj.read(tarfile.BLOCKSIZE)  # type: ignore[union-attr]
         try:
             obj = cls.frombuf(buf, tarfile_.encoding, tarfile_.errors)  # type: ignore[arg-type]
-        except tarfile.EOFHeaderError:
+        except tarfile.EOFHeaderError:  # type: ignore[attr-defined]
             raise
         except tarfile.HeaderError as err:
             raise ArchiveCorruptError(f"no valid tar header where one belongs ({err})") from None
@@ -209,7 +209,7 @@ def read_part(
     try:
         with tarfile.open(fileobj=archive, mode="r|gz", tarinfo=_BoundedTarInfo) as tar:
             for count, info in enumerate(tar, start=1):
-                tar.members.clear()  # stream mode keeps every TarInfo otherwise
+                tar.members.clear()  # type: ignore[attr-defined]  # stream mode keeps every TarInfo otherwise
                 if count > limit:
                     raise ArchiveCorruptError(f"more than {limit} members")
                 current = None
