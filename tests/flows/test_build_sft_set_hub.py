@@ -144,3 +144,15 @@ def test_the_scratch_budget_sets_parts_at_once_and_holds(
     assert all(r["peak_scratch_bytes"] <= need for r in summary["hub"]["per_part"])
     with pytest.raises(ValueError, match="is below the"):
         _build(tmp_path / "none", scratch_budget=str(need - 1))
+
+
+def test_a_hub_run_on_dask_workers_equals_threads(
+    prefect_harness, release: tuple[Path, dict[str, bytes]], hub: FakeHub, tmp_path: Path
+) -> None:
+    """The part tasks run unchanged on a Dask LocalCluster (worker processes downloading from the Hub themselves)."""
+    _, files = release
+    hub.state.put_dataset(REPO, files)
+    _build(tmp_path / "thread")
+    summary = _build(tmp_path / "dask", task_runner="dask")
+    assert summary["hub"]["parts_read"] == 2 and summary["cases"] == N_CASES
+    assert _shards(tmp_path / "dask") == _shards(tmp_path / "thread")
