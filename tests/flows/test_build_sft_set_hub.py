@@ -156,3 +156,40 @@ def test_a_hub_run_on_dask_workers_equals_threads(
     summary = _build(tmp_path / "dask", task_runner="dask")
     assert summary["hub"]["parts_read"] == 2 and summary["cases"] == N_CASES
     assert _shards(tmp_path / "dask") == _shards(tmp_path / "thread")
+
+
+def test_a_download_killed_mid_part_resumes_where_it_stopped(hub: FakeHub, tmp_path: Path) -> None:
+    """kill -9 of the downloading process after its first MiB; the rerun asks only for the rest (HTTP Range)."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    from emrl_data.reading.release import HubFile
+    from flows.hub_atlas import download_file, resolve_release
+
+    data = bytes(range(256)) * (3 << 12)  # 3 MiB
+    path = part_name("image_only", 1, 3)
+    hub.state.put_dataset(REPO, {path: data, part_name("mask_only", 1, 3): b"m"})
+    url = resolve_release(REPO).url(path)
+    expected = HubFile(path, len(data), hashlib.sha256(data).hexdigest())
+    dest = tmp_path / "image.tar.gz"
+    killer = (
+        "import os, signal, sys\n"
+        "from emrl_data.reading.release import HubFile\n"
+        "from flows.hub_atlas import download_file\n"
+        "f = HubFile(sys.argv[3], int(sys.argv[4]), sys.argv[5])\n"
+        "download_file(sys.argv[1], __import__('pathlib').Path(sys.argv[2]), f,"
+        " on_bytes=lambda n: os.kill(os.getpid(), signal.SIGKILL))\n"
+    )
+    args = [url, str(dest), path, str(len(data)), expected.sha256 or ""]
+    done = subprocess.run([sys.executable, "-c", killer, *args], env=os.environ.copy(), timeout=120)
+    assert done.returncode == -9
+    partial = dest.with_name(dest.name + ".incomplete")
+    left = partial.stat().st_size
+    assert 0 < left < len(data)
+
+    resumed = download_file(url, dest, expected)
+    assert (resumed.resumed_from, resumed.bytes_read) == (left, len(data) - left)
+    assert hub.state.ranges[-1] == (path, left)
+    assert dest.read_bytes() == data and not partial.exists()
