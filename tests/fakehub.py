@@ -26,6 +26,7 @@ Run by hand: `python tests/fakehub.py --port 8765`, then `HF_ENDPOINT=http://127
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import hashlib
 import json
@@ -41,7 +42,7 @@ from urllib.parse import unquote
 import uvicorn
 import yaml
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 
 DEFAULT_TOKENS = {"hf_fake": "write", "hf_fake_read": "read"}
@@ -98,6 +99,7 @@ class HubState:
     corrupt: dict[str, int] = field(default_factory=dict)  # file path -> downloads still served with a flipped byte
     served: dict[str, int] = field(default_factory=dict)  # file path -> bytes served by resolve/
     ranges: list[tuple[str, int]] = field(default_factory=list)  # (file path, first byte) of each Range request
+    bandwidth_bps: float | None = None  # resolve/ sends file bytes at this rate (None: as fast as it can)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def put_dataset(self, repo_id: str, files: dict[str, bytes], title: str = "upload") -> str:
@@ -514,9 +516,19 @@ def make_app(state: HubState) -> FastAPI:
             return Response(b"" if request.method == "HEAD" else chunk, status_code=206, headers=headers)
         if request.method == "GET":
             state.served[fpath] = state.served.get(fpath, 0) + len(data)
+            if state.bandwidth_bps:
+                return StreamingResponse(_throttled(data, state.bandwidth_bps), headers=headers)
         return Response(b"" if request.method == "HEAD" else data, headers=headers)
 
     return app
+
+
+async def _throttled(data: bytes, bandwidth_bps: float, chunk: int = 1 << 16) -> Any:
+    """`data` in chunks, paced to `bandwidth_bps` bytes per second."""
+    started = time.monotonic()
+    for i in range(0, len(data), chunk):
+        await asyncio.sleep(max(0.0, started + i / bandwidth_bps - time.monotonic()))
+        yield data[i : i + chunk]
 
 
 @dataclass
