@@ -193,3 +193,24 @@ def test_a_download_killed_mid_part_resumes_where_it_stopped(hub: FakeHub, tmp_p
     assert (resumed.resumed_from, resumed.bytes_read) == (left, len(data) - left)
     assert hub.state.ranges[-1] == (path, left)
     assert dest.read_bytes() == data and not partial.exists()
+
+
+def test_fetch_atlas_writes_the_released_layout_and_skips_finished_parts(
+    release: tuple[Path, dict[str, bytes]], hub: FakeHub, tmp_path: Path
+) -> None:
+    atlas, files = release
+    hub.state.put_dataset(REPO, files)
+    from flows.fetch_atlas import fetch_atlas
+
+    report = fetch_atlas(tmp_path / "dest", repo_id=REPO, workers=2)
+    assert len(report["fetched"]) == 4 and report["failed"] == [] and report["rejected"] == []
+    for path in sorted(atlas.rglob("*")):
+        rel = path.relative_to(atlas)
+        if path.is_file() and rel.parts[0] in ("image_only", "mask_only", "TrainTestIDS"):
+            assert (tmp_path / "dest" / rel).read_bytes() == path.read_bytes(), rel
+    served = dict(hub.state.served)
+    again = fetch_atlas(tmp_path / "dest", repo_id=REPO, workers=2)
+    assert len(again["skipped"]) == 4 and again["fetched"] == []
+    assert {p: n for p, n in hub.state.served.items() if p.endswith(".tar.gz")} == {
+        p: n for p, n in served.items() if p.endswith(".tar.gz")
+    }
