@@ -82,6 +82,12 @@ bench: venv
 	$(BIN)/python bench/curate.py
 	$(BIN)/python bench/scoring.py
 
+# From a Hub-protocol server (the tests' fake Hub on loopback, throttled) to shards: download + unpack everything, then
+# curate, against `build-sft-set hf://...`; end-to-end time and peak scratch, both ratios in one run.
+.PHONY: bench-hub
+bench-hub: venv
+	PREFECT_LOGGING_LEVEL=WARNING $(BIN)/python bench/hub_curate.py --cases 8 --part-cases 4 --bandwidth-mbps 5
+
 # Mining rows/s: the local transformers backend vs vLLM (CPU build) on the same rows and checkpoint, ratio in one run.
 .PHONY: bench-vllm
 bench-vllm: venv vllm-env

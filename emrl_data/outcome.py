@@ -35,6 +35,9 @@ class RejectReason(StrEnum):
     MASK_ORIENTATION_CONFLICT = "mask_orientation_conflict"  # a mask's mirror image fits the CT, the stored one not
     IMPLAUSIBLE_ORGAN_HU = "implausible_organ_hu"  # an organ's mean HU is outside its window (organ-level)
     CASE_TIMEOUT = "case_timeout"  # the case ran past the per-case time bound and was abandoned (run goes on)
+    PART_CHECKSUM_MISMATCH = "part_checksum_mismatch"  # a released part failed its sha256 twice: its cases are out
+    UNSAFE_ARCHIVE_MEMBER = "unsafe_archive_member"  # a link, device, climbing path, twice, or too big for scratch
+    CORRUPT_ARCHIVE = "corrupt_archive"  # the part's tar/gzip stream broke before the case was read
     UNEXPECTED_ERROR = "unexpected_error"  # a bug, not a data defect: fails the flow at the end
 
 
@@ -57,7 +60,7 @@ class Rejection:
 
     case_id: str
     organ: str | None  # None when the whole case is rejected
-    step: str  # "discover", "metadata", "load", "labels", "frames"; "curate" for a case_timeout
+    step: str  # "discover", "metadata", "load", "labels", "frames"; "curate" for a case_timeout; "archive", "fetch"
     reason: RejectReason
     detail: str
     path: str | None = None  # the offending file, relative to the atlas root when possible
@@ -72,3 +75,9 @@ class Rejection:
             "detail": self.detail,
             "path": self.path,
         }
+
+
+# Reasons only a released part (read from the Hub) produces: tested on built archives, no synthetic-case defect.
+ARCHIVE_REASONS = frozenset(
+    {RejectReason.PART_CHECKSUM_MISMATCH, RejectReason.UNSAFE_ARCHIVE_MEMBER, RejectReason.CORRUPT_ARCHIVE}
+)

@@ -18,6 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from emrl_data.config import CurateConfig, SftConfig
 from emrl_data.labeling.curate import PLAUSIBLE_ORGAN_VOLUME_CM3, CaseResult, CaseStore, case_cache_key, curate_case
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.reading.atlas import AtlasOrganMeta, AtlasPlan, CaseRef, plan_atlas
+from emrl_data.reading.release import parse_size
 from emrl_data.tables.qa import build_qa_report, qa_markdown
 from emrl_data.tables.sft_set import (
     build_summary,
@@ -52,6 +54,8 @@ from emrl_data.tables.sft_set import (
 )
 from emrl_data.types import Organ
 from flows._common import Progress, batched, git_sha, rejection_table
+from flows.hub_atlas import hub_repo
+from flows.hub_parts import HubOptions, curate_release, hub_summary_lines
 from flows.runners import check_cluster, is_lost_worker_error, make_task_runner, settle_future
 
 
@@ -62,6 +66,7 @@ CASE_TIMEOUT_FLOOR_S = 600.0
 CASE_TIMEOUT_MEDIAN_FACTOR = 10.0
 _case_seconds: deque[float] = deque(maxlen=1000)  # curation times of this process's last cases (not resumed ones)
 _case_seconds_lock = threading.Lock()
+DEFAULT_SCRATCH_BUDGET = "64G"  # four released part pairs at once (about 15 GiB each, `scratch_need`)
 
 
 def case_time_bound(case_timeout_s: float | None) -> float:
@@ -154,22 +159,40 @@ def curate_batch_task(
     """
     cfg = CurateConfig.from_dict(cfg_dict)
     store = CaseStore(Path(store_dir))
-    done = []
-    for ref in refs:
-        split, meta = splits[ref.case_id], metadata.get(ref.case_id)
-        bound = case_time_bound(case_timeout_s)
-        try:
-            done.append(CaseThread.current().run(partial(_curate_one, ref, split, meta, cfg, store), bound))
-        except CaseOverrunError:
-            detail = (
-                f"{ref.case_id}: still running after {bound:g} s, the per-case time bound (--case-timeout); "
-                "abandoned, the run went on (a rerun tries it again)"
-            )
-            get_run_logger().warning("%s", detail)
-            rejection = Rejection(ref.case_id, None, "curate", RejectReason.CASE_TIMEOUT, detail)
-            store.save(timeout_key(ref.case_id), CaseResult(ref.case_id, rejections=[rejection]))
-            done.append((ref.case_id, timeout_key(ref.case_id), False))
-    return done
+    return [
+        curate_bounded(ref, splits[ref.case_id], metadata.get(ref.case_id), cfg, store, case_timeout_s) for ref in refs
+    ]
+
+
+def curate_bounded(
+    ref: CaseRef,
+    split: str,
+    meta: Mapping[Organ, AtlasOrganMeta] | None,
+    cfg: CurateConfig,
+    store: CaseStore,
+    case_timeout_s: float | None,
+) -> tuple[str, str, bool]:
+    """Curate one case into the store on the worker's `CaseThread` under `case_time_bound(case_timeout_s)`.
+
+    Returns:
+        (case_id, store key, was_cached); a case past its bound is stored as a `case_timeout` rejection under
+        `timeout_key`.
+    """
+    bound = case_time_bound(case_timeout_s)
+    try:
+        result: tuple[str, str, bool] = CaseThread.current().run(
+            partial(_curate_one, ref, split, meta, cfg, store), bound
+        )
+    except CaseOverrunError:
+        detail = (
+            f"{ref.case_id}: still running after {bound:g} s, the per-case time bound (--case-timeout); "
+            "abandoned, the run went on (a rerun tries it again)"
+        )
+        get_run_logger().warning("%s", detail)
+        rejection = Rejection(ref.case_id, None, "curate", RejectReason.CASE_TIMEOUT, detail)
+        store.save(timeout_key(ref.case_id), CaseResult(ref.case_id, rejections=[rejection]))
+        return ref.case_id, timeout_key(ref.case_id), False
+    return result
 
 
 def _curate_one(
@@ -205,14 +228,18 @@ def build_sft_set_flow(
     task_runner: str = "thread",
     task_runner_address: str | None = None,
     case_timeout_s: float | None = None,
+    revision: str | None = None,
+    scratch_dir: str | None = None,
+    scratch_budget: str = DEFAULT_SCRATCH_BUDGET,
 ) -> dict[str, Any]:
-    """Build the `findings`, `sft` and `rejections` tables from an AbdomenAtlas-layout folder.
+    """Build the `findings`, `sft` and `rejections` tables from an AbdomenAtlas-layout folder or the Hub release.
 
     Args:
-        atlas_root: the atlas folder (split or combined layout; optional metadata CSV and TrainTestIDS/).
+        atlas_root: the atlas folder (split or combined layout; optional metadata CSV and TrainTestIDS/), or
+            `hf://datasets/OWNER/NAME`: the release on the Hub, read part pair by part pair (docs/data.md).
         output_dir: where the table folders go (`findings/`, `sft/`, `rejections/`, `manifest.json`, ...).
-        cases_per_task: cases per Prefect task.
-        max_workers: tasks run at once (threads).
+        cases_per_task: cases per Prefect task (a folder; on the Hub a task is one part pair).
+        max_workers: tasks run at once (threads); on the Hub at most as many part pairs as the scratch budget holds.
         negatives_per_positive: train negatives sampled per organ, as a ratio of its positives.
         seed: seed of the negative sampling.
         test_fraction: test share of the hash split (used when there are no IID split files).
@@ -223,63 +250,120 @@ def build_sft_set_flow(
         task_runner_address: an existing Dask scheduler or Ray cluster address (dask/ray only).
         case_timeout_s: the per-case time bound in seconds: a case still running after it is abandoned as a
             `case_timeout` rejection and the run goes on; None (default) = max(600 s, 10x the median case time).
+        revision: Hub only: the branch, tag or commit to read (default `main`); pinned to its commit sha.
+        scratch_dir: Hub only: where parts are downloaded and unpacked (default `OUTPUT_DIR/.work/scratch`).
+        scratch_budget: Hub only: the most the scratch folder may hold at once, e.g. `64G`.
 
     Returns:
         The run summary (also written to `summary.json`).
     """
     if case_timeout_s is not None and not case_timeout_s > 0:
         raise ValueError(f"case_timeout_s={case_timeout_s!r} must be a number of seconds > 0 (or None).")
-    logger = get_run_logger()
     started = time.perf_counter()
     cfg = CurateConfig.from_dict(config or {})
     sft_cfg = SftConfig(negatives_per_positive=negatives_per_positive, seed=seed, test_fraction=test_fraction)
-    root, out = Path(atlas_root).resolve(), Path(output_dir).resolve()
+    out = Path(output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
-
-    plan = _plan(root, limit, sft_cfg.test_fraction)
     store = CaseStore(out / ".work" / "cases")
-    runner = (task_runner, task_runner_address)
-    keys, n_cached, n_retried = _curate_cases(plan, cfg, store, cases_per_task, max_workers, *runner, case_timeout_s)
-    case_ids = [r.case_id for r in plan.refs]
-    gathered = gather_case_results(case_ids, store, keys)
-    rows, rejections = gathered.rows, [*plan.rejections, *gathered.rejections]
-    warnings = (*plan.warnings, *gathered.warnings)  # atlas warnings, then special files no row needed
+    runner = (task_runner, task_runner_address, max_workers)
+    hub = HubOptions(revision, Path(scratch_dir or out / ".work" / "scratch").resolve(), parse_size(scratch_budget))
+    read = _read_atlas(atlas_root, out, cfg, store, sft_cfg, limit, runner, hub, cases_per_task, case_timeout_s)
+    gathered = gather_case_results(read.case_ids, store, read.keys)
+    rows, rejections = gathered.rows, [*read.plan.rejections, *gathered.rejections]
+    warnings = (*read.plan.warnings, *gathered.warnings)  # atlas warnings, then special files no row needed
     sft_rows = select_sft_rows(rows, sft_cfg)
 
-    provenance = sft_set_provenance(cfg, sft_cfg, plan, git_sha=git_sha())
-    write_sft_set_tables(out, rows, sft_rows, rejections, store, keys, provenance)
-    check_every_case_accounted(case_ids, rows, rejections)
-
+    provenance = sft_set_provenance(cfg, sft_cfg, read.plan, git_sha=git_sha()) | read.provenance
+    write_sft_set_tables(out, rows, sft_rows, rejections, store, read.keys, provenance)
+    check_every_case_accounted(read.case_ids, rows, rejections)
+    digests = gathered.file_digests
     qa = build_qa_report(
-        rows,
-        rejections,
-        plausible_volume_cm3=PLAUSIBLE_ORGAN_VOLUME_CM3,
-        warnings=warnings,
-        file_digests=gathered.file_digests,
+        rows, rejections, plausible_volume_cm3=PLAUSIBLE_ORGAN_VOLUME_CM3, warnings=warnings, file_digests=digests
     )
+    summary = _summary(provenance, read, out, rows, sft_rows, rejections, qa, warnings, digests, started)
+    write_json_atomic(summary, out / "manifest.json")
+    sheet = write_contact_sheet(sft_rows, store, read.keys, out / "contact_sheet.png")
+    _reports(out, summary, qa_markdown(qa), rejections, sheet)
+    get_run_logger().info("build-sft-set done in %.1f s: %s", summary["seconds"], out)
+    _fail_on_unexpected_errors(rejections, max_unexpected_errors, out)
+    return summary
+
+
+def _summary(
+    provenance: dict[str, Any],
+    read: AtlasRead,
+    out: Path,
+    rows: list[dict[str, Any]],
+    sft_rows: list[dict[str, Any]],
+    rejections: list[Rejection],
+    qa: Any,
+    warnings: Sequence[str],
+    digests: Mapping[str, str],
+    started: float,
+) -> dict[str, Any]:
+    """The run summary: `build_summary`, then the runner's retries, the timed-out cases and the Hub part pairs."""
     summary = build_summary(
         provenance=provenance,
-        atlas_root=root,
+        atlas_root=read.root,
         output_dir=out,
-        n_cases=len(case_ids),
-        n_resumed=n_cached,
+        n_cases=len(read.case_ids),
+        n_resumed=read.n_cached,
         rows=rows,
         sft_rows=sft_rows,
         rejections=rejections,
         qa_flags=qa.flag_counts,
         warnings=warnings,
-        file_digests=gathered.file_digests,
+        file_digests=digests,
         elapsed_s=time.perf_counter() - started,
-    ) | {
-        "batches_retried": n_retried,  # batches run again because the cluster lost a worker (docs/scaling.md)
-        "cases_timed_out": sum(r.reason == RejectReason.CASE_TIMEOUT for r in rejections),
-    }
-    write_json_atomic(summary, out / "manifest.json")
-    sheet = write_contact_sheet(sft_rows, store, keys, out / "contact_sheet.png")
-    _reports(out, summary, qa_markdown(qa), rejections, sheet)
-    logger.info("build-sft-set done in %.1f s: %s", summary["seconds"], out)
-    _fail_on_unexpected_errors(rejections, max_unexpected_errors, out)
+    )
+    summary["batches_retried"] = read.n_retried  # batches run again because the cluster lost a worker
+    summary["cases_timed_out"] = sum(r.reason == RejectReason.CASE_TIMEOUT for r in rejections)
+    if read.hub_summary:
+        summary["hub"] = read.hub_summary
     return summary
+
+
+@dataclass(frozen=True)
+class AtlasRead:
+    """The curated atlas, whichever way it was read: plan, cases and their store keys, and what the run reports."""
+
+    root: str
+    plan: AtlasPlan
+    case_ids: list[str]
+    keys: dict[str, str]
+    n_cached: int
+    n_retried: int = 0
+    provenance: dict[str, Any] = field(default_factory=dict)
+    hub_summary: dict[str, Any] = field(default_factory=dict)
+
+
+def _read_atlas(
+    atlas_root: str,
+    out: Path,
+    cfg: CurateConfig,
+    store: CaseStore,
+    sft_cfg: SftConfig,
+    limit: int | None,
+    runner: tuple[str, str | None, int],
+    hub: HubOptions,
+    cases_per_task: int,
+    case_timeout_s: float | None,
+) -> AtlasRead:
+    """Plan and curate the atlas: a folder in batches of cases, or the Hub release part pair by part pair."""
+    repo_id = hub_repo(atlas_root)
+    if repo_id is not None:
+        done = curate_release(
+            repo_id, hub, out=out, cfg=cfg, store=store, test_fraction=sft_cfg.test_fraction, limit=limit,
+            runner=runner, case_timeout_s=case_timeout_s, curate_one=curate_bounded,
+        )  # fmt: skip
+        source = {"atlas_source": done.release.source, "atlas_revision": done.release.sha}
+        return AtlasRead(
+            done.release.source, done.plan, done.case_ids, done.keys, done.n_cached, 0, source, done.summary
+        )
+    root = Path(atlas_root).resolve()
+    plan = _plan(root, limit, sft_cfg.test_fraction)
+    keys, n_cached, n_retried = _curate_cases(plan, cfg, store, cases_per_task, runner[2], *runner[:2], case_timeout_s)
+    return AtlasRead(str(root), plan, [r.case_id for r in plan.refs], keys, n_cached, n_retried)
 
 
 def _plan(root: Path, limit: int | None, test_fraction: float) -> AtlasPlan:
@@ -305,7 +389,8 @@ def _reports(
     lines = summary_markdown(summary, sheet).split("\n")
     retried = f"- batches retried after a lost worker: {summary['batches_retried']}"
     timed_out = f"- cases abandoned past the per-case time bound (case_timeout): {summary['cases_timed_out']}"
-    summary_md = "\n".join([*lines[:3], retried, timed_out, *lines[3:]])  # under the cases line
+    hub = hub_summary_lines(summary["hub"]) if "hub" in summary else []
+    summary_md = "\n".join([*lines[:3], retried, timed_out, *hub, *lines[3:]])  # under the cases line
     write_text_atomic(summary_md, out / "summary.md")
     write_text_atomic(qa_md, out / "qa.md")
     _artifacts(summary, rejections, summary_md, qa_md, sheet)

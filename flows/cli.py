@@ -26,13 +26,23 @@ import sys
 import threading
 from typing import Any
 
-from flows.commands import build_rl_hardset, build_sft_set, demo, evaluate, publish, server, synth, upgrade_checkpoint
+from flows.commands import (
+    build_rl_hardset,
+    build_sft_set,
+    demo,
+    evaluate,
+    fetch_atlas,
+    publish,
+    server,
+    synth,
+    upgrade_checkpoint,
+)
 from flows.commands.parsing import CREDENTIALS, Formatter, Parser, debug_parent
 from flows.interrupt import INTERRUPT_GRACE_S, exit_within, interrupt_handler
 from flows.prefect_env import UsageError, configure_prefect_environment, prefect_session
 
 
-COMMANDS = (synth, build_sft_set, build_rl_hardset, publish, evaluate, demo, server, upgrade_checkpoint)
+COMMANDS = (synth, build_sft_set, fetch_atlas, build_rl_hardset, publish, evaluate, demo, server, upgrade_checkpoint)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -35,7 +35,14 @@ def check_synth(args: argparse.Namespace) -> None:
 def check_build_sft_set(args: argparse.Namespace) -> None:
     """`emrl build-sft-set`: the atlas folder holds cases; the output path is usable."""
     from emrl_data.reading.atlas import AtlasError, discover_cases
+    from flows.hub_atlas import hub_repo
 
+    try:
+        if hub_repo(str(args.atlas)) is not None:  # the Hub release: listed when the flow starts
+            check_output(args.out)
+            return
+    except ValueError as exc:
+        raise UsageError(str(exc), "e.g. hf://datasets/AbdomenAtlas/AbdomenAtlas3.0Mini --revision main") from None
     atlas = Path(args.atlas)
     if not atlas.is_dir():
         what = "is a file" if atlas.exists() else "does not exist"

@@ -26,6 +26,7 @@ Run by hand: `python tests/fakehub.py --port 8765`, then `HF_ENDPOINT=http://127
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import hashlib
 import json
@@ -41,7 +42,7 @@ from urllib.parse import unquote
 import uvicorn
 import yaml
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 
 DEFAULT_TOKENS = {"hf_fake": "write", "hf_fake_read": "read"}
@@ -95,7 +96,27 @@ class HubState:
     requests: list[str] = field(default_factory=list)
     authorizations: set[str] = field(default_factory=set)
     faults: list[tuple[str, str, int]] = field(default_factory=list)
+    corrupt: dict[str, int] = field(default_factory=dict)  # file path -> downloads still served with a flipped byte
+    served: dict[str, int] = field(default_factory=dict)  # file path -> bytes served by resolve/
+    ranges: list[tuple[str, int]] = field(default_factory=list)  # (file path, first byte) of each Range request
+    bandwidth_bps: float | None = None  # resolve/ sends file bytes at this rate (None: as fast as it can)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def put_dataset(self, repo_id: str, files: dict[str, bytes], title: str = "upload") -> str:
+        """Commit `files` (path -> bytes, every one an LFS object listed with its sha256) on `main` of a public
+        dataset repo, created when missing; files of the previous commit stay. Returns the commit oid."""
+        with self.lock:
+            repo = self.repos.setdefault(("dataset", repo_id), Repo("dataset", repo_id, False))
+            head = repo.commits[repo.branches["main"]].files if "main" in repo.branches else {}
+            tree = dict(head)
+            for path, data in files.items():
+                oid = hashlib.sha256(data).hexdigest()
+                self.blobs[oid] = data
+                self.lfs_blobs.add(oid)
+                tree[path] = oid
+            commit = self.new_commit(repo, repo.branches.get("main"), tree, title)
+            repo.branches["main"] = commit.oid
+            return commit.oid
 
     def fail_next(self, method: str, path_contains: str, status: int) -> None:
         """Make the next `method` request whose path contains `path_contains` answer `status` (once)."""
@@ -472,6 +493,9 @@ def make_app(state: HubState) -> FastAPI:
         if fpath not in commit.files:
             return _err(404, "Entry not found", code="EntryNotFound")
         data = state.blobs[commit.files[fpath]]
+        if request.method == "GET" and state.corrupt.get(fpath, 0) > 0:
+            state.corrupt[fpath] -= 1
+            data = data[:-1] + bytes([data[-1] ^ 0xFF])
         headers = {
             "X-Repo-Commit": commit.oid,
             "ETag": f'"{commit.files[fpath]}"',
@@ -486,10 +510,25 @@ def make_app(state: HubState) -> FastAPI:
             chunk = data[start:stop]
             headers["Content-Range"] = f"bytes {start}-{start + len(chunk) - 1}/{len(data)}"
             headers["Content-Length"] = str(len(chunk))
+            if request.method == "GET":
+                state.ranges.append((fpath, start))
+                state.served[fpath] = state.served.get(fpath, 0) + len(chunk)
             return Response(b"" if request.method == "HEAD" else chunk, status_code=206, headers=headers)
+        if request.method == "GET":
+            state.served[fpath] = state.served.get(fpath, 0) + len(data)
+            if state.bandwidth_bps:
+                return StreamingResponse(_throttled(data, state.bandwidth_bps), headers=headers)
         return Response(b"" if request.method == "HEAD" else data, headers=headers)
 
     return app
+
+
+async def _throttled(data: bytes, bandwidth_bps: float, chunk: int = 1 << 16) -> Any:
+    """`data` in chunks, paced to `bandwidth_bps` bytes per second."""
+    started = time.monotonic()
+    for i in range(0, len(data), chunk):
+        await asyncio.sleep(max(0.0, started + i / bandwidth_bps - time.monotonic()))
+        yield data[i : i + chunk]
 
 
 @dataclass

@@ -380,15 +380,15 @@ def _case_ref(
         return None
     if layout == "split":
         image_dir, mask_dir = root / "image_only", root / "mask_only"
-        return CaseRef(name, root, _nifti(image_dir / name / CT_FILE_STEM), mask_dir / name / "segmentations")
-    return CaseRef(name, root, _nifti(root / name / CT_FILE_STEM), root / name / "segmentations")
+        return CaseRef(name, root, nifti_path(image_dir / name / CT_FILE_STEM), mask_dir / name / "segmentations")
+    return CaseRef(name, root, nifti_path(root / name / CT_FILE_STEM), root / name / "segmentations")
 
 
 def _discovery_rejection(name: str, reason: RejectReason, detail: str, path: str) -> Rejection:
     return Rejection(printable(name), None, "discover", reason, printable(detail), printable(path))
 
 
-def _nifti(stem: Path) -> Path:
+def nifti_path(stem: Path) -> Path:
     """Return `stem.nii.gz`, or `stem.nii` when only that exists (the `.nii.gz` path when neither does)."""
     gz, plain = stem.with_name(stem.name + ".nii.gz"), stem.with_name(stem.name + ".nii")
     return plain if not os.path.lexists(gz) and os.path.lexists(plain) else gz
@@ -771,7 +771,7 @@ def plan_atlas(root: Path, *, limit: int | None = None, test_fraction: float = 0
         )
         for r in refs
     }
-    metadata, meta_rejections = _plan_metadata(root, {r.case_id for r in refs}, warnings)
+    metadata, meta_rejections = plan_metadata(root, {r.case_id for r in refs}, warnings)
     return AtlasPlan(
         discovery.layout,
         tuple(refs),
@@ -783,7 +783,7 @@ def plan_atlas(root: Path, *, limit: int | None = None, test_fraction: float = 0
     )
 
 
-def _plan_metadata(
+def plan_metadata(
     root: Path, wanted: set[str], warnings: list[str]
 ) -> tuple[dict[str, dict[Organ, AtlasOrganMeta]], list[Rejection]]:
     """Read the metadata CSV when present: (rows of the wanted cases, bad_metadata_row rejections).

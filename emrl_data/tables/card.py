@@ -353,13 +353,19 @@ def release_card(card: str, *, repo_id: str, version: str) -> str:
 
 
 def _provenance_table(
-    repo_id: str | None, version: str | None, pipeline_version: str, git_sha: str | None, config_fingerprint: str
+    repo_id: str | None,
+    version: str | None,
+    pipeline_version: str,
+    git_sha: str | None,
+    config_fingerprint: str,
+    atlas_source: str | None = None,
 ) -> str:
-    """Return the provenance table: release, pipeline version, git sha, config fingerprint."""
-    rows = [
-        md_row(["field", "value"]),
-        "| --- | --- |",
-        _release_row(repo_id, version),
+    """Return the provenance table: release, source atlas (when read from the Hub, pinned), pipeline version, git sha,
+    config fingerprint."""
+    rows = [md_row(["field", "value"]), "| --- | --- |", _release_row(repo_id, version)]
+    if atlas_source is not None:
+        rows.append(md_row(["source atlas (pinned commit)", f"`{md_cell(atlas_source)}`"]))
+    rows += [
         md_row(["pipeline version", f"`{md_cell(pipeline_version)}`"]),
         md_row(["git sha", f"`{md_cell(git_sha or 'unknown')}`"]),
         md_row(["config fingerprint", f"`{md_cell(config_fingerprint)}`"]),
@@ -437,6 +443,7 @@ def render_dataset_card(
     repo_id: str | None = None,
     descriptions: Mapping[str, str] | None = None,
     split_bytes: Mapping[str, int] | None = None,
+    atlas_source: str | None = None,
 ) -> str:
     """Return the `README.md` text of a table folder: Hub YAML front matter, then the card body.
 
@@ -461,6 +468,7 @@ def render_dataset_card(
         repo_id: the Hub dataset repo `owner/name` of the release; given exactly when `version` is.
         descriptions: column name -> meaning (plain text; escaped here).
         split_bytes: uncompressed bytes per split (`parquet_split_bytes`); None leaves `num_bytes` out.
+        atlas_source: `hf://datasets/OWNER/NAME@SHA` when the atlas was read from the Hub; None for a folder.
 
     Returns:
         The card text, starting with `---` and ending with a newline.
@@ -479,7 +487,7 @@ def render_dataset_card(
         "## Loading",
         _loading(repo_id, version),
         "## Provenance",
-        _provenance_table(repo_id, version, pipeline_version, git_sha, config_fingerprint),
+        _provenance_table(repo_id, version, pipeline_version, git_sha, config_fingerprint, atlas_source),
         "## Row counts",
         _counts_table(row_counts, splits),
         "## Columns",

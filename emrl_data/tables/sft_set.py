@@ -218,7 +218,7 @@ def write_sft_set_tables(
 def build_summary(
     *,
     provenance: Mapping[str, Any],
-    atlas_root: Path,
+    atlas_root: Path | str,
     output_dir: Path,
     n_cases: int,
     n_resumed: int,

@@ -86,6 +86,7 @@ def finish_table(
         splits=tuple(counts),
         descriptions=column_descriptions(name),
         split_bytes=parquet_split_bytes(table_dir / "data", tuple(counts)),
+        atlas_source=provenance.get("atlas_source"),
     )
     write_text_atomic(card, table_dir / "README.md")
     manifest = table_manifest(table_dir, {**provenance, "row_counts": {s: dict(c) for s, c in counts.items()}})

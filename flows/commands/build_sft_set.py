@@ -20,7 +20,11 @@ def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
         description="Curate an AbdomenAtlas-layout folder into the findings, sft and rejections tables "
         "(Hub layout). Resumable: a rerun with the same settings reuses finished cases.",
     )
-    p.add_argument("atlas", type=Path, help="atlas root (image_only/ + mask_only/, or BDMAP_* folders)")
+    p.add_argument(
+        "atlas",
+        help="atlas root (image_only/ + mask_only/, or BDMAP_* folders), or the Hub release "
+        "hf://datasets/AbdomenAtlas/AbdomenAtlas3.0Mini (read part by part; docs/data.md)",
+    )
     p.add_argument("out", type=Path, help="output folder (findings/, sft/, rejections/, manifest.json)")
     add_settings(p, BUILD_SFT_SET)
     p.set_defaults(func=run, check=check_build_sft_set, prefect=True)

@@ -8,7 +8,7 @@ import pytest
 
 from emrl_data.config import CurateConfig
 from emrl_data.labeling.curate import CaseStore, case_cache_key, curate_case
-from emrl_data.outcome import RejectReason
+from emrl_data.outcome import ARCHIVE_REASONS, RejectReason
 from emrl_data.reading.atlas import plan_atlas
 from emrl_data.synthetic import DEFECTS, QUIRKS, AtlasTruth, CaseSpec, LesionSpec, demo_specs, write_atlas
 from emrl_data.types import Organ
@@ -83,7 +83,11 @@ def test_demo_rejections_are_exactly_the_expected_ones(demo) -> None:
 
 
 def test_every_reason_code_but_unexpected_error_is_produced_by_some_defect() -> None:
-    assert set(DEFECTS.values()) == set(RejectReason) - {RejectReason.UNEXPECTED_ERROR, RejectReason.CASE_TIMEOUT}
+    assert set(DEFECTS.values()) == set(RejectReason) - {
+        RejectReason.UNEXPECTED_ERROR,
+        RejectReason.CASE_TIMEOUT,
+        *ARCHIVE_REASONS,
+    }
 
 
 LESIONS = (

@@ -12,7 +12,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from emrl_data.outcome import RejectReason
+from emrl_data.outcome import ARCHIVE_REASONS, RejectReason
 from emrl_data.reading.atlas import LOCATION_NAMES, ORGAN_STRUCTURES
 from emrl_data.synthetic import (
     ANISOTROPIC_SPACING_MM,
@@ -312,7 +312,11 @@ def test_spec_validation() -> None:
 
 
 def test_defects_cover_every_reject_reason() -> None:
-    assert set(DEFECTS.values()) == set(RejectReason) - {RejectReason.UNEXPECTED_ERROR, RejectReason.CASE_TIMEOUT}
+    assert set(DEFECTS.values()) == set(RejectReason) - {
+        RejectReason.UNEXPECTED_ERROR,
+        RejectReason.CASE_TIMEOUT,
+        *ARCHIVE_REASONS,
+    }
 
 
 def _header_of(path: Path) -> nib.Nifti1Header:

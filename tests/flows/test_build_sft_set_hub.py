@@ -1,0 +1,216 @@
+"""`build-sft-set hf://datasets/…`: the release read from a Hub-protocol server by the real huggingface_hub client.
+
+The fake Hub (tests/fakehub.py) serves a synthetic atlas packed as the release (`emrl_data.synthetic.release`):
+parts of 3 cases under the released names, listed with their sha256 as LFS files.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import huggingface_hub
+import pyarrow.parquet as pq
+import pytest
+from huggingface_hub import constants
+
+from emrl_data.reading.release import part_name
+from emrl_data.synthetic import demo_specs, write_atlas
+from emrl_data.synthetic.release import tar_gz, write_release
+from flows.build_sft_set import build_sft_set_flow
+from tests.fakehub import FakeHub, serve_fake_hub
+
+
+REPO = "AbdomenAtlas/AbdomenAtlas3.0Mini"
+ROOT = f"hf://datasets/{REPO}"
+N_CASES, PART_CASES = 6, 3
+FRAMES = {"frames": {"frame_size_px": 64, "max_frames": 8}}
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, bytes]]:
+    root = tmp_path_factory.mktemp("hub-atlas")
+    write_atlas(root / "atlas", demo_specs(N_CASES))
+    return root / "atlas", write_release(root / "atlas", root / "release", part_cases=PART_CASES)
+
+
+@pytest.fixture
+def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeHub]:
+    with serve_fake_hub() as fake:
+        monkeypatch.setenv("HF_ENDPOINT", fake.url)
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+        monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))
+        monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+        monkeypatch.setattr(constants, "ENDPOINT", fake.url)
+        yield fake
+
+
+def _shards(out: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(out)): p.read_bytes()
+        for table in ("findings", "sft", "rejections")
+        for p in sorted((out / table / "data").glob("*.parquet"))
+    }
+
+
+def _build(out: Path, **kwargs) -> dict:
+    return build_sft_set_flow(atlas_root=ROOT, output_dir=str(out), config=FRAMES, max_workers=2, **kwargs)
+
+
+def _rejections(out: Path) -> list[tuple[str, str, str]]:
+    rows = pq.read_table(next((out / "rejections/data").glob("*.parquet"))).to_pylist()
+    return sorted((r["case_id"], r["step"], r["reason"]) for r in rows)
+
+
+def test_hub_run_equals_the_unpacked_atlas_then_reads_no_part_and_then_only_the_changed_one(
+    prefect_harness, release: tuple[Path, dict[str, bytes]], hub: FakeHub, tmp_path: Path
+) -> None:
+    atlas, files = release
+    sha = hub.state.put_dataset(REPO, files)
+    on_disk = build_sft_set_flow(atlas_root=str(atlas), output_dir=str(tmp_path / "disk"), config=FRAMES)
+
+    summary = _build(tmp_path / "hub", scratch_dir=str(tmp_path / "scratch"))
+    assert _shards(tmp_path / "hub") == _shards(tmp_path / "disk")  # byte for byte
+    assert summary["cases"] == on_disk["cases"] == N_CASES
+    assert summary["hub"]["sha"] == sha and summary["atlas_revision"] == sha
+    assert summary["hub"]["part_pairs"] == 2 and summary["hub"]["parts_read"] == 2
+    assert summary["hub"]["bytes_read"] == sum(len(d) for p, d in files.items() if p.endswith(".tar.gz"))
+    manifest = json.loads((tmp_path / "hub" / "findings" / "manifest.json").read_text())
+    assert manifest["atlas_revision"] == sha
+    assert f"`{ROOT}@{sha}`" in (tmp_path / "hub" / "sft" / "README.md").read_text()
+    assert not any((tmp_path / "scratch").iterdir())  # everything unpacked is gone
+
+    # An unchanged release: no part is read.
+    served = dict(hub.state.served)
+    again = _build(tmp_path / "hub", scratch_dir=str(tmp_path / "scratch"))
+    assert again["hub"]["parts_from_ledger"] == 2 and again["hub"]["bytes_read"] == 0
+    assert {p: n for p, n in hub.state.served.items() if p.endswith(".tar.gz")} == {
+        p: n for p, n in served.items() if p.endswith(".tar.gz")
+    }
+    assert _shards(tmp_path / "hub") == _shards(tmp_path / "disk")
+
+    # A new revision with one changed part (same members, packed again in another order): only that part is read.
+    changed = part_name("mask_only", 4, 6)
+    tar = files[changed]
+    import gzip
+    import io
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(tar))) as t:
+        entries = [(m.name, None if m.isdir() else t.extractfile(m).read()) for m in t.getmembers()]
+    new = tar_gz(list(reversed(entries)))
+    new_sha = hub.state.put_dataset(REPO, {changed: new}, title="repack one part")
+    third = _build(tmp_path / "hub", scratch_dir=str(tmp_path / "scratch"))
+    assert third["hub"]["sha"] == new_sha != sha
+    assert (third["hub"]["parts_read"], third["hub"]["parts_from_ledger"]) == (1, 1)
+    assert third["hub"]["bytes_read"] == len(new) + len(files[part_name("image_only", 4, 6)])
+    assert _shards(tmp_path / "hub") == _shards(tmp_path / "disk")
+
+
+def test_a_part_failing_its_checksum_is_fetched_again_then_its_cases_are_rejected(
+    prefect_harness, release: tuple[Path, dict[str, bytes]], hub: FakeHub, tmp_path: Path
+) -> None:
+    _, files = release
+    hub.state.put_dataset(REPO, files)
+    bad = part_name("image_only", 1, 3)
+    hub.state.corrupt[bad] = 1  # once: the second fetch verifies
+    summary = _build(tmp_path / "once")
+    assert summary["hub"]["parts_failed_verification"] == 0 and summary["cases"] == N_CASES
+
+    hub.state.corrupt[bad] = 2  # twice: the part's cases become rejections, the run goes on
+    summary = _build(tmp_path / "twice")
+    assert summary["hub"]["parts_failed_verification"] == 1
+    rejected = [r for r in _rejections(tmp_path / "twice") if r[2] == "part_checksum_mismatch"]
+    assert rejected == [(f"BDMAP_{i:08d}", "fetch", "part_checksum_mismatch") for i in (1, 2, 3)]
+    assert summary["cases"] == N_CASES  # cases 4-6 curated
+
+
+def test_the_scratch_budget_sets_parts_at_once_and_holds(
+    prefect_harness, release: tuple[Path, dict[str, bytes]], hub: FakeHub, tmp_path: Path
+) -> None:
+    _, files = release
+    hub.state.put_dataset(REPO, files)
+    from emrl_data.reading.release import pair_parts, scratch_need
+    from flows.hub_atlas import resolve_release
+
+    pairs = resolve_release(REPO).pairs
+    need = max(scratch_need(p) for p in pairs)
+    assert pair_parts  # imported for the reader: the pairs come from the listing
+    summary = _build(tmp_path / "one", scratch_budget=str(need))
+    assert summary["hub"]["parts_at_once"] == 1
+    assert 0 < summary["hub"]["peak_scratch_bytes_per_part"] <= need
+    assert all(r["peak_scratch_bytes"] <= need for r in summary["hub"]["per_part"])
+    with pytest.raises(ValueError, match="is below the"):
+        _build(tmp_path / "none", scratch_budget=str(need - 1))
+
+
+def test_a_hub_run_on_dask_workers_equals_threads(
+    prefect_harness, release: tuple[Path, dict[str, bytes]], hub: FakeHub, tmp_path: Path
+) -> None:
+    """The part tasks run unchanged on a Dask LocalCluster (worker processes downloading from the Hub themselves)."""
+    _, files = release
+    hub.state.put_dataset(REPO, files)
+    _build(tmp_path / "thread")
+    summary = _build(tmp_path / "dask", task_runner="dask")
+    assert summary["hub"]["parts_read"] == 2 and summary["cases"] == N_CASES
+    assert _shards(tmp_path / "dask") == _shards(tmp_path / "thread")
+
+
+def test_a_download_killed_mid_part_resumes_where_it_stopped(hub: FakeHub, tmp_path: Path) -> None:
+    """kill -9 of the downloading process after its first MiB; the rerun asks only for the rest (HTTP Range)."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    from emrl_data.reading.release import HubFile
+    from flows.hub_atlas import download_file, resolve_release
+
+    data = bytes(range(256)) * (3 << 12)  # 3 MiB
+    path = part_name("image_only", 1, 3)
+    hub.state.put_dataset(REPO, {path: data, part_name("mask_only", 1, 3): b"m"})
+    url = resolve_release(REPO).url(path)
+    expected = HubFile(path, len(data), hashlib.sha256(data).hexdigest())
+    dest = tmp_path / "image.tar.gz"
+    killer = (
+        "import os, signal, sys\n"
+        "from emrl_data.reading.release import HubFile\n"
+        "from flows.hub_atlas import download_file\n"
+        "f = HubFile(sys.argv[3], int(sys.argv[4]), sys.argv[5])\n"
+        "download_file(sys.argv[1], __import__('pathlib').Path(sys.argv[2]), f,"
+        " on_bytes=lambda n: os.kill(os.getpid(), signal.SIGKILL))\n"
+    )
+    args = [url, str(dest), path, str(len(data)), expected.sha256 or ""]
+    done = subprocess.run([sys.executable, "-c", killer, *args], env=os.environ.copy(), timeout=120)
+    assert done.returncode == -9
+    partial = dest.with_name(dest.name + ".incomplete")
+    left = partial.stat().st_size
+    assert 0 < left < len(data)
+
+    resumed = download_file(url, dest, expected)
+    assert (resumed.resumed_from, resumed.bytes_read) == (left, len(data) - left)
+    assert hub.state.ranges[-1] == (path, left)
+    assert dest.read_bytes() == data and not partial.exists()
+
+
+def test_fetch_atlas_writes_the_released_layout_and_skips_finished_parts(
+    release: tuple[Path, dict[str, bytes]], hub: FakeHub, tmp_path: Path
+) -> None:
+    atlas, files = release
+    hub.state.put_dataset(REPO, files)
+    from flows.fetch_atlas import fetch_atlas
+
+    report = fetch_atlas(tmp_path / "dest", repo_id=REPO, workers=2)
+    assert len(report["fetched"]) == 4 and report["failed"] == [] and report["rejected"] == []
+    for path in sorted(atlas.rglob("*")):
+        rel = path.relative_to(atlas)
+        if path.is_file() and rel.parts[0] in ("image_only", "mask_only", "TrainTestIDS"):
+            assert (tmp_path / "dest" / rel).read_bytes() == path.read_bytes(), rel
+    served = dict(hub.state.served)
+    again = fetch_atlas(tmp_path / "dest", repo_id=REPO, workers=2)
+    assert len(again["skipped"]) == 4 and again["fetched"] == []
+    assert {p: n for p, n in hub.state.served.items() if p.endswith(".tar.gz")} == {
+        p: n for p, n in served.items() if p.endswith(".tar.gz")
+    }
