@@ -184,9 +184,9 @@ def test_a_video_wrapped_once_more_than_in_training_stops_the_probe(endpoint, sf
     start = ids.index(ids[ids.index(max(set(ids), key=ids.count)) - 1])  # the first <|vision_start|>
     end = len(ids) - 1 - ids[::-1].index(ids[start + 1 + PAIR_TOKENS])  # the last <|vision_end|>
     wrapped = ids[:start] + [ids[start]] + ids[start : end + 1] + [ids[end]] + ids[end + 1 :]
-    backend._check_video_layout(httpx.Response(200, json={"prompt_token_ids": ids}))  # the served layout passes
+    probe_module._check_video_layout(backend, {"prompt_token_ids": ids})  # the served layout passes
     with pytest.raises(EndpointProbeError) as caught:
-        backend._check_video_layout(httpx.Response(200, json={"prompt_token_ids": wrapped}))
+        probe_module._check_video_layout(backend, {"prompt_token_ids": wrapped})
     pairs = (len(request.frames_png) + 1) // 2
     assert f"({pairs + 1} vision starts for {pairs} frame pair(s))" in str(caught.value)
     assert caught.value.fix.startswith("start vLLM with the chat template inference.vllm_server writes")
