@@ -1,4 +1,4 @@
-"""Shards -> model inputs: the one place that decides how CT frames reach Qwen3-VL (SPEC §5, `training.md` §4-§6).
+"""Shards -> model inputs: the one place that decides how CT frames reach Qwen3-VL (docs/contract.md#frames, docs/training.md#qwen3-vl-facts-the-code-relies-on).
 
 Owns:
 * `encode_ct_video`: a deterministic, torch-only Qwen3-VL video encoder (no torchvision, no frame resampling, no
@@ -191,7 +191,7 @@ class CTQwen3VLProcessor(Qwen3VLProcessor):
 
     @property
     def vision_token_ids(self) -> list[int]:
-        """Ids of the four vision tokens; a policy must never sample them (`training.md` §6.5)."""
+        """Ids of the four vision tokens; a policy must never sample them (docs/training.md#qwen3-vl-facts-the-code-relies-on)."""
         return [self.image_token_id, self.video_token_id, self.vision_start_token_id, self.vision_end_token_id]
 
     def expand_videos(self, text: Sequence[str], videos: Sequence[Any]) -> tuple[list[str], list[torch.Tensor], list]:
@@ -419,7 +419,7 @@ def load_split(dataset_dir: str | Path, split: str = "train", limit: int | None 
 def to_grpo_dataset(ds: Any) -> Any:
     """Return a GRPO dataset: `prompt` becomes a conversational user turn; every other column is kept.
 
-    The frames are not put into the prompt (Arrow cannot hold them inside messages, `training.md` §6.12):
+    The frames are not put into the prompt (Arrow cannot hold them inside messages, docs/training.md#qwen3-vl-facts-the-code-relies-on):
     `VideoGRPOTrainer` injects the video block at rollout time. Every other column reaches the reward functions.
     """
     return ds.map(lambda r: {"prompt": [{"role": "user", "content": r["prompt"]}]})

@@ -1,4 +1,4 @@
-"""Validated NIfTI reading, canonical RAS orientation and mask placement on the CT grid (SPEC §2, §3).
+"""Validated NIfTI reading, canonical RAS orientation and mask placement on the CT grid (docs/contract.md#input, docs/contract.md#conventions).
 
 The only module that opens image files. `read_nifti` turns one `.nii.gz`/`.nii` file into a validated 3-D array
 over its inflated bytes; `open_case` reads a case's CT, reorients it to canonical RAS `(X, Y, Z)` as views, and
@@ -6,11 +6,11 @@ places every mask on the CT grid on demand (`CaseImages.mask`). Deep code raises
 driver turns it into a rejection row.
 
 Why the gzip stream is validated here and not by a library: SimpleITK 2.5.7 reads a truncated `.nii.gz` without
-error and zero-fills the missing part (SPEC §2). `emrl_data.reading.inflate` parses the header from the first inflated
+error and zero-fills the missing part (docs/contract.md#input). `emrl_data.reading.inflate` parses the header from the first inflated
 bytes and refuses it *before* the image buffer is allocated, then inflates every gzip member with libdeflate (CRC32
 and ISIZE checked) into a reused per-thread buffer of exactly the size the header implies.
 
-Geometry (SPEC §2): the affine is nibabel's (sform if sform_code > 0, else qform if qform_code > 0, else pixdim);
+Geometry (docs/contract.md#input): the affine is nibabel's (sform if sform_code > 0, else qform if qform_code > 0, else pixdim);
 sform/qform/pixdim that disagree beyond `LoadConfig.geometry_rtol` are refused (`geometry_conflict`), voxel sizes
 outside `LoadConfig.spacing_range_mm` too (`implausible_spacing`). Mask placement is decided and verified by
 evidence (`emrl_data.reading.placement`).
@@ -52,7 +52,7 @@ _NIFTI1_SIZEOF_HDR = 348
 _NIFTI2_SIZEOF_HDR = 540
 _NIFTI1_MAGIC = b"n+1\x00"  # single-file NIfTI-1 (`ni1` is the .hdr/.img pair, not a .nii)
 _NIFTI2_MAGIC = b"n+2\x00\r\n\x1a\n"
-_AFFINE_ATOL = 1e-3  # affines "agree" (SPEC §2 alignment rule)
+_AFFINE_ATOL = 1e-3  # affines "agree" (docs/contract.md#input, the placement rule)
 _PERMUTATION_ATOL = 1e-3  # entries of inv(A_ct) @ A_mask within this of 0 / +-1
 _OFFSET_ATOL_VOX = 0.01  # translation within this of an integer voxel offset
 _CHUNK_VOXELS = 1 << 24  # conversions run over slabs of at most ~16 M voxels to bound temporaries
@@ -203,7 +203,7 @@ class CaseImages:
     def mask(self, structure: str) -> np.ndarray | None:
         """Read one structure's mask, place it on the CT grid by evidence, and verify organ masks.
 
-        Placement (SPEC §2, revised 2026-11-30): the same shape as the CT -> voxel for voxel; another grid whose
+        Placement (docs/contract.md#input): the same shape as the CT -> voxel for voxel; another grid whose
         affine maps onto the CT's by a signed axis permutation and an integer offset -> by the headers; the CT's
         affine and a smaller shape -> at the CT's reproduced Mini body crop, only if that box has exactly the
         mask's shape. Organ masks (liver, pancreas, kidney_left/right, ...) are then checked against the CT
