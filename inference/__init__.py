@@ -1,4 +1,4 @@
-"""Inference backends for hard-case mining (issue 3, part 4): a local `transformers` checkpoint or an OpenAI-compatible
+"""Inference backends for hard-case mining: a local `transformers` checkpoint or an OpenAI-compatible
 endpoint behind one interface, and a crash-safe per-row result store with a resumable run loop.
 
 May import torch, transformers, httpx, `emrl_data` and `train.data`; never `flows`. torch and transformers are imported

@@ -277,7 +277,7 @@ class CTQwen3VLProcessor(Qwen3VLProcessor):
         """Save as a standard Qwen3-VL processor: `processor_class` `Qwen3VLProcessor`, image + video processor configs.
 
         The base class writes our class name and no video processor; `train.checkpoint` then rewrites the processor
-        files to the form transformers writes for a real `Qwen3VLProcessor` (issue 15), so `AutoProcessor`, vLLM and
+        files to the form transformers writes for a real `Qwen3VLProcessor`, so `AutoProcessor`, vLLM and
         `transformers serve` see Qwen3-VL. Every save path (`train.sft`, `train.grpo`, `train.tooling.tiny`, the trainers'
         intermediate checkpoints) goes through here.
         """
@@ -292,7 +292,7 @@ class CTQwen3VLProcessor(Qwen3VLProcessor):
     def from_pretrained(cls, path: str | Path, **kwargs: Any) -> CTQwen3VLProcessor:  # type: ignore[override]
         """Load a processor saved by `save_pretrained` (tokenizer, image processor config and chat template).
 
-        Works on standard Qwen3-VL checkpoints (ours since issue 15, and the base model) and on ones saved with the
+        Works on standard Qwen3-VL checkpoints (ours and the base model) and on ones saved with the
         old custom class name; only the tokenizer, the image processor settings and the template are read.
         """
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
