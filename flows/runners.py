@@ -1,4 +1,4 @@
-"""Task-runner choice per flow run: `thread`, `process`, `dask` or `ray` (issue 5, scale-out).
+"""Task-runner choice per flow run: `thread`, `process`, `dask` or `ray` (scale-out).
 
 The flows take a `task_runner` parameter (a plain string, so it fits a deployment's parameter schema and `-p
 task_runner='"process"'`) and build the runner with `make_task_runner` inside the flow body::
@@ -11,13 +11,13 @@ task_runner='"process"'`) and build the runner with `make_task_runner` inside th
 - `process`: `ProcessPoolTaskRunner` (Prefect core, spawn start method); true CPU parallelism on one machine. Task
   arguments and results must pickle, and every worker process talks to the Prefect API, so run it against a real
   server (`PREFECT_API_URL`) or the test harness, never in ephemeral mode (each child would start its own temporary
-  server: `notes/prefect_hub.md` §2.3).
+  server: docs/operations.md#the-ephemeral-mode-trap).
 - `dask`: `prefect_dask.DaskTaskRunner` (extra `pip install -e ".[dask]"`): a local cluster of `max_workers`
   single-threaded worker processes, or an existing scheduler with `address="tcp://host:8786"`.
 - `ray`: `prefect_ray.RayTaskRunner` (extra `pip install -e ".[ray]"`): a local Ray with `max_workers` CPUs, or an
   existing cluster with `address="ray://head:10001"`.
 
-Heap reuse (issue 10): every worker keeps its freed heap instead of handing it back to the OS, so the next case's
+Heap reuse: every worker keeps its freed heap instead of handing it back to the OS, so the next case's
 1.5 GB of inflated volumes land in pages that are already mapped (first-touch page faults cost more than the
 inflate itself on a VM). `reuse_heap` sets glibc's malloc through `mallopt` and is applied when the runner starts its
 workers: in the flow process for `thread` (with one malloc arena: a worker thread in its own arena gets every big

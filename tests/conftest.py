@@ -18,7 +18,7 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Run the session's flows against a temporary SQLite-backed API server (about 8 s to start, once).
 
     Result storage is isolated too: the harness isolates the database but not `$PREFECT_HOME/storage`, so task caches
-    would otherwise leak between sessions (`notes/prefect_hub.md` §2.4). Request it from tests that run flows through
+    would otherwise leak from one pytest run into the next (a second run saw `Cached` states). Request it from tests that run flows through
     the engine (retries, artifacts, `get_run_logger`); `.fn()` tests do not need it.
     """
     with temporary_settings({PREFECT_RESULTS_LOCAL_STORAGE_PATH: tmp_path_factory.mktemp("prefect-results")}):

@@ -1,4 +1,4 @@
-"""The arithmetic of `bench/curate.py`'s summary (issue 10), on constructed samples with exact expected ratios."""
+"""The arithmetic of `bench/curate.py`'s summary, on constructed samples with exact expected ratios."""
 
 from __future__ import annotations
 

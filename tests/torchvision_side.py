@@ -3,7 +3,7 @@
 `transformers serve` (tests/inference/serve_launcher.py) and the stock `AutoProcessor` comparison
 (tests/train/hf_reference.py) need Qwen3-VL's video processor, which requires torchvision. The only PyPI torchvision for
 torch 2.13 (0.28.0) is CUDA-linked: on the CPU torch, `import torchvision` fails on the missing `torchvision::nms`
-operator (`docs/training.md` §6.1). `make test` unpacks it into `DIR` (`--no-deps --target`); a subprocess puts `DIR`
+operator (docs/training.md#qwen3-vl-facts-the-code-relies-on). `make test` unpacks it into `DIR` (`--no-deps --target`); a subprocess puts `DIR`
 on its PYTHONPATH and calls `define_operator_schemas()` before importing it. torchvision in the venv itself would break
 transformers' imports on the CPU box.
 

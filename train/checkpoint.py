@@ -1,6 +1,6 @@
 """Standard Qwen3-VL checkpoint files: what every checkpoint `train/` saves declares, so stock tools load it.
 
-A checkpoint written here is a plain Qwen3-VL checkpoint (issue 15): `processor_class` is `Qwen3VLProcessor` in
+A checkpoint written here is a plain Qwen3-VL checkpoint: `processor_class` is `Qwen3VLProcessor` in
 `processor_config.json` and `tokenizer_config.json`, and the image and video processor configs are present in both
 forms transformers reads:
 

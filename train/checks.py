@@ -1,6 +1,6 @@
 """Input and precision checks of the training CLIs: one-line errors that name the problem and the fix.
 
-Precision rule (SPEC §9 "Numerics", `docs/training.md`): every trainable parameter is fp32 (the master copy);
+Precision rule (docs/contract.md#training-recipe, docs/training.md#precision-fp32-master-weights-on-every-path): every trainable parameter is fp32 (the master copy);
 bf16 is used only for compute (`bf16: true` = autocast / DeepSpeed bf16 with fp32 masters) and, in the LoRA path, for
 frozen weights. AdamW at lr 5e-6 on bf16 weights rounds most updates away (bf16 keeps 8 significant bits, a relative
 step of 2^-9 ≈ 0.2 %), so a bf16 model with a bf16 optimizer state is refused, not trained.

@@ -1,4 +1,4 @@
-"""Shards -> model inputs: the one place that decides how CT frames reach Qwen3-VL (SPEC §5, `training.md` §4-§6).
+"""Shards -> model inputs: the one place that decides how CT frames reach Qwen3-VL (docs/contract.md#frames, docs/training.md#qwen3-vl-facts-the-code-relies-on).
 
 Owns:
 * `encode_ct_video`: a deterministic, torch-only Qwen3-VL video encoder (no torchvision, no frame resampling, no
@@ -191,7 +191,7 @@ class CTQwen3VLProcessor(Qwen3VLProcessor):
 
     @property
     def vision_token_ids(self) -> list[int]:
-        """Ids of the four vision tokens; a policy must never sample them (`training.md` §6.5)."""
+        """Ids of the four vision tokens; a policy must never sample them (docs/training.md#qwen3-vl-facts-the-code-relies-on)."""
         return [self.image_token_id, self.video_token_id, self.vision_start_token_id, self.vision_end_token_id]
 
     def expand_videos(self, text: Sequence[str], videos: Sequence[Any]) -> tuple[list[str], list[torch.Tensor], list]:
@@ -277,7 +277,7 @@ class CTQwen3VLProcessor(Qwen3VLProcessor):
         """Save as a standard Qwen3-VL processor: `processor_class` `Qwen3VLProcessor`, image + video processor configs.
 
         The base class writes our class name and no video processor; `train.checkpoint` then rewrites the processor
-        files to the form transformers writes for a real `Qwen3VLProcessor` (issue 15), so `AutoProcessor`, vLLM and
+        files to the form transformers writes for a real `Qwen3VLProcessor`, so `AutoProcessor`, vLLM and
         `transformers serve` see Qwen3-VL. Every save path (`train.sft`, `train.grpo`, `train.tooling.tiny`, the trainers'
         intermediate checkpoints) goes through here.
         """
@@ -292,7 +292,7 @@ class CTQwen3VLProcessor(Qwen3VLProcessor):
     def from_pretrained(cls, path: str | Path, **kwargs: Any) -> CTQwen3VLProcessor:  # type: ignore[override]
         """Load a processor saved by `save_pretrained` (tokenizer, image processor config and chat template).
 
-        Works on standard Qwen3-VL checkpoints (ours since issue 15, and the base model) and on ones saved with the
+        Works on standard Qwen3-VL checkpoints (ours and the base model) and on ones saved with the
         old custom class name; only the tokenizer, the image processor settings and the template are read.
         """
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
@@ -419,7 +419,7 @@ def load_split(dataset_dir: str | Path, split: str = "train", limit: int | None 
 def to_grpo_dataset(ds: Any) -> Any:
     """Return a GRPO dataset: `prompt` becomes a conversational user turn; every other column is kept.
 
-    The frames are not put into the prompt (Arrow cannot hold them inside messages, `training.md` §6.12):
+    The frames are not put into the prompt (Arrow cannot hold them inside messages, docs/training.md#qwen3-vl-facts-the-code-relies-on):
     `VideoGRPOTrainer` injects the video block at rollout time. Every other column reaches the reward functions.
     """
     return ds.map(lambda r: {"prompt": [{"role": "user", "content": r["prompt"]}]})

@@ -1,4 +1,4 @@
-"""Which Qwen3-VL parameters train in each E-MRL stage (SPEC §9, `training.md` §4 "Freezing recipes").
+"""Which Qwen3-VL parameters train in each E-MRL stage (docs/contract.md#training-recipe, docs/training.md#qwen3-vl-facts-the-code-relies-on).
 
 * SFT: the vision encoder and the projector (merger and DeepStack mergers) train; the LLM and `lm_head` are frozen.
 * GRPO: the projector and the LLM (incl. `lm_head`) train; the ViT (patch/pos embeddings, blocks) is frozen.

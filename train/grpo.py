@@ -1,4 +1,4 @@
-"""E-MRL stage 2: GRPO of Qwen3-VL with the rewards r_e, r_f, r_c (SPEC §7, §9; `training.md` §1, §5, §6).
+"""E-MRL stage 2: GRPO of Qwen3-VL with the rewards r_e, r_f, r_c (docs/contract.md#scoring, docs/contract.md#training-recipe, docs/training.md).
 
 `VideoGRPOTrainer` is TRL 1.16's `GRPOTrainer` plus the CT video: at rollout time each row's frames become a video
 block in its prompt (generation sees them through `CTQwen3VLProcessor`), and the same `pixel_values_videos`,
@@ -330,7 +330,7 @@ class GrpoScriptArguments:
 
 
 def make_grpo_config(processor: CTQwen3VLProcessor, rewards: list[str], **overrides: Any) -> GRPOConfig:
-    """Return a `GRPOConfig` with the paper defaults (SPEC §9), our required settings and `overrides`.
+    """Return a `GRPOConfig` with the paper defaults (docs/contract.md#training-recipe), our required settings and `overrides`.
 
     The reward weights come from `ScoringConfig` (`reward_weights_for`) unless `overrides` gives one per reward.
     """

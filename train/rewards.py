@@ -1,4 +1,4 @@
-"""E-MRL reward functions for TRL's GRPOTrainer: r_e, r_f, r_c over `emrl_data.text.scoring` (SPEC §7, §9).
+"""E-MRL reward functions for TRL's GRPOTrainer: r_e, r_f, r_c over `emrl_data.text.scoring` (docs/contract.md#scoring, docs/contract.md#training-recipe).
 
 TRL calls each reward as `f(prompts=..., completions=..., completion_ids=..., **columns, trainer_state=...,
 log_extra=..., log_metric=...)`, where `columns` are the dataset columns repeated per completion (`organ`, `has_lesion`,
@@ -64,7 +64,7 @@ def _scores(completions: Sequence[Any], kwargs: Mapping[str, Any], cfg: sc.Scori
 
 
 def r_e(completions: Sequence[Any], scoring_config: sc.ScoringConfig | None = None, **kwargs: Any) -> list[float]:
-    """r_e: 1 when the report's lesion claim matches the truth, else 0 (SPEC §7). Logs parse failures."""
+    """r_e: 1 when the report's lesion claim matches the truth, else 0 (docs/contract.md#scoring). Logs parse failures."""
     _, _, scores = _scores(completions, kwargs, scoring_config)
     failures = [s.parse_failure or "" for s in scores]
     if "log_extra" in kwargs:
@@ -75,7 +75,7 @@ def r_e(completions: Sequence[Any], scoring_config: sc.ScoringConfig | None = No
 
 
 def r_f(completions: Sequence[Any], scoring_config: sc.ScoringConfig | None = None, **kwargs: Any) -> list[float]:
-    """r_f: weighted attribute accuracy of the whole report; 1 on a true negative that claims no lesion (SPEC §7)."""
+    """r_f: weighted attribute accuracy of the whole report; 1 on a true negative that claims no lesion (docs/contract.md#scoring)."""
     _, _, scores = _scores(completions, kwargs, scoring_config)
     return [float(s.r_f) for s in scores]
 
@@ -161,7 +161,7 @@ class Verifier:
 
 
 class ConsistencyReward:
-    """r_c: attribute accuracy of the verifier's text on frame k minus the K-Hit window penalty (SPEC §7).
+    """r_c: attribute accuracy of the verifier's text on frame k minus the K-Hit window penalty (docs/contract.md#scoring).
 
     None on true negatives. A completion without a usable key frame (parse failure, no k, k outside 1..N, or a
     report claiming no lesion) scores `scoring.r_c("", None)` = -λ without a verifier query. Identical (row, k)

@@ -1,4 +1,4 @@
-"""E-MRL stage 1: SFT of Qwen3-VL on the `sft` shards, vision encoder + projector only (SPEC §9).
+"""E-MRL stage 1: SFT of Qwen3-VL on the `sft` shards, vision encoder + projector only (docs/contract.md#training-recipe).
 
 The CT frames are one video per row (`train.data`); the loss is on the assistant report (and `<|im_end|>`) only; the
 LLM is frozen but gradients flow through it to the ViT, so activation checkpointing is on (non-reentrant).

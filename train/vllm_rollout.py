@@ -1,4 +1,4 @@
-"""GRPO rollouts and verifier queries through an in-process vLLM engine that carries the CT video (issue 21).
+"""GRPO rollouts and verifier queries through an in-process vLLM engine that carries the CT video.
 
 `VideoGRPOTrainer` (train/grpo.py) uses `VLLMRollout` when the config says `use_vllm: true` (and `vllm_mode:
 colocate`): the engine lives in the training process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), generates the G completions
@@ -15,7 +15,7 @@ What makes the rollout the policy's own:
   max new tokens, the EOS ids, the suppressed vision tokens) and refuses what it cannot map;
 * the weights: `push_weights` loads the policy's tensors by their Hugging Face names (`model.load_weights`) and then
   runs vLLM's `process_weights_after_loading`, without which the CPU backend keeps generating from its packed copies
-  of the old linear weights (`../shared/notes/vllm_cpu.md`); `check_weight_names` refuses, in one line, a policy whose
+  of the old linear weights (docs/training.md#grpo-rollouts-through-vllm); `check_weight_names` refuses, in one line, a policy whose
   tensor names or shapes differ from the checkpoint vLLM loaded.
 
 This module imports vLLM lazily: it is importable (and its checks run) where vLLM is not installed.

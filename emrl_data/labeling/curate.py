@@ -80,7 +80,7 @@ class CaseResult:
 
 
 # Reasons that condemn the whole case when raised without an organ: the grid or geometry itself is wrong, so every
-# mask of the case is suspect (SPEC §2). With `organ` set, any reason costs only that organ's row.
+# mask of the case is suspect (docs/contract.md#input). With `organ` set, any reason costs only that organ's row.
 _CASE_LEVEL_REASONS = frozenset(
     {"mask_grid_mismatch", "mask_orientation_conflict", "geometry_conflict", "implausible_spacing"}
 )
@@ -300,9 +300,9 @@ def _organ_row(
 
 
 def _atlas_columns(labels: OrganLabels, meta: AtlasOrganMeta | None, cfg: CurateConfig) -> dict[str, Any]:
-    """The metadata CSV's values beside ours, and whether they agree (SPEC §4: kept, never silently preferred).
+    """The metadata CSV's values beside ours, and whether they agree (docs/contract.md#labels: kept, never silently preferred).
 
-    Agreement: same lesion count and, for positives, long axis within max(0.5 cm, 20 %) (the size rule of SPEC §7),
+    Agreement: same lesion count and, for positives, long axis within max(0.5 cm, 20 %) (the size rule of docs/contract.md#scoring),
     same location set and same attenuation wherever the CSV states them.
     """
     if meta is None:

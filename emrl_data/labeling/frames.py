@@ -1,4 +1,4 @@
-"""The model's view of one organ: frame selection, crop, voxel -> pixel mapping, PNG rendering (SPEC §3, §5).
+"""The model's view of one organ: frame selection, crop, voxel -> pixel mapping, PNG rendering (docs/contract.md#conventions, docs/contract.md#frames).
 
 The single owner of the voxel (x, y) -> frame pixel (col, row) mapping (`vox_to_px`); every box that reaches a
 frame goes through it (`box_vox_to_px`), and `render_frames` draws the pixels with the same orientation, so a box
@@ -31,7 +31,7 @@ from emrl_data.types import column
 logger = logging.getLogger(__name__)
 
 AIR_HU = -1000  # padding outside the volume: air, black under any abdominal window
-QWEN_GRID = 1000  # Qwen3-VL grounds boxes on a relative 0-1000 grid (SPEC §5)
+QWEN_GRID = 1000  # Qwen3-VL grounds boxes on a relative 0-1000 grid (docs/contract.md#frames)
 _EDGE_EPS = 1e-6  # px; absorbs float error so an exact pixel edge is not floored/ceiled one pixel outward
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_FILTER_UP = 2  # PNG row filter type 2: each byte minus the byte above it (mod 256)
@@ -332,7 +332,7 @@ def encode_png_gray8(image: NDArray[np.uint8], *, level: int = 1) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class FrameSet:
-    """The frames of one organ row and the key-lesion evidence in frame space (SPEC §5).
+    """The frames of one organ row and the key-lesion evidence in frame space (docs/contract.md#frames).
 
     Attributes:
         frame_z_vox: canonical z of each frame; frame k (1-based) shows slice `frame_z_vox[k - 1]`.

@@ -1,11 +1,11 @@
-"""The labels of one organ row (SPEC §4): lesion count, size, volume, location, attenuation, key slice and boxes.
+"""The labels of one organ row (docs/contract.md#labels): lesion count, size, volume, location, attenuation, key slice and boxes.
 
 Called by the per-case driver once per (case, organ) with a `MaskSource` that holds the CT and serves the
 structure masks on the CT grid in canonical RAS voxel order `(x, y, z)`. Everything is measured on that native
 grid with the CT's spacing (no resampling). Defective data raises `CaseDataError`; a missing lesion file is a
 negative row, not an error.
 
-Speed and memory (notes/performance.md): full volumes are only ever reduced (bounding boxes by `any()`
+Speed and memory (docs/scaling.md#what-curation-costs-measured-on-this-machine): full volumes are only ever reduced (bounding boxes by `any()`
 projections), never copied; everything else runs on crops to the organ box, the lesion box or the largest
 lesion's box. HU gathers use crops copied into one shared memory layout and `ravel('K')`, so they never take the
 slow boolean-gather path on Fortran-ordered or flipped views.
@@ -83,7 +83,7 @@ class MaskSource(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class OrganLabels:
-    """The labels of one organ row (SPEC §4). Positions are canonical voxel indices; boxes are half-open.
+    """The labels of one organ row (docs/contract.md#labels). Positions are canonical voxel indices; boxes are half-open.
 
     The lesion fields are about the largest lesion (by volume) and are None on a negative row. Each field but `organ`
     is a column of the organ row (`emrl_data.types.column`: Arrow type and description); the synthetic atlas's ground
@@ -196,7 +196,7 @@ def label_organ(
     *,
     cfg: LabelConfig = LabelConfig(),  # noqa: B008 - frozen dataclass, safe as a shared default
 ) -> OrganLabels:
-    """Compute the labels of one organ row from the masks on the CT's native grid (SPEC §4).
+    """Compute the labels of one organ row from the masks on the CT's native grid (docs/contract.md#labels).
 
     Steps: organ = union of the organ's masks (both kidneys for `kidney`); lesion components are 26-connected
     and those below `cfg.min_lesion_volume_mm3` are dropped; every lesion attribute is about the largest
@@ -467,7 +467,7 @@ def _lesion_labels(
 def _check_organ_hu(source: MaskSource, organ: Organ, files: tuple[str, ...], parenchyma_mean_hu: float) -> None:
     """Refuse this organ (only) when its parenchyma's mean HU is outside the organ's window.
 
-    notes/atlas.md §1.4: always sanity-check the HU inside the organ. The window table is
+    A misplaced mask shows in the HU inside the organ (docs/contract.md#input), so it is always checked. The window table is
     `OrganSpec.mean_hu_window`, the one the placement evidence uses too.
 
     Raises:

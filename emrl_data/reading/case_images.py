@@ -1,4 +1,4 @@
-"""A case's images: the CT in canonical RAS `(X, Y, Z)` and its masks placed on the CT grid on demand (SPEC §2, §3).
+"""A case's images: the CT in canonical RAS `(X, Y, Z)` and its masks placed on the CT grid on demand (docs/contract.md#input, #conventions).
 
 `open_case` reads a case's CT (`emrl_data.reading.nifti`), reorients it to canonical RAS as views, and places every
 mask on the CT grid when asked (`CaseImages.mask`). Mask placement is decided and verified by evidence

@@ -1,14 +1,14 @@
-"""Validated NIfTI reading: one `.nii.gz`/`.nii` file to a validated 3-D array in its storage order (SPEC §2).
+"""Validated NIfTI reading: one `.nii.gz`/`.nii` file to a validated 3-D array in its storage order (docs/contract.md#input).
 
 The only module that decodes image files; `emrl_data.reading.case_images` builds a case's canonical RAS images on
 it. Deep code raises `CaseDataError`; the per-case driver turns it into a rejection row.
 
 Why the gzip stream is validated here and not by a library: SimpleITK 2.5.7 reads a truncated `.nii.gz` without
-error and zero-fills the missing part (SPEC §2). `emrl_data.reading.inflate` parses the header from the first inflated
+error and zero-fills the missing part (docs/contract.md#input). `emrl_data.reading.inflate` parses the header from the first inflated
 bytes and refuses it *before* the image buffer is allocated, then inflates every gzip member with libdeflate (CRC32
 and ISIZE checked) into a reused per-thread buffer of exactly the size the header implies.
 
-Geometry (SPEC §2): the affine is nibabel's (sform if sform_code > 0, else qform if qform_code > 0, else pixdim);
+Geometry (docs/contract.md#input): the affine is nibabel's (sform if sform_code > 0, else qform if qform_code > 0, else pixdim);
 sform/qform/pixdim that disagree beyond `LoadConfig.geometry_rtol` are refused (`geometry_conflict`), voxel sizes
 outside `LoadConfig.spacing_range_mm` too (`implausible_spacing`).
 
@@ -44,7 +44,7 @@ _NIFTI1_SIZEOF_HDR = 348
 _NIFTI2_SIZEOF_HDR = 540
 _NIFTI1_MAGIC = b"n+1\x00"  # single-file NIfTI-1 (`ni1` is the .hdr/.img pair, not a .nii)
 _NIFTI2_MAGIC = b"n+2\x00\r\n\x1a\n"
-AFFINE_ATOL = 1e-3  # affines "agree" (SPEC §2 alignment rule)
+AFFINE_ATOL = 1e-3  # affines "agree" (the alignment rule, docs/contract.md#input)
 _CHUNK_VOXELS = 1 << 24  # conversions run over slabs of at most ~16 M voxels to bound temporaries
 _MAX_LISTED_VALUES = 10
 # NIfTI xyzt_units spatial codes -> factor to millimetres (0 = unknown, taken as mm like ITK does).

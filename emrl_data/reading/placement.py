@@ -1,4 +1,4 @@
-"""Mask placement decided and verified by evidence from the CT itself (SPEC §2, revised 2026-11-30).
+"""Mask placement decided and verified by evidence from the CT itself (docs/contract.md#input).
 
 Headers alone cannot tell a sign-flipped header over identical voxels from truly mirrored voxels, nor an
 offset-free crop from a true origin. This module holds the evidence:

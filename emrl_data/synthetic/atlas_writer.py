@@ -215,7 +215,7 @@ def _expected_rejections(spec: CaseSpec, ct_rel: str, mask_rel: str, folder_rel:
         "missing_organ_mask": (Organ.PANCREAS, f"{mask_rel}/pancreas.nii.gz"),
         "empty_organ_mask": (Organ.PANCREAS, f"{mask_rel}/pancreas.nii.gz"),
         "lesion_outside_organ": (Organ.LIVER, f"{mask_rel}/liver_lesion.nii.gz"),
-        "mask_grid_mismatch": (None, f"{mask_rel}/liver.nii.gz"),  # SPEC §2: rejects the whole case
+        "mask_grid_mismatch": (None, f"{mask_rel}/liver.nii.gz"),  # docs/contract.md#input: rejects the whole case
         "mask_orientation_conflict": (Organ.LIVER, f"{mask_rel}/liver.nii.gz"),
         "implausible_organ_hu": (Organ.PANCREAS, f"{mask_rel}/pancreas.nii.gz"),
         "invalid_case_id": (None, folder_rel),
@@ -298,7 +298,7 @@ def _fmt1(value: float) -> str:
 
 def metadata_columns() -> tuple[str, ...]:
     """Return the metadata CSV's columns: the case columns and every registered organ's, in a deliberately
-    NON-canonical order (sorted by a hash of the name), as readers must parse by name (notes/atlas.md §2.1)."""
+    NON-canonical order (sorted by a hash of the name), as readers must parse by name (docs/contract.md#input)."""
     names = [*_CASE_CSV_COLUMNS, *(c for spec in ORGAN_STRUCTURES.values() for c in spec.csv.as_dict().values())]
     return tuple(sorted(names, key=lambda name: hashlib.sha256(name.encode()).hexdigest()))
 

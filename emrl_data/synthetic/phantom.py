@@ -25,7 +25,7 @@ from emrl_data.synthetic.specs import CaseSpec, LesionSpec
 from emrl_data.types import Organ
 
 
-# --- HU values (notes/atlas.md; typical portal-venous values) -------------------------------------------------
+# --- HU values (typical portal-venous values) -------------------------------------------------
 _AIR_HU = -1024  # clipped to -1000 like the release
 _FAT_HU = -100
 _MUSCLE_HU = 40

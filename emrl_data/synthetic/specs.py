@@ -1,9 +1,9 @@
 """What a synthetic case is: `CaseSpec` (grid, spacing, storage, lesions, quirks, defect, split) and `LesionSpec`.
 
-Quirks (`QUIRKS`), each emitting one real-data trap (notes/atlas.md §1.4):
+Quirks (`QUIRKS`), each emitting one real-data trap (docs/contract.md#input):
 
 * `mask_cropped_grid`: every mask sits on a smaller grid: the body's x/y box and the z range of all written
-  structures (+-1 slice). The masks' affines carry the crop offset, so the affines place them (SPEC §2).
+  structures (+-1 slice). The masks' affines carry the crop offset, so the affines place them (docs/contract.md#input).
 * `flipped_affine_mask`: `kidney_right` is written with a sign-flipped affine (`diag(-1, -1, 1, 1) @ A`, LPS-signed
   over RAS storage, q/sform code 1) over voxel bytes identical to a plain write; readers must take it voxel for
   voxel. Cannot be combined with `mask_cropped_grid` (a cropped mask is placed by its affine).
@@ -11,7 +11,7 @@ Quirks (`QUIRKS`), each emitting one real-data trap (notes/atlas.md §1.4):
   `storage="LPS"` (either one sets both).
 * `anisotropic`: spacing (0.7, 0.9, 3.0) mm instead of the spec's.
 * `empty_lesion_files`: an organ without lesions gets an all-zero `<organ>_lesion` file instead of no file
-  (the release may do either; notes/atlas.md §1.3).
+  (the release may do either; docs/contract.md#input).
 
 Defects (`DEFECTS`) break one file (or the metadata row) of a case so that a reader must reject it with the mapped
 `RejectReason`; `emrl_data.synthetic.truth.CaseTruth.expected_rejections` records the reason, the organ (None for the

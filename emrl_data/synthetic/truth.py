@@ -53,7 +53,7 @@ class ExpectedRejection:
     Attributes:
         reason: the reason code.
         organ: the organ whose file carries the defect, or None when the whole case is affected (CT defects,
-            invalid id, metadata row). A driver may reject the whole case for `mask_grid_mismatch` (SPEC §2):
+            invalid id, metadata row). A driver may reject the whole case for `mask_grid_mismatch` (docs/contract.md#input):
             match on (case, reason) first.
         path: the offending file or folder, relative to the atlas root (posix).
     """

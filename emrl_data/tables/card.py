@@ -53,7 +53,7 @@ TABLE_TASKS: dict[str, list[str]] = {
 DEFAULT_TASKS = ["image-text-to-text"]
 TAGS = ["medical", "ct", "radiology", "tumor", "abdomenatlas", "radgpt", "e-mrl"]
 
-# SPEC §4: what every label column means ("{locations}": each registered organ's location names, `location_prose`).
+# What every label column means (docs/contract.md#labels) ("{locations}": each registered organ's location names, `location_prose`).
 LABEL_DEFINITIONS: tuple[tuple[str, str], ...] = (
     ("`has_lesion`", "the organ's lesion mask has at least one component that survives the noise filter"),
     (
@@ -412,7 +412,7 @@ def location_prose() -> str:
 
 
 def default_label_definitions() -> str:
-    """Return SPEC §4's label table for the organs registered now, with the volume convention."""
+    """Return the label table of docs/contract.md#labels for the organs registered now, with the volume convention."""
     locations = location_prose()
     definitions = [(label, text.replace("{locations}", locations)) for label, text in LABEL_DEFINITIONS]
     return (
@@ -461,7 +461,7 @@ def render_dataset_card(
         pipeline_version: version of the pipeline that built the table.
         git_sha: commit of the pipeline code, or None when unknown (shown as "unknown").
         config_fingerprint: `CurateConfig.fingerprint()` of the run.
-        label_definitions: markdown for the label section; None uses SPEC §4's table.
+        label_definitions: markdown for the label section; None uses the table of docs/contract.md#labels.
         metrics_markdown: Table 1/2 (or other results) as markdown; None leaves the section out.
         splits: the splits of the `default` config; every one must have at least one shard in `data/`.
         version: the release version `X.Y.Z` (the repo tag is `vX.Y.Z`), or None for a local build.

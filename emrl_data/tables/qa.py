@@ -18,7 +18,7 @@ from emrl_data.types import Organ, row_id
 
 # Organ volume agreement with the CSV: RadGPT resamples to 1 mm before counting voxels, so a few % differ.
 VOLUME_REL_TOLERANCE = 0.10
-# Long axis agreement (the size rule of SPEC §7): within max(0.5 cm, 20 %).
+# Long axis agreement (the size rule of docs/contract.md#scoring): within max(0.5 cm, 20 %).
 LONG_AXIS_ABS_CM, LONG_AXIS_REL = 0.5, 0.20
 ATTRIBUTES = ("lesion_count", "long_axis", "location", "attenuation", "organ_volume")
 

@@ -1,4 +1,4 @@
-"""Table schemas: one explicit pyarrow schema per table (SPEC §8), with the Hub `features` each carries.
+"""Table schemas: one explicit pyarrow schema per table (docs/contract.md#outputs), with the Hub `features` each carries.
 
 Each column is declared once, with its Arrow type and description: on the dataclass that computes it
 (`labels.OrganLabels`, `frames.FrameSet`, `scoring.ReportScore`, via `emrl_data.types.column`) or below. Schemas,
@@ -129,7 +129,7 @@ def make_schema(columns: Sequence[tuple[str, pa.DataType, bool, str]]) -> pa.Sch
     """Build a pyarrow schema whose metadata carries the Hub features (key `huggingface` -> `info` -> `features`).
 
     Fields are nullable and carry no field metadata on purpose: `datasets` applies the Hub features only when each
-    field equals the one it derives from them (notes/prefect_hub.md §4.3). Required columns are enforced by
+    field equals the one it derives from them (`datasets` decodes a column as `Image()` from the schema's `huggingface` metadata, key `info`, or from the card). Required columns are enforced by
     `check_required` before writing instead, and described in `schemas/*.schema.json`.
     """
     fields = [pa.field(n, t) for n, t, _, _ in columns]

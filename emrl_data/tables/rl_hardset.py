@@ -1,4 +1,4 @@
-"""The RL hard set: which SFT train rows the SFT model gets wrong (SPEC §1.3), and the `build-rl-hardset` run.
+"""The RL hard set: which SFT train rows the SFT model gets wrong (docs/contract.md#what-the-pipeline-does), and the `build-rl-hardset` run.
 
 The selection follows the paper's rule: a row is hard when the SFT model's report has the wrong existence, any wrong
 attribute (size, location, enhancement) or misses the key slice (K-Hit) — `emrl_data.text.scoring.is_hard`, so "hard" is by construction "low reward

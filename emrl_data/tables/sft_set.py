@@ -1,4 +1,4 @@
-"""The SFT set: which organ rows it holds, and the `build-sft-set` run without its orchestration (SPEC §1.2, §8).
+"""The SFT set: which organ rows it holds, and the `build-sft-set` run without its orchestration (docs/contract.md#what-the-pipeline-does, docs/contract.md#outputs).
 
 The selection (`select_sft_rows`): every lesion-positive organ row of the train split plus negatives sampled per organ
 (`SftConfig.negatives_per_positive`, default 1:1, chosen by a seeded hash so the choice is stable as the atlas grows);

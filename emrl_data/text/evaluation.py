@@ -1,4 +1,4 @@
-"""The paper's evaluation tables from scored predictions, with bootstrap 95 % intervals (SPEC §1.6, §7).
+"""The paper's evaluation tables from scored predictions, with bootstrap 95 % intervals (docs/contract.md#scoring).
 
 Table 1 (detection), per organ: Sen (all positives), Sen <= 2 cm and Sen > 2 cm (by the true long axis in cm as
 reported, `round(long_axis_mm / 10, 1)`), Spec, B-Acc = (Sen + Spec) / 2; and the average B-Acc over organs.

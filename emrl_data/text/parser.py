@@ -1,4 +1,4 @@
-"""Deterministic report parser: E-MRL report text -> the fields the scores compare (SPEC §6-§7).
+"""Deterministic report parser: E-MRL report text -> the fields the scores compare (docs/contract.md#report-format, docs/contract.md#scoring).
 
 `parse_report` reads the policy's output format
 
@@ -7,7 +7,7 @@
 and `parse_free_text` reads text without that frame (the verifier's answer on one slice, a narrative paragraph).
 Both return a `ParsedReport` or a `ParseFailure` with a short reason code. The parser reads every template of
 `emrl_data.text.report` back exactly, the wording of real AbdomenAtlas structured and narrative reports
-(notes/atlas.md §2.4: "Location: hepatic segment 7/8.", "Size: 3.1 x 2.2 cm", "Hypoattenuating",
+(docs/contract.md#scoring: "Location: hepatic segment 7/8.", "Size: 3.1 x 2.2 cm", "Hypoattenuating",
 "hepatic segments 2 and 3", "left kidney", "No tumor observed in the liver, pancreas or kidneys."), and common
 paraphrases ("a 3 cm hypodense mass", "25 mm", "segment VII", "S7", "head of the pancreas", "bilateral").
 

@@ -1,4 +1,4 @@
-"""Report text in the E-MRL format (SPEC §6): deterministic templates, the prompt and the verifier prompt.
+"""Report text in the E-MRL format (docs/contract.md#report-format): deterministic templates, the prompt and the verifier prompt.
 
     <findings>F</findings> || <impression>I</impression> || The key lesion is in image <key_slice>k</key_slice>, <bbox>[x1, y1, x2, y2]</bbox>
 
@@ -17,7 +17,7 @@ from emrl_data.types import Organ
 
 PART_SEPARATOR = " || "
 
-# The paper's verifier prompt, verbatim (SPEC §6).
+# The paper's verifier prompt, verbatim (docs/contract.md#report-format).
 VERIFIER_PROMPT = (
     "Describe the abnormality in this image. Should a tumor be identified, please describe its size, "
     "location and enhancement pattern."

@@ -1,4 +1,4 @@
-"""Scores of a report against the truth of its organ row: one module for mining, GRPO rewards and evaluation (SPEC §7).
+"""Scores of a report against the truth of its organ row: one module for mining, GRPO rewards and evaluation (docs/contract.md#scoring).
 
 Rules (defaults; every threshold is a `ScoringConfig` value):
 
@@ -22,7 +22,7 @@ Decisions:
 * Weights over attributes that do not apply (a positive truth without an attenuation label, say) are renormalised over
   the ones that do.
 * The r_c window: the frames `{k-1, k, k+1}` as an **integer frame set** (frames are discrete; Qwen3-VL fuses frame
-  pairs, SPEC §5), so IoU = 1 at distance 0, 2/4 at distance 1, 1/5 at distance 2, 0 from distance 3. Frames are
+  pairs, docs/contract.md#frames), so IoU = 1 at distance 0, 2/4 at distance 1, 1/5 at distance 2, 0 from distance 3. Frames are
   not clipped at 1 or N (N is not known here; clipping would favour edge frames). A missing key slice -> IoU 0.
 * `total_reward` with `r_c=None` (a true negative, or no verifier text) renormalises over r_e and r_f:
   R = (0.3 r_e + 0.5 r_f) / 0.8, so R stays in the same [0, 1] range on negatives and positives (hard-set mining ranks
@@ -71,7 +71,7 @@ REWARD_NAMES = ("r_e", "r_f", "r_c")  # the order of ScoringConfig.reward_weight
 
 @dataclass(frozen=True, slots=True)
 class ScoringConfig:
-    """Thresholds and weights of the scores (SPEC §7 defaults).
+    """Thresholds and weights of the scores (the defaults of docs/contract.md#scoring).
 
     Attributes:
         size_abs_tol_cm: absolute size tolerance in cm.
@@ -93,7 +93,7 @@ class ScoringConfig:
     box_weight: float = 0.0
 
     def reward_weight_table(self) -> dict[str, float]:
-        """Return `{"r_e": w_e, "r_f": w_f, "r_c": w_c}` (SPEC §7: 0.3, 0.5, 0.2).
+        """Return `{"r_e": w_e, "r_f": w_f, "r_c": w_c}` (docs/contract.md#scoring).
 
         >>> ScoringConfig().reward_weight_table()
         {'r_e': 0.3, 'r_f': 0.5, 'r_c': 0.2}
@@ -305,7 +305,7 @@ def r_e(report: str, truth: Truth, cfg: ScoringConfig = DEFAULT_CONFIG) -> float
 
 
 def r_f(report: str, truth: Truth, cfg: ScoringConfig = DEFAULT_CONFIG) -> float:
-    """Return the findings reward: sum of w * S over size, location, enhancement of the report (SPEC §7).
+    """Return the findings reward: sum of w * S over size, location, enhancement of the report (docs/contract.md#scoring).
 
     On a true negative: 1.0 when the report claims no lesion, else 0.0.
 

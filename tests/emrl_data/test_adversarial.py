@@ -1,4 +1,4 @@
-"""Adversarial inputs (issue 9): every hostile or messy input ends as a row or a rejection naming the file.
+"""Adversarial inputs: every hostile or messy input ends as a row or a rejection naming the file.
 
 Files that cannot be read are made with symlink loops, dangling links and folders where files belong (a real OSError
 even for root) and with chmod 000; under root, which chmod 000 does not stop, the mode-000 tests curate in a forked

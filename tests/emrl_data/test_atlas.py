@@ -1,4 +1,4 @@
-"""Atlas discovery, splits and the metadata CSV (SPEC §2)."""
+"""Atlas discovery, splits and the metadata CSV (docs/contract.md#input)."""
 
 from __future__ import annotations
 

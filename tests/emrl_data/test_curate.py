@@ -167,7 +167,7 @@ def test_case_store_round_trip(tmp_path: Path) -> None:
     [
         # organ set: only that organ, whatever the reason (the HU check, nifti's implausible_organ_hu, ...)
         ("pancreas", RejectReason.MASK_GRID_MISMATCH, [("pancreas", "mask_grid_mismatch")]),
-        # no organ, a grid reason: the whole case (SPEC §2: the grid itself is wrong)
+        # no organ, a grid reason: the whole case (docs/contract.md#input: the grid itself is wrong)
         (None, RejectReason.MASK_GRID_MISMATCH, [(None, "mask_grid_mismatch")]),
         # no organ, another reason while labelling the pancreas: the pancreas
         (None, RejectReason.BAD_MASK_VALUES, [("pancreas", "bad_mask_values")]),

@@ -1,4 +1,4 @@
-"""Tests of emrl_data.reading.nifti: validated reading, canonical orientation, mask placement (SPEC §2, §3)."""
+"""Tests of emrl_data.reading.nifti: validated reading, canonical orientation, mask placement (docs/contract.md#input, docs/contract.md#conventions)."""
 
 from __future__ import annotations
 
@@ -686,7 +686,7 @@ def test_mask_overhanging_ct_grid_with_only_zeros_outside_is_accepted(tmp_path: 
 
 
 def test_mask_with_same_affine_but_smaller_grid_unlike_the_body_crop_is_refused(tmp_path: Path) -> None:
-    # SPEC §2 (revised): identical affines + a smaller mask are placed only at the CT's reproduced Mini body crop;
+    # docs/contract.md#input: identical affines + a smaller mask are placed only at the CT's reproduced Mini body crop;
     # this CT's band (-100 < HU < 100) covers the whole grid, so the box is (6, 5, 4), not the mask's (3, 2, 2).
     ref = _case(tmp_path)
     _save_mask(ref, "spleen", np.ones((3, 2, 2), bool), RAS)
@@ -770,7 +770,7 @@ def test_header_free_text_never_leaves_the_module(tmp_path: Path) -> None:
         assert all(text.decode() not in r for r in returned)
 
 
-# --- one-pass mask check and box (issue 10) ----------------------------------------------------------------------
+# --- one-pass mask check and box ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("shape", [(16, 8, 5), (7, 3, 4)])  # uint64 words, and the uint8 fallback (7*3 % 8 != 0)

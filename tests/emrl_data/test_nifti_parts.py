@@ -1,4 +1,4 @@
-"""Sub-structure masks are value-checked where labelling reads them: inside the largest lesion's box (issue 10).
+"""Sub-structure masks are value-checked where labelling reads them: inside the largest lesion's box.
 
 The file is still inflated whole (CRC32 and size checked); a value other than 0/1 inside the box rejects the organ
 with `bad_mask_values` naming the file, one outside the box cannot change the row and is not read.

@@ -1,5 +1,5 @@
 """Adversarial tests of emrl_data.reading.nifti / inflate / placement: gzip as gzip means it, header-bounded memory,
-trustworthy geometry, mask placement by evidence and reused decode buffers (issue 9 items 6, 7, 10; issue 10)."""
+trustworthy geometry, mask placement by evidence and reused decode buffers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests of emrl_data.text.scoring: every rule of SPEC §7 on constructed reports, incl. negatives and the IoU penalty."""
+"""Tests of emrl_data.text.scoring: every rule of docs/contract.md#scoring on constructed reports, incl. negatives and the IoU penalty."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Special files (issue 25): a named pipe, socket, device or folder anywhere in a case's files never stalls a run.
+"""Special files: a named pipe, socket, device or folder anywhere in a case's files never stalls a run.
 
 Each kind of special file is planted in each position (the CT, a mask a row needs, a lesion file, a mask no row uses,
 an extra file beside the CT, the metadata CSV, a split file, a case-store entry) and must end, in bounded time, as an

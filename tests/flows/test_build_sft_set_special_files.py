@@ -1,4 +1,4 @@
-"""`build-sft-set` never stalls (issue 25): special files end as rejections or warnings, a case past its time bound is
+"""`build-sft-set` never stalls: special files end as rejections or warnings, a case past its time bound is
 abandoned as `case_timeout`, and a full disk (or a file-size limit) fails in one line naming the file, leaving no
 temporary file. Every test runs under a pytest-timeout deadline, so a hang fails it instead of stalling the suite.
 """

@@ -1,5 +1,5 @@
 """`build-sft-set` on a real Dask cluster: a scheduler and workers started as separate OS processes on loopback,
-addressed by their `tcp://` URL exactly as a remote cluster is (issue 13).
+addressed by their `tcp://` URL exactly as a remote cluster is.
 
 What a remote cluster has and a `LocalCluster` hides, these tests have too: workers that are not children of the flow,
 that get the project and the Prefect API only from their environment (`PYTHONPATH`, `PREFECT_API_URL`), and that can

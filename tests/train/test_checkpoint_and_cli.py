@@ -50,7 +50,7 @@ def test_grpo_cli_all_rewards(sft_table, tiny_dir, tmp_path, capsys):
     assert "{'loss': " not in capsys.readouterr().out  # logging_steps 1, but step_logs false: no console dict
     assert (out / "reward_curve.png").exists()
     Qwen3VLForConditionalGeneration.from_pretrained(out)
-    # A GRPO checkpoint is a standard Qwen3-VL one too (issue 15; the full check is in test_standard_checkpoint.py).
+    # A GRPO checkpoint is a standard Qwen3-VL one too (the full check is in test_standard_checkpoint.py).
     for name in ("processor_config.json", "tokenizer_config.json", "preprocessor_config.json",
                  "video_preprocessor_config.json"):  # fmt: skip
         assert json.loads((out / name).read_text())["processor_class"] == "Qwen3VLProcessor", name

@@ -1,11 +1,11 @@
-"""GRPO rollouts through vLLM (issue 21): equal to HF generate on CPU, weights synced, bad settings refused.
+"""GRPO rollouts through vLLM: equal to HF generate on CPU, weights synced, bad settings refused.
 
 The equality tests run the real trainer with the real CPU build of vLLM in the side environment (`make vllm-env`,
 which `make test` installs; `.venv` has no vLLM): `tests/train/grpo_vllm_probe.py` runs there once for the module and
 writes token ids and rewards; the tests here assert on them. Nothing is skipped: a missing side environment fails.
 
 Greedy decoding of a random tiny model in fp32 has near-ties: vLLM's CPU kernels sum in another order than torch's,
-so two logits a few 1e-7 apart can swap after tens of tokens (issue 20 saw 3 of 16 texts diverge after 28-66
+so two logits a few 1e-7 apart can swap after tens of tokens (a run saw 3 of 16 texts diverge after 28-66
 characters at 32 tokens, none at 12). The probe therefore decodes 8 completion tokens and 6 verifier tokens: long
 enough that a stale engine (wrong weights) gives other tokens, short enough to stay clear of the ties.
 """

@@ -1,4 +1,4 @@
-"""Reward adapters on crafted completions return the SPEC §7 values (None where a term does not apply)."""
+"""Reward adapters on crafted completions return the values of docs/contract.md#scoring (None where a term does not apply)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Issue 15: what `train/` saves is a standard Qwen3-VL checkpoint, and the stock processor encodes as we train.
+"""What `train/` saves is a standard Qwen3-VL checkpoint, and the stock processor encodes as we train.
 
 * The saved files: `processor_class` `Qwen3VLProcessor`, the image and video processor configs in the nested form
   (`processor_config.json`) and the standalone form, key sets and class names of the base model.

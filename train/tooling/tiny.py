@@ -3,7 +3,7 @@
 Used by the tests (a ~0.3 M parameter model), by the demo (`make train-smoke`, `make demo`) and by the device check
 (an 8B-shaped model with random weights). The tokenizer is a small byte-level BPE trained here on report-like text
 plus Qwen's 14 special tokens, so token ids of the vision placeholders are the tokenizer's, and the model config is
-built to agree with them (`training.md` §5, tokenizer (A)).
+built to agree with them (docs/training.md#qwen3-vl-facts-the-code-relies-on).
 
     python -m train.tooling.tiny --output_dir runs/tiny-base            # writes model + processor, loadable by from_pretrained
 """
@@ -53,7 +53,7 @@ QWEN_SPECIAL_TOKENS: tuple[str, ...] = (
     "<|video_pad|>",
 )
 
-# Text shapes: "tiny" for tests and the CPU demo, "8b" = Qwen3-VL-8B-Instruct (training.md §4; vocab 151936).
+# Text shapes: "tiny" for tests and the CPU demo, "8b" = Qwen3-VL-8B-Instruct (docs/training.md#qwen3-vl-facts-the-code-relies-on; vocab 151936).
 MODEL_SHAPES: dict[str, dict[str, dict[str, Any]]] = {
     "tiny": {
         "text": {

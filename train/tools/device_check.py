@@ -2,7 +2,7 @@
 
 Qwen3-VL-8B-shaped random model built in memory (no download), 32 frames of 448² (3,136 video tokens), G = 8, up to
 512-token completions. It follows the single-GPU memory plan (`docs/training.md`): fp32 masters for everything that
-trains, bf16 for frozen weights and compute. Budget: it must decide within 6 of the device's 8 minutes
+trains, bf16 for frozen weights and compute. Budget: it must decide within 6 minutes of an 8-minute GPU slot
 (`train/tools/device_check.sh` stops it at 360 s).
 
 * SFT step: ViT + projector train (fp32), the LLM is frozen (bf16).
@@ -22,7 +22,7 @@ trains, bf16 for frozen weights and compute. Budget: it must decide within 6 of 
 Asserts: finite losses, nonzero gradient norms, changed/unchanged parameter groups, >= 1 verifier query in the loop,
 a finite KL, peak memory below the card's capacity (margin printed); and that the processor, saved as `train/` saves
 checkpoints, loads with stock `AutoProcessor` as a `Qwen3VLProcessor` with a `Qwen3VLVideoProcessor` whose encoding
-equals `encode_ct_video` (issue 15; needs torchvision, so skipped with a printed reason under `--tiny`). Prints one
+equals `encode_ct_video` (needs torchvision, so skipped with a printed reason under `--tiny`). Prints one
 JSON line. `--tiny` runs the same code on CPU with the tiny model (suite; the rehearsal).
 
     python3 -m train.tools.device_check --output $OUT/device_check.json
@@ -216,7 +216,7 @@ def _grpo_steps(model: Any, processor: Any, dataset: Any, work: Path, common: di
 
 
 def auto_processor_check(processor: Any, config: Any, work: Path, frames: Any) -> dict[str, Any]:
-    """Save the processor as every `train/` checkpoint is saved; load it back with stock `AutoProcessor` (issue 15).
+    """Save the processor as every `train/` checkpoint is saved; load it back with stock `AutoProcessor`.
 
     Asserts that transformers resolves a `Qwen3VLProcessor` with a `Qwen3VLVideoProcessor` (needs torchvision) and
     that the stock video processor, with the saved settings and `video_metadata` fps = 1, gives the pixels and grid

@@ -1,6 +1,6 @@
 """GPU memory plan of E-MRL GRPO at the paper's shape, computed from the Qwen3-VL-8B model config (not typed by hand).
 
-Shape (SPEC §9): Qwen3-VL-8B, 32 frames of 448² (16 frame pairs x 196 tokens = 3,136 video tokens, ≈3.5k prompt
+Shape (docs/contract.md#training-recipe): Qwen3-VL-8B, 32 frames of 448² (16 frame pairs x 196 tokens = 3,136 video tokens, ≈3.5k prompt
 tokens), 512-token completions, G = 8, verifier on, per-device micro-batch 1, bf16 compute with fp32 master weights.
 Parameter counts come from instantiating the model on the meta device from `train.tooling.tiny.build_config(..., "8b")`.
 

@@ -2,7 +2,7 @@
 
     python -m train.tools.upgrade_checkpoint DIR [DIR ...]      # or: emrl upgrade-checkpoint DIR
 
-Checkpoints saved before issue 15 declare `processor_class: CTQwen3VLProcessor` and have no video processor config,
+Older checkpoints declare `processor_class: CTQwen3VLProcessor` and have no video processor config,
 so `AutoProcessor` returns a bare tokenizer and servers see a text-only model. This sets `Qwen3VLProcessor`, writes
 the image and video processor configs (`train.checkpoint`) and keeps the weights and the tokenizer untouched.
 Idempotent. Exit status: 0 done (or already standard), 2 when a DIR is not a Qwen3-VL checkpoint (one-line error).
