@@ -1,4 +1,4 @@
-"""Flow `build-sft-set`: atlas -> organ rows -> `findings`, `sft` and `rejections` tables (SPEC §8).
+"""Flow `build-sft-set`: atlas -> organ rows -> `findings`, `sft` and `rejections` tables (docs/contract.md#outputs).
 
 discover -> batches of cases (one task each, resumable through a content-keyed case store) -> select the SFT rows ->
 Parquet shards in the Hub layout + `manifest.json` -> artifacts (counts, summary, contact sheet). Thin: this module

@@ -1,4 +1,4 @@
-"""The AbdomenAtlas 3.0 layout on disk: the only module that knows file names and folder layouts (SPEC §2).
+"""The AbdomenAtlas 3.0 layout on disk: the only module that knows file names and folder layouts (docs/contract.md#input).
 
 Two layouts are supported:
 

@@ -109,7 +109,7 @@ class CaseImages:
     def mask(self, structure: str) -> np.ndarray | None:
         """Read one structure's mask, place it on the CT grid by evidence, and verify organ masks.
 
-        Placement (SPEC §2, revised 2026-11-30): the same shape as the CT -> voxel for voxel; another grid whose
+        Placement (docs/contract.md#input): the same shape as the CT -> voxel for voxel; another grid whose
         affine maps onto the CT's by a signed axis permutation and an integer offset -> by the headers; the CT's
         affine and a smaller shape -> at the CT's reproduced Mini body crop, only if that box has exactly the
         mask's shape. Organ masks (liver, pancreas, kidney_left/right, ...) are then checked against the CT
