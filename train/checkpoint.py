@@ -31,6 +31,9 @@ PROCESSOR_FILE = "processor_config.json"
 IMAGE_FILE = "preprocessor_config.json"
 VIDEO_FILE = "video_preprocessor_config.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+# Keys a tokenizer loaded by `from_pretrained` keeps from its load call; transformers does not write them for a
+# tokenizer re-saved by stock `AutoProcessor`, so a checkpoint saved from a loaded model drops them too.
+TOKENIZER_LOAD_KEYS = ("is_local", "local_files_only")
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 # Qwen3-VL's image processor as the base checkpoint has it (the key set `Qwen2VLImageProcessor.to_dict()` writes in
@@ -126,7 +129,7 @@ def write_standard_processor_files(directory: str | Path, image: dict[str, Any] 
 
     Rewrites `processor_config.json` (nested form), writes `preprocessor_config.json` and
     `video_preprocessor_config.json` (standalone form, with `processor_class`), and sets `processor_class` in
-    `tokenizer_config.json` when that file exists. Idempotent: a standard directory is left byte-identical.
+    `tokenizer_config.json` when that file exists (dropping `TOKENIZER_LOAD_KEYS`). Idempotent: a standard directory is left byte-identical.
 
     Args:
         directory: a checkpoint or processor directory.
@@ -149,6 +152,8 @@ def write_standard_processor_files(directory: str | Path, image: dict[str, Any] 
     tok = _read(d / TOKENIZER_CONFIG_FILE)
     if tok is not None:
         tok["processor_class"] = STANDARD_PROCESSOR_CLASS
+        for key in TOKENIZER_LOAD_KEYS:  # how this copy was loaded, not what the tokenizer is
+            tok.pop(key, None)
         texts[TOKENIZER_CONFIG_FILE] = json.dumps(tok, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     changed = []
     for name, text in texts.items():
