@@ -129,7 +129,8 @@ def write_standard_processor_files(directory: str | Path, image: dict[str, Any] 
 
     Rewrites `processor_config.json` (nested form), writes `preprocessor_config.json` and
     `video_preprocessor_config.json` (standalone form, with `processor_class`), and sets `processor_class` in
-    `tokenizer_config.json` when that file exists (dropping `TOKENIZER_LOAD_KEYS`). Idempotent: a standard directory is left byte-identical.
+    `tokenizer_config.json` when that file exists (dropping `TOKENIZER_LOAD_KEYS`). Idempotent: a standard directory
+    is left byte-identical.
 
     Args:
         directory: a checkpoint or processor directory.
