@@ -38,7 +38,7 @@ from prefect.client.schemas.filters import (
 from prefect.logging.handlers import APILogHandler
 
 from emrl_data.tables.card import render_dataset_card
-from flows import publish
+from flows import publish, publish_hub, publish_local
 from flows.publish import (
     FileDigest,
     HubAuthError,
@@ -153,7 +153,7 @@ def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
         "tag_release_task",
         "verify_hub_release_task",
     ):
-        monkeypatch.setattr(publish, name, getattr(publish, name).with_options(retry_delay_seconds=0))
+        monkeypatch.setattr(publish_hub, name, getattr(publish_hub, name).with_options(retry_delay_seconds=0))
 
 
 def _run(**kwargs: Any) -> tuple[dict[str, Any], Any]:
@@ -464,7 +464,7 @@ def test_publish_local_versions_refusal_and_resume(tmp_path: Path, monkeypatch: 
         publish_dataset_flow(table_dir=str(tmp_path / "sft"), version="1.0.0", **common)
 
     # Interrupted after the copy, before the snapshot: the rerun copies nothing and makes the tag.
-    monkeypatch.setattr(publish, "tag_local", _raise_interrupted)
+    monkeypatch.setattr(publish_local, "tag_local", _raise_interrupted)
     with pytest.raises(RuntimeError, match="interrupted before tagging"):
         publish_dataset_flow(table_dir=str(write_table(tmp_path / "sft", V1)), version="1.2.0", **common)
     monkeypatch.undo()
