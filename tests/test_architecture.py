@@ -1,7 +1,8 @@
-"""The architecture holds: import contracts, no import cycle, committed schemas."""
+"""The architecture holds: import contracts, no import cycle, committed schemas, no function over 80 lines."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -11,6 +12,26 @@ from emrl_data.tables.records import SCHEMAS, schema_to_json
 
 
 ROOT = Path(__file__).resolve().parent.parent
+MAX_FUNCTION_LINES = 80
+# The packages whose functions the line limit covers (tests and bench are not product code).
+LINE_LIMIT_PACKAGES = ("emrl_data", "flows", "train", "inference")
+# path::function -> why it may be longer for now.
+LONG_FUNCTION_EXCEPTIONS = {"train/tooling/warmup.py::lm_warmup": "being split elsewhere"}
+
+
+def long_functions(root: Path, packages: tuple[str, ...], limit: int) -> dict[str, int]:
+    """Every function or method of `packages` under `root` longer than `limit` lines (`def` line to its last line,
+    decorators not counted), as `path::name` -> lines."""
+    found = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if lines > limit:
+                        found[f"{path.relative_to(root).as_posix()}::{node.name}"] = lines
+    return found
 
 
 def test_import_contracts_hold() -> None:
@@ -54,3 +75,21 @@ def test_training_library_contract_names_every_module_directly_in_train() -> Non
     assert set(library["source_modules"]) == on_disk
     subpackages = {f"train.{p.parent.name}" for p in (ROOT / "train").glob("*/__init__.py")}
     assert set(library["forbidden_modules"]) == subpackages
+
+
+def test_long_functions_finds_a_constructed_long_function(tmp_path: Path) -> None:
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    body = "\n".join(f"    x{i} = {i}" for i in range(4))
+    (tmp_path / "pkg" / "sub" / "m.py").write_text(
+        f"def five():\n{body}\n\n\n@decorated\ndef four():\n{body[: body.rindex(chr(10))]}\n\n\n"
+        f"class C:\n    async def method(self):\n    {body.replace(chr(10), chr(10) + '    ')}\n"
+    )
+    assert long_functions(tmp_path, ("pkg",), 4) == {"pkg/sub/m.py::five": 5, "pkg/sub/m.py::method": 5}
+
+
+def test_no_function_is_over_80_lines() -> None:
+    found = long_functions(ROOT, LINE_LIMIT_PACKAGES, MAX_FUNCTION_LINES)
+    over = {name: lines for name, lines in found.items() if name not in LONG_FUNCTION_EXCEPTIONS}
+    assert not over, f"functions over {MAX_FUNCTION_LINES} lines (split them at their seams): {over}"
+    stale = sorted(set(LONG_FUNCTION_EXCEPTIONS) - set(found))
+    assert not stale, f"LONG_FUNCTION_EXCEPTIONS lists functions that are no longer long (remove them): {stale}"
