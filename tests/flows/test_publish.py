@@ -11,7 +11,6 @@ import io
 import json
 import logging
 import shutil
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,6 +53,7 @@ from flows.publish import (
     version_tag,
 )
 from tests.fakehub import FakeHub, serve_fake_hub
+from tests.loopback import free_port
 
 
 SECRET = "hf_SECRET_canary_7f3a9c1e"  # a recognisable token: it must reach the Hub and nothing else
@@ -666,9 +666,7 @@ def test_publish_hub_401_after_the_token_check_is_one_line_and_not_retried(hub: 
 def test_publish_hub_unreachable_fails_fast_in_one_line(
     hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with socket.socket() as sock:  # a port nobody listens on
-        sock.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    dead = f"http://127.0.0.1:{free_port()}"  # a port nobody listens on
     monkeypatch.setenv("HF_ENDPOINT", dead)
     with pytest.raises(HubUnreachableError) as caught:
         publish_dataset_flow(table_dir=str(write_table(tmp_path / "sft", V1)), repo_id="emrl/sft-off", version="1.0.0")
