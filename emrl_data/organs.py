@@ -8,7 +8,8 @@ organ.
 Adding an organ is one `register_organ(OrganSpec(...))` call (a permanent one goes in `_BUILT_IN` below); its
 `anatomy` field (an `OrganAnatomy`: HU, ellipsoids, sub-structure regions) is how the synthetic atlas
 (`emrl_data.synthetic`) and the synthetic training rows (`train.tooling.synthetic`) draw it. `tests/emrl_data/test_organs.py`
-registers a spleen and runs the synthetic pipeline end to end for it.
+registers a spleen and runs the synthetic pipeline end to end for it; `tests/test_architecture.py` checks that no other
+module names an organ (what a synthetic defect breaks is the entry's `anatomy.defect_files` too).
 
 `Organ` is the name of a registered organ. It behaves like the former `StrEnum`: `Organ("liver") is Organ.LIVER`,
 `for organ in Organ` lists the registered organs in registration order (the row order of every table), and an organ

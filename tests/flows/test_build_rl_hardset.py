@@ -39,6 +39,7 @@ def _rows(path: Path) -> list[dict]:
     return [r for p in sorted(path.glob("*.parquet")) for r in pq.read_table(p).to_pylist()]
 
 
+@pytest.mark.slow
 def test_rl_hardset_end_to_end_and_resume(sft_out: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = save_tiny(tmp_path / "tiny", seed=0)
     summary = build_rl_hardset_flow(

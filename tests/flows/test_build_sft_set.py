@@ -37,6 +37,7 @@ def _shards(out: Path) -> dict[str, bytes]:
     }
 
 
+@pytest.mark.slow
 def test_flow_end_to_end(prefect_harness, atlas, tmp_path: Path) -> None:
     root, truth = atlas
     out = tmp_path / "out"
@@ -92,6 +93,7 @@ def test_flow_end_to_end(prefect_harness, atlas, tmp_path: Path) -> None:
         assert f"| rejection | {reason} |" in qa
 
 
+@pytest.mark.slow
 def test_flow_is_deterministic_and_resumable(
     prefect_harness, atlas, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

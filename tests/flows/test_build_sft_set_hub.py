@@ -145,6 +145,7 @@ def test_the_scratch_budget_sets_parts_at_once_and_holds(
         _build(tmp_path / "none", scratch_budget=str(need - 1))
 
 
+@pytest.mark.slow
 def test_a_hub_run_on_dask_workers_equals_threads(
     prefect_harness, release: tuple[Path, dict[str, bytes]], hub: FakeHub, tmp_path: Path
 ) -> None:

@@ -391,6 +391,7 @@ def test_a_key_refused_mid_run_stops_at_the_first_batch(
     assert stored == []  # the refused rows are not stored: a rerun with a good key does them
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_mining_promptly_and_the_rerun_resumes(
     sft_out: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -197,6 +197,7 @@ def two_workers(prefect_harness, tmp_path_factory: pytest.TempPathFactory) -> It
     cluster.stop()
 
 
+@pytest.mark.slow
 def test_build_sft_set_on_a_dask_cluster_equals_one_machine(
     reference: tuple[Path, dict[str, bytes]], two_workers: DaskProcesses, tmp_path: Path
 ) -> None:
@@ -272,6 +273,7 @@ class WorkerKiller(threading.Thread):
 
 
 @pytest.mark.parametrize("allowed_failures", [3, 0])
+@pytest.mark.slow
 def test_a_lost_worker_costs_a_retry_not_a_case(
     reference: tuple[Path, dict[str, bytes]], tmp_path: Path, allowed_failures: int
 ) -> None:
@@ -322,6 +324,7 @@ def test_an_address_that_does_not_answer_is_named(tmp_path: Path) -> None:
     assert message.startswith(f"the Dask scheduler at {address} does not answer within 1 s") and "\n" not in message
 
 
+@pytest.mark.slow
 def test_the_cli_names_an_unanswering_cluster_in_two_lines(
     reference: tuple[Path, dict[str, bytes]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -22,6 +22,7 @@ def _rows(folder: Path) -> list[dict]:
     return [r for p in sorted(folder.glob("*.parquet")) for r in pq.read_table(p).to_pylist()]
 
 
+@pytest.mark.slow
 def test_dead_server_then_rerun_predicts_every_row_once_and_never_writes_the_key(
     prefect_harness, tmp_path_factory, monkeypatch, capsys, caplog
 ) -> None:

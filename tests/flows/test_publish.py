@@ -145,7 +145,7 @@ def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, request: pytest.Fixture
 
 @pytest.fixture
 def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Retry the Hub tasks without waiting (the flow looks the tasks up in the module at call time)."""
+    """Retry the Hub tasks without waiting (`publish_hub` looks its tasks up in its module at call time)."""
     for name in (
         "inspect_hub_task",
         "prepare_repo_task",

@@ -162,6 +162,7 @@ def test_thread_runner_runs_in_the_flow_process(prefect_harness) -> None:
     assert all(t["heap_reused"] for t in report["tasks"])  # applied to the flow process when the runner started
 
 
+@pytest.mark.slow
 def test_process_runner_uses_two_worker_processes(prefect_harness, tmp_path: Path) -> None:
     # The first two tasks wait for each other in a rendezvous folder: two worker processes, whatever the load.
     report = runner_smoke_flow(kind="process", max_workers=2, n_tasks=4, seconds=0.0, rendezvous_dir=str(tmp_path))
@@ -205,6 +206,7 @@ def thread_build(prefect_harness, tmp_path_factory: pytest.TempPathFactory) -> t
     reason="build-sft-set has no task_runner parameter yet",
 )
 @pytest.mark.parametrize("kind", ["process", "dask", "ray"])
+@pytest.mark.slow
 def test_build_sft_set_on_worker_processes_equals_threads(
     thread_build: tuple[Path, dict[str, bytes]], tmp_path: Path, kind: str
 ) -> None:

@@ -22,6 +22,7 @@ def test_greedy_is_deterministic(backend, requests3):
     assert len({r.text for r in first}) == 3  # different inputs, different (random-model) texts
 
 
+@pytest.mark.slow
 def test_batch_equals_one_by_one_and_order_is_kept(backend, requests3):
     batched = backend.generate(requests3)  # one left-padded batch of 3 (prompts of 8, 5 and 6 frames)
     single = [backend.generate([r])[0] for r in requests3]
@@ -39,6 +40,7 @@ def test_greedy_settings_and_suppressed_vision_tokens(backend):
     assert backend.processor.tokenizer.padding_side == "left"
 
 
+@pytest.mark.slow
 def test_bad_frames_fail_only_their_row(backend, requests3):
     bad = InferenceRequest("bad/liver", "Describe the liver.", [b"not a png"])
     out = backend.generate([requests3[0], bad, requests3[1]])

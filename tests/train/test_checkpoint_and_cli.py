@@ -11,6 +11,7 @@ from train.data import CTQwen3VLProcessor, user_messages
 from train.sft import main as sft_main
 
 
+@pytest.mark.slow
 def test_sft_cli_then_checkpoint_reloads_and_generates(sft_table, tiny_dir, tmp_path):
     out = tmp_path / "sft"
     sft_main(["--config", "train/configs/sft_tiny.yaml", "--dataset_dir", str(sft_table), "--output_dir", str(out),
@@ -27,6 +28,7 @@ def test_sft_cli_then_checkpoint_reloads_and_generates(sft_table, tiny_dir, tmp_
 
 
 @pytest.mark.parametrize("step_logs", ["true", "false"])
+@pytest.mark.slow
 def test_step_logs_false_keeps_the_metrics_but_not_the_console_dicts(sft_table, tiny_dir, tmp_path, capsys, step_logs):
     """`step_logs: false` (the demo's configs): no per-step metric dict on the console, the same log history on disk."""
     out = tmp_path / "sft"
@@ -39,6 +41,7 @@ def test_step_logs_false_keeps_the_metrics_but_not_the_console_dicts(sft_table, 
     assert "SFT done: 2 steps" in printed
 
 
+@pytest.mark.slow
 def test_grpo_cli_all_rewards(sft_table, tiny_dir, tmp_path, capsys):
     pytest.importorskip("emrl_data.text.scoring")
     from train.grpo import main as grpo_main
@@ -58,6 +61,7 @@ def test_grpo_cli_all_rewards(sft_table, tiny_dir, tmp_path, capsys):
     assert video["video_processor_type"] == "Qwen3VLVideoProcessor" and video["do_sample_frames"] is False
 
 
+@pytest.mark.slow
 def test_device_check_tiny(tmp_path):
     from train.tools.device_check import main as dc_main
 

@@ -72,6 +72,7 @@ def _cli(module, *args):
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_unknown_config_key_is_one_line_error_from_the_real_cli(sft_table, tmp_path):
     unknown = tmp_path / "unknown.yaml"
     unknown.write_text("use_cpu: true\nbf16: false\nlearning_rat: 1.0e-3\n")

@@ -137,6 +137,7 @@ def test_same_norm_noise_fails_the_criterion(runs):
     assert not _learned(gain, se), (gain, se)
 
 
+@pytest.mark.slow
 def test_advantage_correlates_with_logprob_change(policy, tmp_path):
     from train.data import load_split
 

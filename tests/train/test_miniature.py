@@ -80,6 +80,7 @@ def _changed_groups(before, after):
     return {parameter_group(k) for k in before if not torch.equal(before[k], after[k])}
 
 
+@pytest.mark.slow
 def test_every_stage_finishes_and_results_hold_every_model(toy_run):
     out, _ = toy_run
     assert all((out / s / "done.json").exists() for s in STAGES)
@@ -93,6 +94,7 @@ def test_every_stage_finishes_and_results_hold_every_model(toy_run):
         assert (done["steps"], done["start"], done["freezing"]) == (1, "sft", freezing)  # 1 x 2 prompts / 2 rows
 
 
+@pytest.mark.slow
 def test_more_sft_trains_its_own_parameter_groups(toy_run):
     out, _ = toy_run
     sft = _weights(out / "sft")
@@ -100,6 +102,7 @@ def test_more_sft_trains_its_own_parameter_groups(toy_run):
     assert _changed_groups(sft, _weights(out / "more_sft_llm")) == {"llm", "projector"}  # GRPO's freezing
 
 
+@pytest.mark.slow
 def test_a_rerun_skips_every_finished_stage(toy_run):
     out, _ = toy_run
     lines: list[str] = []
@@ -108,6 +111,7 @@ def test_a_rerun_skips_every_finished_stage(toy_run):
     assert all("done earlier" in line for line in lines if line.startswith("=="))
 
 
+@pytest.mark.slow
 def test_seeds_cli_runs_one_folder_per_seed_and_summarises(toy_run, tmp_path, capsys):
     out, _ = toy_run
     (tmp_path / "seed-0").symlink_to(out, target_is_directory=True)  # seed 0 has run: only its eval is read back
@@ -120,6 +124,7 @@ def test_seeds_cli_runs_one_folder_per_seed_and_summarises(toy_run, tmp_path, ca
     assert "| comparison | seed 0 | mean | beyond the interval |" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_trainer_rollouts_at_a_near_zero_temperature_are_the_greedy_reports(toy_run):
     from train.data import load_model_and_processor, load_split, user_messages
     from train.miniature.diagnose import trainer_rollout_groups
@@ -135,6 +140,7 @@ def test_trainer_rollouts_at_a_near_zero_temperature_are_the_greedy_reports(toy_
     assert [len(g) for g in groups] == [2, 2, 2]
 
 
+@pytest.mark.slow
 def test_diagnose_rollouts_cli_writes_both_summaries(toy_run):
     from train.miniature.diagnose import main as diagnose_main
 

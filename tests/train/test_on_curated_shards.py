@@ -39,6 +39,7 @@ def test_sft_step_on_curated_shards(curated: Path, tiny_dir: Path, tmp_path: Pat
     assert (out / "config.json").is_file()
 
 
+@pytest.mark.slow
 def test_grpo_step_on_curated_shards(curated: Path, tiny_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "grpo"
     grpo_main(["--config", "train/configs/grpo_tiny.yaml", "--dataset_dir", str(curated / "sft"),

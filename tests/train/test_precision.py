@@ -21,6 +21,7 @@ class _NonzeroGrads(TrainerCallback):
                 self.masks[name] = param.grad.detach() != 0
 
 
+@pytest.mark.slow
 def test_one_adamw_step_at_5e_6_changes_99_percent_of_weights_with_a_gradient(tiny_dir, sft_table, tmp_path):
     model, processor = load_model_and_processor(tiny_dir, dtype=torch.float32)
     args = make_sft_config(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2, learning_rate=5e-6,

@@ -213,6 +213,7 @@ def _row_inputs(proc, row):
                                     tokenize=True, return_dict=True, return_tensors="pt")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_grpo_rollout_greedy_completion_equals_plain_generate(greedy_rollout):
     trainer, rows, out = greedy_rollout
     model, proc = trainer.accelerator.unwrap_model(trainer.model), trainer.processing_class

@@ -151,6 +151,7 @@ def test_claim_check_compares_gaps_with_interval_half_widths():
     assert claim["claim_holds"] is True
 
 
+@pytest.mark.slow
 def test_sft_cli_warmup_cap_is_a_one_line_error(sft_table, tmp_path, capsys):
     from train.checks import run_cli
     from train.tooling.demo_sft import main as sft_main
