@@ -7,6 +7,8 @@ parts of 3 cases under the released names, listed with their sha256 as LFS files
 from __future__ import annotations
 
 import json
+import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -127,6 +129,34 @@ def test_a_part_failing_its_checksum_is_fetched_again_then_its_cases_are_rejecte
     assert summary["cases"] == N_CASES  # cases 4-6 curated
 
 
+class _DiskSampler:
+    """The most bytes the files under `root` held at once, sampled every 5 ms from another thread."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.peak_bytes = root, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.005):
+            total = 0
+            for folder, _, names in os.walk(self.root):  # a folder removed mid-walk is skipped, not raised
+                for name in names:
+                    try:
+                        total += os.stat(os.path.join(folder, name)).st_size
+                    except FileNotFoundError:  # removed between the listing and the stat
+                        pass
+            self.peak_bytes = max(self.peak_bytes, total)
+
+    def __enter__(self) -> _DiskSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def test_the_scratch_budget_sets_parts_at_once_and_holds(
     prefect_harness, release: tuple[Path, dict[str, bytes]], hub: FakeHub, tmp_path: Path
 ) -> None:
@@ -138,7 +168,11 @@ def test_the_scratch_budget_sets_parts_at_once_and_holds(
     pairs = resolve_release(REPO).pairs
     need = max(scratch_need(p) for p in pairs)
     assert pair_parts  # imported for the reader: the pairs come from the listing
-    summary = _build(tmp_path / "one", scratch_budget=str(need))
+    hub.state.bandwidth_bps = max(len(d) for d in files.values()) / 1.5  # downloads long enough to be sampled
+    with _DiskSampler(tmp_path / "scratch") as sampled:
+        summary = _build(tmp_path / "one", scratch_dir=str(tmp_path / "scratch"), scratch_budget=str(need))
+    hub.state.bandwidth_bps = None
+    assert 0 < sampled.peak_bytes <= need  # measured on disk, beside the run's own accounting
     assert summary["hub"]["parts_at_once"] == 1
     assert 0 < summary["hub"]["peak_scratch_bytes_per_part"] <= need
     assert all(r["peak_scratch_bytes"] <= need for r in summary["hub"]["per_part"])
@@ -176,7 +210,6 @@ def test_a_hub_run_on_dask_workers_equals_threads(
 def test_a_download_killed_mid_part_resumes_where_it_stopped(hub: FakeHub, tmp_path: Path) -> None:
     """kill -9 of the downloading process after its first MiB; the rerun asks only for the rest (HTTP Range)."""
     import hashlib
-    import os
     import subprocess
     import sys
 
@@ -219,7 +252,7 @@ def test_a_run_killed_mid_part_resumes_that_part_and_reads_no_finished_one(
     finds the first pair in the part ledger (no byte read), asks only for the rest of the interrupted archive (HTTP
     Range) and writes the shards the unpacked atlas gives.
     """
-    import os
+
     import signal
     import subprocess
     import sys
