@@ -110,7 +110,7 @@ def test_checks_catch_constructed_defects(tmp_path: Path) -> None:
     doc = "# Decisions\n## Labels\n## Thin flows (issue 12, items 2)\n## Ctrl-C (session 4)\n```\n# #3 in code\n```\n"
     assert work_item_headings(doc) == ["## Thin flows (issue 12, items 2)", "## Ctrl-C (session 4)"]
     assert slug("Operations: the `emrl` command and local Prefect") == "operations-the-emrl-command-and-local-prefect"
-    assert slug("Label definitions (RadGPT §4)") == "label-definitions-radgpt-4"
+    assert slug("Labels: size (mm) & attenuation") == "labels-size-mm--attenuation"
     assert anchors("# A\n## A\n## B c\n") == {"a", "a-1", "b-c"}
     (tmp_path / "x.md").write_text("# Here\n[ok](#here) [bad](#there) [gone](y.md) [web](https://e.org/#z)\n")
     assert broken_links(tmp_path / "x.md") == ["#there (no heading #there in x.md)", "y.md (no file y.md)"]

@@ -5,7 +5,7 @@ Two layouts are supported:
 * split (as released): `image_only/<id>/ct.nii.gz` + `mask_only/<id>/segmentations/<structure>.nii.gz`
 * combined (RadGPT's): `<id>/ct.nii.gz` + `<id>/segmentations/<structure>.nii.gz`
 
-Files may also be uncompressed `.nii`. Structure names are spelled as released (notes/atlas.md §1.3).
+Files may also be uncompressed `.nii`. Structure names are spelled as released (docs/contract.md#input).
 
 Every entry that looks like a case ends as a `CaseRef` or a `Rejection`; every other entry inside a layout folder is
 named in a discovery warning (docs/decisions.md, "Atlas robustness").
