@@ -67,10 +67,14 @@ def text_files(root: Path) -> list[str]:
     """The repository's text files (tracked, and new ones not ignored), relative to `root`, sorted."""
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=root, capture_output=True, text=True, check=True,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.splitlines()
     return sorted(
-        rel for rel in set(listed)
+        rel
+        for rel in set(listed)
         if (Path(rel).suffix in TEXT_SUFFIXES or Path(rel).name in TEXT_NAMES) and (root / rel).is_file()
     )
 
@@ -172,7 +176,7 @@ def test_history_scan_names_each_kind_and_honours_the_allow_list() -> None:
     text = (
         "See SPEC §4 and notes/atlas.md (issue 21; the issue saw it).\n"
         "Measured on 2026-12-01 at 04:12 UTC within an 8-minute GPU slot of device time.\n"
-        "In session 4 we did it; its own session and scope=\"session\" are fine; mask_only/notes/x.txt too.\n"
+        'In session 4 we did it; its own session and scope="session" are fine; mask_only/notes/x.txt too.\n'
         "Model gpt-x-2024-07-18 answered.\n"
     )
     allowed = (("r.md", r"gpt-x-2024-07-18", "a model name"),)
