@@ -15,6 +15,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.test_docs import anchors, broken_links
 
 
@@ -65,13 +67,12 @@ CONSTRUCTED = {
 
 def text_files(root: Path) -> list[str]:
     """The repository's text files (tracked, and new ones not ignored), relative to `root`, sorted."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.splitlines()
+    run = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=root, capture_output=True, text=True
+    )
+    if run.returncode != 0:
+        raise RuntimeError(f"{root}: the file list comes from git, and `git ls-files` failed: {run.stderr.strip()}")
+    listed = run.stdout.splitlines()
     return sorted(
         rel
         for rel in set(listed)
@@ -199,6 +200,19 @@ def test_unused_allowances_are_named(tmp_path: Path) -> None:
     (tmp_path / "a.md").write_text("model m-2024-07-18\n")
     allowed = (("a.md", r"m-2024-07-18", "model"), ("a.md", r"gone", "stale"), ("b.md", r".", "no file"))
     assert unused_allowances(tmp_path, ["a.md"], allowed) == ["a.md: gone", "b.md: ."]
+
+
+def test_text_files_are_the_repositorys_text_files_git_does_not_ignore(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    for name in ("a.py", "Makefile", "ignored.md", "image.png", "docs/b.md"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("")
+    (tmp_path / ".gitignore").write_text("ignored.md\n")
+    assert text_files(tmp_path) == [".gitignore", "Makefile", "a.py", "docs/b.md"]
+    with pytest.raises(RuntimeError, match="git ls-files` failed"):
+        text_files(tmp_path_factory.mktemp("not-a-checkout"))
 
 
 # The checks, on the repository.
