@@ -5,8 +5,8 @@ history (a work item, a revision date, a document that is not in the repository)
 written in any text file, backticked or not: `docs/contract.md#scoring`, `train/grpo.py`, `docs/data.md, "Outputs"`.
 A path must exist; an anchor must be a heading of the target (GitHub's slugs: `tests/test_docs.py`'s `anchors`); a
 quoted title must appear in the target. (b) History: "SPEC", `notes/...`, "§", "issue N", work-session wording, ISO
-dates and clock times of runs, the device budget; `ALLOWED` lists each place that must keep such a text, with its
-reason. Reads files only (about 1 s).
+dates and clock times of runs, the device budget, a brief, a revision, a PR or commit; `ALLOWED` lists each place that
+must keep such a text, with its reason. Reads files only (a few seconds).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ HISTORY = {
     "date": re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b"),
     "clock time": re.compile(r"\b[0-2]\d:[0-5]\d UTC\b"),
     "device budget": re.compile(r"\bGPU slot\b|\bdevice (?:time|budget)\b", re.IGNORECASE),
+    "work item": re.compile(r"\b(?:the|this|a) brief\b|\brevised\b|\bPR ?#\d+|\bcommit [0-9a-f]{7,}\b", re.IGNORECASE),
 }
 # "session" in its technical senses: a process session (setsid), a pytest fixture scope, a test session.
 TECHNICAL_SESSION = re.compile(
@@ -179,6 +180,7 @@ def test_history_scan_names_each_kind_and_honours_the_allow_list() -> None:
         "Measured on 2026-12-01 at 04:12 UTC within an 8-minute GPU slot of device time.\n"
         'In session 4 we did it; its own session and scope="session" are fine; mask_only/notes/x.txt too.\n'
         "Model gpt-x-2024-07-18 answered.\n"
+        "An addition to the brief, revised in PR #7 (commit 0123abcd); an AI-unrevised file.\n"
     )
     allowed = (("r.md", r"gpt-x-2024-07-18", "a model name"),)
     assert history_findings(text, "r.md", allowed) == [
@@ -192,6 +194,10 @@ def test_history_scan_names_each_kind_and_honours_the_allow_list() -> None:
         "r.md:2: device budget: GPU slot",
         "r.md:2: device budget: device time",
         "r.md:3: session: session",
+        "r.md:5: work item: the brief",
+        "r.md:5: work item: revised",
+        "r.md:5: work item: PR #7",
+        "r.md:5: work item: commit 0123abcd",
     ]
     assert history_findings(text.splitlines()[3], "other.md", allowed) == ["other.md:1: date: 2024-07-18"]
 
