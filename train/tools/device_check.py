@@ -2,8 +2,8 @@
 
 Qwen3-VL-8B-shaped random model built in memory (no download), 32 frames of 448² (3,136 video tokens), G = 8, up to
 512-token completions. It follows the single-GPU memory plan (`docs/training.md`): fp32 masters for everything that
-trains, bf16 for frozen weights and compute. Budget: it must decide within 6 minutes of an 8-minute GPU slot
-(`train/tools/device_check.sh` stops it at 360 s).
+trains, bf16 for frozen weights and compute. It must finish within 6 minutes (`train/tools/device_check.sh` stops it
+at 360 s, `DEVICE_CHECK_TIMEOUT_S`).
 
 * SFT step: ViT + projector train (fp32), the LLM is frozen (bf16).
 * The SFT trainer is freed (no reference cycle keeps it) before GRPO; the same model object goes on: no save/reload.
