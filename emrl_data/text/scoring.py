@@ -375,8 +375,18 @@ def r_c(verifier_text: str, key_slice: int | None, truth: Truth, cfg: ScoringCon
     """
     if not truth.has_lesion:
         return None
+    return _paper_r_c(verifier_text, key_slice, truth, cfg)
+
+
+def _paper_r_c(verifier_text: str, key_slice: int | None, truth: Truth, cfg: ScoringConfig) -> float:
+    """Return sum of w * S(verifier text) - lambda * (1 - IoU(window(k), window(k_true))) on a positive row."""
     attributes = _attribute_sum(parse_free_text(verifier_text, truth.organ), truth, cfg)
-    return attributes - cfg.iou_penalty * (1.0 - window_iou(key_slice, truth.key_slice))
+    return attributes - _window_term(key_slice, truth, cfg)
+
+
+def _window_term(key_slice: int | None, truth: Truth, cfg: ScoringConfig) -> float:
+    """Return lambda * (1 - IoU(window(k), window(k_true))) on a positive row."""
+    return cfg.iou_penalty * (1.0 - window_iou(key_slice, truth.key_slice))
 
 
 def box_iou(a: Sequence[float] | None, b: Sequence[float] | None) -> float:
@@ -481,10 +491,9 @@ def consistency_reward(
             return 1.0
         answer = parse_free_text(text, truth.organ) if text is not None else None
         return (1.0 if isinstance(answer, ParsedReport) and not answer.has_lesion else 0.0) - distance
-    distance = cfg.iou_penalty * (1.0 - window_iou(k, truth.key_slice))
     if cfg.cross_view == "distance_only":
-        return -distance
-    value = _attribute_sum(parse_free_text(text or "", truth.organ), truth, cfg) - distance
+        return -_window_term(k, truth, cfg)
+    value = _paper_r_c(text or "", k, truth, cfg)
     if cfg.box_weight > 0 and k is not None and truth.key_slice is not None:
         if abs(k - truth.key_slice) <= cfg.k_hit_window:
             value += cfg.box_weight * box_iou(pred.bbox, truth_bbox)
