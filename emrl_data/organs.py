@@ -11,7 +11,7 @@ Adding an organ is one `register_organ(OrganSpec(...))` call (a permanent one go
 registers a spleen and runs the synthetic pipeline end to end for it; `tests/test_architecture.py` checks that no other
 module names an organ (what a synthetic defect breaks is the entry's `anatomy.defect_files` too).
 
-`Organ` is the name of a registered organ. It behaves like the former `StrEnum`: `Organ("liver") is Organ.LIVER`,
+`Organ` is the name of a registered organ. It behaves like a `StrEnum`: `Organ("liver") is Organ.LIVER`,
 `for organ in Organ` lists the registered organs in registration order (the row order of every table), and an organ
 compares, hashes and serialises as its name.
 """

@@ -17,7 +17,7 @@ from prefect.testing.utilities import prefect_test_harness
 
 @pytest.fixture(scope="session")
 def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Run the session's flows against a temporary SQLite-backed API server (about 8 s to start, once).
+    """Run the test session's flows against a temporary SQLite-backed API server (about 8 s to start, once).
 
     Result storage is isolated too: the harness isolates the database but not `$PREFECT_HOME/storage`, so task caches
     would otherwise leak from one pytest run into the next (a second run saw `Cached` states). Request it from tests that run flows through
@@ -30,7 +30,7 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Qwen3-VL checkpoint built locally from a config (seed 0; nothing downloaded), shared by the session."""
+    """A tiny Qwen3-VL checkpoint built locally from a config (seed 0; nothing downloaded), shared by every test of the run."""
     from train.tooling.tiny import save_tiny  # torch and transformers: only for the tests that ask for it
 
     return save_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0)

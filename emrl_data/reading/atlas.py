@@ -5,10 +5,10 @@ Two layouts are supported:
 * split (as released): `image_only/<id>/ct.nii.gz` + `mask_only/<id>/segmentations/<structure>.nii.gz`
 * combined (RadGPT's): `<id>/ct.nii.gz` + `<id>/segmentations/<structure>.nii.gz`
 
-Files may also be uncompressed `.nii`. Structure names are spelled as released (notes/atlas.md §1.3).
+Files may also be uncompressed `.nii`. Structure names are spelled as released (docs/contract.md#input).
 
 Every entry that looks like a case ends as a `CaseRef` or a `Rejection`; every other entry inside a layout folder is
-named in a discovery warning (docs/decisions.md, "Atlas robustness").
+named in a discovery warning (docs/decisions.md#reading-the-atlas).
 
 This module holds the plan of a run (`plan_atlas`) and re-exports the parts it is made of, one module each:
 discovery of cases (`atlas_cases`), the CSV reader (`atlas_csv`), the split files (`atlas_splits`) and the metadata
