@@ -108,6 +108,7 @@ class VideoGRPOTrainer(GRPOTrainer):
         from train.vllm_rollout import (  # noqa: PLC0415
             RankLayout,
             VLLMRollout,
+            check_host_kv_space,
             check_prompt_lengths,
             check_served_checkpoint,
             check_weight_names,
@@ -133,6 +134,10 @@ class VideoGRPOTrainer(GRPOTrainer):
         layout = RankLayout.from_env(cuda=not cpu)
         fraction = engine_memory_fraction(self.args.vllm_gpu_memory_utilization, layout,
                                           checkpoint_bytes(path, dtype), device_bytes(not cpu))  # fmt: skip
+        if cpu:
+            import psutil  # noqa: PLC0415
+
+            check_host_kv_space(layout, checkpoint_bytes(path, dtype), psutil.virtual_memory().available)
         distributed = self.accelerator.num_processes > 1
         if distributed:
             self._check_ranks_agree(path, shapes)

@@ -456,6 +456,27 @@ def engine_memory_fraction(total: float, layout: RankLayout, weight_bytes: int, 
     return share
 
 
+def check_host_kv_space(layout: RankLayout, weight_bytes: int, available_bytes: int,
+                        env: Mapping[str, str] | None = None) -> None:  # fmt: skip
+    """CPU: vLLM sizes each engine's KV cache by `VLLM_CPU_KVCACHE_SPACE` (GiB, per engine; the side environment
+    sets 1) rather than by the fraction; refuse, in one line, when the engines of the host's ranks cannot all fit.
+
+    Raises:
+        TrainConfigError: naming the setting, the need and what is available.
+    """
+    env = os.environ if env is None else env
+    space = env.get("VLLM_CPU_KVCACHE_SPACE", "")
+    if not space:
+        return
+    need = layout.sharing_device * (int(space) * 2**30 + weight_bytes)
+    if need > available_bytes:
+        raise TrainConfigError(
+            f"VLLM_CPU_KVCACHE_SPACE={space} (GiB per engine): the {layout.sharing_device} ranks of this host need "
+            f"{need / 2**30:.2f} GiB for their engines' KV caches and weights, {available_bytes / 2**30:.2f} GiB is "
+            "available; lower VLLM_CPU_KVCACHE_SPACE or run fewer ranks per host."
+        )
+
+
 def device_bytes(cuda: bool) -> int:
     """Total memory of this rank's device: the GPU's, or on CPU the host's (what vLLM's CPU worker takes its
     fraction of)."""

@@ -3,9 +3,9 @@
 `tests/train/vllm_ranks_probe.py` runs under `accelerate launch` (the shipped `train/launch/{ddp,zero2,zero3}.yaml`
 with `num_processes: 2`, `use_cpu: true`, `mixed_precision: no`) in the vLLM side environment, plus DeepSpeed from
 `.cache/vllm-deepspeed` (`make vllm-deepspeed`), on the tiny servable Qwen3-VL and two rows (one prompt per rank,
-G = 2). One launch per stage serves every assert below; the 1-rank reference runs the same global batch as two
+G = 2; two sampled steps). One launch per stage serves every assert below; the 1-rank reference runs the same global batch as two
 micro-batches (`gradient_accumulation_steps: 2`). Tolerances: the pushed weights of ZeRO-2/3 equal DDP's within 1e-6
-(one step of Adam at lr 5e-2 moves them by ~5e-2; the stages reduce gradients in other orders); rewards equal the
+(two steps of Adam at lr 3e-3 move them by ~6e-3; the stages reduce gradients in other orders); rewards equal the
 1-rank run's within 1e-6. Greedy completions are compared token for token (8 tokens, verifier 6: clear of the fp32
 near-ties, see tests/train/test_grpo_vllm.py). `ddp_timeout: 120` and a subprocess timeout bound every launch.
 """
@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from train.checks import TrainConfigError
-from train.vllm_rollout import RankLayout, check_ranks_agree, engine_memory_fraction
+from train.vllm_rollout import RankLayout, check_host_kv_space, check_ranks_agree, engine_memory_fraction
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,8 +89,8 @@ def test_after_a_sampled_step_and_a_sync_each_ranks_vllm_answers_as_its_policy(s
         assert r["vllm_verifier"] == r["hf_verifier"], r["rank"]  # the verifier's answer on this rank's key frame
         # An engine never synced after the step still answers with the start-up weights: another completion.
         assert r["before_row"] != r["hf_row"], r["rank"]
-        assert r["pushes"] == 1  # the sync after the step (the start-up push came before the recording)
-    assert ranks[0]["hf_row"] != ranks[1]["hf_row"]  # each rank generated its own row
+        assert r["pushes"] == 3  # at start-up, before step 2 and after it
+    assert ranks[0]["before_row"] != ranks[1]["before_row"]  # each rank generated its own row
 
 
 @pytest.mark.slow
@@ -120,7 +120,7 @@ def test_two_ranks_reward_what_one_rank_rewards_on_the_same_global_batch(setup) 
     for stage in STAGES:
         r0, r1 = _run(setup, stage)["ranks"]
         assert r0["rewards"] == r1["rewards"] == pytest.approx(one["rewards"], rel=0, abs=1e-6), stage
-    assert len(one["rewards"]) == 1 and one["world"] == 1
+    assert len(one["rewards"]) == 2 and one["world"] == 1  # step 2 rolled out with step 1's update
 
 
 @pytest.mark.slow
@@ -184,3 +184,15 @@ def test_the_8_gpu_vllm_launcher_checks_first_and_reserves_the_planned_share() -
         "(vllm_gpu_memory_utilization 0.16)"
     )
     assert '"${VLLM_FRACTION:-0.16}"' in text and zero2["fits_141"]
+
+
+def test_cpu_engines_whose_kv_caches_do_not_fit_the_host_are_refused() -> None:
+    host = RankLayout(world=2, sharing_device=2)
+    check_host_kv_space(host, GIB // 2, 4 * GIB, {"VLLM_CPU_KVCACHE_SPACE": "1"})  # 2 x 1.5 GiB fits 4 GiB
+    check_host_kv_space(host, GIB // 2, GIB, {})  # not set: vLLM sizes by the fraction, checked above
+    with pytest.raises(TrainConfigError) as err:
+        check_host_kv_space(host, GIB // 2, 2 * GIB, {"VLLM_CPU_KVCACHE_SPACE": "1"})
+    assert str(err.value) == (
+        "VLLM_CPU_KVCACHE_SPACE=1 (GiB per engine): the 2 ranks of this host need 3.00 GiB for their engines' KV "
+        "caches and weights, 2.00 GiB is available; lower VLLM_CPU_KVCACHE_SPACE or run fewer ranks per host."
+    )

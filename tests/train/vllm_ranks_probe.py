@@ -5,8 +5,8 @@
 
 Each rank builds the real trainer (`use_vllm: true`, `rollout_seed: prompt`: each request's sampling seed is a
 function of its prompt, so one rank and two ranks draw the same completions for the same global batch), records its
-engine's greedy completion of its own row before training, runs one sampled GRPO step whose rollouts and verifier
-queries come from its own engine, syncs, and writes `OUT/rank<r>.json`: its row's greedy completion and its verifier
+engine's greedy completion of its own row before training, runs two sampled GRPO steps whose rollouts come from its
+own engine (step 2's after the sync of step 1's update), syncs again, and writes `OUT/rank<r>.json`: its row's greedy completion and its verifier
 answer from vLLM and from HF `generate` of the updated policy (ZeRO-3: gathered), a digest of the tensors the sync
 pushed and one of the engine's weights after it (and before training), the logged rewards. Rank 0 also writes the
 pushed tensors (`OUT/pushed.safetensors`) so a test can compare ZeRO-3's push with DDP's.
@@ -40,8 +40,8 @@ GROUP = 2
 
 def _args(out: Path, accumulation: int) -> GRPOConfig:
     return GRPOConfig(output_dir=str(out), num_generations=GROUP, per_device_train_batch_size=GROUP,
-                      gradient_accumulation_steps=accumulation, steps_per_generation=1, max_steps=1, beta=0.0,
-                      max_completion_length=COMPLETION_TOKENS, learning_rate=5e-2, logging_steps=1, use_cpu=True,
+                      gradient_accumulation_steps=accumulation, steps_per_generation=1, max_steps=2, beta=0.0,
+                      max_completion_length=COMPLETION_TOKENS, learning_rate=3e-3, logging_steps=1, use_cpu=True,
                       bf16=False, report_to="none", save_strategy="no", loss_type="grpo", seed=0, use_vllm=True,
                       vllm_mode="colocate", vllm_gpu_memory_utilization=0.1, vllm_max_model_length=2048,
                       disable_tqdm=True, ddp_timeout=120)  # fmt: skip
@@ -56,11 +56,13 @@ def _digest(tensors: dict) -> str:
 
 
 def _engine_digest(worker) -> str:
-    """Run in vLLM's worker: a digest of every tensor its model holds (parameters, buffers and the CPU kernels'
-    packed weights, which are plain tensor attributes)."""
+    """Run in vLLM's worker: a digest of every weight its model holds (parameters, buffers and the CPU kernels'
+    packed weights, which are plain tensor attributes; not the KV cache, which holds this rank's own rows)."""
     h = hashlib.sha256()
     for mod_name, module in worker.model_runner.model.named_modules():
         for attr, value in sorted(vars(module).items()):
+            if "cache" in attr:
+                continue
             tensors = value.items() if attr in ("_parameters", "_buffers") else [(attr, value)]
             for name, t in sorted(tensors, key=lambda kv: kv[0]):
                 if isinstance(t, torch.Tensor) and t.numel() > 0 and t.dtype.is_floating_point:
@@ -148,14 +150,14 @@ def main(model_dir: str, table: str, out_dir: str, fault: str = "") -> None:
     _inject_fault(fault, rank)
     ds = load_split(table, "train")
 
-    def r_length(completions, **kw):
-        return [float(len(c[0]["content"]) % 7) for c in completions]
+    def r_length(completions, **kw):  # longer is better: the steps move the policy away from stopping early
+        return [float(len(c[0]["content"])) for c in completions]
 
     trainer = build_grpo_trainer(model_dir, ds, _args(out / "trainer", accumulation=2 // world),
                                  reward_funcs=[r_length])  # fmt: skip
     trainer.rollout_seed = "prompt"
     row = dict(ds[rank])
-    frame = frames_to_array(row["frames"])[row["key_slice_frame"] - 1]
+    frame = frames_to_array(row["frames"])[(row["key_slice_frame"] or 1) - 1]  # a negative row: the first frame
     pushed = _record_pushes(trainer)
     before = {"row": _vllm_greedy_row(trainer, row, COMPLETION_TOKENS)[1],
               "engine": trainer.vllm.llm.collective_rpc(_engine_digest)[0]}  # fmt: skip
