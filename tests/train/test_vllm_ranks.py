@@ -4,9 +4,10 @@
 with `num_processes: 2`, `use_cpu: true`, `mixed_precision: no`) in the vLLM side environment, plus DeepSpeed from
 `.cache/vllm-deepspeed` (`make vllm-deepspeed`), on the tiny servable Qwen3-VL and two rows (one prompt per rank,
 G = 2; two sampled steps). One launch per stage serves every assert below; the 1-rank reference runs the same global batch as two
-micro-batches (`gradient_accumulation_steps: 2`). Tolerances: the pushed weights of ZeRO-2/3 equal DDP's within 1e-6
-(two steps of Adam at lr 3e-3 move them by ~6e-3; the stages reduce gradients in other orders); rewards equal the
-1-rank run's within 1e-6. Greedy completions are compared token for token (8 tokens, verifier 6: clear of the fp32
+micro-batches (`gradient_accumulation_steps: 2`). Tolerances: the pushed weights of ZeRO-2/3 equal DDP's within 1e-4
+(two steps of Adam at lr 3e-3 move them by up to 6e-3, a stale push would differ by that much; the stages reduce
+gradients in other orders, and Adam's first steps divide a tiny gradient by its own size: measured 2e-7 for ZeRO-2,
+5e-5 for ZeRO-3 in a rarely used embedding row, <= 4e-6 elsewhere); rewards equal the 1-rank run's within 1e-6. Greedy completions are compared token for token (8 tokens, verifier 6: clear of the fp32
 near-ties, see tests/train/test_grpo_vllm.py). `ddp_timeout: 120` and a subprocess timeout bound every launch.
 """
 
@@ -111,7 +112,9 @@ def test_zero_stages_push_what_ddp_pushes(setup, stage) -> None:
     other = load_file(str(_run(setup, stage)["out"] / "pushed.safetensors"))
     assert sorted(other) == sorted(ddp)  # every tensor of the checkpoint, ZeRO-3's gathered in layer groups
     assert all(other[k].shape == ddp[k].shape for k in ddp)
-    assert max(float((other[k] - ddp[k]).abs().max()) for k in ddp) <= 1e-6
+    assert max(float((other[k] - ddp[k]).abs().max()) for k in ddp) <= 1e-4
+    start = load_file(str(setup["model"] / "model.safetensors"))  # what a stale or skipped group would push
+    assert max(float((ddp[k] - start[k].float()).abs().max()) for k in ddp) >= 3e-3
 
 
 @pytest.mark.slow
