@@ -177,12 +177,12 @@ def vllm_rank_plan(n_gpus_multi: int = 8, card_gib: float = 139.0) -> list[dict[
     lora_trained = c["lora"] + c["projector"]
     host = host_plan(n)
     rows = [
-        (f"ZeRO-2 on {n} GPUs, full parameters, rollouts on vLLM on every rank",
+        (f"ZeRO-2 on {n} GPUs, vLLM on every rank",
          (2 * total + 4 * trainable / n, 6 * trainable / n, 8 * trainable / n, 2 * total), rows_full, 0, host[1]),
-        (f"ZeRO-3 on {n} GPUs, full parameters, rollouts on vLLM on every rank",
+        (f"ZeRO-3 on {n} GPUs, vLLM on every rank",
          ((2 * total + 4 * trainable) / n, 6 * trainable / n, 8 * trainable / n, 2 * total / n), rows_full, layer,
          host[2]),
-        (f"LoRA r={shape.lora_rank} on {n} GPUs (DDP), rollouts on vLLM on every rank",
+        (f"LoRA r={shape.lora_rank}, DDP on {n} GPUs, vLLM on every rank",
          (2 * total + 4 * lora_trained, 4 * lora_trained, 8 * lora_trained, 2 * c["projector"]), rows_lora, 0,
          {k: n * v for k, v in host[3].items()}),
     ]  # fmt: skip
@@ -193,7 +193,7 @@ def vllm_rank_plan(n_gpus_multi: int = 8, card_gib: float = 139.0) -> list[dict[
                  "kv_cache": 0, "gather": gather, "vllm": fraction * card_gib * GIB}  # fmt: skip
         gib = {k: v / GIB for k, v in parts.items()}
         gib["total"] = sum(gib.values())
-        out.append({"path": f"{name} (vllm_gpu_memory_utilization {fraction:.2f})", "rows_per_call": n_rows, **gib,
+        out.append({"path": f"{name} ({fraction:.2f})", "rows_per_call": n_rows, **gib,
                     "fits_80": gib["total"] < 80 * 0.9, "fits_141": gib["total"] < 139 * 0.9,
                     "host_gib_per_node": host_row["host_gib_per_node"],
                     "host_gib_per_node_before": host_row["before"]})  # fmt: skip
@@ -232,9 +232,8 @@ def markdown(n_gpus_multi: int = 8) -> str:
         "Gradients under ZeRO include DeepSpeed's fp32 copy of the gradient partition; the reference is bf16. "
         f"Generation as it runs: 'rows' is what one generate call holds per GPU (per-device batch x accumulation of "
         f"the path's config), each row's bf16 KV cache is {kv_row:.2f} GiB; 'gathered' is the full bf16 model ZeRO-3 "
-        "gathers for each generate call; 'vLLM' is what vLLM reserves beside the trainer (its bf16 weights and the KV "
-        "cache of the same rows, as a fraction of an H200's 139 GiB), replacing the HF KV cache; the total adds every "
-        "column. Host: GiB of host memory per node while the models load, besides the checkpoint's page cache (in "
+        "gathers for each generate call; 'vLLM' is vLLM's reservation beside the trainer (bf16 weights + the same rows' "
+        "KV cache; the path names its fraction of an H200), replacing the HF KV cache; the total adds every column. Host: GiB of host memory per node while the models load, besides the checkpoint's page cache (in "
         "brackets: before the policy loaded onto the GPU and the reference became bf16; `host_plan`).",
         "",
         "| path | weights | gradients | AdamW | reference | activations | rows per call | KV cache | gathered | vLLM "
