@@ -109,17 +109,31 @@ def _relaunch(args: argparse.Namespace, argv: list[str] | None) -> int:
         config = Path(tmp) / "ddp_cpu.yaml"
         config.write_text(yaml.safe_dump(acc))
         accelerate = Path(sys.executable).parent / "accelerate"
-        cmd = [
-            str(accelerate),
-            "launch",
-            "--config_file",
-            str(config),
-            __file__,
-            *(sys.argv[1:] if argv is None else argv),
-        ]
-        return subprocess.run(
-            cmd, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        ).returncode
+        script_args = sys.argv[1:] if argv is None else argv
+        cmd = [str(accelerate), "launch", "--config_file", str(config), __file__, *script_args]
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), SHARED_DIR: tmp}
+        return subprocess.run(cmd, env=env).returncode
+
+
+SHARED_DIR = "EMRL_BENCH_SHARED_DIR"  # the ranks' common folder: one checkpoint path for every engine (checked)
+
+
+def _inputs(tmp: Path, args: argparse.Namespace, rank: int, world: int) -> tuple[Path, Path]:
+    """Rank 0 writes the tiny checkpoint and the rows into the shared folder; the other ranks wait for them."""
+    from train.tooling.synthetic import write_sft_table  # noqa: PLC0415
+    from train.tooling.tiny import save_tiny  # noqa: PLC0415
+
+    tiny, table, done = tmp / "tiny", tmp / "sft", tmp / "inputs.done"
+    if rank == 0:
+        save_tiny(tiny, seed=0)
+        write_sft_table(table, n_train=args.prompts * world, n_test=0, n_frames=args.frames, size_px=args.frame_px)
+        done.write_text("ok")
+    deadline = time.monotonic() + 600
+    while not done.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank}: rank 0 wrote no inputs to {tmp} in 600 s")
+        time.sleep(0.5)
+    return tiny, table
 
 
 def _step_seconds(seconds: float) -> float:
@@ -170,8 +184,6 @@ def main(argv: list[str] | None = None) -> int:
         return _relaunch(args, argv)
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     from train.data import load_split  # noqa: PLC0415
-    from train.tooling.synthetic import write_sft_table  # noqa: PLC0415
-    from train.tooling.tiny import save_tiny  # noqa: PLC0415
     from train.vllm_rollout import prompt_token_counts  # noqa: PLC0415
 
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -180,11 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             print(line, flush=True)
 
-    with tempfile.TemporaryDirectory() as tmp_name:
-        tmp = Path(tmp_name)
-        tiny = save_tiny(tmp / "tiny", seed=0)
-        table = write_sft_table(tmp / "sft", n_train=args.prompts * world, n_test=0, n_frames=args.frames,
-                                size_px=args.frame_px)  # fmt: skip
+    with tempfile.TemporaryDirectory() as own:
+        tmp = Path(os.environ.get(SHARED_DIR, own))
+        tiny, table = _inputs(tmp, args, rank, world)
         ds = load_split(table, "train")
         hf = _trainer(tiny, ds, tmp / "hf", False, args, verifier_tokens=16)
         vl = _trainer(tiny, ds, tmp / "vllm", True, args, verifier_tokens=16)
