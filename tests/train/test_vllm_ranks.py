@@ -183,9 +183,7 @@ def test_the_8_gpu_vllm_launcher_checks_first_and_reserves_the_planned_share() -
     assert text.index("-m train.checks") < text.index("accelerate launch")
     assert "--use_vllm true --vllm_mode colocate --vllm_tensor_parallel_size 1" in text
     zero2 = vllm_rank_plan(8)[0]
-    assert zero2["path"].startswith("ZeRO-2 on 8 GPUs") and zero2["path"].endswith(
-        "(vllm_gpu_memory_utilization 0.16)"
-    )
+    assert zero2["path"] == "ZeRO-2 on 8 GPUs, vLLM on every rank (0.16)"  # the fraction of an H200 per rank
     assert '"${VLLM_FRACTION:-0.16}"' in text and zero2["fits_141"]
 
 

@@ -29,6 +29,7 @@ from trl import GRPOConfig
 
 from emrl_data.text.report import VERIFIER_PROMPT
 from tests.train.grpo_vllm_probe import _until_eos, _vllm_greedy_row, _vllm_verifier
+from train.checks import run_cli
 from train.data import frames_to_array, load_split, user_messages, verifier_messages
 from train.grpo import build_grpo_trainer
 
@@ -185,4 +186,4 @@ def main(model_dir: str, table: str, out_dir: str, fault: str = "") -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    run_cli(lambda argv: main(*argv), sys.argv[1:5])  # a refusal ends in one `error:` line, as train.grpo does
