@@ -8,7 +8,7 @@ export PREFECT_HOME ?= $(CURDIR)/.prefect-home
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 
-.PHONY: venv demo test lint schemas bench train-smoke miniature miniature-seeds clean
+.PHONY: venv demo test test-fast lint schemas bench train-smoke miniature miniature-seeds clean
 
 venv: $(VENV)/.installed
 
@@ -82,6 +82,15 @@ test: venv $(SIDE_TV)/.installed $(VLLM_ENV)/.installed $(DEEPSPEED) $(VLLM_DS)/
 	$(BIN)/lint-imports
 	$(BIN)/mypy emrl_data
 	$(BIN)/pytest -q
+
+# The inner loop: lint, import contracts, mypy and every test that needs no side environment (torchvision, vLLM,
+# DeepSpeed: marker `side_env`) and is not marked `slow`. `make test` stays the whole suite.
+test-fast: venv
+	$(BIN)/ruff check emrl_data flows train inference tests bench
+	$(BIN)/ruff format --check emrl_data flows train inference tests bench
+	$(BIN)/lint-imports
+	$(BIN)/mypy emrl_data
+	$(BIN)/pytest -q -m "not slow and not side_env"
 
 lint: venv
 	$(BIN)/ruff check emrl_data flows train inference tests bench

@@ -8,6 +8,11 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Self
 
 
+# The hard set's cap: the default of `target_size` in `select_hard_rows`, the `build-rl-hardset` flow and its
+# `--target-size` option (the paper's hard set has about 2K rows: docs/contract.md#what-the-pipeline-does).
+HARD_SET_SIZE = 2000
+
+
 @dataclass(frozen=True, slots=True)
 class LabelConfig:
     """How labels of an organ row are computed (docs/contract.md#labels)."""

@@ -36,6 +36,7 @@ __all__ = [
     "OrganTable",
     "PartRegion",
     "PLAUSIBLE_ORGAN_VOLUME_CM3",
+    "defect_files",
     "organ_spec",
     "register_organ",
     "registry_version",
@@ -164,12 +165,16 @@ class OrganAnatomy:
             has no sub-structures or its mask files are its parts (the kidney sides).
         side_locations: the location a synthetic training row names for a lesion drawn on the image's left / right
             half (`train.tooling.synthetic`); None: the organ's first / last location name (`side_locations`).
+        defect_files: the synthetic atlas' defects and quirks (`emrl_data.synthetic.specs`: `DEFECTS`, `QUIRKS`)
+            that act on one of this organ's files, each with that file's stem (an organ mask or the lesion mask;
+            `bad_metadata_row` breaks the organ's metadata-CSV count instead). Each belongs to one organ.
     """
 
     hu: int
     shapes: tuple[tuple[str, Ellipsoid], ...]
     parts: tuple[PartRegion, ...] = ()
     side_locations: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+    defect_files: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -272,6 +277,12 @@ class OrganSpec:
             raise ValueError(
                 f"OrganSpec {self.name}: anatomy.parts draws {sorted(regions)}; the parts are {sorted(part_files)}."
             )
+        broken = {file for _, file in anatomy.defect_files}
+        if not broken <= {*self.organ_masks, self.lesion_mask}:
+            raise ValueError(
+                f"OrganSpec {self.name}: anatomy.defect_files breaks {sorted(broken)}; its files are "
+                f"{[*self.organ_masks, self.lesion_mask]}."
+            )
         for side in anatomy.side_locations or ():
             if not set(side) <= set(self.location_names):
                 raise ValueError(
@@ -333,6 +344,12 @@ _BUILT_IN: tuple[OrganSpec, ...] = (
                 PartRegion(file="liver_segment_8", u=(0.05, math.inf), v=(0.0, math.inf), w=(0.0, math.inf)),
             ),
             side_locations=(("5", "8"), ("2",)),
+            defect_files=(
+                ("lesion_outside_organ", "liver_lesion"),
+                ("mask_grid_mismatch", "liver"),
+                ("mask_orientation_conflict", "liver"),
+                ("bad_metadata_row", "liver"),
+            ),
         ),
     ),
     OrganSpec(
@@ -375,6 +392,11 @@ _BUILT_IN: tuple[OrganSpec, ...] = (
                 PartRegion(file="pancreas_tail", u=(-math.inf, -1.0 / 3.0)),
             ),
             side_locations=(("head",), ("body", "tail")),
+            defect_files=(
+                ("missing_organ_mask", "pancreas"),
+                ("empty_organ_mask", "pancreas"),
+                ("implausible_organ_hu", "pancreas"),
+            ),
         ),
     ),
     OrganSpec(
@@ -413,6 +435,7 @@ _BUILT_IN: tuple[OrganSpec, ...] = (
                 ("kidney_right", ((0.42, -0.38, -0.30), (0.14, 0.16, 0.22))),
                 ("kidney_left", ((-0.42, -0.38, -0.30), (0.14, 0.16, 0.22))),
             ),
+            defect_files=(("mask_values", "kidney_right"), ("flipped_affine_mask", "kidney_right")),
         ),
     ),
 )
@@ -495,3 +518,13 @@ ORGAN_STRUCTURES: Mapping[Organ, OrganSpec] = ORGANS  # .organ_masks, .lesion_ma
 LOCATION_NAMES: OrganTable[tuple[str, ...]] = OrganTable(lambda spec: spec.location_names)
 PLAUSIBLE_ORGAN_VOLUME_CM3: OrganTable[tuple[float, float]] = OrganTable(lambda spec: spec.plausible_volume_cm3)
 METADATA_COLUMNS: OrganTable[dict[str, str]] = OrganTable(lambda spec: spec.csv.as_dict())
+
+
+def defect_files() -> dict[str, tuple[Organ, str]]:
+    """Return every synthetic defect or quirk that acts on an organ's file: name -> (organ, file stem), from the
+    registered organs' `OrganAnatomy.defect_files`. A CT defect or a case-level quirk is not in it."""
+    return {
+        name: (organ, file)
+        for organ, spec in ORGANS.items()
+        for name, file in (spec.anatomy.defect_files if spec.anatomy is not None else ())
+    }

@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from emrl_data import __version__
 from emrl_data.atomic_write import write_json_atomic, write_text_atomic
+from emrl_data.config import HARD_SET_SIZE
 from emrl_data.tables.records import PREDICTION_TRUTH_COLUMNS
 from emrl_data.tables.rl_hardset import (
     SPLITS,
@@ -179,7 +180,7 @@ def build_rl_hardset_flow(
     first_byte_timeout_s: float = 120.0,
     answer_timeout_s: float = 300.0,
     splits: list[str] | None = None,
-    target_size: int = 2000,
+    target_size: int = HARD_SET_SIZE,
     rows_per_call: int = 4,
     max_new_tokens: int = 256,
     max_concurrency: int = 8,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from emrl_data.config import FrameConfig, SftConfig
+from emrl_data.config import HARD_SET_SIZE, FrameConfig, SftConfig
 from flows.prefect_env import PROJECT_ROOT
 
 
@@ -165,7 +165,8 @@ BUILD_RL_HARDSET = (
     *ENDPOINT,
     Setting("split", "--split", "all", "", "predict the rows of this split only; test: evaluate a (served or hosted) "
             "model on the test split, no hard set", choices=("all", "train", "test"), flow=False),
-    Setting("target_size", "--target-size", 2000, "rows", "cap of the hard set (paper: about 2K)", positive(), "N"),
+    Setting("target_size", "--target-size", HARD_SET_SIZE, "rows", "cap of the hard set (paper: about 2K)",
+            positive(), "N"),
     Setting("rows_per_call", "--rows-per-call", 4, "rows", "rows per generate call / request batch", positive(), "N"),
     Setting("max_new_tokens", "--max-new-tokens", 256, "tokens", "generation length cap", positive(), "N", demo=128),
     Setting("max_concurrency", "--concurrency", 8, "requests", "requests in flight at once (--endpoint)",

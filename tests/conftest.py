@@ -1,4 +1,5 @@
-"""Shared fixtures of the flow tests: one temporary Prefect API server per test session (not per test)."""
+"""Shared fixtures: one temporary Prefect API server per test session (not per test), and one tiny Qwen3-VL checkpoint
+for the `train` and `inference` tests."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import io
 import logging
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from prefect.logging.handlers import PrefectConsoleHandler
@@ -24,6 +26,14 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     with temporary_settings({PREFECT_RESULTS_LOCAL_STORAGE_PATH: tmp_path_factory.mktemp("prefect-results")}):
         with prefect_test_harness(server_startup_timeout=120):
             yield
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen3-VL checkpoint built locally from a config (seed 0; nothing downloaded), shared by every test of the run."""
+    from train.tooling.tiny import save_tiny  # torch and transformers: only for the tests that ask for it
+
+    return save_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
 
 class _CurrentStderr(io.TextIOBase):

@@ -30,7 +30,6 @@ import asyncio
 import base64
 import hashlib
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -43,6 +42,8 @@ import uvicorn
 import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from tests.loopback import free_port
 
 
 DEFAULT_TOKENS = {"hf_fake": "write", "hf_fake_read": "read"}
@@ -546,9 +547,7 @@ def serve_fake_hub(lfs_suffixes: tuple[str, ...] = (), tokens: dict[str, str] | 
     `tokens` maps the accepted tokens to their role (`write` or `read`); default `DEFAULT_TOKENS`.
     """
     state = HubState(lfs_suffixes=lfs_suffixes, tokens=dict(DEFAULT_TOKENS if tokens is None else tokens))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(make_app(state), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True, name=f"fakehub-{port}")
     thread.start()

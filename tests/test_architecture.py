@@ -1,16 +1,40 @@
-"""The architecture holds: import contracts, no import cycle, committed schemas."""
+"""The architecture holds: import contracts, no import cycle, committed schemas, no function over 80 lines, no organ
+named outside the organ registry."""
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+from emrl_data.organs import ORGANS
 from emrl_data.tables.records import SCHEMAS, schema_to_json
 
 
 ROOT = Path(__file__).resolve().parent.parent
+MAX_FUNCTION_LINES = 80
+# The packages whose functions the line limit covers (tests and bench are not product code).
+LINE_LIMIT_PACKAGES = ("emrl_data", "flows", "train", "inference")
+# path::function -> why it may be longer for now.
+LONG_FUNCTION_EXCEPTIONS = {"train/tooling/warmup.py::lm_warmup": "being split elsewhere"}
+
+
+def long_functions(root: Path, packages: tuple[str, ...], limit: int) -> dict[str, int]:
+    """Every function or method of `packages` under `root` longer than `limit` lines (`def` line to its last line,
+    decorators not counted), as `path::name` -> lines."""
+    found = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if lines > limit:
+                        found[f"{path.relative_to(root).as_posix()}::{node.name}"] = lines
+    return found
 
 
 def test_import_contracts_hold() -> None:
@@ -54,3 +78,90 @@ def test_training_library_contract_names_every_module_directly_in_train() -> Non
     assert set(library["source_modules"]) == on_disk
     subpackages = {f"train.{p.parent.name}" for p in (ROOT / "train").glob("*/__init__.py")}
     assert set(library["forbidden_modules"]) == subpackages
+
+
+def test_long_functions_finds_a_constructed_long_function(tmp_path: Path) -> None:
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    body = "\n".join(f"    x{i} = {i}" for i in range(4))
+    (tmp_path / "pkg" / "sub" / "m.py").write_text(
+        f"def five():\n{body}\n\n\n@decorated\ndef four():\n{body[: body.rindex(chr(10))]}\n\n\n"
+        f"class C:\n    async def method(self):\n    {body.replace(chr(10), chr(10) + '    ')}\n"
+    )
+    assert long_functions(tmp_path, ("pkg",), 4) == {"pkg/sub/m.py::five": 5, "pkg/sub/m.py::method": 5}
+
+
+def test_no_function_is_over_80_lines() -> None:
+    found = long_functions(ROOT, LINE_LIMIT_PACKAGES, MAX_FUNCTION_LINES)
+    over = {name: lines for name, lines in found.items() if name not in LONG_FUNCTION_EXCEPTIONS}
+    assert not over, f"functions over {MAX_FUNCTION_LINES} lines (split them at their seams): {over}"
+    stale = sorted(set(LONG_FUNCTION_EXCEPTIONS) - set(found))
+    assert not stale, f"LONG_FUNCTION_EXCEPTIONS lists functions that are no longer long (remove them): {stale}"
+
+
+# The one home of organ knowledge, and the modules that may name an organ because they hold data, not behaviour.
+ORGAN_REGISTRY = "emrl_data/organs.py"
+ORGAN_NAME_EXCEPTIONS = {
+    "emrl_data/synthetic/demo.py": "the demo atlas's and the benchmark's case specs: which organ each lesion is in",
+    "train/tooling/tiny.py": "example locations in the tiny tokenizer's corpus (registry-derived ones change it)",
+}
+
+
+def organ_words() -> set[str]:
+    """The words that name a registered organ: its name, display name, adjective and lesion-file prefixes."""
+    return {w for s in ORGANS.values() for w in (s.name, s.display, s.adjective, *s.lesion_prefixes)}
+
+
+def organ_mentions(path: Path, words: set[str]) -> list[str]:
+    """Code of one module that names an organ: `Organ.LIVER`, or a string (not a docstring, not a comment) holding one
+    of `words` as a word (`"kidney_right"` holds `kidney`), as `line: text`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            if words & set(re.findall(r"[a-z]+", node.value.lower())):
+                found.append(f"{node.lineno}: {node.value!r}")
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Organ":
+            if node.attr.lower() in words:
+                found.append(f"{node.lineno}: Organ.{node.attr}")
+    return sorted(found, key=lambda line: int(line.split(":")[0]))
+
+
+def test_organ_mentions_finds_constructed_mentions(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        '"""The liver module."""\n'
+        "# the pancreas, in a comment\n"
+        "def f(structure, organ):\n"
+        '    """Pancreas docstring."""\n'
+        '    if structure == "kidney_right" or organ is Organ.LIVER:\n'
+        '        return f"{organ} adrenal"\n'
+        "    return Organ.SPLEEN\n"
+    )
+    assert organ_mentions(module, {"liver", "kidney", "pancreas", "renal"}) == [
+        "5: 'kidney_right'",
+        "5: Organ.LIVER",
+    ]
+
+
+def test_no_module_names_an_organ_outside_the_registry() -> None:
+    """Organ knowledge lives in `emrl_data/organs.py` (what a defect of the synthetic atlas breaks included:
+    `OrganAnatomy.defect_files`); code elsewhere looks it up and never branches on a particular organ."""
+    words = organ_words()
+    assert {"liver", "pancreas", "kidney"} <= words
+    found = {}
+    for package in LINE_LIMIT_PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel != ORGAN_REGISTRY and rel not in ORGAN_NAME_EXCEPTIONS:
+                found.update({rel: hits} if (hits := organ_mentions(path, words)) else {})
+    assert not found, f"organs named outside {ORGAN_REGISTRY} (move the fact into the registry entry): {found}"
+    for rel in ORGAN_NAME_EXCEPTIONS:
+        assert organ_mentions(ROOT / rel, words), f"{rel} names no organ any more: remove its exception"

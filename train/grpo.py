@@ -23,8 +23,10 @@ import logging
 import math
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -413,22 +415,29 @@ class GrpoScriptArguments:
             raise TrainConfigError(f"GRPO option {exc}") from None
 
 
+# The paper's GRPO hyperparameters (docs/contract.md#training-recipe), stated once: the defaults of `make_grpo_config`,
+# and what train/configs/grpo.yaml ships (grpo_lora.yaml too, but for its accumulation); tests/train/test_grpo_recipe.py
+# checks the shipped configs against it.
+GRPO_RECIPE: Mapping[str, Any] = MappingProxyType(
+    {
+        "num_generations": 8,  # group size
+        "beta": 0.01,  # KL to the SFT reference
+        "learning_rate": 5e-6,
+        "optim": "adamw_torch",
+        "gradient_accumulation_steps": 8,  # x 1 row x 8 GPUs = 64 completions = 8 prompts x 8 per step
+        "num_train_epochs": 5,
+        "loss_type": "grpo",
+        "report_to": "none",
+    }
+)
+
+
 def make_grpo_config(processor: CTQwen3VLProcessor, rewards: list[str], **overrides: Any) -> GRPOConfig:
     """Return a `GRPOConfig` with the paper defaults (docs/contract.md#training-recipe), our required settings and `overrides`.
 
     The reward weights come from `ScoringConfig` (`reward_weights_for`) unless `overrides` gives one per reward.
     """
-    base: dict[str, Any] = {
-        "num_generations": 8,
-        "beta": 0.01,
-        "learning_rate": 5e-6,
-        "optim": "adamw_torch",
-        "gradient_accumulation_steps": 8,
-        "num_train_epochs": 5,
-        "loss_type": "grpo",
-        "report_to": "none",
-    }
-    base.update(overrides)
+    base: dict[str, Any] = {**GRPO_RECIPE, **overrides}
     base["reward_weights"] = reward_weights_for(rewards, base.get("reward_weights"))
     return finalize_grpo_config(GRPOConfig(**base), processor, rewards)
 

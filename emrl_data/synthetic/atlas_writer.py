@@ -20,7 +20,7 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 
-from emrl_data.organs import ORGAN_STRUCTURES, organ_spec
+from emrl_data.organs import ORGAN_STRUCTURES, defect_files, organ_spec
 from emrl_data.outcome import RejectReason
 from emrl_data.synthetic.geometry import BoxMask, Grid, shape_of, union_box
 from emrl_data.synthetic.nifti_writer import (
@@ -44,6 +44,8 @@ logger = logging.getLogger(__name__)
 METADATA_CSV_NAME = "AbdomenAtlas3.0MiniWithMeta.csv"
 SPLIT_DIR_NAME = "TrainTestIDS"
 
+# Mask defects that reject the whole case rather than the organ row of the file they break.
+_CASE_LEVEL = frozenset({"mask_grid_mismatch"})
 _CASE_CSV_COLUMNS = ("BDMAP ID", "sex", "age", "shape", "spacing")
 _CSV_ATTENUATION_WORD = {"hypo": "hypoattenuating", "iso": "isoattenuating", "hyper": "hyperattenuating"}
 
@@ -67,7 +69,7 @@ def _write_ct(path: Path, spec: CaseSpec, ct: np.ndarray, affine: np.ndarray) ->
         affine: (4, 4) RAS affine of the canonical grid.
     """
     if spec.defect == "implausible_organ_hu":
-        ct = _painted_pancreas(spec, ct, hu=400)
+        ct = _painted_organ(spec, spec.defect, ct, hu=400)
     stored, stored_affine = to_storage(ct, affine, spec.storage)
     defect = spec.defect
     if defect == "missing_ct":
@@ -106,13 +108,29 @@ def _write_ct(path: Path, spec: CaseSpec, ct: np.ndarray, affine: np.ndarray) ->
         path.symlink_to(path.name)  # ELOOP on open: an OSError that chmod 000 cannot give a root user
 
 
-def _painted_pancreas(spec: CaseSpec, ct: np.ndarray, *, hu: int) -> np.ndarray:
-    """A copy of the canonical CT with the pancreas' base ellipsoid painted at `hu` (`implausible_organ_hu`)."""
+def _defect_target(defect: str) -> tuple[Organ, str]:
+    """The organ and file stem a defect or quirk acts on, from the registry (`OrganAnatomy.defect_files`)."""
+    try:
+        return defect_files()[defect]
+    except KeyError:
+        raise ValueError(
+            f"{defect}: no registered organ's anatomy.defect_files names it (emrl_data/organs.py)."
+        ) from None
+
+
+def _is_target(name: str, structure: str) -> bool:
+    """True when the defect or quirk `name` acts on the mask file `structure`."""
+    target = defect_files().get(name)
+    return target is not None and target[1] == structure
+
+
+def _painted_organ(spec: CaseSpec, defect: str, ct: np.ndarray, *, hu: int) -> np.ndarray:
+    """A copy of the canonical CT with the base ellipsoid of the organ mask `defect` acts on painted at `hu`."""
     grid = Grid(spec.shape, spec.spacing_mm)
-    centre, semi = shape_of(Organ.PANCREAS, "pancreas")
-    pancreas = grid.ellipsoid(grid.uvw_to_vox(centre), np.asarray(semi) * grid.body_units_mm)
+    centre, semi = shape_of(*_defect_target(defect))
+    organ = grid.ellipsoid(grid.uvw_to_vox(centre), np.asarray(semi) * grid.body_units_mm)
     painted = ct.copy(order="F")
-    painted[pancreas.slices()][pancreas.data] = hu
+    painted[organ.slices()][organ.data] = hu
     return painted
 
 
@@ -178,7 +196,7 @@ def _write_mask(
         grid_shape: canonical (X, Y, Z) size of the mask grid.
         ct_affine: (4, 4) RAS affine of the canonical CT grid.
     """
-    if spec.defect == "mask_grid_mismatch" and structure == "liver":
+    if spec.defect == "mask_grid_mismatch" and _is_target(spec.defect, structure):
         # Its own bounding-box grid and an affine rotated 10 degrees about z: not placeable on the CT grid.
         angle = math.radians(10.0)
         rotation = np.eye(4)
@@ -192,15 +210,15 @@ def _write_mask(
     stored_affine = storage_affine(translate(ct_affine, grid_start), grid_shape, spec.storage)
     data = np.zeros(grid_shape, dtype=np.int8, order="F")  # storage order; `canonical` is a view of it
     canonical = data[::-1, ::-1] if spec.storage == "LPS" else data
-    if not (spec.defect == "empty_organ_mask" and structure == "pancreas"):
+    if not (spec.defect == "empty_organ_mask" and _is_target(spec.defect, structure)):
         _paste(canonical, mask, grid_start)
-    if spec.defect == "mask_values" and structure == "kidney_right":
+    if spec.defect == "mask_values" and _is_target(spec.defect, structure):
         idx = np.argwhere(canonical)
         x, y, z = idx[len(idx) // 2]
         canonical[x : x + 2, y : y + 2, z] = 2
-    if spec.defect == "mask_orientation_conflict" and structure == "liver":
+    if spec.defect == "mask_orientation_conflict" and _is_target(spec.defect, structure):
         canonical[...] = canonical[::-1].copy()  # mirrored voxels under the correct affine
-    if "flipped_affine_mask" in spec.quirks and structure == "kidney_right":
+    if "flipped_affine_mask" in spec.quirks and _is_target("flipped_affine_mask", structure):
         write_nifti_gz(path, data, LPS_FLIP @ stored_affine, code=1)
     else:
         write_nifti_gz(path, data, stored_affine)
@@ -210,21 +228,18 @@ def _expected_rejections(spec: CaseSpec, ct_rel: str, mask_rel: str, folder_rel:
     if spec.defect is None:
         return ()
     reason = DEFECTS[spec.defect]
-    where: dict[str, tuple[Organ | None, str]] = {
-        "mask_values": (Organ.KIDNEY, f"{mask_rel}/kidney_right.nii.gz"),
-        "missing_organ_mask": (Organ.PANCREAS, f"{mask_rel}/pancreas.nii.gz"),
-        "empty_organ_mask": (Organ.PANCREAS, f"{mask_rel}/pancreas.nii.gz"),
-        "lesion_outside_organ": (Organ.LIVER, f"{mask_rel}/liver_lesion.nii.gz"),
-        "mask_grid_mismatch": (None, f"{mask_rel}/liver.nii.gz"),  # docs/contract.md#input: rejects the whole case
-        "mask_orientation_conflict": (Organ.LIVER, f"{mask_rel}/liver.nii.gz"),
-        "implausible_organ_hu": (Organ.PANCREAS, f"{mask_rel}/pancreas.nii.gz"),
-        "invalid_case_id": (None, folder_rel),
-        "bad_metadata_row": (None, METADATA_CSV_NAME),
-        "split_conflict": (None, f"{SPLIT_DIR_NAME}/IID_train.csv"),
-        "not_a_case": (None, folder_rel),
+    target = defect_files().get(spec.defect)
+    if target is not None and spec.defect != "bad_metadata_row":
+        organ, file = target
+        # docs/contract.md#input: a mask off the CT grid rejects the whole case, not one organ row
+        return (ExpectedRejection(reason, None if spec.defect in _CASE_LEVEL else organ, f"{mask_rel}/{file}.nii.gz"),)
+    where = {
+        "invalid_case_id": folder_rel,
+        "bad_metadata_row": METADATA_CSV_NAME,
+        "split_conflict": f"{SPLIT_DIR_NAME}/IID_train.csv",
+        "not_a_case": folder_rel,
     }
-    organ, path = where.get(spec.defect, (None, ct_rel))
-    return (ExpectedRejection(reason, organ, path),)
+    return (ExpectedRejection(reason, None, where.get(spec.defect, ct_rel)),)
 
 
 def write_case(root: Path, spec: CaseSpec, *, layout: str = "split") -> CaseTruth:
@@ -261,7 +276,7 @@ def write_case(root: Path, spec: CaseSpec, *, layout: str = "split") -> CaseTrut
             if stem not in structures:
                 structures[stem] = BoxMask((0, 0, 0), np.zeros((1, 1, 1), dtype=bool))
     for structure in sorted(structures):
-        if spec.defect == "missing_organ_mask" and structure == "pancreas":
+        if spec.defect == "missing_organ_mask" and _is_target(spec.defect, structure):
             continue
         path = mask_dir / f"{structure}.nii.gz"
         _write_mask(path, spec, structure, structures[structure], grid_start, grid_shape, ct_affine)
@@ -322,7 +337,7 @@ def _metadata_row(spec: CaseSpec, truth: CaseTruth) -> dict[str, str]:
         row[columns.location] = ",".join(ot.location)
         row[columns.attenuation] = _CSV_ATTENUATION_WORD.get(ot.attenuation or "", "")
     if spec.defect == "bad_metadata_row":
-        row[organ_spec(Organ.LIVER).csv.count] = "abc"
+        row[organ_spec(_defect_target("bad_metadata_row")[0]).csv.count] = "abc"
     return row
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emrl_data.organs import ORGAN_STRUCTURES, organ_spec
+from emrl_data.organs import ORGAN_STRUCTURES, defect_files, organ_spec
 from emrl_data.synthetic.geometry import BoxMask, Grid, anatomy_of, part_masks, union
 from emrl_data.synthetic.specs import CaseSpec, LesionSpec
 from emrl_data.types import Organ
@@ -129,7 +129,8 @@ def build_phantom(spec: CaseSpec) -> Phantom:
     if spec.defect == "lesion_outside_organ":
         centre = np.rint(grid.uvw_to_vox(_OUTSIDE_LESION_UVW))
         mask = grid.ellipsoid(centre, _OUTSIDE_LESION_RADII_MM)
-        lesions.append(PlacedLesion(Organ.LIVER, _OUTSIDE_LESION_RADII_MM, "hypo", mask, None, inside_organ=False))
+        organ, _ = defect_files()["lesion_outside_organ"]  # the organ whose lesion file holds it
+        lesions.append(PlacedLesion(organ, _OUTSIDE_LESION_RADII_MM, "hypo", mask, None, inside_organ=False))
 
     # Organ masks = base ellipsoid united with the organ's lesions (the outside-organ defect lesion excluded).
     masks: dict[str, BoxMask] = {}

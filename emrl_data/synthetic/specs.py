@@ -25,7 +25,7 @@ from typing import Literal, cast
 
 import numpy as np
 
-from emrl_data.organs import LOCATION_NAMES
+from emrl_data.organs import LOCATION_NAMES, defect_files
 from emrl_data.outcome import RejectReason
 from emrl_data.types import Attenuation, Organ, Split, is_valid_case_id
 
@@ -148,8 +148,12 @@ class CaseSpec:
             raise ValueError(f"defect={self.defect!r} is unknown; valid: {sorted(DEFECTS)}.")
         if {"mask_cropped_grid", "flipped_affine_mask"} <= quirks:
             raise ValueError("quirks mask_cropped_grid and flipped_affine_mask cannot be combined.")
-        if self.defect == "lesion_outside_organ" and any(le.organ is Organ.LIVER for le in self.lesions):
-            raise ValueError("defect lesion_outside_organ draws the only liver lesion; remove the liver LesionSpecs.")
+        if self.defect == "lesion_outside_organ":
+            organ, _ = defect_files()["lesion_outside_organ"]
+            if any(le.organ is organ for le in self.lesions):
+                raise ValueError(
+                    f"defect lesion_outside_organ draws the only {organ} lesion; remove the {organ} LesionSpecs."
+                )
         storage = "LPS" if (self.storage == "LPS" or "lps_storage" in quirks) else "RAS"
         if storage == "LPS":
             quirks = quirks | {"lps_storage"}

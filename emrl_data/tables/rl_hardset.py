@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from emrl_data.atomic_write import write_json_atomic, write_text_atomic
+from emrl_data.config import HARD_SET_SIZE
 from emrl_data.tables.records import PREDICTION_TRUTH_COLUMNS, SCHEMAS, check_required
 from emrl_data.tables.shards import write_split_streaming
 from emrl_data.tables.table_folder import count_rows, finish_table, row_order, write_table
@@ -65,7 +66,7 @@ def organ_quotas(hard_counts: Mapping[str, int], target_size: int) -> dict[str, 
 
 
 def select_hard_rows(
-    candidates: Sequence[tuple[Mapping[str, Any], ReportScore]], *, target_size: int = 2000
+    candidates: Sequence[tuple[Mapping[str, Any], ReportScore]], *, target_size: int = HARD_SET_SIZE
 ) -> list[HardRow]:
     """Select at most `target_size` hard rows, stratified by organ, hardest (lowest R) first within each organ.
 

@@ -106,6 +106,30 @@ def table_manifest(table_dir: Path, extra: Mapping[str, Any]) -> dict[str, Any]:
     return {**extra, "files": files}
 
 
+def _shard_of_rows(row_bytes: Sequence[int]) -> tuple[int, list[int]]:
+    """Return the shard count (shards <= `MAX_SHARD_BYTES`) and each row's shard: row i goes to shard
+    floor(n * bytes-before-row / total), so shards are contiguous and balanced by size."""
+    total = int(sum(row_bytes))
+    n_shards = max(1, -(-total // MAX_SHARD_BYTES))
+    shard_of: list[int] = []
+    running = 0
+    for size in row_bytes:
+        shard_of.append(min(n_shards - 1, (n_shards * running) // max(total, 1)))
+        running += size
+    return n_shards, shard_of
+
+
+def _discard(writers: Sequence[pq.ParquetWriter | None], tmp_paths: Sequence[Path]) -> None:
+    """Close the open writers (releasing their files), then remove every temporary shard."""
+    for open_writer in writers:
+        if open_writer is not None:
+            with contextlib.suppress(Exception):
+                open_writer.close()
+    for tmp in tmp_paths:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+
+
 def write_split_streaming(
     rows: Iterable[Mapping[str, Any]],
     row_bytes: Sequence[int],
@@ -128,13 +152,7 @@ def write_split_streaming(
     Raises:
         OutputWriteError: the disk (or quota, or file-size limit) has no room; every temporary shard is removed.
     """
-    total = int(sum(row_bytes))
-    n_shards = max(1, -(-total // MAX_SHARD_BYTES))
-    shard_of: list[int] = []
-    running = 0
-    for size in row_bytes:  # rows go to shard floor(n * bytes-before-row / total): contiguous, balanced by size
-        shard_of.append(min(n_shards - 1, (n_shards * running) // max(total, 1)))
-        running += size
+    n_shards, shard_of = _shard_of_rows(row_bytes)
     data_dir.mkdir(parents=True, exist_ok=True)
     paths = [data_dir / f"{split}-{i:05d}-of-{n_shards:05d}.parquet" for i in range(n_shards)]
     tmp_paths = [p.with_name(f".{p.name}.tmp-{os.getpid()}") for p in paths]
@@ -175,13 +193,7 @@ def write_split_streaming(
             writer.close()  # type: ignore[union-attr]
             os.replace(tmp_paths[i], paths[i])
     except BaseException as err:
-        for open_writer in writers:  # release the files before removing them
-            if open_writer is not None:
-                with contextlib.suppress(Exception):
-                    open_writer.close()
-        for tmp in tmp_paths:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
+        _discard(writers, tmp_paths)
         code = no_room_errno(err)
         if code is not None:
             raise OutputWriteError(paths[current], code) from err

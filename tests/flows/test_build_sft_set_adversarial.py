@@ -5,21 +5,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from emrl_data.reading.atlas import NoCasesError
 from emrl_data.synthetic import CaseSpec, LesionSpec, write_atlas
 from emrl_data.types import Organ
 from flows.build_sft_set import build_sft_set_flow
+from tests.flows.helpers import rejection_rows
 
 
 LESION = LesionSpec(Organ.LIVER, "5", (12.0, 10.0, 10.0), "hypo")
 
 
 def _rejections(out: Path) -> list[tuple]:
-    table = pq.read_table(next((out / "rejections/data").glob("*.parquet"))).to_pylist()
-    return [(r["case_id"], r["organ"], r["reason"], r["path"]) for r in table]
+    return rejection_rows(out, "case_id", "organ", "reason", "path")
 
 
 def test_a_hostile_atlas_runs_to_the_end_and_a_damaged_store_is_recomputed(prefect_harness, tmp_path: Path) -> None:

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import huggingface_hub
-import pyarrow.parquet as pq
 import pytest
 from huggingface_hub import constants
 
@@ -22,6 +21,7 @@ from emrl_data.synthetic import demo_specs, write_atlas
 from emrl_data.synthetic.release import tar_gz, write_release
 from flows.build_sft_set import build_sft_set_flow
 from tests.fakehub import FakeHub, serve_fake_hub
+from tests.flows.helpers import rejection_rows
 
 
 REPO = "AbdomenAtlas/AbdomenAtlas3.0Mini"
@@ -61,9 +61,8 @@ def _build(out: Path, **kwargs) -> dict:
     return build_sft_set_flow(atlas_root=ROOT, output_dir=str(out), config=FRAMES, max_workers=2, **kwargs)
 
 
-def _rejections(out: Path) -> list[tuple[str, str, str]]:
-    rows = pq.read_table(next((out / "rejections/data").glob("*.parquet"))).to_pylist()
-    return sorted((r["case_id"], r["step"], r["reason"]) for r in rows)
+def _rejections(out: Path) -> list[tuple]:
+    return sorted(rejection_rows(out, "case_id", "step", "reason"))
 
 
 def test_hub_run_equals_the_unpacked_atlas_then_reads_no_part_and_then_only_the_changed_one(

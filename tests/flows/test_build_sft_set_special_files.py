@@ -23,6 +23,7 @@ from emrl_data.synthetic import CaseSpec, LesionSpec, write_atlas
 from emrl_data.types import Organ, Split
 from flows.build_sft_set import CaseOverrunError, CaseThread, build_sft_set_flow
 from flows.cli import main
+from tests.flows.helpers import rejection_rows
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,8 +39,7 @@ def _atlas(root: Path, ids: tuple[str, ...] = (ID1, ID2, ID3)) -> Path:
 
 
 def _rejections(out: Path) -> list[tuple]:
-    table = pq.read_table(next((out / "rejections/data").glob("*.parquet"))).to_pylist()
-    return [(r["case_id"], r["organ"], r["step"], r["reason"], r["detail"], r["path"]) for r in table]
+    return rejection_rows(out, "case_id", "organ", "step", "reason", "detail", "path")
 
 
 def _leftovers(out: Path) -> list[str]:

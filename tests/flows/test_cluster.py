@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -32,6 +31,7 @@ from emrl_data.synthetic import demo_specs, write_atlas
 from flows.build_sft_set import build_sft_set_flow
 from flows.cli import main
 from flows.runners import HEAP_ENV, ClusterPreflightError, check_cluster
+from tests.loopback import free_port
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,12 +39,6 @@ _SMALL = {"frames": {"frame_size_px": 64, "max_frames": 8}}
 # The scheduler hands a single-threaded worker one batch at a time (the default 1.1 would queue a second batch on
 # it): a batch never waits on a worker that may die or lag while another is idle. The recipe sets the same.
 _SCHEDULER_ENV = {"DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION": "1.0"}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _prefect_env() -> dict[str, str]:
@@ -112,7 +106,7 @@ def start_scheduler(logs: Path, allowed_failures: int = 3) -> DaskProcesses:
     """Start `dask scheduler` on a free loopback port (no workers yet); `allowed_failures` is Dask's setting (the
     default 3: a task is re-sent until it has been on 4 dying workers)."""
     logs.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--no-dashboard"]
     log = open(logs / "scheduler.log", "wb")  # noqa: SIM115 (closed with the process)
@@ -321,7 +315,7 @@ def test_a_lost_worker_costs_a_retry_not_a_case(
 
 
 def test_an_address_that_does_not_answer_is_named(tmp_path: Path) -> None:
-    address = f"tcp://127.0.0.1:{_free_port()}"  # a free port: nothing listens there
+    address = f"tcp://127.0.0.1:{free_port()}"  # a free port: nothing listens there
     with pytest.raises(ClusterPreflightError) as caught:
         check_cluster("dask", address, tmp_path, timeout_s=1)
     message = str(caught.value)
@@ -334,7 +328,7 @@ def test_the_cli_names_an_unanswering_cluster_in_two_lines(
     """`emrl build-sft-set --task-runner dask --task-runner-address ...` with nothing there: the check's line and the
     fix, exit 1, no traceback, and no case curated."""
     atlas, _ = reference
-    address = f"tcp://127.0.0.1:{_free_port()}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     argv = [
         "build-sft-set",
         str(atlas),

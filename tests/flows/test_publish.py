@@ -11,7 +11,6 @@ import io
 import json
 import logging
 import shutil
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from prefect.client.schemas.filters import (
 from prefect.logging.handlers import APILogHandler
 
 from emrl_data.tables.card import render_dataset_card
-from flows import publish
+from flows import publish, publish_hub, publish_local
 from flows.publish import (
     FileDigest,
     HubAuthError,
@@ -54,6 +53,7 @@ from flows.publish import (
     version_tag,
 )
 from tests.fakehub import FakeHub, serve_fake_hub
+from tests.loopback import free_port
 
 
 SECRET = "hf_SECRET_canary_7f3a9c1e"  # a recognisable token: it must reach the Hub and nothing else
@@ -153,7 +153,7 @@ def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
         "tag_release_task",
         "verify_hub_release_task",
     ):
-        monkeypatch.setattr(publish, name, getattr(publish, name).with_options(retry_delay_seconds=0))
+        monkeypatch.setattr(publish_hub, name, getattr(publish_hub, name).with_options(retry_delay_seconds=0))
 
 
 def _run(**kwargs: Any) -> tuple[dict[str, Any], Any]:
@@ -464,7 +464,7 @@ def test_publish_local_versions_refusal_and_resume(tmp_path: Path, monkeypatch: 
         publish_dataset_flow(table_dir=str(tmp_path / "sft"), version="1.0.0", **common)
 
     # Interrupted after the copy, before the snapshot: the rerun copies nothing and makes the tag.
-    monkeypatch.setattr(publish, "tag_local", _raise_interrupted)
+    monkeypatch.setattr(publish_local, "tag_local", _raise_interrupted)
     with pytest.raises(RuntimeError, match="interrupted before tagging"):
         publish_dataset_flow(table_dir=str(write_table(tmp_path / "sft", V1)), version="1.2.0", **common)
     monkeypatch.undo()
@@ -666,9 +666,7 @@ def test_publish_hub_401_after_the_token_check_is_one_line_and_not_retried(hub: 
 def test_publish_hub_unreachable_fails_fast_in_one_line(
     hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with socket.socket() as sock:  # a port nobody listens on
-        sock.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    dead = f"http://127.0.0.1:{free_port()}"  # a port nobody listens on
     monkeypatch.setenv("HF_ENDPOINT", dead)
     with pytest.raises(HubUnreachableError) as caught:
         publish_dataset_flow(table_dir=str(write_table(tmp_path / "sft", V1)), repo_id="emrl/sft-off", version="1.0.0")

@@ -1,4 +1,4 @@
-"""Fixtures for `inference` tests: a tiny local Qwen3-VL checkpoint (built here, nothing downloaded) and requests."""
+"""Fixtures for `inference` tests: requests and a served endpoint (the tiny checkpoint `tiny_dir`: tests/conftest.py)."""
 
 from pathlib import Path
 
@@ -6,13 +6,6 @@ import pytest
 
 from inference.requests import InferenceRequest
 from tests.inference.helpers import make_requests
-
-
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory) -> Path:
-    from train.tooling.tiny import save_tiny
-
-    return save_tiny(tmp_path_factory.mktemp("inference-tiny") / "model", seed=0)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,16 +20,11 @@ from pathlib import Path
 import httpx
 
 from tests import torchvision_side
+from tests.loopback import free_port
 
 
 LAUNCHER = Path(__file__).with_name("serve_launcher.py")
 STARTUP_TIMEOUT_S = 180  # a hang guard for a loaded machine, not a timing assertion
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:
@@ -49,7 +43,7 @@ class ServerProcess:
             raise RuntimeError(problem)
         (workdir / "hf-cache").mkdir(parents=True, exist_ok=True)
         self.log = workdir / "transformers-serve.log"  # a file, not a pipe: a full pipe would block the server
-        self.port = _free_port()
+        self.port = free_port()
         env = {**os.environ, "PYTHONPATH": str(torchvision_side.DIR), "HF_HUB_OFFLINE": "1",
                "HF_HUB_CACHE": str(workdir / "hf-cache"), "HF_HUB_DISABLE_TELEMETRY": "1"}  # fmt: skip
         cmd = [sys.executable, str(LAUNCHER), "serve", str(model_dir), "--host", "127.0.0.1", "--port",

@@ -9,7 +9,6 @@ import base64
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from inference.requests import InferenceRequest
 from inference.store import ResultStore, run_inference
 from inference.transformers_backend import TransformersBackend
 from tests.inference.openai_server import API_KEY_ENV
+from tests.loopback import free_port
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -250,9 +250,7 @@ def test_timeout_is_reported_and_not_retried(server, control, make_backend, requ
 
 
 def test_connection_errors_are_retried(make_backend, requests3):
-    with socket.socket() as s:  # a port with nothing listening
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port with nothing listening
     backend = make_backend(f"http://127.0.0.1:{port}/v1", retries=2)
     result = backend.generate(requests3[:1])[0]
     assert result.error.startswith("connection error: ConnectError") and result.attempts == 3
@@ -358,9 +356,7 @@ def test_probe_strict_server_and_vllm_dialect(server, control, make_backend, req
 
 
 def test_probe_unreachable_endpoint(make_backend, requests3):
-    with socket.socket() as s:  # a port with nothing listening
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port with nothing listening
     err = _probe_fails(make_backend(f"http://127.0.0.1:{port}/v1", retries=0), requests3[0])
     assert "failed: connection error: ConnectError" in str(err)
     assert err.fix == "start the server or fix --endpoint (the base URL including /v1)"

@@ -23,6 +23,9 @@ from tests.inference.real_server import ServerProcess
 from train.tooling.tiny import save_tiny
 
 
+pytestmark = pytest.mark.side_env  # transformers serve needs torchvision (.cache/torchvision)
+
+
 FRAME_PX = 64
 # A 64² frame is 4x4 patches of 16 px, merged 2x2: 4 image tokens, plus <|vision_start|> and <|vision_end|>.
 TOKENS_PER_FRAME = (FRAME_PX // 16) ** 2 // 4 + 2

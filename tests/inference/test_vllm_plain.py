@@ -35,6 +35,7 @@ def plain_vllm(prefect_harness, tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.mark.slow
+@pytest.mark.side_env
 def test_mining_against_a_vllm_without_the_project_flags_stops_in_one_line(
     plain_vllm, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

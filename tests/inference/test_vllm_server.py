@@ -70,6 +70,7 @@ def _served_prompt_ids(endpoint: str, request) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.side_env
 @pytest.mark.parametrize(
     ("source", "timestamps"),
     [
@@ -96,6 +97,7 @@ def test_vllm_builds_the_training_prompt_token_for_token(endpoint, sft_out, loca
 
 
 @pytest.mark.slow
+@pytest.mark.side_env
 def test_the_probe_sees_one_more_frame_pair(endpoint, sft_out, local) -> None:
     request = request_from_row(first_train_row(sft_out))
     with OpenAIBackend(endpoint, NAME, max_tokens=8, retries=0) as backend:
@@ -121,6 +123,7 @@ def mined(endpoint: str, checkpoint: Path, sft_out: Path, tmp_path_factory: pyte
 
 
 @pytest.mark.slow
+@pytest.mark.side_env
 def test_mining_through_vllm_equals_the_local_backend(mined, sft_out: Path, endpoint: str) -> None:
     through_vllm, through_local = mined
     columns = ["case_id", "organ", "split", "prediction", "inference_error", "score_existence", "hard"]
@@ -135,6 +138,7 @@ def test_mining_through_vllm_equals_the_local_backend(mined, sft_out: Path, endp
 
 
 @pytest.mark.slow
+@pytest.mark.side_env
 def test_emrl_eval_gives_vllm_and_local_the_same_tables(mined, tmp_path: Path, capsys) -> None:
     through_vllm, through_local = mined
     out = tmp_path / "eval"
@@ -147,6 +151,7 @@ def test_emrl_eval_gives_vllm_and_local_the_same_tables(mined, tmp_path: Path, c
 
 
 @pytest.mark.slow
+@pytest.mark.side_env
 def test_per_request_processor_settings_are_refused_with_the_server_side_fix(endpoint, sft_out) -> None:
     request = request_from_row(first_train_row(sft_out))
     extra = {"mm_processor_kwargs": {"do_sample_frames": False}}
@@ -160,6 +165,7 @@ def test_per_request_processor_settings_are_refused_with_the_server_side_fix(end
 
 
 @pytest.mark.slow
+@pytest.mark.side_env
 def test_a_vllm_outside_the_supported_range_stops_the_probe(endpoint, sft_out, monkeypatch) -> None:
     monkeypatch.setattr(probe_module, "SUPPORTED_VLLM", ((0, 33), (0, 34)))
     monkeypatch.setattr(probe_module, "SUPPORTED_VLLM_TEXT", ">=0.33,<0.34")
@@ -176,6 +182,7 @@ def test_a_vllm_outside_the_supported_range_stops_the_probe(endpoint, sft_out, m
 
 
 @pytest.mark.slow
+@pytest.mark.side_env
 def test_a_video_wrapped_once_more_than_in_training_stops_the_probe(endpoint, sft_out) -> None:
     """What a server started without the serving chat template builds: the real ids with the extra outer pair."""
     request = request_from_row(first_train_row(sft_out))

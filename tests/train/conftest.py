@@ -1,21 +1,17 @@
-"""Shared fixtures for `train/` tests: a tiny Qwen3-VL saved locally and a synthetic sft table (nothing downloaded)."""
+"""Shared fixtures for `train/` tests: the processor and a synthetic sft table (the tiny Qwen3-VL `tiny_dir`:
+tests/conftest.py; nothing downloaded)."""
 
 from pathlib import Path
 
 import pytest
 
 from train.tooling.synthetic import write_sft_table
-from train.tooling.tiny import build_processor, save_tiny
+from train.tooling.tiny import build_processor
 
 
 @pytest.fixture(scope="session")
 def processor():
     return build_processor()
-
-
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory) -> Path:
-    return save_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
 
 @pytest.fixture(scope="session")

@@ -32,6 +32,7 @@ from transformers import TrainerCallback
 from trl import GRPOConfig
 
 from emrl_data.text.report import VERIFIER_PROMPT
+from tests.train.helpers import until_eos
 from train.checks import RunStopped
 from train.data import frames_to_array, load_split, user_messages, verifier_messages
 from train.grpo import build_grpo_trainer
@@ -62,15 +63,6 @@ def _greedy(config):
     return greedy
 
 
-def _until_eos(ids, eos):
-    out = []
-    for t in ids:
-        out.append(int(t))
-        if int(t) in eos:
-            break
-    return out
-
-
 def _hf_greedy(trainer, messages, n_new):
     """Greedy HF `generate` of the live policy (checkpointing off, as TRL's path does)."""
     model, proc = trainer.accelerator.unwrap_model(trainer.model), trainer.processing_class
@@ -89,7 +81,7 @@ def _hf_greedy(trainer, messages, n_new):
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs
             )
-    return inputs["input_ids"][0].tolist(), _until_eos(out[0, inputs["input_ids"].shape[1] :].tolist(), eos)
+    return inputs["input_ids"][0].tolist(), until_eos(out[0, inputs["input_ids"].shape[1] :].tolist(), eos)
 
 
 def _vllm_greedy_row(trainer, row, n_new):

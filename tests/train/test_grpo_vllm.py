@@ -52,6 +52,7 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.side_env
 def test_after_a_step_and_a_sync_vllm_greedy_equals_hf_generate(probe) -> None:
     step = probe["step"]
     assert step["weights_changed"]
@@ -65,6 +66,7 @@ def test_after_a_step_and_a_sync_vllm_greedy_equals_hf_generate(probe) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.side_env
 def test_an_engine_failure_mid_run_stops_in_one_line_naming_the_step_and_rows(probe) -> None:
     error = probe["step"]["engine_error"]
     assert error is not None and "\n" not in error
@@ -75,6 +77,7 @@ def test_an_engine_failure_mid_run_stops_in_one_line_naming_the_step_and_rows(pr
 
 
 @pytest.mark.slow
+@pytest.mark.side_env
 def test_a_sync_without_process_weights_after_loading_is_stale(probe) -> None:
     step = probe["step"]
     assert step["restored_row"] == step["before_row"]  # the old weights pushed back give the old completion
@@ -86,6 +89,7 @@ def test_a_sync_without_process_weights_after_loading_is_stale(probe) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.side_env
 def test_a_greedy_grpo_run_gives_the_same_rewards_on_both_paths(probe) -> None:
     hf, vllm = probe["run_hf"], probe["run_vllm"]
     assert hf["steps"] == vllm["steps"] == 3
@@ -103,6 +107,7 @@ def test_a_greedy_grpo_run_gives_the_same_rewards_on_both_paths(probe) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.side_env
 def test_the_greedy_run_tells_a_vllm_that_never_syncs_apart(probe) -> None:
     hf, unsynced = probe["run_hf"], probe["run_vllm_unsynced"]
     assert unsynced["pushes"] == 1  # start-up only

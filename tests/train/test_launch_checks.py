@@ -37,6 +37,7 @@ def test_accelerate_env_is_read_back_as_the_launch():
     assert launch_settings_from_env({"WORLD_SIZE": "2"})["distributed_type"] == "MULTI_GPU"
 
 
+@pytest.mark.side_env  # DeepSpeed
 def test_process_count_disagreeing_with_completions_per_step_names_the_fix(tmp_path):
     script, training = _parse("grpo", "train/configs/grpo.yaml", tmp_path)
     check_launch("grpo", script, training, env={**ZERO3_ON_4, "WORLD_SIZE": "8"})  # the paper's launch passes
@@ -71,6 +72,7 @@ def test_zero_stage_without_deepspeed_installed(tmp_path, monkeypatch):
         check_launch("grpo", script, training, env={**ZERO3_ON_4, "WORLD_SIZE": "8"})
 
 
+@pytest.mark.side_env  # DeepSpeed
 def test_gpu_launch_needs_bf16_and_zero3_sft_needs_a_checkpoint(tmp_path, monkeypatch):
     import torch
 
@@ -96,6 +98,7 @@ def test_grpo_batch_error_of_trl_is_one_line(tmp_path, capsys):
     assert err[0].startswith("error: GRPO batch: generation_batch_size (4) must be divisible by num_generations (3)")
 
 
+@pytest.mark.side_env  # DeepSpeed
 def test_launcher_check_cli(tmp_path):
     def cli(*args):
         return subprocess.run([sys.executable, "-m", "train.checks", *args], capture_output=True, text=True,

@@ -30,7 +30,7 @@ from train.checkpoint import check_checkpoint_dir
 from train.tooling.synthetic import make_rows, write_rows
 
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.side_env]  # DeepSpeed
 LAUNCH_TIMEOUT_S = 420
 BIN = Path(sys.executable).parent
 STAGES = ("ddp", "zero2", "zero3")

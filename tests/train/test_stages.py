@@ -16,6 +16,7 @@ import pytest
 import torch
 from trl import GRPOConfig
 
+from tests.train.helpers import until_eos
 from train.data import frames_to_array, load_model_and_processor, load_split, user_messages
 from train.freeze import parameter_group
 from train.grpo import build_grpo_trainer
@@ -47,16 +48,6 @@ def _checkpointing_off(model, gradient_checkpointing_kwargs=None):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
 
 
-def _until_eos(ids, eos_ids):
-    """Cut a token list after its first EOS (kept), as TRL masks completions."""
-    out = []
-    for t in ids:
-        out.append(int(t))
-        if int(t) in eos_ids:
-            break
-    return out
-
-
 def _plain_generate(model, inputs, max_new_tokens, suppress, eos_ids, gc_kwargs=None):
     """Greedy `model.generate` (KV cache on, checkpointing off) -> one token list per row, cut after EOS.
 
@@ -65,7 +56,7 @@ def _plain_generate(model, inputs, max_new_tokens, suppress, eos_ids, gc_kwargs=
     with _checkpointing_off(model, gc_kwargs), torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, suppress_tokens=suppress,
                              eos_token_id=eos_ids, pad_token_id=eos_ids[0])  # fmt: skip
-    return [_until_eos(row, eos_ids) for row in out[:, inputs["input_ids"].shape[1] :].tolist()]
+    return [until_eos(row, eos_ids) for row in out[:, inputs["input_ids"].shape[1] :].tolist()]
 
 
 def _greedy_reference(model, inputs, max_new_tokens, suppress, eos_ids):
@@ -87,7 +78,7 @@ def _greedy_reference(model, inputs, max_new_tokens, suppress, eos_ids):
                 torch.cat([mask, torch.ones_like(nxt)], 1),
                 torch.cat([mm, 0 * nxt], 1),
             )
-    return [_until_eos(row, eos_ids) for row in ids[:, inputs["input_ids"].shape[1] :].tolist()]
+    return [until_eos(row, eos_ids) for row in ids[:, inputs["input_ids"].shape[1] :].tolist()]
 
 
 def _length_reward(completions, **kwargs):

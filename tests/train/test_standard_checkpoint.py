@@ -201,6 +201,7 @@ def stock(sft_ckpt, frames, tmp_path_factory):
     return np.load(out / "reference.npz"), _json(out / "reference.json"), out / "resaved"
 
 
+@pytest.mark.side_env  # torchvision (.cache/torchvision)
 def test_stock_auto_processor_is_qwen3_vl_with_video_processor(stock):
     _, info, _ = stock
     assert (info["processor"], info["image_processor"], info["video_processor"]) == (
@@ -210,6 +211,7 @@ def test_stock_auto_processor_is_qwen3_vl_with_video_processor(stock):
     )
 
 
+@pytest.mark.side_env  # torchvision (.cache/torchvision)
 def test_written_forms_equal_transformers(stock, sft_ckpt):
     """Our hand-written dicts have the real classes' key sets; a stock re-save reproduces our files byte for byte."""
     _, info, resaved = stock
@@ -222,6 +224,7 @@ def test_written_forms_equal_transformers(stock, sft_ckpt):
     assert resaved_tok == _json(sft_ckpt / "tokenizer_config.json")
 
 
+@pytest.mark.side_env  # torchvision (.cache/torchvision)
 def test_video_path_equals_stock_video_processor(stock, sft_ckpt, frames):
     """(b) encode_ct_video vs the stock Qwen3VLVideoProcessor with the saved settings and video_metadata fps = 1.
 
@@ -248,6 +251,7 @@ def test_video_path_equals_stock_video_processor(stock, sft_ckpt, frames):
     assert ref["video_nometa_input_ids"].tolist() == proc.tokenizer(at_24, add_special_tokens=False)["input_ids"]
 
 
+@pytest.mark.side_env  # torchvision (.cache/torchvision)
 def test_image_path_equals_stock_processor(stock, sft_ckpt, frames):
     """(a) through the real AutoProcessor (torchvision image processor, as a GPU server loads it)."""
     ref, info, _ = stock
@@ -346,6 +350,7 @@ print(json.dumps(auto_processor_check(p, build_config(p.tokenizer), Path(sys.arg
 """
 
 
+@pytest.mark.side_env  # torchvision (.cache/torchvision)
 @pytest.mark.parametrize(("n", "px", "grid"), [(5, 64, [3, 4, 4]), (4, 70, [2, 4, 4])])
 def test_device_check_auto_processor_step(tmp_path, n, px, grid):
     """The device check's AutoProcessor step (it runs on the GPU machine), here with torchvision in a subprocess.
