@@ -110,7 +110,7 @@ def plan(n_gpus_multi: int = 8, card_gib: float = 139.0) -> list[dict[str, objec
     * KV cache (HF generate): bf16 K and V of every row one generate call holds (`rows_per_generate_call`).
     * gathered for generation: ZeRO-3 gathers the full bf16 weights on every rank for each generate call
       (`ds3_gather_for_generation`, the rollouts and the verifier), on top of the rank's own shard.
-    * vLLM reserved: with `use_vllm: true` (one process, colocate) vLLM takes `vllm_fraction` of the card (its bf16
+    * vLLM reserved: with `use_vllm: true` on 1 GPU (several: `vllm_rank_plan`) vLLM takes `vllm_fraction` of the card (its bf16
       weights + the KV cache of the same rows at once) up front; the trainer then holds no KV cache and gathers
       nothing. Computed for a `card_gib` card (H200); on an 80 GB card the fraction is larger, the GiB the same.
     * total: the sum of every column (conservative: the training activations and the generation-time gather plus
