@@ -28,7 +28,8 @@ import torch
 from trl import GRPOConfig
 
 from emrl_data.text.report import VERIFIER_PROMPT
-from tests.train.grpo_vllm_probe import _until_eos, _vllm_greedy_row, _vllm_verifier
+from tests.train.grpo_vllm_probe import _vllm_greedy_row, _vllm_verifier
+from tests.train.helpers import until_eos
 from train.checks import run_cli
 from train.data import frames_to_array, load_split, user_messages, verifier_messages
 from train.grpo import build_grpo_trainer
@@ -111,7 +112,7 @@ def _hf_greedy(trainer, messages, n_new):
     with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model, torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=n_new, do_sample=False, suppress_tokens=proc.vision_token_ids,
                              eos_token_id=eos, pad_token_id=eos[0])  # fmt: skip
-    return _until_eos(out[0, inputs["input_ids"].shape[1] :].tolist(), eos)
+    return until_eos(out[0, inputs["input_ids"].shape[1] :].tolist(), eos)
 
 
 def _inject_fault(fault: str, rank: int) -> None:
