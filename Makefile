@@ -63,7 +63,20 @@ $(DEEPSPEED): $(VENV)/.installed
 	DS_BUILD_OPS=0 $(BIN)/python -m pip install --quiet --no-build-isolation -e ".[deepspeed]"
 	touch $@
 
-test: venv $(SIDE_TV)/.installed $(VLLM_ENV)/.installed $(DEEPSPEED)
+# DeepSpeed for the vLLM side environment, beside it (PYTHONPATH), for the 2-rank ZeRO-2/3 runs with vLLM rollouts
+# (tests/train/test_vllm_ranks.py): the same pin, no op built, the side environment's torch; hjson and msgpack are the
+# two of its dependencies that environment lacks.
+VLLM_DS := .cache/vllm-deepspeed
+$(VLLM_DS)/.installed: $(VLLM_ENV)/.installed
+	rm -rf $(VLLM_DS)
+	DS_BUILD_OPS=0 $(VLLM_ENV)/bin/python -m pip install --quiet --no-build-isolation --no-deps --target $(VLLM_DS) \
+		"deepspeed==0.19.8" "hjson==3.1.0" "msgpack==1.2.4"
+	touch $@
+
+.PHONY: vllm-deepspeed
+vllm-deepspeed: $(VLLM_DS)/.installed
+
+test: venv $(SIDE_TV)/.installed $(VLLM_ENV)/.installed $(DEEPSPEED) $(VLLM_DS)/.installed
 	$(BIN)/ruff check emrl_data flows train inference tests bench
 	$(BIN)/ruff format --check emrl_data flows train inference tests bench
 	$(BIN)/lint-imports
@@ -108,6 +121,12 @@ bench-vllm: venv vllm-env
 bench-grpo-vllm: vllm-env
 	env -u PYTHONPATH PYTHONPATH=$(CURDIR) HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
 		$(VLLM_ENV)/bin/python bench/grpo_rollout_vllm.py
+
+# The same on two CPU ranks (accelerate launch, DDP): each rank rolls out its own prompts through its own engine.
+.PHONY: bench-grpo-vllm-ranks
+bench-grpo-vllm-ranks: vllm-env
+	env -u PYTHONPATH PYTHONPATH=$(CURDIR) HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
+		$(VLLM_ENV)/bin/python bench/grpo_rollout_vllm.py --ranks 2
 
 # A tiny Qwen3-VL (built locally from a config) trained for a few dozen SFT steps on the demo SFT set (CPU).
 train-smoke: venv

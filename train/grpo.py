@@ -101,13 +101,24 @@ class VideoGRPOTrainer(GRPOTrainer):
             self.use_vllm = bool(self.args.vllm_importance_sampling_correction)
 
     def _start_vllm(self) -> None:
-        """Start the in-process engine on the policy's checkpoint, check names and prompt lengths, push weights."""
+        """Start the in-process engine on the policy's checkpoint, check names and prompt lengths, push weights.
+
+        Several processes: one engine per rank (tensor parallel 1), built at the same point on every rank (vLLM
+        builds its groups from the trainer's world), each with its share of the device's memory and its own seed;
+        before that the ranks compare vLLM version, model and tensors (a collective under the `ddp_timeout`).
+        """
         from train.vllm_rollout import (  # noqa: PLC0415
+            RankLayout,
             VLLMRollout,
+            check_host_kv_space,
             check_prompt_lengths,
             check_served_checkpoint,
             check_weight_names,
-            policy_weights,
+            checkpoint_bytes,
+            checkpoint_tensor_shapes,
+            device_bytes,
+            engine_memory_fraction,
+            policy_shapes,
             prompt_token_counts,
         )
 
@@ -119,25 +130,57 @@ class VideoGRPOTrainer(GRPOTrainer):
         if self.train_dataset is not None:
             counts = prompt_token_counts(self.train_dataset, self.processing_class)
             check_prompt_lengths(counts, self.max_completion_length, max_len)
-        from train.vllm_rollout import checkpoint_tensor_shapes  # noqa: PLC0415
-
-        check_weight_names({k: tuple(v.shape) for k, v in policy_weights(model).items()},
-                           checkpoint_tensor_shapes(path))  # fmt: skip
+        shapes = policy_shapes(model)
+        check_weight_names(shapes, checkpoint_tensor_shapes(path))
         dtype = "float32" if cpu or not self.args.bf16 else "bfloat16"
-        self.vllm = VLLMRollout(path, max_model_len=max_len, gpu_memory_utilization=self.args.vllm_gpu_memory_utilization,
-                                dtype=dtype, seed=self.args.seed)  # fmt: skip
+        layout = RankLayout.from_env(cuda=not cpu)
+        fraction = engine_memory_fraction(self.args.vllm_gpu_memory_utilization, layout,
+                                          checkpoint_bytes(path, dtype), device_bytes(not cpu))  # fmt: skip
+        if cpu:
+            import psutil  # noqa: PLC0415
+
+            check_host_kv_space(layout, checkpoint_bytes(path, dtype), psutil.virtual_memory().available)
+        distributed = self.accelerator.num_processes > 1
+        if distributed:
+            self._check_ranks_agree(path, shapes)
+        self.vllm = VLLMRollout(path, max_model_len=max_len, gpu_memory_utilization=fraction, dtype=dtype,
+                                seed=self.args.seed + self.accelerator.process_index, distributed=distributed)  # fmt: skip
+        self.accelerator.wait_for_everyone()
         self.sync_vllm_weights()
 
+    def _check_ranks_agree(self, path: str, shapes: dict[str, tuple[int, ...]]) -> None:
+        """Gather every rank's vLLM version, model and tensor digest; refuse a difference on every rank at once."""
+        import torch.distributed as dist  # noqa: PLC0415
+
+        from train.vllm_rollout import check_ranks_agree, rank_info, vllm_version  # noqa: PLC0415
+
+        infos: list[Any] = [None] * self.accelerator.num_processes
+        dist.all_gather_object(infos, rank_info(path, vllm_version(), shapes))
+        check_ranks_agree(infos)
+
     def sync_vllm_weights(self, *, finalize: bool = True) -> None:
-        """Push the policy's weights (LoRA: merged) into the engine; `finalize=False` skips the repacking (tests)."""
-        from train.vllm_rollout import policy_weights  # noqa: PLC0415
+        """Push the policy's weights (LoRA: merged) into this rank's engine; `finalize=False` skips the repacking
+        (tests). DDP and ZeRO-2: from the rank's own full copy. ZeRO-3: gathered one layer group at a time (a
+        collective: every rank syncs at the same step)."""
+        from train.vllm_rollout import gathered_weight_groups, is_zero3, policy_weights  # noqa: PLC0415
 
         model = self.accelerator.unwrap_model(self.model)
-        self.vllm.push_weights(policy_weights(model), finalize=finalize)
+        if is_zero3(model):
+            self.vllm.push_weight_groups(gathered_weight_groups(model))
+        else:
+            self.vllm.push_weights(policy_weights(model), finalize=finalize)
         self._vllm_step = self.state.global_step
+
+    def close_vllm(self) -> None:
+        """Tear this rank's engine down (its process groups before the trainer's); a no-op without one."""
+        if self.vllm is not None:
+            self.vllm.close()
+            self.vllm = None
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         inputs = [dict(x) for x in inputs]
+        if self.vllm is not None and self.state.global_step != self._vllm_step:
+            self.sync_vllm_weights()  # here, not at the first generate: every rank reaches this point (ZeRO-3 gathers)
         proc: CTQwen3VLProcessor = self.processing_class
         encoded: dict[Any, tuple[Any, torch.Tensor, torch.Tensor]] = {}  # one decode + encode per prompt, not per row
         videos = []
@@ -228,9 +271,9 @@ class VideoGRPOTrainer(GRPOTrainer):
                 names.append(str(i))
         gen = self.generation_config
         vocab = self.accelerator.unwrap_model(self.model).config.text_config.vocab_size
-        # No per-request seed: the engine's generator (seeded with args.seed at start) draws the samples. vLLM 0.32's
-        # CPU runner fails on seeded requests whose prefill is split ("CPU Generator does not use offset").
         params = sampling_params(gen, proc.vision_token_ids, vocab, seed=None, logprobs=self.use_vllm)
+        if gen.do_sample and self.rollout_seed == "prompt":
+            params = self._prompt_seeded(params, prompt_ids)
         from train.vllm_rollout import RolloutPromptMismatch  # noqa: PLC0415
 
         try:
@@ -244,6 +287,22 @@ class VideoGRPOTrainer(GRPOTrainer):
                 "checkpoint is intact; resume from it (use_vllm: false falls back to HF generate)."
             ) from exc
         return completions, logprobs
+
+    def _prompt_seeded(self, params: Any, prompt_ids: Any) -> list[Any]:
+        """One `SamplingParams` per request, seeded by (seed, step, the request's prompt ids) plus the request's index
+        among the copies of its prompt: the samples are then a function of the prompt, whatever the rank or batch
+        (`rollout_seed: prompt`). Without it, each rank's engine generator (seeded with seed + rank) draws them."""
+        from train.distributed import prompt_seed  # noqa: PLC0415
+
+        seen: dict[tuple[int, ...], int] = {}
+        out = []
+        for ids in prompt_ids:
+            key = tuple(int(t) for t in ids)
+            seen[key] = seen.get(key, -1) + 1
+            seeded = params.clone()
+            seeded.seed = (prompt_seed(self.args.seed, self.state.global_step, [key]) + seen[key]) % 2**63
+            out.append(seeded)
+        return out
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
         self._ct_videos = list(zip(inputs["ct_pixel_values_videos"], inputs["ct_video_grid_thw"], strict=True))
@@ -582,7 +641,10 @@ def _train_one(script_args: GrpoScriptArguments, training_args: GRPOConfig, data
     if not script_args.step_logs:
         bar_only(trainer)
     add_rank_report(trainer)
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        trainer.close_vllm()  # vLLM's groups go before the trainer's (and before an lr-0 control builds its own)
     return trainer
 
 

@@ -23,12 +23,16 @@ This module imports vLLM lazily: it is importable (and its checks run) where vLL
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
+import math
 import os
+import re
 import struct
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,11 +82,11 @@ def check_vllm_settings(args: Any, *, n_processes: int = 1, version: str | None 
             f"vllm_mode={args.vllm_mode!r}: TRL's vLLM server client sends images only, so the CT video would be "
             "dropped from every rollout; set vllm_mode: colocate (the engine in the training process carries it)."
         )
-    if n_processes > 1 or getattr(args, "vllm_tensor_parallel_size", 1) != 1:
+    tp = getattr(args, "vllm_tensor_parallel_size", 1)
+    if tp != 1:
         raise TrainConfigError(
-            f"use_vllm: true with {n_processes} processes (tensor parallel {args.vllm_tensor_parallel_size}): the "
-            "video-carrying vLLM engine runs in one training process only so far; train on 1 process or set "
-            "use_vllm: false (HF generate, ZeRO-3 gathered)."
+            f"vllm_tensor_parallel_size={tp}: the video-carrying engine runs one whole model per training process "
+            f"(each of the {n_processes} ranks generates its own rows); set vllm_tensor_parallel_size: 1."
         )
     if getattr(args, "vllm_enable_sleep_mode", False):
         raise TrainConfigError(
@@ -300,32 +304,217 @@ def check_weight_names(policy: Mapping[str, tuple[int, ...]], served: Mapping[st
         )
 
 
-def policy_weights(model: Any) -> dict[str, Any]:
-    """Return the policy's tensors by checkpoint name: the state dict, or for a peft model the merged weights.
+LAYER_PATTERN = re.compile(r"^(.*?\.(?:layers|blocks|deepstack_merger_list)\.\d+)\.")
 
-    LoRA: each adapted linear layer's weight is `W + get_delta_weight()` computed out of place (merging in place and
-    unmerging would round the bf16 base a little more each step); `modules_to_save` copies replace their originals.
+
+def checkpoint_name(name: str) -> str:
+    """A policy tensor's checkpoint name: a peft name without `.base_layer.` / `.modules_to_save.default.`."""
+    return name.replace(".base_layer.", ".").replace(".modules_to_save.default.", ".")
+
+
+def layer_key(name: str) -> str:
+    """The group a tensor is pushed in: its decoder layer / vision block / deepstack merger (`...layers.3`), else its
+    module (`lm_head`). vLLM fuses tensors only inside one such module (q/k/v into qkv_proj, gate/up into
+    gate_up_proj), so a group never splits one vLLM layer across two pushes.
+
+    >>> layer_key("model.language_model.layers.3.self_attn.q_proj.weight"), layer_key("lm_head.weight")
+    ('model.language_model.layers.3', 'lm_head')
     """
+    match = LAYER_PATTERN.match(name)
+    return match.group(1) if match else name.rsplit(".", 1)[0]
+
+
+def _peft_parts(model: Any) -> tuple[Any, dict[str, Any]]:
+    """(base model, {module name: LoRA layer}) of a peft model; (model, {}) otherwise."""
     try:
         from peft import PeftModel  # noqa: PLC0415
         from peft.tuners.lora import LoraLayer  # noqa: PLC0415
     except ImportError:  # pragma: no cover - peft is a pinned dependency
-        PeftModel, LoraLayer = (), ()
+        return model, {}
     if not isinstance(model, PeftModel):
-        return {k: v.detach() for k, v in model.state_dict().items()}
+        return model, {}
     base = model.get_base_model()
+    return base, {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
+
+
+def _pushed(name: str) -> bool:
+    return ".lora_" not in name and ".original_module." not in name
+
+
+def policy_weights(model: Any, keep: Any = None) -> dict[str, Any]:
+    """Return the policy's tensors by checkpoint name: the state dict, or for a peft model the merged weights.
+
+    LoRA: each adapted linear layer's weight is `W + get_delta_weight()` computed out of place (merging in place and
+    unmerging would round the bf16 base a little more each step); `modules_to_save` copies replace their originals.
+    `keep(checkpoint_name) -> bool` restricts the result (one push group under ZeRO-3).
+    """
+    base, lora_modules = _peft_parts(model)
     out: dict[str, Any] = {}
-    lora_modules = {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
     for name, tensor in base.state_dict().items():
-        if ".lora_" in name or ".original_module." in name:
-            continue
-        clean = name.replace(".base_layer.", ".").replace(".modules_to_save.default.", ".")
-        out[clean] = tensor.detach()
+        clean = checkpoint_name(name)
+        if _pushed(name) and (keep is None or keep(clean)):
+            out[clean] = tensor.detach()
     for name, module in lora_modules.items():
+        if keep is not None and not keep(f"{name}.weight"):
+            continue
         weight = module.get_base_layer().weight
         delta = module.get_delta_weight(module.active_adapters[0])
         out[f"{name}.weight"] = (weight.float() + delta.float()).to(weight.dtype).detach()
     return out
+
+
+def is_zero3(model: Any) -> bool:
+    """True when the model's parameters are ZeRO-3 partitioned (DeepSpeed gives each one a `ds_id`)."""
+    return any(hasattr(p, "ds_id") for p in model.parameters())
+
+
+def policy_shapes(model: Any) -> dict[str, tuple[int, ...]]:
+    """Return `{checkpoint name: full shape}` of what a sync pushes; a ZeRO-3 partitioned parameter's full shape is
+    its `ds_shape` (its local tensor is empty), so the check needs no gather."""
+    base, _ = _peft_parts(model)
+    params = dict(base.named_parameters(remove_duplicate=False))
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, tensor in base.state_dict().items():
+        if _pushed(name):
+            param = params.get(name)
+            shape = getattr(param, "ds_shape", None) if param is not None else None
+            shapes[checkpoint_name(name)] = tuple(shape if shape is not None else tensor.shape)
+    return shapes
+
+
+def gathered_weight_groups(model: Any) -> Iterator[dict[str, Any]]:
+    """ZeRO-3: yield the policy's weights one `layer_key` group at a time, each group's parameters gathered
+    (`deepspeed.zero.GatheredParameters`, a collective: every rank iterates the same groups in the same order) and
+    LoRA merged while gathered; the yielded tensors are valid until the next group is asked for. One group at a time
+    bounds the extra memory to one decoder layer, and keeps each vLLM layer whole within one push."""
+    import deepspeed  # noqa: PLC0415
+
+    base, _ = _peft_parts(model)
+    groups: dict[str, list[Any]] = {}
+    for name in base.state_dict():
+        if _pushed(name):
+            groups.setdefault(layer_key(checkpoint_name(name)), [])
+    for name, param in base.named_parameters(remove_duplicate=False):
+        key = layer_key(checkpoint_name(name))
+        if key in groups and (_pushed(name) or ".lora_" in name):
+            groups[key].append(param)
+    for key, params in groups.items():
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            yield policy_weights(model, keep=lambda n, key=key: layer_key(n) == key)
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """Where this training process sits: global rank and count, and the ranks sharing its device."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    sharing_device: int = 1  # ranks whose engines reserve memory of the same device (CPU: every rank of the host)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, *, cuda: bool | None = None) -> RankLayout:
+        """Read torchrun's / accelerate's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE. On CPU every rank of the
+        host shares its memory; on GPUs each rank has its own card (`CUDA_VISIBLE_DEVICES`-style launches)."""
+        env = os.environ if env is None else env
+        if cuda is None:
+            import torch  # noqa: PLC0415
+
+            cuda = torch.cuda.is_available()
+        world = int(env.get("WORLD_SIZE", "1") or 1)
+        local_world = int(env.get("LOCAL_WORLD_SIZE", str(world)) or world)
+        sharing = 1 if cuda else local_world
+        return cls(int(env.get("RANK", "0") or 0), world, int(env.get("LOCAL_RANK", "0") or 0), sharing)
+
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def checkpoint_bytes(model_path: str | Path, dtype: str) -> int:
+    """Bytes of the checkpoint's tensors in `dtype` (what vLLM's copy of the weights takes; headers only)."""
+    return sum(math.prod(s) for s in checkpoint_tensor_shapes(model_path).values()) * DTYPE_BYTES[dtype]
+
+
+def engine_memory_fraction(total: float, layout: RankLayout, weight_bytes: int, device_bytes: int) -> float:
+    """Return each engine's `gpu_memory_utilization`: `vllm_gpu_memory_utilization` is the share of one device for
+    all engines on it, split evenly between the ranks that share the device (CPU: the host's ranks; GPU: one).
+
+    Raises:
+        TrainConfigError: when a rank's share cannot hold its engine's weights with room for a KV cache.
+    """
+    share = total / layout.sharing_device
+    need = 1.25 * weight_bytes  # the weights plus a quarter for activations and at least a small KV cache
+    if share * device_bytes < need or total > 1:
+        least = math.ceil(100 * need * layout.sharing_device / device_bytes) / 100
+        fix = (f"raise vllm_gpu_memory_utilization to at least {least:.2f}" if least <= 1 else
+               "put fewer ranks on each device")  # fmt: skip
+        raise TrainConfigError(
+            f"vllm_gpu_memory_utilization={total}: split over the {layout.sharing_device} ranks sharing a device, "
+            f"each engine gets {share:.4f} of {device_bytes / 2**30:.1f} GiB = {share * device_bytes / 2**30:.2f} "
+            f"GiB, less than the {need / 2**30:.2f} GiB its weights and a KV cache need; {fix}."
+        )
+    return share
+
+
+def check_host_kv_space(layout: RankLayout, weight_bytes: int, available_bytes: int,
+                        env: Mapping[str, str] | None = None) -> None:  # fmt: skip
+    """CPU: vLLM sizes each engine's KV cache by `VLLM_CPU_KVCACHE_SPACE` (GiB, per engine; the side environment
+    sets 1) rather than by the fraction; refuse, in one line, when the engines of the host's ranks cannot all fit.
+
+    Raises:
+        TrainConfigError: naming the setting, the need and what is available.
+    """
+    env = os.environ if env is None else env
+    space = env.get("VLLM_CPU_KVCACHE_SPACE", "")
+    if not space:
+        return
+    need = layout.sharing_device * (int(space) * 2**30 + weight_bytes)
+    if need > available_bytes:
+        raise TrainConfigError(
+            f"VLLM_CPU_KVCACHE_SPACE={space} (GiB per engine): the {layout.sharing_device} ranks of this host need "
+            f"{need / 2**30:.2f} GiB for their engines' KV caches and weights, {available_bytes / 2**30:.2f} GiB is "
+            "available; lower VLLM_CPU_KVCACHE_SPACE or run fewer ranks per host."
+        )
+
+
+def device_bytes(cuda: bool) -> int:
+    """Total memory of this rank's device: the GPU's, or on CPU the host's (what vLLM's CPU worker takes its
+    fraction of)."""
+    if cuda:
+        import torch  # noqa: PLC0415
+
+        return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_ranks_agree(infos: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse, in one line on every rank, ranks whose engines would differ: vLLM version, served model, tensors.
+
+    Args:
+        infos: per rank (index = rank) `{"vllm": version, "model": path, "tensors": digest of names and shapes}`.
+
+    Raises:
+        TrainConfigError: naming the first rank that differs from rank 0, what differs, and the fix.
+    """
+    fixes = {
+        "vllm": "install the same vLLM on every node (the side environment of train/vllm_rollout.py)",
+        "model": "give every rank the same --model_name_or_path (a folder every node reads)",
+        "tensors": "every rank must load the same checkpoint (copy it whole to every node)",
+    }
+    what = {"vllm": "runs vLLM", "model": "serves", "tensors": "loads tensors (names and shapes) digest"}
+    for key, fix in fixes.items():
+        for rank, info in enumerate(infos):
+            if info[key] != infos[0][key]:
+                raise TrainConfigError(
+                    f"use_vllm: true: rank {rank} {what[key]} {info[key]} but rank 0 {what[key]} {infos[0][key]}; "
+                    f"{fix}."
+                )
+
+
+def rank_info(model_path: str | Path, version: str, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, str]:
+    """What `check_ranks_agree` compares for this rank."""
+    digest = hashlib.sha256(json.dumps(sorted((k, list(v)) for k, v in shapes.items())).encode()).hexdigest()[:16]
+    return {"vllm": version, "model": str(Path(model_path).resolve()), "tensors": digest}
 
 
 class VLLMRollout:
@@ -334,25 +523,55 @@ class VLLMRollout:
     Args:
         model_path: the checkpoint the policy was loaded from (vLLM loads it once; later weights are pushed).
         max_model_len: context length (prompt + completion) of the engine.
-        gpu_memory_utilization: the fraction of GPU memory (of host memory on CPU) vLLM reserves (weights + KV cache).
+        gpu_memory_utilization: the fraction of GPU memory (of host memory on CPU) this engine reserves (weights + KV
+            cache); with several ranks on one device, each rank's share (`engine_memory_fraction`).
         dtype: vLLM's weight dtype ("float32" on CPU for equality with the fp32 policy; "bfloat16" on a GPU).
-        seed: the engine's seed.
+        seed: the engine's seed (several ranks: the run's seed + the rank, so the ranks draw different samples).
+        distributed: one engine per training process (`torch.distributed` initialised by the trainer): vLLM's
+            `external_launcher` executor with tensor parallel 1 builds its groups from the trainer's world (a
+            collective: every rank constructs its engine at the same point); generation needs no collective.
     """
 
     def __init__(self, model_path: str | Path, *, max_model_len: int = 8192, gpu_memory_utilization: float = 0.2,
-                 dtype: str = "float32", seed: int = 0) -> None:  # fmt: skip
+                 dtype: str = "float32", seed: int = 0, distributed: bool = False) -> None:  # fmt: skip
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core and worker in this process
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from vllm import LLM  # noqa: PLC0415
 
+        extra: dict[str, Any] = {}
+        if distributed:
+            import torch.distributed as dist  # noqa: PLC0415
+
+            os.environ["RANK"], os.environ["WORLD_SIZE"] = str(dist.get_rank()), str(dist.get_world_size())
+            os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
+            extra = {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1}
         self.model_path = str(model_path)
         self.max_model_len = max_model_len
+        self.distributed = distributed
         self.llm = LLM(model=self.model_path, enforce_eager=True, dtype=dtype, max_model_len=max_model_len,
                        gpu_memory_utilization=gpu_memory_utilization, limit_mm_per_prompt={"video": 1, "image": 1},
-                       seed=seed, enable_prefix_caching=False, logprobs_mode="processed_logprobs")  # fmt: skip
+                       seed=seed, enable_prefix_caching=False, logprobs_mode="processed_logprobs", **extra)  # fmt: skip
         self.served_shapes = checkpoint_tensor_shapes(model_path)
         self.n_pushes = 0
+
+    def close(self) -> None:
+        """Tear the engine down: vLLM's own process groups first, the trainer's default group stays (destroying the
+        default group before vLLM's fails: "Invalid process group specified")."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is None:
+            return
+        del llm
+        if self.distributed:
+            from vllm.distributed import parallel_state  # noqa: PLC0415
+
+            parallel_state.destroy_model_parallel()
+            if parallel_state._WORLD is not None:  # vLLM's world group; not torch's default group
+                parallel_state._WORLD.destroy()
+                parallel_state._WORLD = None
+        import gc  # noqa: PLC0415
+
+        gc.collect()
 
     def generate(self, requests: Sequence[dict[str, Any]], params: Any, expected_prompt_ids: Sequence[Sequence[int]],
                  names: Sequence[str] | None = None) -> tuple[list[list[int]], list[list[float]] | None]:  # fmt: skip
@@ -389,6 +608,20 @@ class VLLMRollout:
                 logprobs.append([float(step[t].logprob) for t, step in zip(completions[-1], out.outputs[0].logprobs,
                                                                            strict=True)])  # fmt: skip
         return completions, (logprobs if len(logprobs) == len(completions) else None)
+
+    def push_weight_groups(self, groups: Iterable[Mapping[str, Any]]) -> int:
+        """Push the weights group after group (`gathered_weight_groups`: ZeRO-3), each group one in-place reload, then
+        reset the caches once; return the number of tensors pushed. Each group holds whole vLLM layers: the
+        layer-wise reload waits for all of a layer's tensors (q, k and v of a fused qkv_proj) within one push."""
+        n = 0
+        for weights in groups:
+            items = list(weights.items())
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True})
+            n += len(items)
+        self.llm.llm_engine.reset_encoder_cache()
+        self.llm.reset_prefix_cache()
+        self.n_pushes += 1
+        return n
 
     def push_weights(self, weights: Mapping[str, Any], *, finalize: bool = True) -> None:
         """Load `weights` (`{hf_name: tensor}`, any subset of the model) into the engine in place.

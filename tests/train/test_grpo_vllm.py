@@ -147,9 +147,16 @@ def test_sleep_mode_is_refused() -> None:
         check_vllm_settings(_args(vllm_enable_sleep_mode=True), version="0.32.0")
 
 
-def test_several_processes_are_refused() -> None:
-    with pytest.raises(TrainConfigError, match=r"^use_vllm: true with 2 processes .*set use_vllm: false"):
-        check_vllm_settings(_args(), n_processes=2, version="0.32.0")
+def test_several_processes_pass_and_tensor_parallel_is_refused_in_one_line() -> None:
+    check_vllm_settings(
+        _args(), n_processes=8, version="0.32.0"
+    )  # one engine per rank (tests/train/test_vllm_ranks.py)
+    with pytest.raises(TrainConfigError) as err:
+        check_vllm_settings(_args(vllm_tensor_parallel_size=2), n_processes=8, version="0.32.0")
+    assert str(err.value) == (
+        "vllm_tensor_parallel_size=2: the video-carrying engine runs one whole model per training process (each of "
+        "the 8 ranks generates its own rows); set vllm_tensor_parallel_size: 1."
+    )
 
 
 def test_use_vllm_in_a_python_without_vllm_is_refused_before_any_step(tiny_dir, sft_table, tmp_path) -> None:
@@ -274,3 +281,28 @@ def test_a_stopped_run_ends_in_one_line_with_exit_1(capsys) -> None:
     assert capsys.readouterr().err == (
         "error: vLLM engine failed at step 3 generating rows (BDMAP_1, liver): RuntimeError: boom; ...\n"
     )
+
+
+def test_zero3_push_groups_keep_each_layer_whole_and_merge_lora_inside(tiny_dir) -> None:
+    """The groups `gathered_weight_groups` pushes (here unpartitioned, where DeepSpeed's gather is a no-op; the
+    2-rank ZeRO-3 run of tests/train/test_vllm_ranks.py gathers for real) are the merged weights, one layer each."""
+    import torch
+    from transformers import Qwen3VLForConditionalGeneration
+
+    from train.grpo import _apply_lora
+    from train.vllm_rollout import gathered_weight_groups, layer_key, policy_shapes, policy_weights
+
+    model = _apply_lora(Qwen3VLForConditionalGeneration.from_pretrained(tiny_dir, dtype=torch.float32), 4, 8)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.05)
+    whole = policy_weights(model)
+    groups = [dict(g) for g in gathered_weight_groups(model)]
+    assert all(len({layer_key(k) for k in g}) == 1 for g in groups)  # one layer (or one module) per push
+    assert sum(len(g) for g in groups) == len(whole)
+    pushed = {k: v for g in groups for k, v in g.items()}
+    assert sorted(pushed) == sorted(whole) and all(torch.equal(pushed[k], whole[k]) for k in whole)
+    layer0 = next(g for g in groups if "model.language_model.layers.0.self_attn.q_proj.weight" in g)
+    assert {f"model.language_model.layers.0.self_attn.{x}_proj.weight" for x in "qkv"} <= set(layer0)
+    assert policy_shapes(model) == {k: tuple(v.shape) for k, v in whole.items()}

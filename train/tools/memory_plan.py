@@ -110,7 +110,7 @@ def plan(n_gpus_multi: int = 8, card_gib: float = 139.0) -> list[dict[str, objec
     * KV cache (HF generate): bf16 K and V of every row one generate call holds (`rows_per_generate_call`).
     * gathered for generation: ZeRO-3 gathers the full bf16 weights on every rank for each generate call
       (`ds3_gather_for_generation`, the rollouts and the verifier), on top of the rank's own shard.
-    * vLLM reserved: with `use_vllm: true` (one process, colocate) vLLM takes `vllm_fraction` of the card (its bf16
+    * vLLM reserved: with `use_vllm: true` on 1 GPU (several: `vllm_rank_plan`) vLLM takes `vllm_fraction` of the card (its bf16
       weights + the KV cache of the same rows at once) up front; the trainer then holds no KV cache and gathers
       nothing. Computed for a `card_gib` card (H200); on an 80 GB card the fraction is larger, the GiB the same.
     * total: the sum of every column (conservative: the training activations and the generation-time gather plus
@@ -156,6 +156,50 @@ def plan(n_gpus_multi: int = 8, card_gib: float = 139.0) -> list[dict[str, objec
     return out
 
 
+def vllm_rank_plan(n_gpus_multi: int = 8, card_gib: float = 139.0) -> list[dict[str, object]]:
+    """Return the multi-GPU paths with vLLM rollouts on every rank (`use_vllm: true`, one engine per rank, tensor
+    parallel 1), in `plan`'s columns, GiB per GPU.
+
+    Each rank's engine holds the whole model in bf16 and the KV cache of the rank's own rows (what it generates: the
+    same rows per call as the HF path), `vllm_fraction` of the card; the trainer then keeps no HF KV cache. ZeRO-2
+    pushes from the rank's own bf16 copy (nothing gathered); ZeRO-3 gathers one decoder layer at a time for the push
+    (`train.vllm_rollout.gathered_weight_groups`: 'gathered' is that layer in bf16) instead of the whole model
+    per generate call, but its engine still holds a full copy: vLLM takes back most of what ZeRO-3 shards. LoRA on
+    several GPUs is DDP of the LoRA path (each rank the whole bf16 base), each rank pushing its merged weights.
+    """
+    c, shape, n = parameter_counts(), Shape(), n_gpus_multi
+    total = c["vit"] + c["projector"] + c["llm"]
+    trainable = c["projector"] + c["llm"]
+    _, seq = _tokens(shape)
+    act = (c["layers"] * 2 * seq * c["hidden"] + 34 * seq * c["hidden"]) + 2 * shape.completion_tokens * c["vocab"] * 4
+    rows_full, rows_lora = rows_per_generate_call("grpo.yaml"), rows_per_generate_call("grpo_lora.yaml")
+    layer = 2 * (c["llm"] - 2 * c["vocab"] * c["hidden"]) / c["layers"]  # one bf16 decoder layer
+    lora_trained = c["lora"] + c["projector"]
+    host = host_plan(n)
+    rows = [
+        (f"ZeRO-2 on {n} GPUs, vLLM on every rank",
+         (2 * total + 4 * trainable / n, 6 * trainable / n, 8 * trainable / n, 2 * total), rows_full, 0, host[1]),
+        (f"ZeRO-3 on {n} GPUs, vLLM on every rank",
+         ((2 * total + 4 * trainable) / n, 6 * trainable / n, 8 * trainable / n, 2 * total / n), rows_full, layer,
+         host[2]),
+        (f"LoRA r={shape.lora_rank}, DDP on {n} GPUs, vLLM on every rank",
+         (2 * total + 4 * lora_trained, 4 * lora_trained, 8 * lora_trained, 2 * c["projector"]), rows_lora, 0,
+         {k: n * v for k, v in host[3].items()}),
+    ]  # fmt: skip
+    out = []
+    for name, (weights, grads, optim, ref), n_rows, gather, host_row in rows:
+        fraction = vllm_fraction(c, n_rows, card_gib, shape)
+        parts = {"weights": weights, "gradients": grads, "optimizer": optim, "reference": ref, "activations": act,
+                 "kv_cache": 0, "gather": gather, "vllm": fraction * card_gib * GIB}  # fmt: skip
+        gib = {k: v / GIB for k, v in parts.items()}
+        gib["total"] = sum(gib.values())
+        out.append({"path": f"{name} ({fraction:.2f})", "rows_per_call": n_rows, **gib,
+                    "fits_80": gib["total"] < 80 * 0.9, "fits_141": gib["total"] < 139 * 0.9,
+                    "host_gib_per_node": host_row["host_gib_per_node"],
+                    "host_gib_per_node_before": host_row["before"]})  # fmt: skip
+    return out
+
+
 def host_plan(n_gpus_multi: int = 8) -> list[dict[str, float]]:
     """Host memory per node at start-up (GiB), besides the checkpoint's page cache (bf16 safetensors, shared, evictable).
 
@@ -188,16 +232,15 @@ def markdown(n_gpus_multi: int = 8) -> str:
         "Gradients under ZeRO include DeepSpeed's fp32 copy of the gradient partition; the reference is bf16. "
         f"Generation as it runs: 'rows' is what one generate call holds per GPU (per-device batch x accumulation of "
         f"the path's config), each row's bf16 KV cache is {kv_row:.2f} GiB; 'gathered' is the full bf16 model ZeRO-3 "
-        "gathers for each generate call; 'vLLM' is what vLLM reserves beside the trainer (its bf16 weights and the KV "
-        "cache of the same rows, as a fraction of an H200's 139 GiB), replacing the HF KV cache; the total adds every "
-        "column. Host: GiB of host memory per node while the models load, besides the checkpoint's page cache (in "
+        "gathers for each generate call; 'vLLM' is vLLM's reservation beside the trainer (bf16 weights + the same rows' "
+        "KV cache; the path names its fraction of an H200), replacing the HF KV cache; the total adds every column. Host: GiB of host memory per node while the models load, besides the checkpoint's page cache (in "
         "brackets: before the policy loaded onto the GPU and the reference became bf16; `host_plan`).",
         "",
         "| path | weights | gradients | AdamW | reference | activations | rows per call | KV cache | gathered | vLLM "
         "| total | fits 80 GB | fits H200 | host per node at start (before) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in plan(n_gpus_multi):
+    for r in plan(n_gpus_multi) + vllm_rank_plan(n_gpus_multi):
         lines.append(
             f"| {r['path']} | {r['weights']:.1f} | {r['gradients']:.1f} | {r['optimizer']:.1f} | {r['reference']:.1f} "
             f"| {r['activations']:.1f} | {r['rows_per_call']} | {r['kv_cache']:.1f} | {r['gather']:.1f} "
