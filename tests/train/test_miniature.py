@@ -61,7 +61,8 @@ TOY = {"n_train": 8, "n_test": 4, "n_frames": 4, "size_px": 32, "organs": ["kidn
        "warmup_max_steps": 2, "warmup_eval_every": 2, "warmup_val_rows": 2, "warmup_target_parse_rate": 0.0,
        "warmup_target_sampled_parse_rate": 0.0, "sft_steps": 2, "sft_batch_size": 2, "grpo_steps": 1,
        "grpo_prompts_per_step": 2, "num_generations": 2, "max_completion_length": 8, "verifier_max_new_tokens": 4,
-       "eval_max_new_tokens": 8, "n_bootstrap": 20}  # fmt: skip
+       "eval_max_new_tokens": 8, "n_bootstrap": 40, "warmup_target_verifier_accuracy": 0.0,
+       "verifier_eval_frames": 4, "lesion_span": 1}  # fmt: skip
 
 
 @pytest.fixture(scope="module")

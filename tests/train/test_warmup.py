@@ -5,6 +5,8 @@ import json
 import numpy as np
 import pytest
 
+from emrl_data.organs import side_locations
+from emrl_data.text.parser import parse_free_text
 from emrl_data.text.report import NEGATIVE_FINDINGS, render_prompt
 from emrl_data.types import Organ
 from train.checks import TrainConfigError
@@ -13,7 +15,18 @@ from train.miniature.config import MiniatureConfig, load_config
 from train.miniature.study import Miniature, check_split, claim_check
 from train.tooling.synthetic import VISIBLE_INTENSITY, make_visible_rows
 from train.tooling.tiny import build_model, build_processor
-from train.tooling.warmup import VerifierCollator, held_out_indices, lm_warmup, verifier_examples
+from train.tooling.warmup import (
+    BalancedPairs,
+    FrameTarget,
+    VerifierCollator,
+    format_verifier,
+    frame_targets,
+    held_out_indices,
+    lm_warmup,
+    score_verifier,
+    verifier_examples,
+    verifier_gaps,
+)
 
 
 def test_held_out_indices_span_the_table():
@@ -38,7 +51,53 @@ def test_visible_rows_show_the_lesion_only_in_the_pixels():
         assert row["long_axis_mm"] in (12.0, 31.0, 48.0)
 
 
-def test_verifier_examples_and_labels_cover_the_answer_only():
+def test_frame_targets_agree_with_the_drawn_mask_on_every_frame():
+    masks: list = []
+    rows = make_visible_rows(24, n_frames=8, size_px=64, seed=5, organs=("kidney", "liver"), span=3, masks_out=masks)
+    assert len(masks) == 24 and {r["has_lesion"] for r in rows} == {True, False}
+    n_present = 0
+    for row, mask in zip(rows, masks, strict=True):
+        targets = frame_targets(row, lesion_span=3)
+        frames = frames_to_array(row["frames"])
+        assert [t.frame for t in targets] == list(range(8))
+        for t in targets:
+            shows = bool(mask[t.frame].any())
+            assert t.present == shows  # never labelled against its pixels
+            if not shows:
+                assert t.answer == NEGATIVE_FINDINGS[Organ(row["organ"])] and t.location is None
+                continue
+            n_present += 1
+            assert (frames[t.frame][mask[t.frame]] == VISIBLE_INTENSITY[row["attenuation"]]).all()
+            parsed = parse_free_text(t.answer, row["organ"])
+            assert parsed.has_lesion and parsed.attenuation == t.attenuation == row["attenuation"]
+            xs = np.nonzero(mask[t.frame])[1]
+            side = 0 if xs.mean() < 32 else 1
+            assert set(parsed.location) == set(side_locations(row["organ"])[side]) == set(t.location)
+            key_radius = (mask[row["key_slice_frame"] - 1].any(axis=0).sum() + 1) // 2  # a disc of radius r spans 2r-1
+            radius = (mask[t.frame].any(axis=0).sum() + 1) // 2
+            assert parsed.long_axis_cm == pytest.approx(
+                round(row["long_axis_mm"] * radius / key_radius, 1) / 10, abs=0.051
+            )
+        if row["has_lesion"]:  # span 3: the key frame and up to 3 each side (frames 1-2 away included)
+            k = row["key_slice_frame"]
+            assert [t.frame + 1 for t in targets if t.present] == [f for f in range(1, 9) if abs(f - k) <= 3]
+    assert n_present > 40
+
+
+def test_balanced_pairs_draw_half_with_a_lesion():
+    rows = make_visible_rows(8, n_frames=8, size_px=32, seed=2, organs=("kidney",), span=3)
+    pairs = BalancedPairs(rows, np.random.default_rng(0), lesion_span=3)
+    negative = NEGATIVE_FINDINGS[Organ.KIDNEY]
+    n_positive = sum(r["has_lesion"] for r in rows)
+    assert len(pairs) == 8 * 8 and len(pairs.present) == sum(
+        len(frame_targets(r, 3)) - sum(not t.present for t in frame_targets(r, 3)) for r in rows
+    )
+    assert n_positive > 0 and all(answer != negative for _, answer in pairs.present)
+    drawn = pairs.draw(6)
+    assert [answer == negative for _, answer in drawn] == [False] * 3 + [True] * 3
+
+
+def test_legacy_verifier_examples_without_a_span_and_labels_cover_the_answer_only():
     rows = make_visible_rows(6, n_frames=8, size_px=64, seed=0, organs=("kidney",))
     positive = next(r for r in rows if r["has_lesion"])
     pairs = verifier_examples(positive, np.random.default_rng(0))
@@ -49,11 +108,44 @@ def test_verifier_examples_and_labels_cover_the_answer_only():
         assert pairs[1][1] == NEGATIVE_FINDINGS[Organ.KIDNEY]
         assert any((pairs[1][0] == f).all() and abs(i + 1 - positive["key_slice_frame"]) >= 3
                    for i, f in enumerate(frames))  # fmt: skip
+    spanned = verifier_examples(positive, np.random.default_rng(0), lesion_span=1)
+    assert [a for _, a in spanned] == [t.answer for t in frame_targets(positive, 1)]
     processor = build_processor()
     batch = VerifierCollator(processor)(pairs)
     for i, (_, answer) in enumerate(pairs):
         labelled = batch["labels"][i][batch["labels"][i] != -100]
         assert processor.tokenizer.decode(labelled) == answer + "<|im_end|>"
+
+
+def test_score_verifier_rates_and_gates():
+    hypo_left = FrameTarget(0, "x", True, ("left",), "hypo")
+    clear = FrameTarget(1, "y", False)
+    asked = [("kidney", hypo_left)] * 4 + [("kidney", clear)] * 2
+    texts = ["A hypodense lesion in the left kidney measures 3.1 x 2.2 cm.",  # all right
+             "A hyperdense lesion in the left kidney measures 3.1 x 2.2 cm.",  # attenuation wrong
+             "A hypodense lesion in the right kidney measures 3.1 x 2.2 cm.",  # location wrong
+             "No focal renal lesion.",  # missed
+             "No focal renal lesion.", ""]  # right; unreadable = wrong  # fmt: skip
+    acc = score_verifier(asked, texts)
+    assert acc == {"sensitivity": 0.75, "specificity": 0.5, "location": 0.5, "attenuation": 0.5,
+                   "n_lesion_frames": 4, "n_clear_frames": 2}  # fmt: skip
+    assert verifier_gaps(acc, 0.6) == ["specificity 50% < 60%", "location 50% < 60%", "attenuation 50% < 60%"]
+    assert verifier_gaps(acc, 0.0) == []
+    assert format_verifier(acc) == "sens 75%, spec 50%, location 50%, attenuation 50% (4 + 2 frames)"
+
+
+def test_warmup_that_misses_its_verifier_gates_fails_in_one_line():
+    rows = make_visible_rows(4, n_frames=4, size_px=32, seed=0, organs=("kidney",), span=1)
+    processor = build_processor()
+    model = build_model(processor.tokenizer, seed=0)
+    lines: list[str] = []
+    with pytest.raises(TrainConfigError) as err:
+        lm_warmup(model, processor, rows[:3], rows[3:], max_steps=2, learning_rate=1e-3, batch_size=1,
+                  verifier_batch_size=2, eval_every=2, target_parse_rate=0.0, max_new_tokens=4, lesion_span=1,
+                  target_verifier_accuracy=0.9, verifier_eval_frames=4, verifier_max_new_tokens=4, log=lines.append)  # fmt: skip
+    message = str(err.value)
+    assert "\n" not in message and "verifier accuracy below its gates" in message and "lm_warmup_steps=2" in message
+    assert len(lines) == 1 and ", verifier sens " in lines[0]
 
 
 def test_warmup_that_misses_its_criterion_fails_in_one_line():
