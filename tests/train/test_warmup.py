@@ -19,6 +19,7 @@ from train.tooling.warmup import (
     BalancedPairs,
     FrameTarget,
     VerifierCollator,
+    balanced_rows,
     format_verifier,
     frame_targets,
     held_out_indices,
@@ -256,3 +257,34 @@ def test_sft_cli_warmup_cap_is_a_one_line_error(sft_table, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: LM warm-up: held-out parse rate ") and "lm_warmup_steps=2" in err[-1]
     assert not (tmp_path / "sft" / "model.safetensors").exists()  # nothing half-written
+
+
+def test_balanced_rows_draw_half_positive():
+    rows = make_visible_rows(10, n_frames=4, size_px=32, seed=4, organs=("kidney",), positive_fraction=0.2)
+    assert 0 < sum(r["has_lesion"] for r in rows) < 5  # a minority of positives
+    drawn = balanced_rows(rows, np.random.default_rng(0), 6)
+    assert [r["has_lesion"] for r in drawn] == [True] * 3 + [False] * 3
+    only_negative = [r for r in rows if not r["has_lesion"]]
+    assert not any(r["has_lesion"] for r in balanced_rows(only_negative, np.random.default_rng(0), 4))
+
+
+def test_demo_sft_that_misses_both_classes_within_its_rounds_fails_in_one_line(sft_table, tmp_path, capsys):
+    from train.checks import run_cli
+    from train.tooling.demo_sft import main as sft_main
+
+    # No warm-up: the random tiny model writes nothing parse_report reads, so sensitivity is 0 after each round.
+    argv = ["--config", "train/configs/sft_demo.yaml", "--dataset_dir", str(sft_table), "--output_dir",
+            str(tmp_path / "sft"), "--lm_warmup_steps", "0", "--max_steps", "1", "--sft_max_rounds", "2",
+            "--sft_stop_split", "test", "--parse_rate_split", "test"]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(sft_main, argv)
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert [line for line in captured.out.splitlines() if line.startswith("SFT round")] == [
+        "SFT round 1 (1 steps): test split sensitivity 0%, specificity 0%",
+        "SFT round 2 (2 steps): test split sensitivity 0%, specificity 0%",
+    ]
+    assert captured.err.strip().splitlines()[-1] == (
+        "error: demo SFT: the test split's existence sensitivity 0%, specificity 0% after sft_max_rounds=2 rounds "
+        "of 1 steps (both must be above 0); raise sft_max_rounds"
+    )

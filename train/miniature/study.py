@@ -553,6 +553,8 @@ def results_markdown(results: dict[str, Any], claim: dict[str, Any], paired: dic
             lines.append(f"- {key}: {100 * value['gap']:+.1f} points (half-width {100 * value['half_width']:.1f}): "
                          f"{_verdict(value)}")  # fmt: skip
     lines.append(f"- claim ((a) beats SFT and (c) beyond the intervals on B-Acc or K-Hit): {claim['claim_holds']}")
+    lines.append(f"- verdict: the claim held in {int(claim['claim_holds'])} of 1 seeds (this run; across seeds: "
+                 "`--seeds`, `make miniature-seeds`, `make miniature-study`)")  # fmt: skip
     if claim.get("beats_more_sft") is not None:
         lines.append("- beyond the claim ((a) beats more SFT on the same rows, (d) and (e), beyond the intervals on "
                      f"B-Acc or K-Hit): {claim['beats_more_sft']}")  # fmt: skip
@@ -582,16 +584,14 @@ def _verifier_lines(results: dict[str, Any]) -> list[str]:
 
 
 def save_curves_png(curves: dict[str, dict[str, list]], path: Path) -> Path:
-    """Plot R and r_c per step for (a), (b), (c)."""
+    """Plot R and r_c per step for each GRPO run."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    colors = dict(
-        zip(GRPO_RUNS, ("tab:blue", "tab:orange", "tab:green"), strict=True)
-    )  # one colour per run, both panels
+    colors = {name: f"C{i}" for i, name in enumerate(GRPO_RUNS)}  # one colour per run, both panels
     for name, curve in curves.items():
         for ax, key in zip(axes, ("reward", "rewards/r_c/mean"), strict=True):
             points = curve.get(key, [])

@@ -363,6 +363,19 @@ class WarmupPlan:
     verifier_max_new_tokens: int = 48
 
 
+def balanced_rows(rows: Sequence[Mapping[str, Any]], rng: np.random.Generator, n: int) -> list[Mapping[str, Any]]:
+    """Draw `n` report rows, `n // 2` positive and the rest negative when both kinds exist (else `n` of any): a
+    majority class does not become the warm-up's one answer."""
+    pos = [r for r in rows if r["has_lesion"]]
+    neg = [r for r in rows if not r["has_lesion"]]
+    if not pos or not neg:
+        return [rows[int(i)] for i in rng.integers(len(rows), size=n)]
+    n_pos = n // 2 if n > 1 else int(rng.integers(2))
+    return [pos[int(i)] for i in rng.integers(len(pos), size=n_pos)] + [
+        neg[int(i)] for i in rng.integers(len(neg), size=n - n_pos)
+    ]
+
+
 def _check_plan(rows: Sequence[Any], val_rows: Sequence[Any], plan: WarmupPlan) -> None:
     if not rows or not val_rows:
         raise TrainConfigError(f"LM warm-up needs training and validation rows (got {len(rows)} and {len(val_rows)}).")
@@ -489,7 +502,7 @@ def lm_warmup(
     result = WarmupResult(steps=0)
     start = time.perf_counter()
     for step in range(1, plan.max_steps + 1):
-        batch = report_collate([rows[int(i)] for i in rng.integers(len(rows), size=plan.batch_size)])
+        batch = report_collate(balanced_rows(rows, rng, plan.batch_size))
         vbatch = verifier_collate(pairs.draw(plan.verifier_batch_size)) if pairs is not None and len(pairs) else None
         _train_step(model, opt, params, batch, vbatch, result)
         result.steps = step
