@@ -10,7 +10,7 @@ Adding an organ is one `register_organ(OrganSpec(...))` call (a permanent one go
 (`emrl_data.synthetic`) and the synthetic training rows (`train.tooling.synthetic`) draw it. `tests/emrl_data/test_organs.py`
 registers a spleen and runs the synthetic pipeline end to end for it.
 
-`Organ` is the name of a registered organ. It behaves like the former `StrEnum`: `Organ("liver") is Organ.LIVER`,
+`Organ` is the name of a registered organ. It behaves like a `StrEnum`: `Organ("liver") is Organ.LIVER`,
 `for organ in Organ` lists the registered organs in registration order (the row order of every table), and an organ
 compares, hashes and serialises as its name.
 """

@@ -3,7 +3,7 @@
 Per pair (`curate_part_task`): skip it when the part ledger knows it (same part checksums, config, splits and
 metadata, every case in the store), else download the mask part (verified, resumable) and unpack it, then download the
 image part and stream its CTs out one at a time, curating each case as soon as its CT is on disk and deleting it
-after (docs/decisions.md, "Hub parts: streamed, not unpacked"). A part that fails its sha256 twice turns its cases
+after (docs/decisions.md#hub-parts-streamed-not-unpacked). A part that fails its sha256 twice turns its cases
 into `part_checksum_mismatch` rejections. Parts run on any task runner; how many at once follows from the budget.
 """
 

@@ -3,8 +3,9 @@
 `TransformersBackend` loads a checkpoint written by `train.tooling.tiny`, `train.sft` or `train.grpo` with
 `train.data.load_model_and_processor`. The frames reach Qwen3-VL as one video through `train.data`'s CT encoder and
 chat layout (`render_prompt_text`), exactly as in training. Decoding is greedy, batched with left padding, and the four
-vision tokens are suppressed (`training.md` §6.5); the text is decoded with `skip_special_tokens=True`. torch and
-transformers are imported only when a backend is built, so the HTTP client and the store stay light.
+vision tokens are suppressed (docs/training.md#qwen3-vl-facts-the-code-relies-on); the text is decoded with
+`skip_special_tokens=True`. torch and transformers are imported only when a backend is built, so the HTTP client and
+the store stay light.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from prefect.testing.utilities import prefect_test_harness
 
 @pytest.fixture(scope="session")
 def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Run the session's flows against a temporary SQLite-backed API server (about 8 s to start, once).
+    """Run the test session's flows against a temporary SQLite-backed API server (about 8 s to start, once).
 
     Result storage is isolated too: the harness isolates the database but not `$PREFECT_HOME/storage`, so task caches
     would otherwise leak from one pytest run into the next (a second run saw `Cached` states). Request it from tests that run flows through

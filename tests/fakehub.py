@@ -3,7 +3,7 @@
 It speaks the real protocol to the real clients (huggingface_hub 1.33, hf_xet 1.8, datasets 5.2) for the calls
 `HfApi.create_repo` / `upload_folder` / `create_commit` / `create_tag` / `create_branch` / `list_repo_refs` /
 `list_repo_tree` / `list_repo_commits` / `repo_info` / `hf_hub_download` and `datasets.load_dataset(repo, revision=...)`
-make. Adapted from `notes/prefect_hub.md` Appendix A (verified there with huggingface_hub 2.4.0).
+make.
 
 How it avoids Xet and LFS: `/preupload` answers `uploadMode: "regular"` for every file, so the client inlines the bytes
 (base64) in the NDJSON `/commit` call. With `lfs_suffixes=(".parquet",)` those files get `uploadMode: "lfs"` and go

@@ -14,6 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 MAX_README_WORDS = 2000
+# Reference pages that link their details (contract.md, scaling.md, serving.md, operations.md, miniature.md) rather
+# than repeat them: at most this many words each.
+MAX_DOC_WORDS = {"decisions.md": 4000, "training.md": 4000}
 # The packages whose modules the README's code map must name, one bullet per module (`__init__.py` excluded).
 CODE_PACKAGES = ("emrl_data", "flows", "train", "inference", "bench")
 # A heading that names a work item rather than a subject: "#12", "issue 9", "session 4", "items 1-3", "helper".
@@ -36,6 +39,11 @@ def module_paths(root: Path) -> list[str]:
             if path.name != "__init__.py" and "__pycache__" not in rel.parts:
                 found.append(rel.as_posix())
     return found
+
+
+def over_limit(texts: dict[str, str], limits: dict[str, int]) -> list[str]:
+    """`name: N words (at most M)` for each text longer than its limit."""
+    return [f"{n}: {words(texts[n])} words (at most {m})" for n, m in limits.items() if words(texts[n]) > m]
 
 
 def unnamed_modules(readme: str, modules: list[str]) -> list[str]:
@@ -100,6 +108,7 @@ def broken_links(path: Path) -> list[str]:
 
 def test_checks_catch_constructed_defects(tmp_path: Path) -> None:
     assert words("a b\n c\t`d e`") == 5
+    assert over_limit({"a.md": "x y z", "b.md": "x"}, {"a.md": 2, "b.md": 2}) == ["a.md: 3 words (at most 2)"]
     (tmp_path / "bench").mkdir()
     (tmp_path / "flows" / "cli").mkdir(parents=True)
     for rel in ("bench/a.py", "flows/cli/__init__.py", "flows/cli/run.py"):
@@ -110,7 +119,7 @@ def test_checks_catch_constructed_defects(tmp_path: Path) -> None:
     doc = "# Decisions\n## Labels\n## Thin flows (issue 12, items 2)\n## Ctrl-C (session 4)\n```\n# #3 in code\n```\n"
     assert work_item_headings(doc) == ["## Thin flows (issue 12, items 2)", "## Ctrl-C (session 4)"]
     assert slug("Operations: the `emrl` command and local Prefect") == "operations-the-emrl-command-and-local-prefect"
-    assert slug("Label definitions (RadGPT §4)") == "label-definitions-radgpt-4"
+    assert slug("Labels: size (mm) & attenuation") == "labels-size-mm--attenuation"
     assert anchors("# A\n## A\n## B c\n") == {"a", "a-1", "b-c"}
     (tmp_path / "x.md").write_text("# Here\n[ok](#here) [bad](#there) [gone](y.md) [web](https://e.org/#z)\n")
     assert broken_links(tmp_path / "x.md") == ["#there (no heading #there in x.md)", "y.md (no file y.md)"]
@@ -122,6 +131,12 @@ def test_checks_catch_constructed_defects(tmp_path: Path) -> None:
 def test_readme_is_at_most_2000_words() -> None:
     n = words(README.read_text(encoding="utf-8"))
     assert n <= MAX_README_WORDS, f"README.md has {n} words (at most {MAX_README_WORDS}): move details to docs/"
+
+
+def test_decisions_and_training_stay_within_their_word_limits() -> None:
+    texts = {name: (ROOT / "docs" / name).read_text(encoding="utf-8") for name in MAX_DOC_WORDS}
+    bad = over_limit(texts, MAX_DOC_WORDS)
+    assert not bad, f"link details from the topic docs instead of repeating them: {bad}"
 
 
 def test_readme_code_map_names_every_module() -> None:

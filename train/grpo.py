@@ -301,6 +301,16 @@ class GrpoScriptArguments:
     )
     verifier_max_new_tokens: int = field(default=128, metadata={"help": "Greedy tokens of the verifier answer."})
     box_weight: float = field(default=0.0, metadata={"help": "r_c box term weight (ablation; 0 = paper's r_c)."})
+    negative_rows: str = field(
+        default="skip",
+        metadata={"help": "r_c on true negatives: skip (None, the paper) | query_named_slice (the verifier is shown the "
+                  "frame a false positive names; docs/contract.md#scoring)."},
+    )  # fmt: skip
+    cross_view: str = field(
+        default="full",
+        metadata={"help": "r_c's view: full (the paper) | distance_only (the window term alone, no verifier) | "
+                  "random_frame (the verifier sees another row's frame: a blind control)."},
+    )  # fmt: skip
     dtype: str = field(
         default="float32",
         metadata={"help": "Weight dtype: float32 (fp32 masters); bfloat16 only for the frozen base of the LoRA path."},
@@ -327,6 +337,21 @@ class GrpoScriptArguments:
             "help": "Print each logged step's metrics (always kept in trainer_state.json); the demo sets false."
         },
     )
+
+    def __post_init__(self) -> None:
+        self.scoring_config()  # a bad r_c option is a one-line error at parse time
+
+    def scoring_config(self) -> ScoringConfig:
+        """Return the `ScoringConfig` of these options (weights and λ stay its defaults: the one table).
+
+        Raises:
+            TrainConfigError: naming the option and its allowed values.
+        """
+        try:
+            return ScoringConfig(box_weight=self.box_weight, negative_rows=self.negative_rows,
+                                 cross_view=self.cross_view)  # fmt: skip
+        except ValueError as exc:
+            raise TrainConfigError(f"GRPO option {exc}") from None
 
 
 def make_grpo_config(processor: CTQwen3VLProcessor, rewards: list[str], **overrides: Any) -> GRPOConfig:
@@ -417,7 +442,8 @@ def build_grpo_trainer(
         reward_funcs: explicit reward callables (tests).
         verifier_max_new_tokens: verifier answer budget.
         dtype: weight dtype (float32; bfloat16 only for the frozen base of the LoRA path).
-        scoring_config: the reward table (`ScoringConfig()` when None).
+        scoring_config: the reward table and the r_c options `negative_rows`, `cross_view` (`ScoringConfig()` when
+            None).
         lora_r: 0 = full parameters; > 0 = LoRA of that rank on the LLM, projector in full.
         lora_alpha: LoRA alpha.
 
@@ -436,8 +462,7 @@ def build_grpo_trainer(
         model = _apply_lora(model, lora_r, lora_alpha)
     require_fp32_trainable(model)
     if reward_funcs is None:
-        verifier = Verifier(max_new_tokens=verifier_max_new_tokens) if "r_c" in rewards else None
-        reward_funcs = make_reward_funcs(rewards, verifier=verifier, scoring_config=scoring_config)
+        reward_funcs = _reward_funcs(rewards, args, scoring_config, verifier_max_new_tokens)
         args = finalize_grpo_config(args, processor, rewards)
     else:
         args = finalize_grpo_config(args, processor, [getattr(f, "__name__", "f") for f in reward_funcs])
@@ -446,6 +471,29 @@ def build_grpo_trainer(
     return VideoGRPOTrainer(
         model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, processing_class=processor
     )
+
+
+def _reward_funcs(
+    rewards: list[str], args: GRPOConfig, scoring_config: ScoringConfig | None, verifier_max_new_tokens: int
+) -> list[Any]:
+    """Return the reward callables of `rewards` under `scoring_config`: a verifier only where r_c queries one.
+
+    Raises:
+        TrainConfigError: `cross_view="random_frame"` with generation batches of a single prompt (no other row).
+    """
+    cfg = scoring_config or ScoringConfig()
+    queries = "r_c" in rewards and cfg.cross_view != "distance_only"
+    if "r_c" in rewards and cfg.cross_view == "random_frame":
+        per_call = args.per_device_train_batch_size * (args.steps_per_generation or args.gradient_accumulation_steps)
+        if per_call < 2 * args.num_generations:
+            raise TrainConfigError(
+                f"cross_view=random_frame shows the verifier another row's frame, but a generation batch holds "
+                f"{per_call} completions = {per_call / args.num_generations:g} prompt(s) of num_generations="
+                f"{args.num_generations}; make per_device_train_batch_size x steps_per_generation >= "
+                f"{2 * args.num_generations}."
+            )
+    verifier = Verifier(max_new_tokens=verifier_max_new_tokens) if queries else None
+    return make_reward_funcs(rewards, verifier=verifier, scoring_config=scoring_config, seed=args.seed)
 
 
 def reward_curve(log_history: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
@@ -517,7 +565,7 @@ def _train_one(script_args: GrpoScriptArguments, training_args: GRPOConfig, data
         rewards=list(script_args.rewards),
         verifier_max_new_tokens=script_args.verifier_max_new_tokens,
         dtype=script_args.dtype,
-        scoring_config=ScoringConfig(box_weight=script_args.box_weight),
+        scoring_config=script_args.scoring_config(),
         lora_r=script_args.lora_r,
         lora_alpha=script_args.lora_alpha,
     )

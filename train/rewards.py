@@ -9,20 +9,23 @@ None (r_c on a true negative) is excluded by TRL.
 * `ConsistencyReward` (r_c) is the one class: it holds the verifier. The verifier re-queries the **current policy**
   with the verifier prompt on the predicted key frame alone, through the trainer's own generation backend
   (`VideoGRPOTrainer._generate_single_turn`: HF generate under ZeRO-3 gathering, or vLLM with this step's weights).
-  It runs only where r_c is used: not on true negatives (r_c None), not on completions without a usable key frame
-  (r_c = -λ without a query), and once per distinct (row, k) in the call. Under several processes a rank with no
-  query still makes one (discarded) call, so the collectives inside generation stay in lockstep.
-* The weights come from `emrl_data.text.scoring.ScoringConfig` (the one table, 0.3 / 0.5 / 0.2, λ = 0.3).
+  It runs only where `scoring.verifier_frame` names a frame (not on true negatives under `negative_rows="skip"`,
+  not on completions without a usable key frame), once per distinct (row, k) in the call; every value is
+  `scoring.consistency_reward`, the r_c of mining and evaluation. Under several processes a rank with no query still
+  makes one (discarded) call, so the collectives inside generation stay in lockstep.
+* The weights, λ and the r_c options come from `emrl_data.text.scoring.ScoringConfig`, the one table.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from emrl_data.text import scoring as sc
+from emrl_data.text.parser import parse_report
 from emrl_data.text.report import VERIFIER_PROMPT
 
 
@@ -83,19 +86,7 @@ def r_f(completions: Sequence[Any], scoring_config: sc.ScoringConfig | None = No
 REWARD_FUNCS: dict[str, Callable[..., list[float]]] = {"r_e": r_e, "r_f": r_f}
 
 
-def box_iou(a: Sequence[float] | None, b: Sequence[float] | None) -> float:
-    """Return the IoU of two `[x1, y1, x2, y2]` boxes (0 when either is missing or empty).
-
-    >>> box_iou([0, 0, 10, 10], [5, 0, 15, 10]), box_iou(None, [0, 0, 1, 1])
-    (0.3333333333333333, 0.0)
-    """
-    if a is None or b is None or len(a) != 4 or len(b) != 4:
-        return 0.0
-    iw = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    ih = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    inter = iw * ih
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union > 0 else 0.0
+box_iou = sc.box_iou  # kept importable here; the box term is part of `scoring.consistency_reward`
 
 
 class Verifier:
@@ -161,60 +152,116 @@ class Verifier:
 
 
 class ConsistencyReward:
-    """r_c: attribute accuracy of the verifier's text on frame k minus the K-Hit window penalty (docs/contract.md#scoring).
+    """r_c as TRL calls it: `scoring.consistency_reward` per completion, with the verifier's answers (docs/contract.md#scoring).
 
-    None on true negatives. A completion without a usable key frame (parse failure, no k, k outside 1..N, or a
-    report claiming no lesion) scores `scoring.r_c("", None)` = -λ without a verifier query. Identical (row, k)
-    queries in one call are answered once; each row's frames are decoded once per call. With
-    `ScoringConfig.box_weight` > 0 the report's box adds `box_weight * IoU(box, truth box)` when |k - k_true| <=
-    `k_hit_window` (ablation; the paper's r_c has no box term). Logs the verifier text per completion.
+    The frame each completion needs described is `scoring.verifier_frame` (None: no query, e.g. a parse failure or a
+    true negative under `negative_rows="skip"`); every value is `scoring.consistency_reward`, the function mining and
+    evaluation call, so the three agree. Identical (row, k) queries in one call are answered once; each row's frames
+    are decoded once per call. `cross_view` (of the `ScoringConfig`):
+
+    * `full`: the verifier is shown frame k of the completion's own row.
+    * `distance_only`: no verifier call at all (not even the idle one); `verifier` may be None.
+    * `random_frame`: the verifier is shown frame min(k, N') of another row of the call (a row of another case when
+      the call holds one), drawn with `random.Random(f"{seed}:{call}")` in query order: deterministic for a seed and
+      a sequence of calls. A call holding a single row raises (`train.grpo` refuses such a batch up front).
+
+    Logs the verifier text, the frame shown (`verifier_frame`, -1 = none) and the completion whose row it came from
+    (`verifier_row`, -1 = none) per completion.
     """
 
     __name__ = "r_c"
 
-    def __init__(self, verifier: Verifier, scoring_config: sc.ScoringConfig | None = None):
+    def __init__(self, verifier: Verifier | None, scoring_config: sc.ScoringConfig | None = None, seed: int = 0):
         self.verifier = verifier
         self.scoring_config = scoring_config or sc.DEFAULT_CONFIG
+        self.seed = seed
+        self.n_reward_calls = 0
+        if verifier is None and self.scoring_config.cross_view != "distance_only":
+            raise ValueError(
+                "r_c needs a Verifier (the policy re-queried on the key frame) unless cross_view=distance_only."
+            )
 
     def __call__(self, prompts: Any = None, completions: Any = None, **kwargs: Any) -> list[float | None]:
         """Return r_c per completion (TRL's reward signature)."""
-        from train.data import frames_to_array  # noqa: PLC0415
-
         if "frames" not in kwargs:
             raise KeyError("r_c needs the `frames` column to show the verifier the key frame.")
         cfg = self.scoring_config
-        _, truths, scores = _scores(completions, kwargs, cfg)
-        keys: list[int | None] = []
-        for i, (truth, score) in enumerate(zip(truths, scores, strict=True)):
-            k = score.pred_key_slice if truth.has_lesion and score.pred_has_lesion else None
-            n = _n_frames(kwargs, i)
-            keys.append(k if k is not None and 1 <= k <= n else None)
-        queries: dict[tuple[Any, int], int] = {}  # (row, k) -> query index
-        stacks: dict[Any, Any] = {}
-        shown = []
-        for i, k in enumerate(keys):
-            row = _row_key(kwargs, i)
-            if k is None or (row, k) in queries:
-                continue
-            if row not in stacks:
-                stacks[row] = frames_to_array(kwargs["frames"][i])
-            queries[(row, k)] = len(shown)
-            shown.append(stacks[row][k - 1])
-        answers = self.verifier(shown) if shown else self.verifier.idle_call()
-        texts = [answers[queries[(_row_key(kwargs, i), k)]] if k is not None else "" for i, k in enumerate(keys)]
+        texts = [completion_text(c) for c in completions]
+        truths = [sc.truth_from_row(r) for r in truth_rows(kwargs, len(texts))]
+        preds = [parse_report(t, tr.organ) for t, tr in zip(texts, truths, strict=True)]
+        n_frames = [_n_frames(kwargs, i) for i in range(len(texts))]
+        keys = [sc.verifier_frame(p, tr, cfg, n) for p, tr, n in zip(preds, truths, n_frames, strict=True)]
+        answers, shown_from = self._answers(keys, n_frames, kwargs)
+        self.n_reward_calls += 1
         if "log_extra" in kwargs:
-            kwargs["log_extra"]("verifier", texts)
-            kwargs["log_extra"]("verifier_frame", [k if k is not None else -1 for k in keys])
+            kwargs["log_extra"]("verifier", [a if a is not None else "" for a in answers])
+            kwargs["log_extra"]("verifier_frame", [f[1] if f is not None else -1 for f in shown_from])
+            kwargs["log_extra"]("verifier_row", [f[0] if f is not None else -1 for f in shown_from])
+        return [
+            sc.consistency_reward(p, tr, a, cfg, n_frames=n, truth_bbox=_column(kwargs, "bbox_qwen", i))
+            for i, (p, tr, a, n) in enumerate(zip(preds, truths, answers, n_frames, strict=True))
+        ]
+
+    def _answers(
+        self, keys: list[int | None], n_frames: list[int], kwargs: Mapping[str, Any]
+    ) -> tuple[list[str | None], list[tuple[int, int] | None]]:
+        """Query the verifier once per distinct (row, k); return per completion its answer and (completion, frame) shown."""
+        from train.data import frames_to_array  # noqa: PLC0415 (keeps this module torch-free to import)
+
+        if self.scoring_config.cross_view == "distance_only":
+            return [None] * len(keys), [None] * len(keys)
+        rows = [_row_key(kwargs, i) for i in range(len(keys))]
+        first: dict[Any, int] = {}  # row -> its first completion, in order of appearance
+        for i, row in enumerate(rows):
+            first.setdefault(row, i)
+        rng = random.Random(f"{self.seed}:{self.n_reward_calls}")
+        queries: dict[tuple[Any, int], int] = {}  # (row, k) -> query index
+        sources: list[tuple[int, int]] = []  # per query: (completion whose frames are shown, frame 1-based)
+        for i, k in enumerate(keys):
+            if k is not None and (rows[i], k) not in queries:
+                queries[(rows[i], k)] = len(sources)
+                sources.append(self._source(i, k, rows, first, n_frames, kwargs, rng))
+        stacks: dict[int, Any] = {}
+        shown = []
+        for j, frame in sources:
+            if j not in stacks:
+                stacks[j] = frames_to_array(kwargs["frames"][j])
+            shown.append(stacks[j][frame - 1])
+        if self.verifier is None:  # only distance_only builds without one (returned above)
+            raise RuntimeError("r_c has no verifier.")
+        texts = self.verifier(shown) if shown else self.verifier.idle_call()
         if "log_metric" in kwargs:
             kwargs["log_metric"]("verifier_queries", float(len(shown)))
-        out: list[float | None] = []
-        for i, (text, k, truth) in enumerate(zip(texts, keys, truths, strict=True)):
-            value = sc.r_c(text, k, truth, cfg)
-            if value is not None and cfg.box_weight > 0 and k is not None and truth.key_slice is not None:
-                if abs(k - truth.key_slice) <= cfg.k_hit_window:
-                    value += cfg.box_weight * box_iou(scores[i].pred_bbox, _column(kwargs, "bbox_qwen", i))
-            out.append(None if value is None else float(value))
-        return out
+        picked = [queries[(rows[i], k)] if k is not None else None for i, k in enumerate(keys)]
+        return [texts[q] if q is not None else None for q in picked], [
+            sources[q] if q is not None else None for q in picked
+        ]
+
+    def _source(
+        self,
+        i: int,
+        k: int,
+        rows: list[Any],
+        first: dict[Any, int],
+        n_frames: list[int],
+        kwargs: Mapping[str, Any],
+        rng: random.Random,
+    ) -> tuple[int, int]:
+        """Return (completion, frame) whose image the verifier sees for completion i's frame k."""
+        if self.scoring_config.cross_view != "random_frame":
+            return first[rows[i]], k
+        others = [j for row, j in first.items() if row != rows[i]]
+        if "case_id" in kwargs:
+            other_cases = [j for j in others if kwargs["case_id"][j] != kwargs["case_id"][i]]
+            others = other_cases or others
+        if not others:
+            raise ValueError(
+                "cross_view=random_frame: this r_c call holds a single row, so no other row's frame can be shown; "
+                "give each generation batch >= 2 prompts (per_device_train_batch_size x steps_per_generation >= "
+                "2 x num_generations)."
+            )
+        j = rng.choice(others)
+        return j, min(k, n_frames[j])
 
 
 def _column(kwargs: Mapping[str, Any], name: str, i: int) -> Any:
@@ -237,14 +284,20 @@ def _row_key(kwargs: Mapping[str, Any], i: int) -> Any:
 
 
 def make_reward_funcs(
-    names: Sequence[str], *, scoring_config: sc.ScoringConfig | None = None, verifier: Verifier | None = None
+    names: Sequence[str],
+    *,
+    scoring_config: sc.ScoringConfig | None = None,
+    verifier: Verifier | None = None,
+    seed: int = 0,
 ) -> list[Callable[..., list[float | None]]]:
     """Return the reward callables for an ablation: `["r_e"]`, `["r_e", "r_f"]` or `["r_e", "r_f", "r_c"]`.
 
     Args:
         names: reward names, a subset of `REWARD_NAMES` in any order (weights follow the same order).
-        scoring_config: an `emrl_data.text.scoring.ScoringConfig`; its defaults when None.
-        verifier: required when "r_c" is requested.
+        scoring_config: an `emrl_data.text.scoring.ScoringConfig` (weights, λ and the r_c options `negative_rows`,
+            `cross_view`); its defaults when None.
+        verifier: required when "r_c" is requested, except under `cross_view="distance_only"`.
+        seed: the draw of `cross_view="random_frame"`.
 
     Raises:
         ValueError: on an unknown or repeated name, or r_c without a verifier.
@@ -255,9 +308,7 @@ def make_reward_funcs(
     funcs: list[Callable[..., list[float | None]]] = []
     for name in names:
         if name == "r_c":
-            if verifier is None:
-                raise ValueError("r_c needs a Verifier (the policy re-queried on the key frame).")
-            funcs.append(ConsistencyReward(verifier, scoring_config))
+            funcs.append(ConsistencyReward(verifier, scoring_config, seed=seed))
         elif scoring_config is None:
             funcs.append(REWARD_FUNCS[name])
         else:
@@ -276,7 +327,7 @@ def reward_weights_for(
     Args:
         names: reward names.
         weights: explicit weights (e.g. `reward_weights` in a config); must have one weight per name.
-        scoring_config: the table to read; `ScoringConfig()` (0.3, 0.5, 0.2) when None.
+        scoring_config: the table to read; `ScoringConfig()` when None.
 
     Raises:
         ValueError: when `weights` has the wrong length (it is never silently replaced).

@@ -5,10 +5,10 @@ Two layouts are supported:
 * split (as released): `image_only/<id>/ct.nii.gz` + `mask_only/<id>/segmentations/<structure>.nii.gz`
 * combined (RadGPT's): `<id>/ct.nii.gz` + `<id>/segmentations/<structure>.nii.gz`
 
-Files may also be uncompressed `.nii`. Structure names are spelled as released (notes/atlas.md §1.3).
+Files may also be uncompressed `.nii`. Structure names are spelled as released (docs/contract.md#input).
 
 Every entry that looks like a case ends as a `CaseRef` or a `Rejection`; every other entry inside a layout folder is
-named in a discovery warning (docs/decisions.md, "Atlas robustness").
+named in a discovery warning (docs/decisions.md#reading-the-atlas).
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ def special_entries(ref: CaseRef) -> tuple[tuple[str, str], ...]:
 
 
 def lesion_files(ref: CaseRef, organ: Organ) -> tuple[str, ...]:
-    """Return the structure names whose union is the organ's lesion mask (docs/decisions.md, "Lesion files").
+    """Return the structure names whose union is the organ's lesion mask (docs/decisions.md#lesion-files).
 
     The lesion file (`<organ>_lesion`, else an alias) alone when it exists; else every `*_tumor`/`*_cyst` (and
     pancreatic `pdac`/`pnet`) file of the organ that exists; else () (no lesion).

@@ -140,7 +140,7 @@ class CaseImages:
         For the sub-structure masks (liver segments, pancreas head/body/tail) that labelling only reads inside the
         largest lesion's box (`labels._location`): the file is still read whole, CRC32 and size checked, and placed
         by the same rules as `mask`, but the 0/1 value check runs over the crop alone, since a value outside the box
-        cannot change the row (docs/decisions.md, "Sub-structure masks: values checked where they are used").
+        cannot change the row (docs/decisions.md#mask-values).
         Organ masks are read and checked whole (`mask`), then cropped.
 
         Args:

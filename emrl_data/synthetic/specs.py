@@ -118,7 +118,7 @@ class CaseSpec:
         quirks: a subset of `QUIRKS`.
         defect: None or a key of `DEFECTS`.
         seed: seeds the CT noise and the metadata (sex, age).
-        split: the split file the case is listed in (an addition to the brief; `write_atlas` writes it).
+        split: the split file the case is listed in (`write_atlas` writes it).
     """
 
     case_id: str

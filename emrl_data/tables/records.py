@@ -101,7 +101,12 @@ FRAMES_COLUMN = Column("frames", pa.list_(IMAGE_STRUCT), False, "frames as Hub I
 REJECTION_COLUMNS: list[Column] = [
     Column("case_id", pa.string(), False, "case id (or the invalid folder name)"),
     Column("organ", pa.string(), True, "organ of the rejected row; null when the whole case is rejected"),
-    Column("step", pa.string(), False, "discover | metadata | load | labels | frames | curate (a case_timeout)"),
+    Column(
+        "step",
+        pa.string(),
+        False,
+        "discover | metadata | load | labels | frames | curate (a case_timeout) | fetch, archive (a Hub part)",
+    ),
     Column("reason", pa.string(), False, "reason code (emrl_data.outcome.RejectReason)"),
     Column("detail", pa.string(), False, "message naming the file and the problem"),
     Column("path", pa.string(), True, "offending file, relative to the atlas root"),

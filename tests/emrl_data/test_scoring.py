@@ -13,6 +13,7 @@ from emrl_data.text.scoring import (
     ReportScore,
     ScoringConfig,
     Truth,
+    consistency_reward,
     enhancement_score,
     existence_score,
     is_hard,
@@ -25,6 +26,7 @@ from emrl_data.text.scoring import (
     size_score,
     total_reward,
     truth_from_row,
+    verifier_frame,
     window_iou,
 )
 from emrl_data.types import Organ
@@ -278,6 +280,59 @@ def test_r_c(text: str, k: int | None, expected: float) -> None:
     assert r_c(text, k, POS) == pytest.approx(expected)
 
 
+QUERY = ScoringConfig(negative_rows="query_named_slice")
+DISTANCE = ScoringConfig(cross_view="distance_only")
+QUERY_DISTANCE = ScoringConfig(negative_rows="query_named_slice", cross_view="distance_only")
+
+
+@pytest.mark.parametrize(
+    ("pred_", "truth", "text", "cfg", "expected"),
+    [
+        (pred(key_slice=11), POS, VERIFIER_OK, ScoringConfig(), 0.85),  # the paper's formula on a positive row
+        (pred(key_slice=11), POS, None, ScoringConfig(), -0.15),  # no answer: attributes 0, window term only
+        (pred(has_lesion=False, key_slice=None), POS, VERIFIER_OK, ScoringConfig(), -0.3),  # a miss: text unread
+        (ParseFailure("empty"), POS, VERIFIER_OK, ScoringConfig(), -0.3),  # parse failure: -lambda
+        (ParseFailure("empty"), NEG, None, ScoringConfig(), None),  # skip: None on a negative, parsed or not
+        (PRED_NEG, NEG, None, ScoringConfig(), None),
+        (PRED_NEG, NEG, None, QUERY, 1.0),  # the gold negative's own score
+        (pred(key_slice=4), NEG, "No liver lesion.", QUERY, 0.7),  # the verifier rejects the claimed lesion
+        (pred(key_slice=4), NEG, VERIFIER_OK, QUERY, -0.3),  # ... or describes one: inconsistent
+        (pred(key_slice=4), NEG, "undecided", QUERY, -0.3),  # an unreadable answer is no "no lesion"
+        (pred(key_slice=None), NEG, "No liver lesion.", QUERY, -0.3),  # no named frame: the text is not read
+        (ParseFailure("empty"), NEG, None, QUERY, -0.3),
+        (pred(key_slice=12), POS, VERIFIER_OK, DISTANCE, -0.24),  # the window term alone
+        (pred(key_slice=10), POS, "No liver lesion.", DISTANCE, 0.0),  # the text is ignored
+        (pred(key_slice=4), NEG, "No liver lesion.", QUERY_DISTANCE, -0.3),  # a claimed lesion: -lambda
+        (PRED_NEG, NEG, None, QUERY_DISTANCE, 0.0),  # two empty windows: no penalty
+    ],
+)
+def test_consistency_reward(pred_, truth: Truth, text: str | None, cfg: ScoringConfig, expected: float | None) -> None:
+    value = consistency_reward(pred_, truth, text, cfg)
+    assert value == (None if expected is None else pytest.approx(expected))
+
+
+def test_consistency_reward_box_term_and_frame_bound() -> None:
+    boxed = ScoringConfig(box_weight=0.5)
+    near = ParsedReport(True, 3.0, None, ("5", "8"), "hypo", 11, (0, 0, 10, 10), 1)
+    assert consistency_reward(near, POS, VERIFIER_OK, boxed, truth_bbox=(5, 0, 15, 10)) == pytest.approx(
+        0.85 + 0.5 / 3
+    )
+    far = ParsedReport(True, 3.0, None, ("5", "8"), "hypo", 12, (0, 0, 10, 10), 1)  # |k - k_true| = 2: no box term
+    assert consistency_reward(far, POS, VERIFIER_OK, boxed, truth_bbox=(0, 0, 10, 10)) == pytest.approx(0.76)
+    distance = ScoringConfig(box_weight=0.5, cross_view="distance_only")
+    assert consistency_reward(near, POS, None, distance, truth_bbox=(0, 0, 10, 10)) == pytest.approx(-0.15)
+    # k = 11 beyond the row's 10 frames is not usable: no query, no text read, IoU 0
+    assert verifier_frame(near, POS, n_frames=11) == 11 and verifier_frame(near, POS, n_frames=10) is None
+    assert consistency_reward(near, POS, VERIFIER_OK, n_frames=10) == pytest.approx(-0.3)
+
+
+def test_verifier_frame_names_a_frame_only_where_r_c_reads_an_answer() -> None:
+    assert verifier_frame(pred(key_slice=4), NEG) is None and verifier_frame(pred(key_slice=4), NEG, QUERY) == 4
+    assert verifier_frame(pred(key_slice=4), POS, DISTANCE) is None
+    assert verifier_frame(PRED_NEG, NEG, QUERY) is None and verifier_frame(ParseFailure("empty"), POS) is None
+    assert verifier_frame(report(key_slice=9), POS) == 9  # report text is parsed
+
+
 def test_r_c_is_none_on_true_negatives_and_lambda_comes_from_the_config() -> None:
     assert r_c(VERIFIER_OK, 10, NEG) is None
     assert r_c(VERIFIER_OK, 20, POS, ScoringConfig(iou_penalty=0.5)) == pytest.approx(0.5)
@@ -338,7 +393,10 @@ def test_score_report_parse_failure_scores_zero_everywhere() -> None:
         0.0,
         0.0,
     )
-    assert (s.r_e, s.r_f, s.r_c, s.reward, s.pred_has_lesion) == (0.0, 0.0, 0.0, 0.0, None)
+    # r_c = -lambda (the lowest a parsed report scores), so R = 0.2 * -0.3, as a missed lesion with a verifier
+    assert (s.r_e, s.r_f, s.pred_has_lesion) == (0.0, 0.0, None)
+    assert (s.r_c, s.reward) == (pytest.approx(-0.3), pytest.approx(0.2 * -0.3))
+    assert score_report("garbage", POS).reward == 0.0  # without a verifier (mining): r_c None, R renormalised
     neg = score_report("", NEG)
     assert (neg.parse_failure, neg.score_existence, neg.score_size, neg.r_c, neg.reward) == (
         "empty",
@@ -404,6 +462,19 @@ def test_is_hard(text: str, truth: Truth, expected: tuple[bool, tuple[str, ...]]
 def test_config_validation(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         ScoringConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"negative_rows": "query"}, "negative_rows='query' must be one of skip | query_named_slice."),
+        ({"cross_view": "blind"}, "cross_view='blind' must be one of full | distance_only | random_frame."),
+    ],
+)
+def test_r_c_options_are_validated_with_one_line_errors(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError) as exc:
+        ScoringConfig(**kwargs)
+    assert str(exc.value) == message
 
 
 def test_docstring_examples() -> None:

@@ -3,8 +3,8 @@
 Each kind of special file is planted in each position (the CT, a mask a row needs, a lesion file, a mask no row uses,
 an extra file beside the CT, the metadata CSV, a split file, a case-store entry) and must end, in bounded time, as an
 `unreadable_file` rejection naming the file and its kind (a file a row needs) or as a warning naming it (a file no row
-needs, never opened). Every test runs under a short pytest-timeout deadline: before this issue, `open()` on a named
-pipe waited for a writer forever and `/dev/zero` was read forever, so a regression fails here instead of stalling the
+needs, never opened). Every test runs under a short pytest-timeout deadline: an unguarded `open()` on a named pipe
+waits for a writer forever and `/dev/zero` is read forever, so a regression fails here instead of stalling the
 suite.
 """
 

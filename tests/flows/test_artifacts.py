@@ -2,7 +2,7 @@
 
 Why: Prefect 3.9's UI draws a markdown table in a box that scrolls sideways with its scroll bar hidden
 (`.markdown-renderer__table{scrollbar-width:none; overflow:auto}`) and never wraps a cell, so a wide table simply
-loses its right-hand columns (the issue saw the summary's last column and Table 1's B-Acc cut off). Looked at in
+loses its right-hand columns (a wide summary loses its last column, Table 1 its B-Acc). Looked at in
 Chromium at 1440 and 1024 px (docs/operations.md, "What you will see in the UI"): the artifact area at 1024 px is
 about 720 px wide, a cell costs about 6.6 px per character plus 24 px of padding. `WIDTH_BUDGET` is that width in
 characters with a margin: the sum over a table's columns of (its widest cell + 4) must stay under it.

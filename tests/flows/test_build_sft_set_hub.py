@@ -7,6 +7,8 @@ parts of 3 cases under the released names, listed with their sha256 as LFS files
 from __future__ import annotations
 
 import json
+import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -127,6 +129,34 @@ def test_a_part_failing_its_checksum_is_fetched_again_then_its_cases_are_rejecte
     assert summary["cases"] == N_CASES  # cases 4-6 curated
 
 
+class _DiskSampler:
+    """The most bytes the files under `root` held at once, sampled every 5 ms from another thread."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.peak_bytes = root, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.005):
+            total = 0
+            for folder, _, names in os.walk(self.root):  # a folder removed mid-walk is skipped, not raised
+                for name in names:
+                    try:
+                        total += os.stat(os.path.join(folder, name)).st_size
+                    except FileNotFoundError:  # removed between the listing and the stat
+                        pass
+            self.peak_bytes = max(self.peak_bytes, total)
+
+    def __enter__(self) -> _DiskSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def test_the_scratch_budget_sets_parts_at_once_and_holds(
     prefect_harness, release: tuple[Path, dict[str, bytes]], hub: FakeHub, tmp_path: Path
 ) -> None:
@@ -138,12 +168,31 @@ def test_the_scratch_budget_sets_parts_at_once_and_holds(
     pairs = resolve_release(REPO).pairs
     need = max(scratch_need(p) for p in pairs)
     assert pair_parts  # imported for the reader: the pairs come from the listing
-    summary = _build(tmp_path / "one", scratch_budget=str(need))
+    hub.state.bandwidth_bps = max(len(d) for d in files.values()) / 1.5  # downloads long enough to be sampled
+    with _DiskSampler(tmp_path / "scratch") as sampled:
+        summary = _build(tmp_path / "one", scratch_dir=str(tmp_path / "scratch"), scratch_budget=str(need))
+    hub.state.bandwidth_bps = None
+    assert 0 < sampled.peak_bytes <= need  # measured on disk, beside the run's own accounting
     assert summary["hub"]["parts_at_once"] == 1
     assert 0 < summary["hub"]["peak_scratch_bytes_per_part"] <= need
     assert all(r["peak_scratch_bytes"] <= need for r in summary["hub"]["per_part"])
     with pytest.raises(ValueError, match="is below the"):
         _build(tmp_path / "none", scratch_budget=str(need - 1))
+
+
+def test_a_limited_hub_run_reads_only_the_parts_holding_its_cases(
+    prefect_harness, release: tuple[Path, dict[str, bytes]], hub: FakeHub, tmp_path: Path
+) -> None:
+    """`limit=2`: the first pair only (cases 1-2 of it), and the shards of `limit=2` on the unpacked atlas."""
+    atlas, files = release
+    hub.state.put_dataset(REPO, files)
+    on_disk = build_sft_set_flow(atlas_root=str(atlas), output_dir=str(tmp_path / "disk"), config=FRAMES, limit=2)
+    summary = _build(tmp_path / "hub", limit=2)
+    assert summary["cases"] == on_disk["cases"] == 2
+    assert (summary["hub"]["part_pairs"], summary["hub"]["parts_read"]) == (1, 1)
+    first = [part_name(kind, 1, PART_CASES) for kind in ("image_only", "mask_only")]
+    assert summary["hub"]["bytes_read"] == sum(len(files[p]) for p in first)
+    assert _shards(tmp_path / "hub") == _shards(tmp_path / "disk")
 
 
 def test_a_hub_run_on_dask_workers_equals_threads(
@@ -161,7 +210,6 @@ def test_a_hub_run_on_dask_workers_equals_threads(
 def test_a_download_killed_mid_part_resumes_where_it_stopped(hub: FakeHub, tmp_path: Path) -> None:
     """kill -9 of the downloading process after its first MiB; the rerun asks only for the rest (HTTP Range)."""
     import hashlib
-    import os
     import subprocess
     import sys
 
@@ -193,6 +241,70 @@ def test_a_download_killed_mid_part_resumes_where_it_stopped(hub: FakeHub, tmp_p
     assert (resumed.resumed_from, resumed.bytes_read) == (left, len(data) - left)
     assert hub.state.ranges[-1] == (path, left)
     assert dest.read_bytes() == data and not partial.exists()
+
+
+def test_a_run_killed_mid_part_resumes_that_part_and_reads_no_finished_one(
+    prefect_harness, release: tuple[Path, dict[str, bytes]], hub: FakeHub, tmp_path: Path
+) -> None:
+    """kill -9 of a running `build-sft-set hf://…` flow while its second part's CT archive is coming in.
+
+    One part pair at a time (the scratch budget), the Hub throttled so the kill lands inside that download. The rerun
+    finds the first pair in the part ledger (no byte read), asks only for the rest of the interrupted archive (HTTP
+    Range) and writes the shards the unpacked atlas gives.
+    """
+
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from prefect.settings import PREFECT_API_URL
+
+    from emrl_data.reading.release import scratch_need
+    from flows.hub_atlas import resolve_release
+
+    atlas, files = release
+    hub.state.put_dataset(REPO, files)
+    on_disk = build_sft_set_flow(atlas_root=str(atlas), output_dir=str(tmp_path / "disk"), config=FRAMES)
+    first, second = resolve_release(REPO).pairs
+    image = part_name("image_only", second.start, second.end)
+    hub.state.bandwidth_bps = len(files[image]) / 4.0  # about 4 s for the archive the kill interrupts
+    budget, out, scratch = str(max(scratch_need(p) for p in (first, second))), tmp_path / "hub", tmp_path / "scratch"
+    run = (
+        "import json, sys\n"
+        "from flows.build_sft_set import build_sft_set_flow\n"
+        "build_sft_set_flow(atlas_root=sys.argv[1], output_dir=sys.argv[2], config=json.loads(sys.argv[3]),"
+        " scratch_dir=sys.argv[4], scratch_budget=sys.argv[5], max_workers=2)\n"
+    )
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    args = [ROOT, str(out), json.dumps(FRAMES), str(scratch), budget]
+    partial = scratch / second.name / "image_only.tar.gz.incomplete"
+    log = open(tmp_path / "killed.log", "wb")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen([sys.executable, "-c", run, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not (partial.exists() and partial.stat().st_size > 0):
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "killed.log").read_text()[-3000:]
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+    left = partial.stat().st_size
+    assert 0 < left < len(files[image])
+
+    hub.state.bandwidth_bps = None
+    summary = _build(out, scratch_dir=str(scratch), scratch_budget=budget)
+    assert (summary["hub"]["parts_from_ledger"], summary["hub"]["parts_read"]) == (1, 1)
+    assert hub.state.ranges[-1] == (image, left)
+    mask = part_name("mask_only", second.start, second.end)  # unpacked and deleted before the kill: read again
+    assert summary["hub"]["bytes_read"] == len(files[mask]) + len(files[image]) - left
+    assert summary["cases"] == on_disk["cases"] == N_CASES
+    assert _shards(out) == _shards(tmp_path / "disk")
+    assert not any(scratch.iterdir())
 
 
 def test_fetch_atlas_writes_the_released_layout_and_skips_finished_parts(

@@ -1,7 +1,7 @@
 """Tests of the `publish-dataset` flow against the offline fake Hub (`tests/fakehub.py`) and a local target.
 
 The real huggingface_hub and datasets clients talk HTTP to a fake Hub started on 127.0.0.1 for each test; flows run
-under the session's Prefect test harness (`tests/flows/conftest.py`).
+under the test session's Prefect harness (`tests/conftest.py`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Run the real `transformers serve` CLI (transformers 5.17) on this CPU machine, where torchvision's C++ ops cannot load.
+"""Run the real `transformers serve` CLI (transformers 5.17) on the CPU torch, where torchvision's C++ ops cannot load.
 
     PYTHONPATH=.cache/torchvision python tests/inference/serve_launcher.py serve MODEL_DIR --host 127.0.0.1 --port N
 
@@ -9,10 +9,10 @@ OpenAI-compatible server in make test"):
 1. torchvision. `AutoProcessor` builds `Qwen3VLProcessor` only with its video processor, and every transformers video
    processor requires torchvision. The only torchvision on PyPI for torch 2.13 (0.28.0) is CUDA-linked: its `_C.so` and
    `image.so` need `libtorch_cuda.so`, which the CPU torch lacks, and `import torchvision` then fails on the missing
-   `torchvision::nms` operator (`training.md` §6.1). `make test` installs it into a side folder (`tests/torchvision_side.py`,
-   never into the venv), which the test puts on this process's PYTHONPATH only, and the `nms`/`qnms` operator schemas
-   are defined here with `torch.library` so that the import succeeds. Only torchvision's Python code is used; no
-   video is sent in the "openai" dialect.
+   `torchvision::nms` operator (docs/training.md#qwen3-vl-facts-the-code-relies-on). `make test` installs it into a
+   side folder (`tests/torchvision_side.py`, never into the venv), which the test puts on this process's PYTHONPATH
+   only, and the `nms`/`qnms` operator schemas are defined here with `torch.library` so that the import succeeds.
+   Only torchvision's Python code is used; no video is sent in the "openai" dialect.
 2. The PIL image backend. With torchvision importable, transformers picks its torchvision image processors, which
    decode every image with `torchvision.io.decode_image` (the C++ `image.so`: unloadable here). The image processors
    are resolved with `backend="pil"` instead: the backend transformers picks when torchvision is absent, and the one

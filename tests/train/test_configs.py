@@ -156,7 +156,7 @@ def test_memory_plan_counts_generation_as_it_runs():
     assert zero2["kv_cache"] == pytest.approx(8 * kv_row / GIB) and lora["kv_cache"] == pytest.approx(
         64 * kv_row / GIB
     )
-    assert 36 < lora["kv_cache"] < 37  # the issue's ≈36 GiB for the LoRA path's 64 rows
+    assert 36 < lora["kv_cache"] < 37  # ≈36 GiB for the LoRA path's 64 rows
     total = c["vit"] + c["projector"] + c["llm"]
     fraction = vllm_fraction(c, 64, 139.0, Shape())
     assert fraction == pytest.approx(-(-(2 * total + 64 * kv_row) / GIB * 100 // 139) / 100)

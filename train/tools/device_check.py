@@ -2,8 +2,8 @@
 
 Qwen3-VL-8B-shaped random model built in memory (no download), 32 frames of 448² (3,136 video tokens), G = 8, up to
 512-token completions. It follows the single-GPU memory plan (`docs/training.md`): fp32 masters for everything that
-trains, bf16 for frozen weights and compute. Budget: it must decide within 6 minutes of an 8-minute GPU slot
-(`train/tools/device_check.sh` stops it at 360 s).
+trains, bf16 for frozen weights and compute. It must finish within 6 minutes (`train/tools/device_check.sh` stops it
+at 360 s, `DEVICE_CHECK_TIMEOUT_S`).
 
 * SFT step: ViT + projector train (fp32), the LLM is frozen (bf16).
 * The SFT trainer is freed (no reference cycle keeps it) before GRPO; the same model object goes on: no save/reload.
@@ -12,7 +12,7 @@ trains, bf16 for frozen weights and compute. Budget: it must decide within 6 min
   positive and a negative, one group of G each, `steps_per_generation: 1`).
 * r_c in the loop: `sequence_bias` pushes the random policy towards the positive row's report (`report_bias`), so the
   rollouts name a usable key frame and the verifier answers inside the step (asserted: >= 1 query).
-* Rewards: r_e, r_f, r_c + `r_overlap` (character-bigram overlap of the completion with the report, weight 0.1), which
+* Rewards: r_e, r_f, r_c (weights from `ScoringConfig`) + `r_overlap` (character-bigram overlap of the completion with the report, weight 0.1), which
   varies within every group, so the check can assert a nonzero policy gradient. Ids beyond the report tokenizer
   (the 8B vocabulary is 151,936) are suppressed, so every sampled token decodes.
 * No full-model copies: parameter changes are judged on <= 4096 evenly spaced samples per tensor kept on the GPU.
@@ -46,7 +46,7 @@ from transformers import TrainerCallback
 from train.data import frames_to_array, load_split
 from train.freeze import parameter_group, set_stage_trainable
 from train.grpo import VideoGRPOTrainer, _apply_lora, make_grpo_config
-from train.rewards import Verifier, completion_text, make_reward_funcs
+from train.rewards import REWARD_NAMES, Verifier, completion_text, make_reward_funcs, reward_weights_for
 from train.sft import build_sft_trainer, make_sft_config
 from train.tooling.synthetic import write_sft_table
 from train.tooling.tiny import build_model, build_processor
@@ -178,7 +178,7 @@ def _grpo_steps(model: Any, processor: Any, dataset: Any, work: Path, common: di
     vocab_extra = list(range(len(processor.tokenizer), model.config.text_config.vocab_size))
     positive = next(r for r in dataset if r["has_lesion"])  # the rollouts are pushed towards its report (r_c in loop)
     args = make_grpo_config(
-        processor, ["r_e", "r_f", "r_c", "r_overlap"], reward_weights=[0.3, 0.5, 0.2, 0.1],
+        processor, [*REWARD_NAMES, "r_overlap"], reward_weights=[*reward_weights_for(REWARD_NAMES), 0.1],
         output_dir=str(work / "grpo"), max_steps=1, num_generations=shape["group"], beta=0.01,
         per_device_train_batch_size=shape["group"], gradient_accumulation_steps=2, steps_per_generation=1,
         max_completion_length=shape["completion"], gradient_checkpointing=True, learning_rate=1e-4,
@@ -186,7 +186,7 @@ def _grpo_steps(model: Any, processor: Any, dataset: Any, work: Path, common: di
         **common,
     )  # fmt: skip
     verifier = Verifier(max_new_tokens=shape["verifier"])
-    funcs = [*make_reward_funcs(["r_e", "r_f", "r_c"], verifier=verifier), r_overlap]
+    funcs = [*make_reward_funcs(REWARD_NAMES, verifier=verifier), r_overlap]
     rows = _grpo_rows(dataset.select(range(2)))  # a positive and a negative row: one group each per micro-step
     trainer = VideoGRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=rows,
                                processing_class=processor)  # fmt: skip

@@ -7,7 +7,7 @@
 # A GPU machine without package-index access can take trl and datasets as wheels in .whl/ (train/tools/fetch_wheels.sh
 # downloads them on a machine that has it); they are installed into /tmp/site for this run only.
 # Timeout: DEVICE_CHECK_TIMEOUT_S (default 360 s).
-#   train/tools/device_check.sh [--tiny] [OUTPUT_JSON]
+#   train/tools/device_check.sh [--tiny] [OUTPUT_JSON]   (default OUTPUT_JSON: $OUT/device_check.json, OUT=. if unset)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if ls .whl/*.whl >/dev/null 2>&1; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Wheels for a GPU machine without package-index access (Python 3.12, x86-64) that has torch, transformers,
-# accelerate, peft and pyarrow but lacks trl and datasets: run once in the repo root of a machine that has access;
-# copy .whl/ with the checkout. train/tools/device_check.sh installs them for its run.
+# Wheels of trl and datasets (and their two dependencies) for a GPU machine without package-index access that has
+# torch, transformers, accelerate, peft and pyarrow (Python 3.12, x86-64): run once in the repo root of a machine
+# with access; copy .whl/ with the checkout. train/tools/device_check.sh installs them for its run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> "$(git rev-parse --git-path info/exclude)"
