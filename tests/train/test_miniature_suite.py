@@ -7,11 +7,14 @@ import json
 import pytest
 
 from train.checks import TrainConfigError
+from train.miniature.config import load_config
 from train.miniature.study import Miniature, reward_options
 from train.miniature.suite import load_study, main, run_dir, run_study
 
 
 MICRO = "train/configs/miniature_micro.yaml"
+CLEAN = ["sft", "grpo_a", "grpo_b", "grpo_f", "grpo_g", "more_sft_llm"]
+NOISY = ["sft", "grpo_a", "grpo_b", "grpo_f", "more_sft_llm"]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +47,16 @@ def test_every_run_finishes_and_noisy_runs_reuse_the_clean_warmup(micro_study):
     assert len(noise_log) == round(0.3 * 8)
     assert json.loads((run_dir(out, 0.0, 0) / "data" / "noise.json").read_text()) == []
     level = summary["levels"]["0.30"]
-    assert set(level["comparisons"]) == {f"{m}: (a) - ({x})" for m in ("average_bacc", "k_hit") for x in "eb"}
+    assert set(level["comparisons"]) == {f"{m}: (a) - ({x})" for m in ("average_bacc", "k_hit") for x in "efb"}
+    clean = summary["levels"]["0.00"]["comparisons"]
+    assert set(clean) == {f"{m}: (a) - ({x})" for m in ("average_bacc", "k_hit") for x in "efbg"}
+    for seed in (0, 1):  # (f) scores no verifier answer, (g) asks about another row's frame: their own r_c
+        assert (
+            json.loads((run_dir(out, 0.0, seed) / "grpo_f" / "done.json").read_text())["cross_view"] == "distance_only"
+        )
+        assert (
+            json.loads((run_dir(out, 0.0, seed) / "grpo_g" / "done.json").read_text())["cross_view"] == "random_frame"
+        )
     comp = level["comparisons"]["average_bacc: (a) - (e)"]
     assert set(comp["per_seed"]) == {"0", "1"} and comp["pooled"]["n_groups"] == 2 and comp["pooled"]["n_rows"] == 8
     md = (out / "study.md").read_text()
@@ -74,19 +86,21 @@ def test_a_study_with_too_few_seeds_or_a_bad_section_is_one_line(tmp_path):
         load_study(path)
 
 
-def test_a_run_whose_r_c_option_the_trainer_lacks_fails_before_training():
-    def build(model_path, train_dataset, args, *, rewards=None):  # a trainer builder without r_c's options
-        return None
-
-    assert reward_options("grpo_a", "skip", build) == {}
-    with pytest.raises(TrainConfigError) as err:
-        reward_options("grpo_f", "skip", build)
-    assert "\n" not in str(err.value) and "needs cross_view=distance_only" in str(err.value)
-
-    def build_new(model_path, train_dataset, args, *, rewards=None, cross_view="full", negative_rows="skip"):
-        return None
-
-    assert reward_options("grpo_g", "query_named_slice", build_new) == {
-        "cross_view": "random_frame",
-        "negative_rows": "query_named_slice",
+def test_each_run_gets_its_r_c_options():
+    got = {
+        stage: reward_options(stage, "skip")["scoring_config"] for stage in ("grpo_a", "grpo_b", "grpo_f", "grpo_g")
     }
+    assert {k: v.cross_view for k, v in got.items()} == {
+        "grpo_a": "full", "grpo_b": "full", "grpo_f": "distance_only", "grpo_g": "random_frame"
+    }  # fmt: skip
+    assert reward_options("grpo_a", "query_named_slice")["scoring_config"].negative_rows == "query_named_slice"
+    with pytest.raises(TrainConfigError, match=r"negative_rows='sometimes' must be one of skip \| query_named_slice"):
+        load_config(None, {"negative_rows": "sometimes"})
+
+
+def test_a_random_frame_run_without_another_row_fails_before_training(tmp_path):
+    cfg = load_config(None, {"models": ["sft", "grpo_a", "grpo_g"], "grpo_prompts_per_step": 1})
+    with pytest.raises(TrainConfigError) as err:
+        Miniature(cfg, tmp_path / "g").run()
+    assert "\n" not in str(err.value) and "grpo_prompts_per_step=1 leaves no other row" in str(err.value)
+    assert not (tmp_path / "g").exists()  # refused before anything ran

@@ -92,6 +92,12 @@ def config_from_dict(data: dict[str, Any], source: str | Path | None = None) -> 
     from train.miniature.study import MODELS  # noqa: PLC0415
 
     check_fraction(cfg.gold_noise)
+    from emrl_data.text.scoring import NEGATIVE_ROWS  # noqa: PLC0415
+
+    if cfg.negative_rows not in NEGATIVE_ROWS:
+        raise TrainConfigError(
+            f"{path}: negative_rows={cfg.negative_rows!r} must be one of {' | '.join(NEGATIVE_ROWS)}"
+        )
     unknown_models = [m for m in cfg.models if m not in MODELS]
     if unknown_models or not {"sft", "grpo_a"} <= set(cfg.models):
         raise TrainConfigError(f"{path}: models={cfg.models}: each of {list(MODELS)}, sft and grpo_a included")

@@ -195,18 +195,17 @@ class Miniature:
         return record
 
     def _check_before_training(self, stages: tuple[str, ...]) -> None:
-        """One-line errors before any stage runs: a test split too small for the intervals, a run whose r_c option
-        train.grpo cannot take."""
+        """One-line errors before any stage runs: a test split too small for the intervals, a random-frame run
+        without another row in its step."""
         from train.miniature.power import check_power  # noqa: PLC0415
 
         cfg = self.cfg
         check_power(cfg.n_test, len(cfg.organs), cfg.min_test_rows_per_class, cfg.n_bootstrap)
-        pending = [s for s in stages if s in GRPO_RUNS and self.done(s) is None]
-        if pending:
-            from train.grpo import build_grpo_trainer  # noqa: PLC0415
-
-            for stage in pending:
-                reward_options(stage, cfg.negative_rows, build_grpo_trainer)
+        if "grpo_g" in stages and self.done("grpo_g") is None and cfg.grpo_prompts_per_step < 2:
+            raise TrainConfigError(
+                f"miniature: run grpo_g (cross_view=random_frame) shows another row's frame, but grpo_prompts_per_step="
+                f"{cfg.grpo_prompts_per_step} leaves no other row in a step; use at least 2"
+            )
 
     # -- stages ----------------------------------------------------------------------------------------------------
 
@@ -317,7 +316,7 @@ class Miniature:
                           loss_type="grpo", seed=cfg.seed, temperature=cfg.grpo_temperature, disable_tqdm=True)  # fmt: skip
         trainer = build_grpo_trainer(str(self.out / "sft"), load_split(self.out / "data", "train"), args,
                                      rewards=rewards, verifier_max_new_tokens=cfg.verifier_max_new_tokens,
-                                     **reward_options(stage, cfg.negative_rows, build_grpo_trainer))  # fmt: skip
+                                     **reward_options(stage, cfg.negative_rows))  # fmt: skip
         bar_only(trainer)  # the per-step metrics stay in trainer_state.json and done.json
         trainer.add_callback(_progress_callback(self.log, every=10))
         trainer.train()
@@ -428,26 +427,12 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def reward_options(stage: str, negative_rows: str, build: Any) -> dict[str, str]:
-    """Return the r_c options of one GRPO run as `build` (train.grpo.build_grpo_trainer) keyword arguments.
+def reward_options(stage: str, negative_rows: str) -> dict[str, Any]:
+    """Return one GRPO run's `build_grpo_trainer` keyword arguments for r_c's options: a `ScoringConfig` with its
+    `cross_view` (`CROSS_VIEW[stage]`) and `negative_rows` (emrl_data/text/scoring.py)."""
+    from emrl_data.text.scoring import ScoringConfig  # noqa: PLC0415
 
-    `cross_view` (`CROSS_VIEW[stage]`) and `negative_rows` are train/rewards.py's options; each is passed when `build`
-    takes it. A run that needs a value other than the default from a `build` without that option is a one-line error
-    (before any training: `Miniature.run` asks for every configured run first).
-    """
-    import inspect  # noqa: PLC0415
-
-    params = inspect.signature(build).parameters
-    out = {}
-    for key, value, default in (("cross_view", CROSS_VIEW[stage], "full"), ("negative_rows", negative_rows, "skip")):
-        if key in params:
-            out[key] = value
-        elif value != default:
-            raise TrainConfigError(
-                f"miniature: run {stage} needs {key}={value}, which train.grpo.build_grpo_trainer does not take "
-                f"(train/rewards.py's {key} option); drop {stage} from models or add that option"
-            )
-    return out
+    return {"scoring_config": ScoringConfig(cross_view=CROSS_VIEW[stage], negative_rows=negative_rows)}
 
 
 PAIRED = {"more_sft_llm": "(a) - (e)", "grpo_f": "(a) - (f)", "grpo_b": "(a) - (b)", "grpo_g": "(a) - (g)",
