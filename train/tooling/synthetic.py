@@ -119,6 +119,9 @@ def make_rows(n_rows: int, *, n_frames: int = 8, size_px: int = 64, split: str =
 # What the pixels of `make_visible_rows` encode (nothing of it is in the prompt).
 VISIBLE_SIZES_MM = (12.0, 31.0, 48.0)  # long axis classes; disc radius = size_px * mm / 300 on the key frame
 VISIBLE_INTENSITY = {"hypo": 40, "iso": 170, "hyper": 245}  # organ is 110, background 20
+# The organ's outline (half-width, half-height as fractions of size_px): a slice shows which organ it is, as a CT slice
+# does, so the verifier (shown one frame and a prompt that names no organ) can answer in that organ's terms.
+VISIBLE_ORGAN_SHAPE = {"liver": (0.42, 0.42), "kidney": (0.3, 0.44), "pancreas": (0.44, 0.26)}
 
 
 def visible_lesion_radii_px(n_frames: int, size_px: int, key_frame: int, long_mm: float, span: int) -> list[int]:
@@ -157,11 +160,16 @@ def make_visible_volume(
     side: int = 0,
     attenuation: str = "hypo",
     span: int = 1,
+    organ: str | None = None,
 ) -> tuple[NDArray[np.uint8], list[int] | None, NDArray[np.bool_]]:
-    """Return `make_visible_frames`'s frames and box, and the lesion mask `(n_frames, size_px, size_px)` it drew."""
+    """Return `make_visible_frames`'s frames and box, and the lesion mask `(n_frames, size_px, size_px)` it drew.
+
+    The organ is an ellipse of `VISIBLE_ORGAN_SHAPE[organ]` (a disc of radius 0.42 size_px for None or another organ).
+    """
     yy, xx = np.mgrid[0:size_px, 0:size_px]
-    organ = ((yy - size_px / 2) ** 2 + (xx - size_px / 2) ** 2) < (0.42 * size_px) ** 2
-    frames = np.where(organ, 110, 20)[None].repeat(n_frames, 0).astype(np.float64)
+    half_w, half_h = VISIBLE_ORGAN_SHAPE.get(organ or "", (0.42, 0.42))
+    organ_mask = ((xx - size_px / 2) / (half_w * size_px)) ** 2 + ((yy - size_px / 2) / (half_h * size_px)) ** 2 < 1
+    frames = np.where(organ_mask, 110, 20)[None].repeat(n_frames, 0).astype(np.float64)
     frames += rng.normal(0, 6, frames.shape)
     mask = np.zeros(frames.shape, dtype=bool)
     if key_frame is None:
@@ -170,6 +178,8 @@ def make_visible_volume(
     r = radii[key_frame - 1]
     cx = round(size_px / 2 + (-1 if side == 0 else 1) * size_px * 0.2 + rng.integers(-2, 3))
     cy = round(size_px / 2 + rng.integers(-size_px // 8, size_px // 8 + 1))
+    if organ in VISIBLE_ORGAN_SHAPE and half_h < 0.3:  # a flat organ: the lesion stays near its midline
+        cy = round(size_px / 2 + (cy - size_px / 2) / 2)
     for f, rad in enumerate(radii):
         if rad > 0:
             mask[f] = ((yy - cy) ** 2 + (xx - cx) ** 2) < rad**2
@@ -187,17 +197,18 @@ def make_visible_frames(
     side: int = 0,
     attenuation: str = "hypo",
     span: int = 1,
+    organ: str | None = None,
 ) -> tuple[NDArray[np.uint8], list[int] | None]:
     """Return frames whose lesion shows its presence, size class, location side, attenuation and key frame.
 
-    The organ is a disc (110) on a dark background (20) with texture noise. A lesion is a disc of radius
+    The organ (110; its outline `VISIBLE_ORGAN_SHAPE[organ]`) lies on a dark background (20) with texture noise. A lesion is a disc of radius
     `size_px * long_mm / 300` on `key_frame` (1-based), shrinking linearly over the `span` frames on each side
     (`visible_lesion_radii_px`; span 1: half the radius on the two neighbours), in the organ's left half (`side` 0) or
     right half (`side` 1), drawn at `VISIBLE_INTENSITY[attenuation]`. Returns the frames and the lesion box
     `[x1, y1, x2, y2)` in pixels (None without a lesion); `make_visible_volume` also returns the mask.
     """
     frames, box, _ = make_visible_volume(n_frames, size_px, rng, key_frame=key_frame, long_mm=long_mm, side=side,
-                                         attenuation=attenuation, span=span)  # fmt: skip
+                                         attenuation=attenuation, span=span, organ=organ)  # fmt: skip
     return frames, box
 
 
@@ -240,7 +251,7 @@ def make_visible_rows(
             side = int(rng.integers(2))
             att = str(rng.choice(list(VISIBLE_INTENSITY)))
             frames, box, mask = make_visible_volume(n_frames, size_px, rng, key_frame=key, long_mm=long_mm, side=side,
-                                                    attenuation=att, span=span)  # fmt: skip
+                                                    attenuation=att, span=span, organ=organ)  # fmt: skip
             assert box is not None
             loc = list(side_locations(organ)[side])
             row.update(long_axis_mm=long_mm, short_axis_mm=round(long_mm * 0.7, 1), volume_mm3=round(long_mm**3 * 0.3),
@@ -248,7 +259,7 @@ def make_visible_rows(
             row["bbox_qwen"] = [int(round(min(max(v, 0), size_px) * 1000 / size_px)) for v in box]
             evidence = render_evidence(key, row["bbox_qwen"])
         else:
-            frames, _, mask = make_visible_volume(n_frames, size_px, rng)
+            frames, _, mask = make_visible_volume(n_frames, size_px, rng, organ=organ)
         if masks_out is not None:
             masks_out.append(mask)
         row["frames"] = [{"bytes": _png(f), "path": None} for f in frames]
