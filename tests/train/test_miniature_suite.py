@@ -104,3 +104,12 @@ def test_a_random_frame_run_without_another_row_fails_before_training(tmp_path):
         Miniature(cfg, tmp_path / "g").run()
     assert "\n" not in str(err.value) and "grpo_prompts_per_step=1 leaves no other row" in str(err.value)
     assert not (tmp_path / "g").exists()  # refused before anything ran
+
+
+def test_the_config_knows_every_run_the_study_labels():
+    from train.miniature.config import MODEL_NAMES
+    from train.miniature.study import MODELS
+
+    assert tuple(MODELS) == MODEL_NAMES
+    with pytest.raises(TrainConfigError, match=r"models=\['sft', 'grpo_z'\]"):
+        load_config(None, {"models": ["sft", "grpo_z"]})

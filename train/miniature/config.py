@@ -16,6 +16,10 @@ from emrl_data.organs import ORGANS
 from train.checks import TrainConfigError
 
 
+# The runs a config's `models` may name (train.miniature.study.MODELS has their labels, in this order).
+MODEL_NAMES = ("sft", "grpo_a", "grpo_b", "grpo_c", "grpo_f", "grpo_g", "more_sft", "more_sft_llm")
+
+
 @dataclass
 class MiniatureConfig:
     """Every knob of the miniature (one YAML; see train/configs/miniature.yaml)."""
@@ -89,7 +93,6 @@ def config_from_dict(data: dict[str, Any], source: str | Path | None = None) -> 
             raise TrainConfigError(f"{path}: {key}={value!r}: expected a number ({types[key]})") from None
     cfg = MiniatureConfig(**data)
     from train.miniature.noise import check_fraction  # noqa: PLC0415
-    from train.miniature.study import MODELS  # noqa: PLC0415
 
     check_fraction(cfg.gold_noise)
     from emrl_data.text.scoring import NEGATIVE_ROWS  # noqa: PLC0415
@@ -98,7 +101,7 @@ def config_from_dict(data: dict[str, Any], source: str | Path | None = None) -> 
         raise TrainConfigError(
             f"{path}: negative_rows={cfg.negative_rows!r} must be one of {' | '.join(NEGATIVE_ROWS)}"
         )
-    unknown_models = [m for m in cfg.models if m not in MODELS]
+    unknown_models = [m for m in cfg.models if m not in MODEL_NAMES]
     if unknown_models or not {"sft", "grpo_a"} <= set(cfg.models):
-        raise TrainConfigError(f"{path}: models={cfg.models}: each of {list(MODELS)}, sft and grpo_a included")
+        raise TrainConfigError(f"{path}: models={cfg.models}: each of {list(MODEL_NAMES)}, sft and grpo_a included")
     return cfg
