@@ -25,6 +25,7 @@ from train.tooling.warmup import (
     frame_targets,
     held_out_indices,
     lm_warmup,
+    reports_claim_both_classes,
     score_verifier,
     verifier_examples,
     verifier_gaps,
@@ -291,3 +292,25 @@ def test_demo_sft_that_misses_both_classes_within_its_rounds_fails_in_one_line(s
         "error: demo SFT: the test split's existence sensitivity 0%, specificity 0% after sft_max_rounds=2 rounds "
         "of 1 steps (both must be above 0); raise sft_max_rounds"
     )
+
+
+def test_reports_claim_both_classes_needs_a_right_claim_of_each_kind():
+    rows = [{"organ": "kidney", "has_lesion": True}, {"organ": "kidney", "has_lesion": False}]
+    positive = "<findings>A hypodense lesion in the left kidney measures 3.1 x 2.2 cm.</findings>"
+    negative = f"<findings>{NEGATIVE_FINDINGS[Organ.KIDNEY]}</findings>"
+    assert reports_claim_both_classes(rows, [positive, negative]) is True
+    assert reports_claim_both_classes(rows, [negative, negative]) is False  # "no lesion" everywhere
+    assert reports_claim_both_classes(rows, [positive, positive]) is False  # "lesion" everywhere
+    assert reports_claim_both_classes(rows, [negative, positive]) is False  # both wrong
+
+
+def test_warmup_that_never_claims_both_classes_fails_in_one_line():
+    rows = make_visible_rows(6, n_frames=4, size_px=32, seed=0, organs=("kidney",))
+    processor = build_processor()
+    model = build_model(processor.tokenizer, seed=0)
+    with pytest.raises(TrainConfigError) as err:
+        lm_warmup(model, processor, rows[:4], rows[4:], max_steps=2, learning_rate=1e-3, batch_size=1,
+                  verifier_batch_size=1, eval_every=2, target_parse_rate=0.0, max_new_tokens=4,
+                  require_both_classes=True, log=lambda _: None)  # fmt: skip
+    message = str(err.value)
+    assert "\n" not in message and "never claimed a lesion on a positive row" in message

@@ -49,6 +49,11 @@ class DemoSftArguments(SftScriptArguments):
     lm_warmup_verifier_task: bool = field(
         default=True, metadata={"help": "The warm-up also teaches the verifier task (r_c needs it)."}
     )
+    lm_warmup_both_classes: bool = field(
+        default=False,
+        metadata={"help": "The warm-up also waits for held-out reports that claim a lesion on some positive row and "
+                  "none on some negative row."},
+    )  # fmt: skip
     parse_rate_split: str | None = field(
         default=None, metadata={"help": "After SFT, print the greedy parse rate of this split (e.g. test)."}
     )
@@ -80,7 +85,7 @@ def _criterion_warmup(model: Any, processor: Any, dataset: Any, args: DemoSftArg
         batch_size=config.per_device_train_batch_size, eval_every=args.lm_warmup_eval_every,
         target_parse_rate=args.lm_warmup_target_parse_rate,
         target_sampled_parse_rate=args.lm_warmup_target_sampled_parse_rate, seed=config.seed,
-        verifier_task=args.lm_warmup_verifier_task,
+        verifier_task=args.lm_warmup_verifier_task, require_both_classes=args.lm_warmup_both_classes,
     )  # fmt: skip
     sampled = f", sampled {result.sampled_parse_rate:.0%}" if result.sampled_parse_rates else ""
     print(

@@ -57,6 +57,7 @@ class WarmupResult:
     verifier_accuracy: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     report_loss: float = float("nan")
     verifier_loss: float = float("nan")
+    both_classes: bool = False
     seconds: float = 0.0
 
     @property
@@ -361,6 +362,14 @@ class WarmupPlan:
     target_verifier_accuracy: float = 0.0
     verifier_eval_frames: int = 48
     verifier_max_new_tokens: int = 48
+    require_both_classes: bool = False
+
+
+def reports_claim_both_classes(rows: Sequence[Mapping[str, Any]], reports: Sequence[str]) -> bool:
+    """Whether the reports claim a lesion on some positive row and none on some negative row (unreadable: neither)."""
+    claims = [parse_report(t, r["organ"]) for r, t in zip(rows, reports, strict=True)]
+    said = [(bool(r["has_lesion"]), None if isinstance(c, ParseFailure) else c.has_lesion) for r, c in zip(rows, claims, strict=True)]  # fmt: skip
+    return (True, True) in said and (False, False) in said
 
 
 def balanced_rows(rows: Sequence[Mapping[str, Any]], rng: np.random.Generator, n: int) -> list[Mapping[str, Any]]:
@@ -436,7 +445,14 @@ def _check(model: Any, processor: Any, val_rows: Sequence[Mapping[str, Any]], pl
     if failed:
         why = parse_report(failed[0][1], failed[0][0]["organ"])
         line += f"; e.g. {why.reason} on {failed[0][0]['organ']}: {failed[0][1][:90]!r}"  # type: ignore[union-attr]
-    return rate >= plan.target_parse_rate and sampled_ok and verifier_ok, f"{line}, {len(val_rows)} rows"
+    result.both_classes = reports_claim_both_classes(val_rows, reports)
+    classes_ok = not plan.require_both_classes or result.both_classes
+    if plan.require_both_classes:
+        line += f"; {'both' if classes_ok else 'not both'} classes claimed"
+    return (
+        rate >= plan.target_parse_rate and sampled_ok and verifier_ok and classes_ok,
+        f"{line}, {len(val_rows)} rows",
+    )
 
 
 def _raise_if_missed(result: WarmupResult, plan: WarmupPlan) -> None:
@@ -447,6 +463,11 @@ def _raise_if_missed(result: WarmupResult, plan: WarmupPlan) -> None:
         raise TrainConfigError(
             f"LM warm-up: held-out parse rate {result.parse_rate:.0%}{sampled_text} below its target after the "
             f"step cap lm_warmup_steps={plan.max_steps}; raise lm_warmup_steps or lower lm_warmup_learning_rate"
+        )
+    if plan.require_both_classes and not result.both_classes:
+        raise TrainConfigError(
+            f"LM warm-up: the held-out reports never claimed a lesion on a positive row and none on a negative one "
+            f"by the step cap lm_warmup_steps={plan.max_steps}; raise lm_warmup_steps"
         )
     gaps = verifier_gaps(result.verifier_accuracy[-1][1], plan.target_verifier_accuracy) if (
         result.verifier_accuracy) else []  # fmt: skip
