@@ -224,6 +224,7 @@ def make_visible_rows(
     sizes_mm: tuple[float, ...] = VISIBLE_SIZES_MM,
     span: int = 1,
     masks_out: list[NDArray[np.bool_]] | None = None,
+    organ_outline: bool = True,
 ) -> list[dict]:
     """Return `n_rows` sft rows whose findings are visible only in the frames (`make_visible_frames`).
 
@@ -231,7 +232,7 @@ def make_visible_rows(
     independently per row; the organ cycles over `organs` (None: every registered organ). The prompt
     (`render_prompt`) names the organ and the frame count only, so a report that gets the findings right has read the
     pixels. `masks_out`, when given, receives each row's lesion mask `(n_frames, size_px, size_px)`
-    (`make_visible_volume`).
+    (`make_visible_volume`). `organ_outline` False draws every organ as the same disc.
     """
     if n_frames < 3:
         raise ValueError(f"n_frames={n_frames}: a key frame needs a neighbour on each side; use at least 3 frames.")
@@ -251,7 +252,8 @@ def make_visible_rows(
             side = int(rng.integers(2))
             att = str(rng.choice(list(VISIBLE_INTENSITY)))
             frames, box, mask = make_visible_volume(n_frames, size_px, rng, key_frame=key, long_mm=long_mm, side=side,
-                                                    attenuation=att, span=span, organ=organ)  # fmt: skip
+                                                    attenuation=att, span=span,
+                                                    organ=organ if organ_outline else None)  # fmt: skip
             assert box is not None
             loc = list(side_locations(organ)[side])
             row.update(long_axis_mm=long_mm, short_axis_mm=round(long_mm * 0.7, 1), volume_mm3=round(long_mm**3 * 0.3),
@@ -259,7 +261,7 @@ def make_visible_rows(
             row["bbox_qwen"] = [int(round(min(max(v, 0), size_px) * 1000 / size_px)) for v in box]
             evidence = render_evidence(key, row["bbox_qwen"])
         else:
-            frames, _, mask = make_visible_volume(n_frames, size_px, rng, organ=organ)
+            frames, _, mask = make_visible_volume(n_frames, size_px, rng, organ=organ if organ_outline else None)
         if masks_out is not None:
             masks_out.append(mask)
         row["frames"] = [{"bytes": _png(f), "path": None} for f in frames]

@@ -159,13 +159,16 @@ def verifier_examples(
 class BalancedPairs:
     """Draw verifier pairs half from frames that show a lesion, half from frames that do not (seeded)."""
 
-    def __init__(self, rows: Sequence[Mapping[str, Any]], rng: np.random.Generator, lesion_span: int | None):
-        self.rng = rng
+    def __init__(self, rows: Sequence[Mapping[str, Any]], rng: np.random.Generator, lesion_span: int | None,
+                 balanced: bool = True):  # fmt: skip
+        self.rng, self.balanced = rng, balanced
+        self.all: list[tuple[np.ndarray, str]] = []
         self.present: list[tuple[np.ndarray, str]] = []
         self.absent: list[tuple[np.ndarray, str]] = []
         negatives = set(NEGATIVE_FINDINGS.values())
         for row in rows:
             for pair in verifier_examples(row, rng, lesion_span):
+                self.all.append(pair)
                 (self.absent if pair[1] in negatives else self.present).append(pair)
 
     def __len__(self) -> int:
@@ -173,6 +176,8 @@ class BalancedPairs:
 
     def draw(self, n: int) -> list[tuple[np.ndarray, str]]:
         """Return `n` pairs: `n // 2` with a lesion and the rest without (all from one pool when the other is empty)."""
+        if not self.balanced:  # uniform over every pair, in row order
+            return [self.all[int(i)] for i in self.rng.integers(len(self.all), size=n)]
         n_present = n // 2 if self.present and self.absent else (n if self.present else 0)
         pick = (
             [self.present[int(i)] for i in self.rng.integers(len(self.present), size=n_present)] if n_present else []
@@ -363,6 +368,7 @@ class WarmupPlan:
     verifier_eval_frames: int = 48
     verifier_max_new_tokens: int = 48
     require_both_classes: bool = False
+    balanced: bool = True
 
 
 def reports_claim_both_classes(rows: Sequence[Mapping[str, Any]], reports: Sequence[str]) -> bool:
@@ -519,11 +525,14 @@ def lm_warmup(
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=plan.learning_rate, weight_decay=0.0)
     report_collate, verifier_collate = SFTCollator(processor), VerifierCollator(processor)
-    pairs = BalancedPairs(rows, rng, plan.lesion_span) if plan.verifier_task else None
+    pairs = BalancedPairs(rows, rng, plan.lesion_span, plan.balanced) if plan.verifier_task else None
     result = WarmupResult(steps=0)
     start = time.perf_counter()
     for step in range(1, plan.max_steps + 1):
-        batch = report_collate(balanced_rows(rows, rng, plan.batch_size))
+        drawn = balanced_rows(rows, rng, plan.batch_size) if plan.balanced else [
+            rows[int(i)] for i in rng.integers(len(rows), size=plan.batch_size)
+        ]  # fmt: skip
+        batch = report_collate(drawn)
         vbatch = verifier_collate(pairs.draw(plan.verifier_batch_size)) if pairs is not None and len(pairs) else None
         _train_step(model, opt, params, batch, vbatch, result)
         result.steps = step
