@@ -8,7 +8,8 @@ export PREFECT_HOME ?= $(CURDIR)/.prefect-home
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 
-.PHONY: venv demo test test-fast lint schemas bench train-smoke miniature miniature-seeds clean
+.PHONY: venv demo test test-fast lint schemas bench train-smoke miniature miniature-seeds miniature-study \
+	miniature-study-micro clean
 
 venv: $(VENV)/.installed
 
@@ -144,8 +145,18 @@ miniature: venv
 miniature-seeds: venv
 	$(BIN)/python -m train.miniature --config train/configs/miniature.yaml --output_dir miniature-seeds --seeds 0 1 2
 
+# The decomposition study of r_c (docs/miniature.md): (a) r_e+r_f+r_c, (b) r_e+r_f, (f) distance term only, (g) random
+# frame, (e) more SFT with the LLM trainable, at gold noise 0, 0.15, 0.30, 5 seeds, 360 test rows, paired bootstrap
+# intervals (miniature-study/study.md, study.png). Estimated (not yet measured) 9-10 hours on 2 idle cores; resumable:
+# a rerun skips every finished stage. miniature-study-micro: the same plumbing on a micro config (a few minutes).
+miniature-study: venv
+	$(BIN)/python -m train.miniature.suite --config train/configs/miniature_study.yaml --output_dir miniature-study
+
+miniature-study-micro: venv
+	$(BIN)/python -m train.miniature.suite --config train/configs/miniature_micro.yaml --output_dir miniature-study-micro --min_seeds 2
+
 clean:
-	rm -rf miniature-output miniature-seeds demo-output .prefect-home .pytest_cache .cache
+	rm -rf miniature-output miniature-seeds miniature-study miniature-study-micro demo-output .prefect-home .pytest_cache .cache
 
 # A local Prefect server + work pool + deployments + worker (state, logs and DB in .prefect-home/server/). Prints each
 # step as it happens, then the UI address and the `prefect deployment run FLOW/DEPLOYMENT --watch` lines in pipeline

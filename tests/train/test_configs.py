@@ -11,6 +11,7 @@ from trl import GRPOConfig, SFTConfig, TrlParser
 from train.checks import TrainConfigError, check_precision, validate_launch
 from train.grpo import GrpoScriptArguments
 from train.miniature.config import load_config
+from train.miniature.suite import load_study
 from train.sft import SftScriptArguments
 from train.tooling.demo_sft import DemoSftArguments
 
@@ -20,10 +21,9 @@ CONFIGS = sorted(Path("train/configs").glob("*.yaml"))
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_config_parses_and_keeps_fp32_masters(path, tmp_path):
-    if (
-        path.name == "miniature.yaml"
-    ):  # not a TRL config: the miniature's own keys (train.miniature.config.MiniatureConfig)
-        cfg = load_config(path)
+    if path.name.startswith("miniature"):  # not a TRL config: the miniature's own keys (MiniatureConfig, + `study:`)
+        is_study = "study" in yaml.safe_load(path.read_text())
+        cfg = load_study(path)[0] if is_study else load_config(path)
         assert cfg.n_test >= cfg.min_test_rows_per_class * 2 * len(cfg.organs)
         return
     kinds = {"sft_demo.yaml": (DemoSftArguments, SFTConfig)}

@@ -1,10 +1,13 @@
 """The criterion warm-up, the verifier task, the visible-lesion rows and the miniature's guards (fast, exact)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
 
+from emrl_data.organs import side_locations
+from emrl_data.text.parser import parse_free_text
 from emrl_data.text.report import NEGATIVE_FINDINGS, render_prompt
 from emrl_data.types import Organ
 from train.checks import TrainConfigError
@@ -13,7 +16,20 @@ from train.miniature.config import MiniatureConfig, load_config
 from train.miniature.study import Miniature, check_split, claim_check
 from train.tooling.synthetic import VISIBLE_INTENSITY, make_visible_rows
 from train.tooling.tiny import build_model, build_processor
-from train.tooling.warmup import VerifierCollator, held_out_indices, lm_warmup, verifier_examples
+from train.tooling.warmup import (
+    BalancedPairs,
+    FrameTarget,
+    VerifierCollator,
+    balanced_rows,
+    format_verifier,
+    frame_targets,
+    held_out_indices,
+    lm_warmup,
+    reports_claim_both_classes,
+    score_verifier,
+    verifier_examples,
+    verifier_gaps,
+)
 
 
 def test_held_out_indices_span_the_table():
@@ -38,7 +54,53 @@ def test_visible_rows_show_the_lesion_only_in_the_pixels():
         assert row["long_axis_mm"] in (12.0, 31.0, 48.0)
 
 
-def test_verifier_examples_and_labels_cover_the_answer_only():
+def test_frame_targets_agree_with_the_drawn_mask_on_every_frame():
+    masks: list = []
+    rows = make_visible_rows(24, n_frames=8, size_px=64, seed=5, organs=("kidney", "liver"), span=3, masks_out=masks)
+    assert len(masks) == 24 and {r["has_lesion"] for r in rows} == {True, False}
+    n_present = 0
+    for row, mask in zip(rows, masks, strict=True):
+        targets = frame_targets(row, lesion_span=3)
+        frames = frames_to_array(row["frames"])
+        assert [t.frame for t in targets] == list(range(8))
+        for t in targets:
+            shows = bool(mask[t.frame].any())
+            assert t.present == shows  # never labelled against its pixels
+            if not shows:
+                assert t.answer == NEGATIVE_FINDINGS[Organ(row["organ"])] and t.location is None
+                continue
+            n_present += 1
+            assert (frames[t.frame][mask[t.frame]] == VISIBLE_INTENSITY[row["attenuation"]]).all()
+            parsed = parse_free_text(t.answer, row["organ"])
+            assert parsed.has_lesion and parsed.attenuation == t.attenuation == row["attenuation"]
+            xs = np.nonzero(mask[t.frame])[1]
+            side = 0 if xs.mean() < 32 else 1
+            assert set(parsed.location) == set(side_locations(row["organ"])[side]) == set(t.location)
+            key_radius = (mask[row["key_slice_frame"] - 1].any(axis=0).sum() + 1) // 2  # a disc of radius r spans 2r-1
+            radius = (mask[t.frame].any(axis=0).sum() + 1) // 2
+            assert parsed.long_axis_cm == pytest.approx(
+                round(row["long_axis_mm"] * radius / key_radius, 1) / 10, abs=0.051
+            )
+        if row["has_lesion"]:  # span 3: the key frame and up to 3 each side (frames 1-2 away included)
+            k = row["key_slice_frame"]
+            assert [t.frame + 1 for t in targets if t.present] == [f for f in range(1, 9) if abs(f - k) <= 3]
+    assert n_present > 40
+
+
+def test_balanced_pairs_draw_half_with_a_lesion():
+    rows = make_visible_rows(8, n_frames=8, size_px=32, seed=2, organs=("kidney",), span=3)
+    pairs = BalancedPairs(rows, np.random.default_rng(0), lesion_span=3)
+    negative = NEGATIVE_FINDINGS[Organ.KIDNEY]
+    n_positive = sum(r["has_lesion"] for r in rows)
+    assert len(pairs) == 8 * 8 and len(pairs.present) == sum(
+        len(frame_targets(r, 3)) - sum(not t.present for t in frame_targets(r, 3)) for r in rows
+    )
+    assert n_positive > 0 and all(answer != negative for _, answer in pairs.present)
+    drawn = pairs.draw(6)
+    assert [answer == negative for _, answer in drawn] == [False] * 3 + [True] * 3
+
+
+def test_legacy_verifier_examples_without_a_span_and_labels_cover_the_answer_only():
     rows = make_visible_rows(6, n_frames=8, size_px=64, seed=0, organs=("kidney",))
     positive = next(r for r in rows if r["has_lesion"])
     pairs = verifier_examples(positive, np.random.default_rng(0))
@@ -49,11 +111,44 @@ def test_verifier_examples_and_labels_cover_the_answer_only():
         assert pairs[1][1] == NEGATIVE_FINDINGS[Organ.KIDNEY]
         assert any((pairs[1][0] == f).all() and abs(i + 1 - positive["key_slice_frame"]) >= 3
                    for i, f in enumerate(frames))  # fmt: skip
+    spanned = verifier_examples(positive, np.random.default_rng(0), lesion_span=1)
+    assert [a for _, a in spanned] == [t.answer for t in frame_targets(positive, 1)]
     processor = build_processor()
     batch = VerifierCollator(processor)(pairs)
     for i, (_, answer) in enumerate(pairs):
         labelled = batch["labels"][i][batch["labels"][i] != -100]
         assert processor.tokenizer.decode(labelled) == answer + "<|im_end|>"
+
+
+def test_score_verifier_rates_and_gates():
+    hypo_left = FrameTarget(0, "x", True, ("left",), "hypo")
+    clear = FrameTarget(1, "y", False)
+    asked = [("kidney", hypo_left)] * 4 + [("kidney", clear)] * 2
+    texts = ["A hypodense lesion in the left kidney measures 3.1 x 2.2 cm.",  # all right
+             "A hyperdense lesion in the left kidney measures 3.1 x 2.2 cm.",  # attenuation wrong
+             "A hypodense lesion in the right kidney measures 3.1 x 2.2 cm.",  # location wrong
+             "No focal renal lesion.",  # missed
+             "No focal renal lesion.", ""]  # right; unreadable = wrong  # fmt: skip
+    acc = score_verifier(asked, texts)
+    assert acc == {"sensitivity": 0.75, "specificity": 0.5, "location": 0.5, "attenuation": 0.5,
+                   "n_lesion_frames": 4, "n_clear_frames": 2}  # fmt: skip
+    assert verifier_gaps(acc, 0.6) == ["specificity 50% < 60%", "location 50% < 60%", "attenuation 50% < 60%"]
+    assert verifier_gaps(acc, 0.0) == []
+    assert format_verifier(acc) == "sens 75%, spec 50%, location 50%, attenuation 50% (4 + 2 frames)"
+
+
+def test_warmup_that_misses_its_verifier_gates_fails_in_one_line():
+    rows = make_visible_rows(4, n_frames=4, size_px=32, seed=0, organs=("kidney",), span=1)
+    processor = build_processor()
+    model = build_model(processor.tokenizer, seed=0)
+    lines: list[str] = []
+    with pytest.raises(TrainConfigError) as err:
+        lm_warmup(model, processor, rows[:3], rows[3:], max_steps=2, learning_rate=1e-3, batch_size=1,
+                  verifier_batch_size=2, eval_every=2, target_parse_rate=0.0, max_new_tokens=4, lesion_span=1,
+                  target_verifier_accuracy=0.9, verifier_eval_frames=4, verifier_max_new_tokens=4, log=lines.append)  # fmt: skip
+    message = str(err.value)
+    assert "\n" not in message and "verifier accuracy below its gates" in message and "lm_warmup_steps=2" in message
+    assert len(lines) == 1 and ", verifier sens " in lines[0]
 
 
 def test_warmup_that_misses_its_criterion_fails_in_one_line():
@@ -126,7 +221,9 @@ def test_miniature_reuses_data_warmup_and_sft_of_a_run_that_differs_only_in_grpo
     assert json.loads((target / "config.json").read_text())["num_generations"] == 8
     assert Miniature(variant, target, log=lines.append).reuse(source) == []  # already there: nothing copied
     Miniature(variant, target, log=lines.append).run(("data", "warmup", "sft"))
-    assert lines[-3:] == [f"== {s}: done earlier (0 s), skipped" for s in ("data", "warmup", "sft")]
+    assert [re.sub(r"\(\d+ s\)", "(N s)", line) for line in lines[-3:]] == [
+        f"== {s}: done earlier (N s), skipped" for s in ("data", "warmup", "sft")
+    ]  # the data stage's own seconds, whatever the machine's load
     other_data = MiniatureConfig(**small | {"n_train": 7})
     with pytest.raises(TrainConfigError, match=r"differs on \['n_train'\], which the data"):
         Miniature(other_data, tmp_path / "other", log=lines.append).reuse(source)
@@ -165,3 +262,56 @@ def test_sft_cli_warmup_cap_is_a_one_line_error(sft_table, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: LM warm-up: held-out parse rate ") and "lm_warmup_steps=2" in err[-1]
     assert not (tmp_path / "sft" / "model.safetensors").exists()  # nothing half-written
+
+
+def test_balanced_rows_draw_half_positive():
+    rows = make_visible_rows(10, n_frames=4, size_px=32, seed=4, organs=("kidney",), positive_fraction=0.2)
+    assert 0 < sum(r["has_lesion"] for r in rows) < 5  # a minority of positives
+    drawn = balanced_rows(rows, np.random.default_rng(0), 6)
+    assert [r["has_lesion"] for r in drawn] == [True] * 3 + [False] * 3
+    only_negative = [r for r in rows if not r["has_lesion"]]
+    assert not any(r["has_lesion"] for r in balanced_rows(only_negative, np.random.default_rng(0), 4))
+
+
+def test_demo_sft_that_misses_both_classes_within_its_rounds_fails_in_one_line(sft_table, tmp_path, capsys):
+    from train.checks import run_cli
+    from train.tooling.demo_sft import main as sft_main
+
+    # No warm-up: the random tiny model writes nothing parse_report reads, so sensitivity is 0 after each round.
+    argv = ["--config", "train/configs/sft_demo.yaml", "--dataset_dir", str(sft_table), "--output_dir",
+            str(tmp_path / "sft"), "--lm_warmup_steps", "0", "--max_steps", "1", "--sft_max_rounds", "2",
+            "--sft_stop_split", "test", "--parse_rate_split", "test"]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(sft_main, argv)
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert [line for line in captured.out.splitlines() if line.startswith("SFT round")] == [
+        "SFT round 1 (1 steps): test split sensitivity 0%, specificity 0%",
+        "SFT round 2 (2 steps): test split sensitivity 0%, specificity 0%",
+    ]
+    assert captured.err.strip().splitlines()[-1] == (
+        "error: demo SFT: the test split's existence sensitivity 0%, specificity 0% after sft_max_rounds=2 rounds "
+        "of 1 steps (both must be above 0); raise sft_max_rounds"
+    )
+
+
+def test_reports_claim_both_classes_needs_a_right_claim_of_each_kind():
+    rows = [{"organ": "kidney", "has_lesion": True}, {"organ": "kidney", "has_lesion": False}]
+    positive = "<findings>A hypodense lesion in the left kidney measures 3.1 x 2.2 cm.</findings>"
+    negative = f"<findings>{NEGATIVE_FINDINGS[Organ.KIDNEY]}</findings>"
+    assert reports_claim_both_classes(rows, [positive, negative]) is True
+    assert reports_claim_both_classes(rows, [negative, negative]) is False  # "no lesion" everywhere
+    assert reports_claim_both_classes(rows, [positive, positive]) is False  # "lesion" everywhere
+    assert reports_claim_both_classes(rows, [negative, positive]) is False  # both wrong
+
+
+def test_warmup_that_never_claims_both_classes_fails_in_one_line():
+    rows = make_visible_rows(6, n_frames=4, size_px=32, seed=0, organs=("kidney",))
+    processor = build_processor()
+    model = build_model(processor.tokenizer, seed=0)
+    with pytest.raises(TrainConfigError) as err:
+        lm_warmup(model, processor, rows[:4], rows[4:], max_steps=2, learning_rate=1e-3, batch_size=1,
+                  verifier_batch_size=1, eval_every=2, target_parse_rate=0.0, max_new_tokens=4,
+                  require_both_classes=True, log=lambda _: None)  # fmt: skip
+    message = str(err.value)
+    assert "\n" not in message and "never claimed a lesion on a positive row" in message

@@ -16,6 +16,10 @@ from emrl_data.organs import ORGANS
 from train.checks import TrainConfigError
 
 
+# The runs a config's `models` may name (train.miniature.study.MODELS has their labels, in this order).
+MODEL_NAMES = ("sft", "grpo_a", "grpo_b", "grpo_c", "grpo_f", "grpo_g", "more_sft", "more_sft_llm")
+
+
 @dataclass
 class MiniatureConfig:
     """Every knob of the miniature (one YAML; see train/configs/miniature.yaml)."""
@@ -36,6 +40,13 @@ class MiniatureConfig:
     warmup_learning_rate: float = 3.0e-3
     warmup_batch_size: int = 4
     warmup_val_rows: int = 12
+    warmup_target_verifier_accuracy: float = 0.9  # presence sens/spec, location, attenuation gates (0 = report only)
+    verifier_eval_frames: int = 48  # held-out frames per verifier check (half with the lesion, half without)
+    gold_noise: float = 0.0  # fraction of TRAINING rows whose gold is corrupted (train/miniature/noise.py); in [0, 1)
+    negative_rows: str = "skip"  # GRPO's r_c on negative rows (train/rewards.py): skip | query_named_slice
+    models: list[str] = field(
+        default_factory=lambda: ["sft", "grpo_a", "grpo_b", "grpo_c", "more_sft", "more_sft_llm"]
+    )  # the runs (train.miniature.study.MODELS keys); sft and grpo_a always
     sft_steps: int = 100
     sft_learning_rate: float = 1.0e-3
     sft_batch_size: int = 4
@@ -59,6 +70,14 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     if path is not None:
         data = yaml.safe_load(Path(path).read_text()) or {}
     data.update(overrides or {})
+    return config_from_dict(data, path)
+
+
+def config_from_dict(data: dict[str, Any], source: str | Path | None = None) -> MiniatureConfig:
+    """Return the config of a mapping (unknown keys, non-numbers, a bad `gold_noise` or `models` are one-line errors
+    naming `source`)."""
+    data = dict(data)
+    path = source
     known = {f.name for f in fields(MiniatureConfig)}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -72,4 +91,17 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
                 data[key] = int(value)
         except ValueError:
             raise TrainConfigError(f"{path}: {key}={value!r}: expected a number ({types[key]})") from None
-    return MiniatureConfig(**data)
+    cfg = MiniatureConfig(**data)
+    from train.miniature.noise import check_fraction  # noqa: PLC0415
+
+    check_fraction(cfg.gold_noise)
+    from emrl_data.text.scoring import NEGATIVE_ROWS  # noqa: PLC0415
+
+    if cfg.negative_rows not in NEGATIVE_ROWS:
+        raise TrainConfigError(
+            f"{path}: negative_rows={cfg.negative_rows!r} must be one of {' | '.join(NEGATIVE_ROWS)}"
+        )
+    unknown_models = [m for m in cfg.models if m not in MODEL_NAMES]
+    if unknown_models or not {"sft", "grpo_a"} <= set(cfg.models):
+        raise TrainConfigError(f"{path}: models={cfg.models}: each of {list(MODEL_NAMES)}, sft and grpo_a included")
+    return cfg

@@ -40,13 +40,17 @@ from train.miniature.config import MiniatureConfig, load_config
 
 logger = logging.getLogger(__name__)
 
-STAGES = ("data", "warmup", "sft", "grpo_a", "grpo_b", "grpo_c", "more_sft", "more_sft_llm", "eval")
+ALL_STAGES = ("data", "warmup", "sft", "grpo_a", "grpo_b", "grpo_c", "grpo_f", "grpo_g", "more_sft", "more_sft_llm",
+              "eval")  # fmt: skip
+STAGES = tuple(s for s in ALL_STAGES if s not in ("grpo_f", "grpo_g"))  # the default `models`' stages
 DIAGNOSE = "diagnose"  # on request only (`--stages diagnose`): the reward signal at the SFT model (miniature_diagnose)
 MODELS = {
     "sft": "SFT",
     "grpo_a": "(a) GRPO r_e+r_f+r_c",
     "grpo_b": "(b) GRPO r_e+r_f",
     "grpo_c": "(c) lr-0 control",
+    "grpo_f": "(f) GRPO r_e+r_f+distance term",
+    "grpo_g": "(g) GRPO r_c, random frame",
     "more_sft": "(d) more SFT, ViT+projector",
     "more_sft_llm": "(e) more SFT, LLM+projector",
 }
@@ -54,9 +58,19 @@ MODELS = {
 # paper's SFT freezing (d) or GRPO's (e): does GRPO beat plain supervised training given the same rows?
 MORE_SFT_RUNS = {"more_sft": "sft", "more_sft_llm": "grpo"}  # stage -> the freezing (train.freeze.STAGE_TRAINABLE)
 GRPO_RUNS = {"grpo_a": (["r_e", "r_f", "r_c"], False), "grpo_b": (["r_e", "r_f"], False),
-             "grpo_c": (["r_e", "r_f", "r_c"], True)}  # fmt: skip
+             "grpo_c": (["r_e", "r_f", "r_c"], True), "grpo_f": (["r_e", "r_f", "r_c"], False),
+             "grpo_g": (["r_e", "r_f", "r_c"], False)}  # fmt: skip
+# r_c's cross-view option per run (train/rewards.py `cross_view`): (f) keeps only the key-frame window's distance term,
+# (g) shows the verifier a random frame of another row: is r_c's gain from reading the named slice?
+CROSS_VIEW = {
+    "grpo_a": "full",
+    "grpo_b": "full",
+    "grpo_c": "full",
+    "grpo_f": "distance_only",
+    "grpo_g": "random_frame",
+}
 SHARED_STAGES = ("data", "warmup", "sft")  # what `--reuse_from` copies: the stages before GRPO
-GRPO_ONLY_KEYS = frozenset({"grpo_steps", "grpo_learning_rate", "grpo_prompts_per_step", "num_generations",
+GRPO_ONLY_KEYS = frozenset({"models", "negative_rows", "grpo_steps", "grpo_learning_rate", "grpo_prompts_per_step", "num_generations",
                             "grpo_temperature", "max_completion_length", "beta", "verifier_max_new_tokens",
                             "n_bootstrap", "diagnose_prompts", "diagnose_temperatures"})  # fmt: skip
 
@@ -112,17 +126,20 @@ class Miniature:
             )
         config_path.write_text(json.dumps(as_dict, indent=2) + "\n")
 
-    def reuse(self, source: str | Path) -> list[str]:
-        """Copy the finished data, warm-up and SFT stages of `source` (a GRPO variant shares them); return those copied.
+    def reuse(self, source: str | Path, stages: tuple[str, ...] = SHARED_STAGES) -> list[str]:
+        """Copy the finished `stages` of `source` (default data, warm-up and SFT: a GRPO variant shares them); return
+        those copied.
 
-        `source` must hold a run whose configuration equals this one on every key outside `GRPO_ONLY_KEYS`.
+        `source` must hold a run whose configuration equals this one on every key outside `GRPO_ONLY_KEYS` (and, when
+        only the warm-up is copied, `gold_noise`: the warm-up reads the clean rows).
         """
         source = Path(source)
         config_path = source / "config.json"
         if not config_path.exists():
             raise TrainConfigError(f"--reuse_from {source}: no config.json there; pass a miniature output folder")
         theirs, ours = json.loads(config_path.read_text()), asdict(self.cfg)
-        differ = sorted(k for k in set(theirs) | set(ours) if k not in GRPO_ONLY_KEYS and theirs.get(k) != ours.get(k))
+        free = GRPO_ONLY_KEYS | ({"gold_noise"} if stages == ("warmup",) else set())
+        differ = sorted(k for k in set(theirs) | set(ours) if k not in free and theirs.get(k) != ours.get(k))
         if differ:
             raise TrainConfigError(
                 f"--reuse_from {source}: its configuration differs on {differ}, which the data, warm-up or SFT "
@@ -130,7 +147,7 @@ class Miniature:
             )
         self._claim_folder()
         copied = []
-        for stage in SHARED_STAGES:
+        for stage in stages:
             if self.done(stage) is not None:
                 continue
             if not (source / stage / "done.json").exists():
@@ -145,8 +162,19 @@ class Miniature:
         self.log(f"== reused {copied or 'nothing'} from {source}")
         return copied
 
-    def run(self, stages: tuple[str, ...] = STAGES) -> dict[str, Any]:
-        """Run (or resume) the stages; return the eval record (or the last stage's)."""
+    def stages(self) -> tuple[str, ...]:
+        """Return the stages of the configured `models`, in order: data, warmup, the models' stages, eval."""
+        return self.stages_of(self.cfg.models)
+
+    @staticmethod
+    def stages_of(models: list[str]) -> tuple[str, ...]:
+        """Return the stages that train and evaluate `models` (MODELS keys), in order."""
+        return tuple(s for s in ALL_STAGES if s in ("data", "warmup", "eval") or s in models)
+
+    def run(self, stages: tuple[str, ...] | None = None) -> dict[str, Any]:
+        """Run (or resume) the stages (default: `stages()`); return the eval record (or the last stage's)."""
+        stages = self.stages() if stages is None else stages
+        self._check_before_training(stages)
         self._claim_folder()
         record: dict[str, Any] = {}
         for stage in stages:
@@ -166,38 +194,57 @@ class Miniature:
             self.log(f"   {stage} finished in {record['seconds']:.0f} s")
         return record
 
+    def _check_before_training(self, stages: tuple[str, ...]) -> None:
+        """One-line errors before any stage runs: a test split too small for the intervals, a random-frame run
+        without another row in its step."""
+        from train.miniature.power import check_power  # noqa: PLC0415
+
+        cfg = self.cfg
+        check_power(cfg.n_test, len(cfg.organs), cfg.min_test_rows_per_class, cfg.n_bootstrap)
+        if "grpo_g" in stages and self.done("grpo_g") is None and cfg.grpo_prompts_per_step < 2:
+            raise TrainConfigError(
+                f"miniature: run grpo_g (cross_view=random_frame) shows another row's frame, but grpo_prompts_per_step="
+                f"{cfg.grpo_prompts_per_step} leaves no other row in a step; use at least 2"
+            )
+
     # -- stages ----------------------------------------------------------------------------------------------------
 
     def _stage_data(self, stage: str) -> dict[str, Any]:
+        from train.miniature.noise import corrupt_gold  # noqa: PLC0415
         from train.tooling.synthetic import make_visible_rows, write_rows  # noqa: PLC0415
 
         cfg = self.cfg
         kw = {"n_frames": cfg.n_frames, "size_px": cfg.size_px, "organs": tuple(cfg.organs),
               "sizes_mm": tuple(float(v) for v in cfg.sizes_mm), "span": cfg.lesion_span}  # fmt: skip
-        train = make_visible_rows(cfg.n_train, split="train", seed=cfg.seed, **kw)
+        clean = make_visible_rows(cfg.n_train, split="train", seed=cfg.seed, **kw)
         test = make_visible_rows(cfg.n_test, split="test", seed=cfg.seed + 1000, **kw)
         check_split(test, cfg)
+        train, noise_log = corrupt_gold(clean, cfg.gold_noise, cfg.seed, cfg.sizes_mm)
         write_rows(self.out / stage, {"train": train, "test": test})
+        write_rows(self.out / stage / "clean", {"train": clean})  # the warm-up's rows (its verifier reads the pixels)
+        (self.out / stage / "noise.json").write_text(json.dumps(noise_log, indent=2) + "\n")
         pos = {s: sum(r["has_lesion"] for r in rows) for s, rows in (("train", train), ("test", test))}
         self.log(
             f"   {len(train)} train rows ({pos['train']} positive), {len(test)} test rows ({pos['test']} positive)"
         )
-        return {"n_train": len(train), "n_test": len(test), "positives": pos}
+        return {"n_train": len(train), "n_test": len(test), "positives": pos, "gold_noise": cfg.gold_noise,
+                "corrupted": {f: sum(e["field"] == f for e in noise_log) for f in sorted({e["field"] for e in noise_log})}}  # fmt: skip
 
-    def _rows(self, split: str) -> list[dict[str, Any]]:
+    def _rows(self, split: str, clean: bool = False) -> list[dict[str, Any]]:
+        """Return a split's rows (`clean`: the training rows before `gold_noise`)."""
         from train.data import load_split  # noqa: PLC0415
 
-        return [dict(r) for r in load_split(self.out / "data", split)]
+        return [dict(r) for r in load_split(self.out / "data" / ("clean" if clean else ""), split)]
 
     def _stage_warmup(self, stage: str) -> dict[str, Any]:
         import torch  # noqa: PLC0415
 
         from train.tooling.tiny import build_model, build_processor  # noqa: PLC0415
-        from train.tooling.warmup import held_out_indices, lm_warmup  # noqa: PLC0415
+        from train.tooling.warmup import format_verifier, held_out_indices, lm_warmup, verifier_accuracy  # noqa: PLC0415
 
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
-        rows = self._rows("train")
+        rows = self._rows("train", clean=True)
         val = set(held_out_indices(len(rows), cfg.warmup_val_rows))
         processor = build_processor()
         model = build_model(processor.tokenizer, seed=cfg.seed)
@@ -206,10 +253,17 @@ class Miniature:
                            learning_rate=cfg.warmup_learning_rate, batch_size=cfg.warmup_batch_size,
                            eval_every=cfg.warmup_eval_every, target_parse_rate=cfg.warmup_target_parse_rate,
                            max_new_tokens=cfg.eval_max_new_tokens, seed=cfg.seed, log=self.log,
-                           target_sampled_parse_rate=cfg.warmup_target_sampled_parse_rate)  # fmt: skip
+                           target_sampled_parse_rate=cfg.warmup_target_sampled_parse_rate,
+                           lesion_span=cfg.lesion_span, target_verifier_accuracy=cfg.warmup_target_verifier_accuracy,
+                           verifier_eval_frames=cfg.verifier_eval_frames,
+                           verifier_max_new_tokens=cfg.verifier_max_new_tokens)  # fmt: skip
+        blind = verifier_accuracy(model, processor, [rows[i] for i in sorted(val)], cfg.lesion_span, blind=True,
+                                  max_frames=cfg.verifier_eval_frames, max_new_tokens=cfg.verifier_max_new_tokens)  # fmt: skip
+        self.log(f"   verifier, blind control (a frame of another row): {format_verifier(blind)}")
         model.save_pretrained(self.out / stage)
         processor.save_pretrained(self.out / stage)
-        return {"steps": result.steps, "parse_rates": result.parse_rates, "verifier_rates": result.verifier_rates}
+        return {"steps": result.steps, "parse_rates": result.parse_rates, "verifier_accuracy": result.verifier_accuracy,
+                "verifier_blind": blind}  # fmt: skip
 
     def _stage_sft(self, stage: str) -> dict[str, Any]:
         return self._sft(stage, start="warmup", freezing="sft", steps=self.cfg.sft_steps)
@@ -261,7 +315,8 @@ class Miniature:
                           logging_steps=1, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
                           loss_type="grpo", seed=cfg.seed, temperature=cfg.grpo_temperature, disable_tqdm=True)  # fmt: skip
         trainer = build_grpo_trainer(str(self.out / "sft"), load_split(self.out / "data", "train"), args,
-                                     rewards=rewards, verifier_max_new_tokens=cfg.verifier_max_new_tokens)  # fmt: skip
+                                     rewards=rewards, verifier_max_new_tokens=cfg.verifier_max_new_tokens,
+                                     **reward_options(stage, cfg.negative_rows))  # fmt: skip
         bar_only(trainer)  # the per-step metrics stay in trainer_state.json and done.json
         trainer.add_callback(_progress_callback(self.log, every=10))
         trainer.train()
@@ -272,11 +327,11 @@ class Miniature:
         logs = [h for h in trainer.state.log_history if "frac_reward_zero_std" in h]
         line = " ".join(f"{v:.2f}" for _, v in curve.get("reward", []))
         self.log(f"   reward per step: {line}")
-        return {"rewards": rewards, "learning_rate": args.learning_rate, "curve": curve,
+        return {"rewards": rewards, "cross_view": CROSS_VIEW[stage], "learning_rate": args.learning_rate, "curve": curve,
                 "frac_reward_zero_std": [h["frac_reward_zero_std"] for h in logs],
                 "kl": [h.get("kl") for h in logs]}  # fmt: skip
 
-    _stage_grpo_a = _stage_grpo_b = _stage_grpo_c = _grpo
+    _stage_grpo_a = _stage_grpo_b = _stage_grpo_c = _stage_grpo_f = _stage_grpo_g = _grpo
 
     def _stage_diagnose(self, stage: str) -> dict[str, Any]:
         """Sample `num_generations` completions of the SFT model on `diagnose_prompts` train prompts per temperature;
@@ -291,12 +346,6 @@ class Miniature:
         return {"summaries": [{k: v for k, v in s.items() if k != "examples"} for s in summaries]}
 
     def _stage_eval(self, stage: str) -> dict[str, Any]:
-        import torch  # noqa: PLC0415
-
-        from emrl_data.text.evaluation import evaluate, score_predictions, write_evaluation  # noqa: PLC0415
-        from train.data import load_model_and_processor, user_messages  # noqa: PLC0415
-        from train.tooling.warmup import generate_texts  # noqa: PLC0415
-
         cfg = self.cfg
         names = self.finished_models()
         missing = [n for n in ("sft", "grpo_a") if n not in names]
@@ -306,45 +355,104 @@ class Miniature:
             self.log("   (c) has not run: the claim is checked against SFT only, whose tables (c) reproduces")
         rows = self._rows("test")
         results: dict[str, Any] = {}
+        records: dict[str, list[dict[str, Any]]] = {}
         for name in names:
-            label = MODELS[name]
-            kept = self.out / stage / name / "predictions.jsonl"
-            if kept.exists():  # an earlier eval of this finished model (a stage never reruns in its folder)
-                texts = [json.loads(line)["prediction"] for line in kept.read_text().splitlines()]
-            else:
-                model, processor = load_model_and_processor(self.out / name, dtype=torch.float32)
-                texts = generate_texts(model, processor, [user_messages(r["prompt"], r["frames"]) for r in rows],
-                                       cfg.eval_max_new_tokens)  # fmt: skip
-            preds = [
-                {k: v for k, v in r.items() if k != "frames"} | {"prediction": t}
-                for r, t in zip(rows, texts, strict=True)
-            ]
-            (self.out / stage / name).mkdir(parents=True, exist_ok=True)
-            tmp = kept.with_suffix(".tmp")
-            tmp.write_text("".join(json.dumps(p, default=str) + "\n" for p in preds))
-            tmp.replace(kept)
-            scored = score_predictions(preds)
-            result = evaluate(scored, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
-            write_evaluation(result, self.out / stage / name, model=label)
-            parse = sum(s["parse_failure"] is None for s in scored) / len(scored)
-            results[name] = {"label": label, "parse_rate": parse, "average_bacc": result.average_bacc.to_json(),
-                             "k_hit": result.table2["average"]["k_hit"].to_json(),
-                             "table2_overall": result.table2_overall.to_json(), "tables": result.to_json()}  # fmt: skip
-            self.log(f"   {label}: average B-Acc {result.average_bacc.to_markdown()}, "
-                     f"K-Hit {result.table2['average']['k_hit'].to_markdown()}, parse {parse:.0%}")  # fmt: skip
+            results[name], records[name] = self._eval_model(stage, name, rows)
         claim = claim_check(results)
+        paired = paired_against_a(records, cfg.n_bootstrap, cfg.seed)
         curves = {name: self.done(name)["curve"] for name in GRPO_RUNS if name in names}  # type: ignore[index]
-        out = {"config": asdict(cfg), "models": results, "claim": claim, "reward_curves": curves,
-               "stages": {s: self.done(s) for s in STAGES if s != "eval"}}  # fmt: skip
+        out = {"config": asdict(cfg), "models": results, "claim": claim, "paired": paired, "reward_curves": curves,
+               "stages": {s: self.done(s) for s in ALL_STAGES if s != "eval" and self.done(s) is not None}}  # fmt: skip
         (self.out / "results.json").write_text(json.dumps(out, indent=2, default=str, allow_nan=False) + "\n")
-        (self.out / "results.md").write_text(results_markdown(results, claim))
+        (self.out / "results.md").write_text(results_markdown(results, claim, paired))
         save_curves_png(curves, self.out / "reward_curves.png")
         self.log((self.out / "results.md").read_text())
         return {"claim": claim, "models": names}
 
+    def _eval_model(self, stage: str, name: str, rows: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict]]:
+        """Greedy reports of one finished model on the test rows (kept for reruns), scored; the verifier's accuracy
+        for SFT and the GRPO runs. Returns (its results entry, the per-row scored records)."""
+        import torch  # noqa: PLC0415
+
+        from emrl_data.text.evaluation import evaluate, score_predictions, write_evaluation  # noqa: PLC0415
+        from train.data import load_model_and_processor, user_messages  # noqa: PLC0415
+        from train.tooling.warmup import format_verifier, generate_texts, verifier_accuracy  # noqa: PLC0415
+
+        cfg, label, folder = self.cfg, MODELS[name], self.out / stage / name
+        kept, kept_verifier = folder / "predictions.jsonl", folder / "verifier.json"
+        wants_verifier = name == "sft" or name in GRPO_RUNS
+        model = processor = None
+        if not kept.exists() or (wants_verifier and not kept_verifier.exists()):
+            model, processor = load_model_and_processor(self.out / name, dtype=torch.float32)
+        if kept.exists():  # an earlier eval of this finished model (a stage never reruns in its folder)
+            texts = [json.loads(line)["prediction"] for line in kept.read_text().splitlines()]
+        else:
+            texts = generate_texts(model, processor, [user_messages(r["prompt"], r["frames"]) for r in rows],
+                                   cfg.eval_max_new_tokens)  # fmt: skip
+        preds = [
+            {k: v for k, v in r.items() if k != "frames"} | {"prediction": t} for r, t in zip(rows, texts, strict=True)
+        ]
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_atomic(kept, "".join(json.dumps(p, default=str) + "\n" for p in preds))
+        verifier = None
+        if wants_verifier and kept_verifier.exists():
+            verifier = json.loads(kept_verifier.read_text())
+        elif wants_verifier:
+            kw = {"max_frames": cfg.verifier_eval_frames, "max_new_tokens": cfg.verifier_max_new_tokens}
+            verifier = {"seen": verifier_accuracy(model, processor, rows, cfg.lesion_span, **kw),
+                        "blind": verifier_accuracy(model, processor, rows, cfg.lesion_span, blind=True, **kw)}  # fmt: skip
+            _write_atomic(kept_verifier, json.dumps(verifier, indent=2) + "\n")
+        scored = score_predictions(preds)
+        result = evaluate(scored, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
+        write_evaluation(result, folder, model=label)
+        parse = sum(s["parse_failure"] is None for s in scored) / len(scored)
+        entry = {"label": label, "parse_rate": parse, "average_bacc": result.average_bacc.to_json(),
+                 "k_hit": result.table2["average"]["k_hit"].to_json(), "verifier": verifier,
+                 "table2_overall": result.table2_overall.to_json(), "tables": result.to_json()}  # fmt: skip
+        line = (f"   {label}: average B-Acc {result.average_bacc.to_markdown()}, "
+                f"K-Hit {result.table2['average']['k_hit'].to_markdown()}, parse {parse:.0%}")  # fmt: skip
+        if verifier is not None:
+            line += f"; verifier {format_verifier(verifier['seen'])}, blind {format_verifier(verifier['blind'])}"
+        self.log(line)
+        return entry, scored
+
     def finished_models(self) -> list[str]:
         """Return the models (`MODELS` keys, in order) whose stage finished."""
         return [name for name in MODELS if self.done(name) is not None]
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def reward_options(stage: str, negative_rows: str) -> dict[str, Any]:
+    """Return one GRPO run's `build_grpo_trainer` keyword arguments for r_c's options: a `ScoringConfig` with its
+    `cross_view` (`CROSS_VIEW[stage]`) and `negative_rows` (emrl_data/text/scoring.py)."""
+    from emrl_data.text.scoring import ScoringConfig  # noqa: PLC0415
+
+    return {"scoring_config": ScoringConfig(cross_view=CROSS_VIEW[stage], negative_rows=negative_rows)}
+
+
+PAIRED = {"more_sft_llm": "(a) - (e)", "grpo_f": "(a) - (f)", "grpo_b": "(a) - (b)", "grpo_g": "(a) - (g)",
+          "sft": "(a) - SFT", "grpo_c": "(a) - (c)", "more_sft": "(a) - (d)"}  # fmt: skip
+
+
+def paired_against_a(records: dict[str, list[dict[str, Any]]], n_bootstrap: int, seed: int) -> dict[str, Any]:
+    """Return the paired bootstrap interval of (a) minus each other finished model, per metric (train.miniature.power)."""
+    from train.miniature.power import METRICS, paired_bootstrap  # noqa: PLC0415
+
+    out: dict[str, Any] = {}
+    for name, key in PAIRED.items():
+        if name not in records:
+            continue
+        for metric, statistic in METRICS.items():
+            got = paired_bootstrap([(records["grpo_a"], records[name])], statistic, n_bootstrap=n_bootstrap, seed=seed)
+            out[f"{metric}: {key}"] = {
+                k: None if isinstance(v, float) and math.isnan(v) else v for k, v in got.items()
+            }
+    return out
 
 
 def _progress_callback(log: Any, every: int) -> Any:
@@ -408,7 +516,7 @@ def _verdict(value: dict[str, Any]) -> str:
     return "below the interval" if value["gap"] < -value["half_width"] else "within the interval"
 
 
-def results_markdown(results: dict[str, Any], claim: dict[str, Any]) -> str:
+def results_markdown(results: dict[str, Any], claim: dict[str, Any], paired: dict[str, Any] | None = None) -> str:
     """Return the summary table (value and 95 % interval per model) and the claim lines."""
 
     def cell(m: dict[str, Any]) -> str:
@@ -430,23 +538,45 @@ def results_markdown(results: dict[str, Any], claim: dict[str, Any]) -> str:
             lines.append(f"- {key}: {100 * value['gap']:+.1f} points (half-width {100 * value['half_width']:.1f}): "
                          f"{_verdict(value)}")  # fmt: skip
     lines.append(f"- claim ((a) beats SFT and (c) beyond the intervals on B-Acc or K-Hit): {claim['claim_holds']}")
+    lines.append(f"- verdict: the claim held in {int(claim['claim_holds'])} of 1 seeds (this run; across seeds: "
+                 "`--seeds`, `make miniature-seeds`, `make miniature-study`)")  # fmt: skip
     if claim.get("beats_more_sft") is not None:
         lines.append("- beyond the claim ((a) beats more SFT on the same rows, (d) and (e), beyond the intervals on "
                      f"B-Acc or K-Hit): {claim['beats_more_sft']}")  # fmt: skip
+    lines += _paired_lines(paired or {}) + _verifier_lines(results)
     return "\n".join(lines) + "\n"
 
 
+def _paired_lines(paired: dict[str, Any]) -> list[str]:
+    """Return the paired-interval table lines (in points), [] without any."""
+    if not paired:
+        return []
+    lines = ["", "| paired difference (same test rows) | points | 95 % interval |", "| --- | --- | --- |"]
+    for key, value in paired.items():
+        low, high, diff = value["ci_low"], value["ci_high"], value["diff"]
+        interval = "n/a" if low is None else f"[{100 * low:+.1f}, {100 * high:+.1f}]"
+        lines.append(f"| {key} | {'n/a' if diff is None else f'{100 * diff:+.1f}'} | {interval} |")
+    return lines
+
+
+def _verifier_lines(results: dict[str, Any]) -> list[str]:
+    """Return the verifier-accuracy lines (the models that have one)."""
+    from train.tooling.warmup import format_verifier  # noqa: PLC0415
+
+    lines = [f"- verifier of {r['label']}: {format_verifier(r['verifier']['seen'])}; blind control "
+             f"{format_verifier(r['verifier']['blind'])}" for r in results.values() if r.get("verifier")]  # fmt: skip
+    return ["", *lines] if lines else []
+
+
 def save_curves_png(curves: dict[str, dict[str, list]], path: Path) -> Path:
-    """Plot R and r_c per step for (a), (b), (c)."""
+    """Plot R and r_c per step for each GRPO run."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    colors = dict(
-        zip(GRPO_RUNS, ("tab:blue", "tab:orange", "tab:green"), strict=True)
-    )  # one colour per run, both panels
+    colors = {name: f"C{i}" for i, name in enumerate(GRPO_RUNS)}  # one colour per run, both panels
     for name, curve in curves.items():
         for ax, key in zip(axes, ("reward", "rewards/r_c/mean"), strict=True):
             points = curve.get(key, [])
@@ -476,8 +606,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default=None)
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    parser.add_argument("--stages", nargs="*", default=list(STAGES), choices=(*STAGES, DIAGNOSE),
-                        help=f"default: all but {DIAGNOSE} (run it on its own, after sft)")  # fmt: skip
+    parser.add_argument("--stages", nargs="*", default=None, choices=(*ALL_STAGES, DIAGNOSE),
+                        help=f"default: those of the config's models; {DIAGNOSE} on its own, after sft")  # fmt: skip
     parser.add_argument("--reuse_from", default=None, metavar="DIR",
                         help="copy the finished data, warm-up and SFT stages of DIR (GRPO settings may differ)")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=None, metavar="SEED",
@@ -493,7 +623,7 @@ def main(argv: list[str] | None = None) -> None:
         miniature = Miniature(cfg, args.output_dir)
         if args.reuse_from:
             miniature.reuse(args.reuse_from)
-        miniature.run(tuple(args.stages))
+        miniature.run(None if args.stages is None else tuple(args.stages))
         return
     from train.miniature.seeds import seed_dir, write_seeds_summary  # noqa: PLC0415
 
@@ -502,7 +632,7 @@ def main(argv: list[str] | None = None) -> None:
         miniature = Miniature(replace(cfg, seed=seed), seed_dir(args.output_dir, seed))
         if args.reuse_from:
             miniature.reuse(seed_dir(args.reuse_from, seed))
-        miniature.run(tuple(args.stages))
-    if "eval" in args.stages:
+        miniature.run(None if args.stages is None else tuple(args.stages))
+    if args.stages is None or "eval" in args.stages:
         write_seeds_summary(args.output_dir, args.seeds)
         print((Path(args.output_dir) / "seeds.md").read_text(), flush=True)

@@ -49,8 +49,21 @@ class DemoSftArguments(SftScriptArguments):
     lm_warmup_verifier_task: bool = field(
         default=True, metadata={"help": "The warm-up also teaches the verifier task (r_c needs it)."}
     )
+    lm_warmup_both_classes: bool = field(
+        default=False,
+        metadata={"help": "The warm-up also waits for held-out reports that claim a lesion on some positive row and "
+                  "none on some negative row."},
+    )  # fmt: skip
     parse_rate_split: str | None = field(
         default=None, metadata={"help": "After SFT, print the greedy parse rate of this split (e.g. test)."}
+    )
+    sft_stop_split: str | None = field(
+        default=None,
+        metadata={"help": "SFT runs max_steps a round until the greedy reports of this split have existence "
+                  "sensitivity and specificity both above 0 (None = one round)."},
+    )  # fmt: skip
+    sft_max_rounds: int = field(
+        default=1, metadata={"help": "The cap on those rounds: reaching it before the criterion is an error."}
     )
 
 
@@ -72,7 +85,7 @@ def _criterion_warmup(model: Any, processor: Any, dataset: Any, args: DemoSftArg
         batch_size=config.per_device_train_batch_size, eval_every=args.lm_warmup_eval_every,
         target_parse_rate=args.lm_warmup_target_parse_rate,
         target_sampled_parse_rate=args.lm_warmup_target_sampled_parse_rate, seed=config.seed,
-        verifier_task=args.lm_warmup_verifier_task,
+        verifier_task=args.lm_warmup_verifier_task, require_both_classes=args.lm_warmup_both_classes,
     )  # fmt: skip
     sampled = f", sampled {result.sampled_parse_rate:.0%}" if result.sampled_parse_rates else ""
     print(
@@ -89,6 +102,56 @@ def _print_parse_rate(model: Any, processor: Any, dataset_dir: str, split: str) 
     print(f"SFT parse rate on the {split} split: {round(rate * len(rows))}/{len(rows)} reports parse ({rate:.0%})")
 
 
+def existence_rates(model: Any, processor: Any, rows: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """Return (sensitivity, specificity) of the greedy reports' existence claims on `rows` (an unreadable report
+    claims nothing: wrong on a positive row, right on none); None for a class without rows."""
+    from emrl_data.text.parser import ParseFailure, parse_report  # noqa: PLC0415
+    from train.data import user_messages  # noqa: PLC0415
+    from train.tooling.warmup import generate_texts  # noqa: PLC0415
+
+    texts = generate_texts(model, processor, [user_messages(r["prompt"], r["frames"]) for r in rows], 128)
+    pos, neg = [], []
+    for row, text in zip(rows, texts, strict=True):
+        parsed = parse_report(text, row["organ"])
+        readable = not isinstance(parsed, ParseFailure)
+        if row["has_lesion"]:
+            pos.append(readable and parsed.has_lesion)  # type: ignore[union-attr]
+        else:
+            neg.append(readable and not parsed.has_lesion)  # type: ignore[union-attr]
+    return (sum(pos) / len(pos) if pos else None), (sum(neg) / len(neg) if neg else None)
+
+
+def sft_until_both_classes(
+    model: Any, processor: Any, dataset: Any, args: DemoSftArguments, config: SFTConfig
+) -> Path:
+    """Run the paper's SFT `max_steps` a round until the greedy reports of `sft_stop_split` say "lesion" on some
+    positive row and "no lesion" on some negative one (both rates above 0); one round without `sft_stop_split`.
+
+    Raises:
+        TrainConfigError: when `sft_max_rounds` rounds end before the criterion (one line).
+    """
+    if args.sft_stop_split is None:
+        return train_sft(model, processor, dataset, config, step_logs=args.step_logs)
+    rows = [dict(r) for r in load_split(str(args.dataset_dir), args.sft_stop_split)]
+    for round_ in range(1, args.sft_max_rounds + 1):
+        out = train_sft(model, processor, dataset, config, step_logs=args.step_logs)
+        sens, spec = existence_rates(model, processor, rows)
+        text = f"sensitivity {_pct(sens)}, specificity {_pct(spec)}"
+        print(
+            f"SFT round {round_} ({round_ * config.max_steps} steps): {args.sft_stop_split} split {text}", flush=True
+        )
+        if (sens or 0) > 0 and (spec or 0) > 0:
+            return out
+    raise TrainConfigError(
+        f"demo SFT: the {args.sft_stop_split} split's existence {text} after sft_max_rounds={args.sft_max_rounds} "
+        f"rounds of {config.max_steps} steps (both must be above 0); raise sft_max_rounds"
+    )
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
+
+
 def run_demo_sft(args: DemoSftArguments, training_args: SFTConfig) -> Path:
     """Build (or load) the policy, warm it up when asked, run the paper's SFT, save; return the output folder."""
     dataset = load_sft_rows(args)
@@ -99,7 +162,7 @@ def run_demo_sft(args: DemoSftArguments, training_args: SFTConfig) -> Path:
         model, processor = load_policy(args.model_name_or_path, dtype=args.dtype)
     if args.lm_warmup_steps > 0:
         _criterion_warmup(model, processor, dataset, args, training_args)
-    out = train_sft(model, processor, dataset, training_args, step_logs=args.step_logs)
+    out = sft_until_both_classes(model, processor, dataset, args, training_args)
     if args.parse_rate_split:
         _print_parse_rate(model, processor, str(args.dataset_dir), args.parse_rate_split)
     return out

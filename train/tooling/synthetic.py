@@ -79,7 +79,7 @@ def _row_skeleton(case_id: str, organ: str, split: str, positive: bool, n_frames
     }
 
 
-def _report(row: dict[str, Any], organ: Organ, evidence: str | None) -> str:
+def row_report(row: dict[str, Any], organ: Organ, evidence: str | None) -> str:
     """Return the target report the row's label columns describe (findings, impression, evidence)."""
     positive = row["has_lesion"]
     kw = {k: row[k] for k in ("lesion_count", "long_axis_mm", "location", "attenuation")}
@@ -111,7 +111,7 @@ def make_rows(n_rows: int, *, n_frames: int = 8, size_px: int = 64, split: str =
             row["attenuation"] = ["hypo", "iso", "hyper"][(i // 2) % 3]
             row["bbox_qwen"] = [int(round(v * 1000 / size_px)) for v in box]
             evidence = render_evidence(key, row["bbox_qwen"])
-        row["report"] = _report(row, o, evidence)
+        row["report"] = row_report(row, o, evidence)
         rows.append(row)
     return rows
 
@@ -119,6 +119,72 @@ def make_rows(n_rows: int, *, n_frames: int = 8, size_px: int = 64, split: str =
 # What the pixels of `make_visible_rows` encode (nothing of it is in the prompt).
 VISIBLE_SIZES_MM = (12.0, 31.0, 48.0)  # long axis classes; disc radius = size_px * mm / 300 on the key frame
 VISIBLE_INTENSITY = {"hypo": 40, "iso": 170, "hyper": 245}  # organ is 110, background 20
+# The organ's outline (half-width, half-height as fractions of size_px): a slice shows which organ it is, as a CT slice
+# does, so the verifier (shown one frame and a prompt that names no organ) can answer in that organ's terms.
+VISIBLE_ORGAN_SHAPE = {"liver": (0.42, 0.42), "kidney": (0.3, 0.44), "pancreas": (0.44, 0.26)}
+
+
+def visible_lesion_radii_px(n_frames: int, size_px: int, key_frame: int, long_mm: float, span: int) -> list[int]:
+    """Return the lesion disc's radius in pixels on each frame (index 0 = frame 1; 0 = no lesion on that frame).
+
+    The key frame's radius is `max(2, round(size_px * long_mm / 300))`; it shrinks linearly over the `span` frames on
+    each side (`max(1, round(r * (1 - d / (span + 1))))` at distance d) and is 0 beyond.
+
+    >>> visible_lesion_radii_px(8, 64, 4, 31.0, 3)
+    [2, 4, 5, 7, 5, 4, 2, 0]
+    """
+    r = max(2, round(size_px * long_mm / 300))
+    radii = []
+    for f in range(1, n_frames + 1):
+        d = abs(f - key_frame)
+        radii.append(0 if d > span else r if d == 0 else max(1, round(r * (1 - d / (span + 1)))))
+    return radii
+
+
+def visible_slice_long_mm(long_mm: float, radius_px: int, key_radius_px: int) -> float:
+    """Return the lesion's long axis on one slice (mm): the key frame's `long_mm` scaled by the slice's disc radius.
+
+    >>> visible_slice_long_mm(31.0, 2, 7)
+    8.9
+    """
+    return round(long_mm * radius_px / key_radius_px, 1)
+
+
+def make_visible_volume(
+    n_frames: int,
+    size_px: int,
+    rng: np.random.Generator,
+    *,
+    key_frame: int | None = None,
+    long_mm: float = 31.0,
+    side: int = 0,
+    attenuation: str = "hypo",
+    span: int = 1,
+    organ: str | None = None,
+) -> tuple[NDArray[np.uint8], list[int] | None, NDArray[np.bool_]]:
+    """Return `make_visible_frames`'s frames and box, and the lesion mask `(n_frames, size_px, size_px)` it drew.
+
+    The organ is an ellipse of `VISIBLE_ORGAN_SHAPE[organ]` (a disc of radius 0.42 size_px for None or another organ).
+    """
+    yy, xx = np.mgrid[0:size_px, 0:size_px]
+    half_w, half_h = VISIBLE_ORGAN_SHAPE.get(organ or "", (0.42, 0.42))
+    organ_mask = ((xx - size_px / 2) / (half_w * size_px)) ** 2 + ((yy - size_px / 2) / (half_h * size_px)) ** 2 < 1
+    frames = np.where(organ_mask, 110, 20)[None].repeat(n_frames, 0).astype(np.float64)
+    frames += rng.normal(0, 6, frames.shape)
+    mask = np.zeros(frames.shape, dtype=bool)
+    if key_frame is None:
+        return np.clip(frames, 0, 255).astype(np.uint8), None, mask
+    radii = visible_lesion_radii_px(n_frames, size_px, key_frame, long_mm, span)
+    r = radii[key_frame - 1]
+    cx = round(size_px / 2 + (-1 if side == 0 else 1) * size_px * 0.2 + rng.integers(-2, 3))
+    cy = round(size_px / 2 + rng.integers(-size_px // 8, size_px // 8 + 1))
+    if organ in VISIBLE_ORGAN_SHAPE and half_h < 0.3:  # a flat organ: the lesion stays near its midline
+        cy = round(size_px / 2 + (cy - size_px / 2) / 2)
+    for f, rad in enumerate(radii):
+        if rad > 0:
+            mask[f] = ((yy - cy) ** 2 + (xx - cx) ** 2) < rad**2
+            frames[f][mask[f]] = VISIBLE_INTENSITY[attenuation]
+    return np.clip(frames, 0, 255).astype(np.uint8), [cx - r, cy - r, cx + r, cy + r], mask
 
 
 def make_visible_frames(
@@ -131,28 +197,19 @@ def make_visible_frames(
     side: int = 0,
     attenuation: str = "hypo",
     span: int = 1,
+    organ: str | None = None,
 ) -> tuple[NDArray[np.uint8], list[int] | None]:
     """Return frames whose lesion shows its presence, size class, location side, attenuation and key frame.
 
-        The organ is a disc (110) on a dark background (20) with texture noise. A lesion is a disc of radius
-        `size_px * long_mm / 300` on `key_frame` (1-based), shrinking linearly over the `span` frames on each side (span 1:
-    half the radius on the two neighbours), in the organ's left
-        half (`side` 0) or right half (`side` 1), drawn at `VISIBLE_INTENSITY[attenuation]`. Returns the frames and the
-        lesion box `[x1, y1, x2, y2)` in pixels (None without a lesion).
+    The organ (110; its outline `VISIBLE_ORGAN_SHAPE[organ]`) lies on a dark background (20) with texture noise. A lesion is a disc of radius
+    `size_px * long_mm / 300` on `key_frame` (1-based), shrinking linearly over the `span` frames on each side
+    (`visible_lesion_radii_px`; span 1: half the radius on the two neighbours), in the organ's left half (`side` 0) or
+    right half (`side` 1), drawn at `VISIBLE_INTENSITY[attenuation]`. Returns the frames and the lesion box
+    `[x1, y1, x2, y2)` in pixels (None without a lesion); `make_visible_volume` also returns the mask.
     """
-    yy, xx = np.mgrid[0:size_px, 0:size_px]
-    organ = ((yy - size_px / 2) ** 2 + (xx - size_px / 2) ** 2) < (0.42 * size_px) ** 2
-    frames = np.where(organ, 110, 20)[None].repeat(n_frames, 0).astype(np.float64)
-    frames += rng.normal(0, 6, frames.shape)
-    if key_frame is None:
-        return np.clip(frames, 0, 255).astype(np.uint8), None
-    r = max(2, round(size_px * long_mm / 300))
-    cx = round(size_px / 2 + (-1 if side == 0 else 1) * size_px * 0.2 + rng.integers(-2, 3))
-    cy = round(size_px / 2 + rng.integers(-size_px // 8, size_px // 8 + 1))
-    for f in range(max(1, key_frame - span), min(n_frames, key_frame + span) + 1):
-        rad = r if f == key_frame else max(1, round(r * (1 - abs(f - key_frame) / (span + 1))))
-        frames[f - 1][((yy - cy) ** 2 + (xx - cx) ** 2) < rad**2] = VISIBLE_INTENSITY[attenuation]
-    return np.clip(frames, 0, 255).astype(np.uint8), [cx - r, cy - r, cx + r, cy + r]
+    frames, box, _ = make_visible_volume(n_frames, size_px, rng, key_frame=key_frame, long_mm=long_mm, side=side,
+                                         attenuation=attenuation, span=span, organ=organ)  # fmt: skip
+    return frames, box
 
 
 def make_visible_rows(
@@ -166,12 +223,16 @@ def make_visible_rows(
     positive_fraction: float = 0.5,
     sizes_mm: tuple[float, ...] = VISIBLE_SIZES_MM,
     span: int = 1,
+    masks_out: list[NDArray[np.bool_]] | None = None,
+    organ_outline: bool = True,
 ) -> list[dict]:
     """Return `n_rows` sft rows whose findings are visible only in the frames (`make_visible_frames`).
 
     Presence (a seeded draw with `positive_fraction`), size class, location side, attenuation and key frame are drawn
-    independently per row; the organ cycles over `organs` (None: every registered organ). The prompt (`render_prompt`) names the organ and the frame
-    count only, so a report that gets the findings right has read the pixels.
+    independently per row; the organ cycles over `organs` (None: every registered organ). The prompt
+    (`render_prompt`) names the organ and the frame count only, so a report that gets the findings right has read the
+    pixels. `masks_out`, when given, receives each row's lesion mask `(n_frames, size_px, size_px)`
+    (`make_visible_volume`). `organ_outline` False draws every organ as the same disc.
     """
     if n_frames < 3:
         raise ValueError(f"n_frames={n_frames}: a key frame needs a neighbour on each side; use at least 3 frames.")
@@ -190,8 +251,9 @@ def make_visible_rows(
             long_mm = float(rng.choice(sizes_mm))
             side = int(rng.integers(2))
             att = str(rng.choice(list(VISIBLE_INTENSITY)))
-            frames, box = make_visible_frames(n_frames, size_px, rng, key_frame=key, long_mm=long_mm, side=side,
-                                              attenuation=att, span=span)  # fmt: skip
+            frames, box, mask = make_visible_volume(n_frames, size_px, rng, key_frame=key, long_mm=long_mm, side=side,
+                                                    attenuation=att, span=span,
+                                                    organ=organ if organ_outline else None)  # fmt: skip
             assert box is not None
             loc = list(side_locations(organ)[side])
             row.update(long_axis_mm=long_mm, short_axis_mm=round(long_mm * 0.7, 1), volume_mm3=round(long_mm**3 * 0.3),
@@ -199,9 +261,11 @@ def make_visible_rows(
             row["bbox_qwen"] = [int(round(min(max(v, 0), size_px) * 1000 / size_px)) for v in box]
             evidence = render_evidence(key, row["bbox_qwen"])
         else:
-            frames, _ = make_visible_frames(n_frames, size_px, rng)
+            frames, _, mask = make_visible_volume(n_frames, size_px, rng, organ=organ if organ_outline else None)
+        if masks_out is not None:
+            masks_out.append(mask)
         row["frames"] = [{"bytes": _png(f), "path": None} for f in frames]
-        row["report"] = _report(row, o, evidence)
+        row["report"] = row_report(row, o, evidence)
         rows.append(row)
     return rows
 

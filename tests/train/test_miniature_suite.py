@@ -1,0 +1,115 @@
+"""The decomposition study at micro size (train/configs/miniature_micro.yaml): every run, the summary, the resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from train.checks import TrainConfigError
+from train.miniature.config import load_config
+from train.miniature.study import Miniature, reward_options
+from train.miniature.suite import load_study, main, run_dir, run_study
+
+
+MICRO = "train/configs/miniature_micro.yaml"
+CLEAN = ["sft", "grpo_a", "grpo_b", "grpo_f", "grpo_g", "more_sft_llm"]
+NOISY = ["sft", "grpo_a", "grpo_b", "grpo_f", "more_sft_llm"]
+
+
+@pytest.fixture(scope="module")
+def micro_study(tmp_path_factory):
+    out = tmp_path_factory.mktemp("study")
+    cfg, seeds, levels = load_study(MICRO)
+    lines: list[str] = []
+    summary = run_study(cfg, seeds, levels, out, log=lines.append)
+    return out, summary, lines
+
+
+def test_every_run_finishes_and_noisy_runs_reuse_the_clean_warmup(micro_study):
+    out, summary, _ = micro_study
+    for level in (0.0, 0.3):
+        for seed in (0, 1):
+            folder = run_dir(out, level, seed)
+            assert all(
+                (folder / s / "done.json").exists()
+                for s in Miniature.stages_of(["sft", "grpo_a", "grpo_b", "more_sft_llm"])
+            )
+            results = json.loads((folder / "results.json").read_text())
+            assert results["config"]["gold_noise"] == level and results["config"]["seed"] == seed
+            assert set(results["models"]["grpo_a"]["verifier"]) == {"seen", "blind"}
+            assert set(results["paired"]) >= {"average_bacc: (a) - (e)", "k_hit: (a) - (b)"}
+        noisy = run_dir(out, 0.3, 0)
+        assert (noisy / "warmup" / "model.safetensors").read_bytes() == (
+            run_dir(out, 0.0, 0) / "warmup" / "model.safetensors"
+        ).read_bytes()
+    noise_log = json.loads((run_dir(out, 0.3, 0) / "data" / "noise.json").read_text())
+    assert len(noise_log) == round(0.3 * 8)
+    assert json.loads((run_dir(out, 0.0, 0) / "data" / "noise.json").read_text()) == []
+    level = summary["levels"]["0.30"]
+    assert set(level["comparisons"]) == {f"{m}: (a) - ({x})" for m in ("average_bacc", "k_hit") for x in "efb"}
+    clean = summary["levels"]["0.00"]["comparisons"]
+    assert set(clean) == {f"{m}: (a) - ({x})" for m in ("average_bacc", "k_hit") for x in "efbg"}
+    for seed in (0, 1):  # (f) scores no verifier answer, (g) asks about another row's frame: their own r_c
+        assert (
+            json.loads((run_dir(out, 0.0, seed) / "grpo_f" / "done.json").read_text())["cross_view"] == "distance_only"
+        )
+        assert (
+            json.loads((run_dir(out, 0.0, seed) / "grpo_g" / "done.json").read_text())["cross_view"] == "random_frame"
+        )
+    comp = level["comparisons"]["average_bacc: (a) - (e)"]
+    assert set(comp["per_seed"]) == {"0", "1"} and comp["pooled"]["n_groups"] == 2 and comp["pooled"]["n_rows"] == 8
+    md = (out / "study.md").read_text()
+    assert "## gold noise 0.30" in md and "| paired difference | seed 0 | seed 1 | pooled | interval above 0 |" in md
+    assert (out / "study.png").stat().st_size > 0
+
+
+def test_a_rerun_skips_every_finished_stage(micro_study):
+    out, summary, _ = micro_study
+    cfg, seeds, levels = load_study(MICRO)
+    lines: list[str] = []
+    again = run_study(cfg, seeds, levels, out, log=lines.append)
+    stage_lines = [line for line in lines if line.startswith("== ")]
+    assert stage_lines and all("done earlier" in line or line.startswith("== reused") for line in stage_lines)
+    assert again == summary
+
+
+def test_a_study_with_too_few_seeds_or_a_bad_section_is_one_line(tmp_path):
+    with pytest.raises(TrainConfigError, match=r"study.seeds has 2 seeds, fewer than --min_seeds=5"):
+        main(["--config", MICRO, "--output_dir", str(tmp_path / "o")])
+    path = tmp_path / "s.yaml"
+    path.write_text("n_train: 8\nstudy: {seeds: [0]}\n")
+    with pytest.raises(TrainConfigError, match="exactly the keys seeds and noise"):
+        load_study(path)
+    path.write_text("n_train: 8\nstudy: {seeds: [0], noise: {0.15: [sft, grpo_a]}}\n")
+    with pytest.raises(TrainConfigError, match="needs the clean level 0.0"):
+        load_study(path)
+
+
+def test_each_run_gets_its_r_c_options():
+    got = {
+        stage: reward_options(stage, "skip")["scoring_config"] for stage in ("grpo_a", "grpo_b", "grpo_f", "grpo_g")
+    }
+    assert {k: v.cross_view for k, v in got.items()} == {
+        "grpo_a": "full", "grpo_b": "full", "grpo_f": "distance_only", "grpo_g": "random_frame"
+    }  # fmt: skip
+    assert reward_options("grpo_a", "query_named_slice")["scoring_config"].negative_rows == "query_named_slice"
+    with pytest.raises(TrainConfigError, match=r"negative_rows='sometimes' must be one of skip \| query_named_slice"):
+        load_config(None, {"negative_rows": "sometimes"})
+
+
+def test_a_random_frame_run_without_another_row_fails_before_training(tmp_path):
+    cfg = load_config(None, {"models": ["sft", "grpo_a", "grpo_g"], "grpo_prompts_per_step": 1})
+    with pytest.raises(TrainConfigError) as err:
+        Miniature(cfg, tmp_path / "g").run()
+    assert "\n" not in str(err.value) and "grpo_prompts_per_step=1 leaves no other row" in str(err.value)
+    assert not (tmp_path / "g").exists()  # refused before anything ran
+
+
+def test_the_config_knows_every_run_the_study_labels():
+    from train.miniature.config import MODEL_NAMES
+    from train.miniature.study import MODELS
+
+    assert tuple(MODELS) == MODEL_NAMES
+    with pytest.raises(TrainConfigError, match=r"models=\['sft', 'grpo_z'\]"):
+        load_config(None, {"models": ["sft", "grpo_z"]})

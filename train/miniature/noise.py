@@ -1,0 +1,121 @@
+"""Noisy gold: corrupt a stated fraction of the miniature's TRAINING labels (the test split stays clean).
+
+`corrupt_gold(rows, fraction, seed, sizes_mm)` picks `round(fraction * len(rows))` rows (seeded, without replacement).
+Of those, `round(flip_share * n)` (the first ones drawn) get an existence flip: a positive row becomes a negative
+report, a negative row a positive one with an invented lesion. The rest are positive rows (drawn from the positive
+rows not already picked) and get one field wrong, cycling size class, side, attenuation, key frame in draw order:
+
+* `long_axis_mm`: another of `sizes_mm` (short axis and volume follow, as `make_visible_rows` derives them);
+* `location`: the other side's locations (`emrl_data.organs.side_locations`);
+* `attenuation`: another of hypo / iso / hyper;
+* `key_slice_frame`: moved by 2 to 4 frames (a seeded choice among the moves that stay inside 1..n_frames).
+
+The report is re-rendered from the corrupted labels; the frames are untouched (the pixels still show the truth).
+Each change is listed in the returned log: `{"row", "case_id", "field", "from", "to"}`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from emrl_data.organs import side_locations
+from emrl_data.text.report import render_evidence
+from emrl_data.types import Organ
+from train.checks import TrainConfigError
+from train.tooling.synthetic import VISIBLE_INTENSITY, row_report
+
+
+FIELDS = ("long_axis_mm", "location", "attenuation", "key_slice_frame")
+FLIP_SHARE = 0.1  # of the corrupted rows, this share are existence flips ("a few")
+
+
+def check_fraction(fraction: float, name: str = "gold_noise") -> None:
+    """Refuse a fraction outside [0, 1) in one line."""
+    if not 0.0 <= fraction < 1.0:
+        raise TrainConfigError(
+            f"miniature: {name}={fraction} must be in [0, 1) (the fraction of training rows corrupted)"
+        )
+
+
+def _set_size(row: dict[str, Any], long_mm: float) -> None:
+    row.update(long_axis_mm=long_mm, short_axis_mm=round(long_mm * 0.7, 1), volume_mm3=round(long_mm**3 * 0.3))
+
+
+def _corrupt_field(row: dict[str, Any], name: str, rng: np.random.Generator, sizes_mm: Sequence[float]) -> Any:
+    """Set one wrong value of `name` in a positive row; return it."""
+    if name == "long_axis_mm":
+        _set_size(row, float(rng.choice([s for s in sizes_mm if s != row["long_axis_mm"]])))
+    elif name == "location":
+        left, right = side_locations(row["organ"])
+        row["location"] = list(right if tuple(row["location"]) == tuple(left) else left)
+    elif name == "attenuation":
+        row["attenuation"] = str(rng.choice([a for a in VISIBLE_INTENSITY if a != row["attenuation"]]))
+    else:
+        key, n = int(row["key_slice_frame"]), int(row["n_frames"])
+        moves = [key + s * d for d in (2, 3, 4) for s in (-1, 1) if 1 <= key + s * d <= n]
+        if not moves:
+            raise TrainConfigError(f"miniature: gold_noise cannot move key frame {key} of {n} frames by 2-4")
+        row["key_slice_frame"] = int(rng.choice(moves))
+    return row[name]
+
+
+def _flip_existence(row: dict[str, Any], rng: np.random.Generator, sizes_mm: Sequence[float]) -> bool:
+    """Flip a row's existence label; a new positive gets an invented lesion (size, side, attenuation, key, box)."""
+    if row["has_lesion"]:
+        row.update(has_lesion=False, lesion_count=0, long_axis_mm=None, short_axis_mm=None, volume_mm3=None,
+                   location=[], attenuation=None, key_slice_frame=None, bbox_qwen=None)  # fmt: skip
+        return False
+    n = int(row["n_frames"])
+    side = int(rng.integers(2))
+    row.update(has_lesion=True, lesion_count=1, location=list(side_locations(row["organ"])[side]),
+               attenuation=str(rng.choice(list(VISIBLE_INTENSITY))), key_slice_frame=int(rng.integers(2, n)))  # fmt: skip
+    _set_size(row, float(rng.choice(list(sizes_mm))))
+    x = 300 if side == 0 else 700
+    row["bbox_qwen"] = [x - 100, 400, x + 100, 600]
+    return True
+
+
+def _rerender(row: dict[str, Any]) -> None:
+    evidence = render_evidence(row["key_slice_frame"], row["bbox_qwen"]) if row["has_lesion"] else None
+    row["report"] = row_report(row, Organ(row["organ"]), evidence)
+
+
+def corrupt_gold(
+    rows: Sequence[dict[str, Any]],
+    fraction: float,
+    seed: int,
+    sizes_mm: Sequence[float],
+    flip_share: float = FLIP_SHARE,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Return (a corrupted copy of `rows`, the log of changes); `rows` are left as they are. See the module doc."""
+    check_fraction(fraction)
+    out = [copy.deepcopy(dict(r)) for r in rows]
+    n = round(fraction * len(out))
+    if n == 0:
+        return out, []
+    rng = np.random.default_rng(seed)
+    order = [int(i) for i in rng.permutation(len(out))]
+    n_flip = round(flip_share * n)
+    flips = order[:n_flip]
+    positives = [i for i in order[n_flip:] if out[i]["has_lesion"]]
+    if len(positives) < n - n_flip:
+        raise TrainConfigError(
+            f"miniature: gold_noise={fraction} asks {n - n_flip} attribute corruptions, but only {len(positives)} "
+            "positive training rows are left; lower gold_noise"
+        )
+    log = []
+    for i in flips:
+        log.append({"row": i, "case_id": out[i]["case_id"], "field": "has_lesion", "from": out[i]["has_lesion"],
+                    "to": _flip_existence(out[i], rng, sizes_mm)})  # fmt: skip
+    for j, i in enumerate(positives[: n - n_flip]):
+        name = FIELDS[j % len(FIELDS)]
+        before = copy.deepcopy(out[i][name])
+        log.append({"row": i, "case_id": out[i]["case_id"], "field": name, "from": before,
+                    "to": _corrupt_field(out[i], name, rng, sizes_mm)})  # fmt: skip
+    for i in {entry["row"] for entry in log}:
+        _rerender(out[i])
+    return out, sorted(log, key=lambda e: e["row"])

@@ -1,0 +1,196 @@
+"""The decomposition study of r_c in the miniature: settings x gold noise x seeds, with paired intervals.
+
+One YAML (`train/configs/miniature_study.yaml`): the miniature's keys plus a `study:` section:
+
+    study:
+      seeds: [0, 1, 2, 3, 4]
+      noise: {0.0: [sft, grpo_a, grpo_b, grpo_f, grpo_g, more_sft_llm], 0.15: [sft, grpo_a, grpo_b, grpo_f, more_sft_llm]}
+
+For each gold-noise level and seed a miniature run goes to `OUTPUT_DIR/noise-<level>/seed-<seed>` with those models
+(`train.miniature.study.Miniature`; each stage writes its `done.json` and is skipped on a rerun). A noisy run copies
+the warm-up of the clean run of its seed (the warm-up reads the clean rows; its SFT and GRPO read the noisy ones); the
+clean level therefore runs first. Then `OUTPUT_DIR/study.json`, `study.md` (per level: the seeds table, the paired
+bootstrap differences a-e, a-f, a-b, a-g per seed and pooled over the seeds, and the verdict: in how many seeds each
+difference's interval lies above 0) and `study.png` (the pooled differences with their intervals).
+
+    python -m train.miniature.suite --config train/configs/miniature_study.yaml --output_dir miniature-study
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from train.checks import TrainConfigError, run_cli
+from train.miniature.config import MiniatureConfig, config_from_dict
+from train.miniature.study import Miniature
+
+
+COMPARISONS = {"more_sft_llm": "(a) - (e)", "grpo_f": "(a) - (f)", "grpo_b": "(a) - (b)", "grpo_g": "(a) - (g)"}
+MIN_SEEDS = 5
+
+
+def load_study(path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[MiniatureConfig, list[int], dict]:
+    """Return (the miniature config, the seeds, {noise level: models}) of a study YAML; one-line errors."""
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    study = data.pop("study", None)
+    if not isinstance(study, dict) or set(study) != {"seeds", "noise"}:
+        raise TrainConfigError(f"{path}: needs a `study:` section with exactly the keys seeds and noise")
+    cfg = config_from_dict(data | (overrides or {}), path)
+    seeds = [int(s) for s in study["seeds"]]
+    levels = {float(k): list(v) for k, v in study["noise"].items()}
+    if 0.0 not in levels:
+        raise TrainConfigError(f"{path}: study.noise needs the clean level 0.0 (the noisy runs reuse its warm-up)")
+    for level, models in levels.items():
+        config_from_dict(data | {"gold_noise": level, "models": models}, path)  # each level's config is valid
+    return cfg, seeds, levels
+
+
+def run_dir(output_dir: str | Path, level: float, seed: int) -> Path:
+    """Return one run's folder."""
+    return Path(output_dir) / f"noise-{level:.2f}" / f"seed-{seed}"
+
+
+def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[float, list[str]], output_dir: str | Path,
+              log: Any = None) -> dict[str, Any]:  # fmt: skip
+    """Run (or resume) every run of the study, then write the summary; return it."""
+    log = log or (lambda line: print(line, flush=True))
+    for level in sorted(levels):
+        for seed in seeds:
+            run_cfg = replace(cfg, seed=seed, gold_noise=level, models=levels[level])
+            folder = run_dir(output_dir, level, seed)
+            log(f"=== gold noise {level:.2f}, seed {seed}: {folder}")
+            miniature = Miniature(run_cfg, folder, log=log)
+            if level > 0:
+                miniature.reuse(run_dir(output_dir, 0.0, seed), stages=("warmup",))
+            miniature.run()
+    summary = summarize_study(output_dir, seeds, levels, cfg.n_bootstrap)
+    out = Path(output_dir)
+    (out / "study.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    (out / "study.md").write_text(study_markdown(summary))
+    save_study_png(summary, out / "study.png")
+    log((out / "study.md").read_text())
+    return summary
+
+
+def _records(folder: Path, name: str) -> list[dict[str, Any]]:
+    from emrl_data.text.evaluation import score_predictions  # noqa: PLC0415
+
+    lines = (folder / "eval" / name / "predictions.jsonl").read_text().splitlines()
+    return score_predictions([json.loads(line) for line in lines])
+
+
+def _clean(value: dict[str, Any]) -> dict[str, Any]:
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in value.items()}
+
+
+def summarize_study(output_dir: str | Path, seeds: list[int], levels: dict[float, list[str]], n_bootstrap: int
+                    ) -> dict[str, Any]:  # fmt: skip
+    """Return per level: each seed's results, and each comparison's paired differences per seed and pooled."""
+    from train.miniature.power import METRICS, paired_bootstrap  # noqa: PLC0415
+    from train.miniature.seeds import summarize_seeds  # noqa: PLC0415
+
+    summary: dict[str, Any] = {"seeds": seeds, "levels": {}}
+    for level, models in sorted(levels.items()):
+        folders = {s: run_dir(output_dir, level, s) for s in seeds}
+        results = {s: json.loads((folders[s] / "results.json").read_text()) for s in seeds}
+        records = {s: {m: _records(folders[s], m) for m in models} for s in seeds}
+        comparisons: dict[str, Any] = {}
+        for name, key in COMPARISONS.items():
+            if name not in models:
+                continue
+            for metric, statistic in METRICS.items():
+                per_seed = {str(s): _clean(paired_bootstrap([(records[s]["grpo_a"], records[s][name])], statistic,
+                                                            n_bootstrap=n_bootstrap, seed=s)) for s in seeds}  # fmt: skip
+                pooled = paired_bootstrap([(records[s]["grpo_a"], records[s][name]) for s in seeds], statistic,
+                                          n_bootstrap=n_bootstrap, seed=0)  # fmt: skip
+                above = sum(1 for v in per_seed.values() if v["ci_low"] is not None and v["ci_low"] > 0)
+                comparisons[f"{metric}: {key}"] = {"per_seed": per_seed, "pooled": _clean(pooled), "n_above": above}
+        summary["levels"][f"{level:.2f}"] = {"models": models, "seeds_table": summarize_seeds(results),
+                                             "comparisons": comparisons}  # fmt: skip
+    return summary
+
+
+def _interval(v: dict[str, Any]) -> str:
+    if v["diff"] is None:
+        return "n/a"
+    if v["ci_low"] is None:
+        return f"{100 * v['diff']:+.1f}"
+    return f"{100 * v['diff']:+.1f} [{100 * v['ci_low']:+.1f}, {100 * v['ci_high']:+.1f}]"
+
+
+def study_markdown(summary: dict[str, Any]) -> str:
+    """Return the study's tables (points): per level the seeds table and the paired differences, and the verdict."""
+    from train.miniature.seeds import seeds_markdown  # noqa: PLC0415
+
+    seeds = summary["seeds"]
+    lines = []
+    for level, entry in summary["levels"].items():
+        lines += [f"## gold noise {level}", "", seeds_markdown(entry["seeds_table"]).rstrip(), ""]
+        head = " | ".join(f"seed {s}" for s in seeds)
+        lines += [f"| paired difference | {head} | pooled | interval above 0 |",
+                  "| --- |" + " --- |" * (len(seeds) + 2)]  # fmt: skip
+        for key, comp in entry["comparisons"].items():
+            cells = " | ".join(_interval(comp["per_seed"][str(s)]) for s in seeds)
+            lines.append(
+                f"| {key} | {cells} | {_interval(comp['pooled'])} | {comp['n_above']} of {len(seeds)} seeds |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def save_study_png(summary: dict[str, Any], path: Path) -> Path:
+    """Plot each pooled paired difference with its 95 % interval, one marker colour per gold-noise level."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    keys = list(dict.fromkeys(k for e in summary["levels"].values() for k in e["comparisons"]))
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for j, (level, entry) in enumerate(summary["levels"].items()):
+        for i, key in enumerate(keys):
+            pooled = entry["comparisons"].get(key, {}).get("pooled")
+            if not pooled or pooled["diff"] is None or pooled["ci_low"] is None:
+                continue
+            y = 100 * pooled["diff"]
+            err = [[y - 100 * pooled["ci_low"]], [100 * pooled["ci_high"] - y]]
+            ax.errorbar([i + 0.15 * j], [y], yerr=err, fmt="o", capsize=3, color=f"C{j}",
+                        label=f"gold noise {level}" if i == 0 else None)  # fmt: skip
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(keys)))
+    ax.set_xticklabels(keys, fontsize=7, rotation=20)
+    ax.set_ylabel("points (pooled over seeds, 95 % paired interval)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI: `python -m train.miniature.suite --config YAML --output_dir DIR [--set key=value ...]`."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    parser.add_argument("--min_seeds", type=int, default=MIN_SEEDS, help="refuse a study with fewer seeds")
+    args = parser.parse_args(argv)
+    overrides = {k: yaml.safe_load(v) for k, _, v in (item.partition("=") for item in args.set)}
+    cfg, seeds, levels = load_study(args.config, overrides)
+    if len(seeds) < args.min_seeds:
+        raise TrainConfigError(
+            f"{args.config}: study.seeds has {len(seeds)} seeds, fewer than --min_seeds={args.min_seeds}"
+        )
+    run_study(cfg, seeds, levels, args.output_dir)
+
+
+if __name__ == "__main__":
+    run_cli(main)
