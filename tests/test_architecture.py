@@ -103,6 +103,7 @@ ORGAN_REGISTRY = "emrl_data/organs.py"
 ORGAN_NAME_EXCEPTIONS = {
     "emrl_data/synthetic/demo.py": "the demo atlas's and the benchmark's case specs: which organ each lesion is in",
     "train/tooling/tiny.py": "example locations in the tiny tokenizer's corpus (registry-derived ones change it)",
+    "train/tooling/synthetic.py": "the miniature's 2-D organ outlines, one per organ: data, no branch on a name",
 }
 
 
