@@ -116,7 +116,13 @@ def _weights(directory: Path) -> dict:
     return load_file(str(directory / "model.safetensors"))
 
 
-def _assert_standard_checkpoint_close_to(out: Path, ref_out: Path) -> None:
+# ZeRO-3 partitions and reduce-scatters the gradients in another summation order than one rank: after the SFT steps
+# its weights sit up to 1.8e-6 from the 1-rank run's (measured on CPU, deterministic), while
+# one step moves them by about 1e-3. DDP and ZeRO-2 stay within 1e-6.
+CLOSE_TO_ONE_RANK = {"zero3": 1e-5}
+
+
+def _assert_standard_checkpoint_close_to(out: Path, ref_out: Path, atol: float = 1e-6) -> None:
     from transformers import AutoModelForImageTextToText
 
     check_checkpoint_dir(out)
@@ -124,7 +130,7 @@ def _assert_standard_checkpoint_close_to(out: Path, ref_out: Path) -> None:
     assert type(model).__name__ == "Qwen3VLForConditionalGeneration"
     mine, ref = _weights(out), _weights(ref_out)
     assert set(mine) == set(ref)
-    assert max(float((mine[k].float() - ref[k].float()).abs().max()) for k in ref) <= 1e-6
+    assert max(float((mine[k].float() - ref[k].float()).abs().max()) for k in ref) <= atol
 
 
 def _metric(report: dict, key: str) -> float:
@@ -156,7 +162,7 @@ def test_sft_two_ranks_equal_one_rank(setup, reference, accel):
     assert r0["loss"] == pytest.approx(ref["loss"], rel=1e-4, abs=1e-6)
     if accel != "zero3":
         assert r0["trainable_sha256"] == ref["trainable_sha256"]
-    _assert_standard_checkpoint_close_to(run["out"], reference["sft"]["out"])
+    _assert_standard_checkpoint_close_to(run["out"], reference["sft"]["out"], CLOSE_TO_ONE_RANK.get(accel, 1e-6))
 
 
 def test_a_rank_that_dies_mid_step_ends_the_launch(setup):
