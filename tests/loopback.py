@@ -22,7 +22,7 @@ def free_port() -> int:
 def loopback_http(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     """Serve `handler` on a free 127.0.0.1 port in a daemon thread; yield `http://127.0.0.1:PORT`; shut it down."""
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{httpd.server_address[1]}"
     finally:

@@ -23,6 +23,7 @@ LESIONS = (
 @pytest.mark.parametrize(
     "quirks", [frozenset(), frozenset({"lps_storage"}), frozenset({"lps_storage", "mask_cropped_grid"})]
 )
+@pytest.mark.slow
 def test_canonical_arrays_equal_monai_orientation_ras(tmp_path: Path, quirks: frozenset[str]) -> None:
     monai_transforms = pytest.importorskip("monai.transforms")
     write_atlas(tmp_path, [CaseSpec("BDMAP_00000001", shape=(64, 48, 16), lesions=LESIONS, quirks=quirks)])

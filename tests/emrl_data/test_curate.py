@@ -35,6 +35,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[AtlasTruth, list[dic
     return truth, rows, rejections
 
 
+@pytest.mark.slow
 def test_demo_atlas_covers_every_quirk(demo) -> None:
     truth, _, _ = demo
     assert set(QUIRKS) <= {q for case in truth.cases for q in case.quirks}

@@ -220,6 +220,7 @@ def test_plain_nii_with_a_sparse_1_gib_tail_is_refused_without_reading_it(tmp_pa
     assert out["peak_mb"] < 300, out
 
 
+@pytest.mark.slow
 def test_gzip_with_a_sparse_1_gib_zero_tail_is_accepted_in_bounded_memory(tmp_path: Path) -> None:
     path = tmp_path / "ct.nii.gz"
     path.write_bytes(gzip.compress(_nifti_bytes(_volume()), mtime=0))

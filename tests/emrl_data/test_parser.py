@@ -106,6 +106,7 @@ def test_every_template_reads_back_exactly() -> None:
     assert wrong == []
 
 
+@pytest.mark.slow
 def test_template_fast_path_agrees_with_general_path() -> None:
     # The fast path must accept every template and give exactly what the general path gives.
     for text, organ, _ in TEMPLATE_CASES:

@@ -126,6 +126,7 @@ def test_flow_is_deterministic_and_resumable(
     assert _shards(resumed) == _shards(clean)
 
 
+@pytest.mark.slow
 def test_unexpected_errors_fail_the_flow_after_writing_outputs(
     prefect_harness, atlas, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

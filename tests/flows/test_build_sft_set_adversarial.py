@@ -21,6 +21,7 @@ def _rejections(out: Path) -> list[tuple]:
     return rejection_rows(out, "case_id", "organ", "reason", "path")
 
 
+@pytest.mark.slow
 def test_a_hostile_atlas_runs_to_the_end_and_a_damaged_store_is_recomputed(prefect_harness, tmp_path: Path) -> None:
     root = tmp_path / "atlas"
     ids = [f"BDMAP_0000000{i}" for i in (1, 2, 3)]

@@ -65,6 +65,7 @@ def _rejections(out: Path) -> list[tuple]:
     return sorted(rejection_rows(out, "case_id", "step", "reason"))
 
 
+@pytest.mark.slow
 def test_hub_run_equals_the_unpacked_atlas_then_reads_no_part_and_then_only_the_changed_one(
     prefect_harness, release: tuple[Path, dict[str, bytes]], hub: FakeHub, tmp_path: Path
 ) -> None:
@@ -110,6 +111,7 @@ def test_hub_run_equals_the_unpacked_atlas_then_reads_no_part_and_then_only_the_
     assert _shards(tmp_path / "hub") == _shards(tmp_path / "disk")
 
 
+@pytest.mark.slow
 def test_a_part_failing_its_checksum_is_fetched_again_then_its_cases_are_rejected(
     prefect_harness, release: tuple[Path, dict[str, bytes]], hub: FakeHub, tmp_path: Path
 ) -> None:
@@ -156,6 +158,7 @@ class _DiskSampler:
         self._thread.join()
 
 
+@pytest.mark.slow
 def test_the_scratch_budget_sets_parts_at_once_and_holds(
     prefect_harness, release: tuple[Path, dict[str, bytes]], hub: FakeHub, tmp_path: Path
 ) -> None:
@@ -179,6 +182,7 @@ def test_the_scratch_budget_sets_parts_at_once_and_holds(
         _build(tmp_path / "none", scratch_budget=str(need - 1))
 
 
+@pytest.mark.slow
 def test_a_limited_hub_run_reads_only_the_parts_holding_its_cases(
     prefect_harness, release: tuple[Path, dict[str, bytes]], hub: FakeHub, tmp_path: Path
 ) -> None:
@@ -243,6 +247,7 @@ def test_a_download_killed_mid_part_resumes_where_it_stopped(hub: FakeHub, tmp_p
     assert dest.read_bytes() == data and not partial.exists()
 
 
+@pytest.mark.slow
 def test_a_run_killed_mid_part_resumes_that_part_and_reads_no_finished_one(
     prefect_harness, release: tuple[Path, dict[str, bytes]], hub: FakeHub, tmp_path: Path
 ) -> None:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from emrl_data.text.report import render_evidence, render_findings, render_impression, render_report
 from emrl_data.types import Organ
@@ -48,8 +49,8 @@ def test_eval_writes_tables_from_raw_predictions(tmp_path: Path, capsys) -> None
     assert liver2["size"]["value"] == 1.0 and liver2["location"]["value"] == 0.5 and liver2["k_hit"]["value"] == 0.5
 
 
+@pytest.mark.slow
 def test_publish_command_to_a_local_folder_and_refusal_to_move_a_tag(prefect_harness, tmp_path: Path, capsys) -> None:
-    import pytest
 
     from emrl_data.tables.table_folder import write_table
 

@@ -368,6 +368,7 @@ def sft_out(prefect_harness, atlas: Path, tmp_path_factory: pytest.TempPathFacto
     return out
 
 
+@pytest.mark.slow
 def test_a_key_refused_mid_run_stops_at_the_first_batch(
     sft_out: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

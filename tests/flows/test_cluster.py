@@ -354,6 +354,7 @@ def test_the_cli_names_an_unanswering_cluster_in_two_lines(
     assert not list((tmp_path / "out").glob(".work/cases/*.arrow"))
 
 
+@pytest.mark.slow
 def test_a_worker_without_the_project_stops_the_flow_before_any_case(
     reference: tuple[Path, dict[str, bytes]], tmp_path: Path
 ) -> None:
@@ -378,6 +379,7 @@ def test_a_worker_without_the_project_stops_the_flow_before_any_case(
 
 
 @pytest.mark.parametrize("problem", ["output under a file", "output read-only", "atlas not shared"])
+@pytest.mark.slow
 def test_an_output_or_atlas_the_workers_cannot_use_is_named(
     two_workers: DaskProcesses, tmp_path: Path, problem: str
 ) -> None:

@@ -290,6 +290,7 @@ def test_read_table_without_manifest_raises(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------------ Hub target
 @pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.slow
 def test_publish_hub_versions_tag_and_read_back(hub: FakeHub, tmp_path: Path) -> None:
     repo = "emrl/sft-demo"
     first, _ = _run(table_dir=str(write_table(tmp_path / "sft", V1)), repo_id=repo, version="1.0.0")
@@ -329,6 +330,7 @@ def test_publish_hub_versions_tag_and_read_back(hub: FakeHub, tmp_path: Path) ->
 
 
 @pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.slow
 def test_publish_hub_existing_tag_is_refused(hub: FakeHub, tmp_path: Path) -> None:
     repo = "emrl/sft-refuse"
     first, _ = _run(table_dir=str(write_table(tmp_path / "sft", V1)), repo_id=repo, version="1.0.0")
@@ -345,6 +347,7 @@ def test_publish_hub_existing_tag_is_refused(hub: FakeHub, tmp_path: Path) -> No
 
 
 @pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.slow
 def test_publish_hub_interrupted_before_tag_resumes_without_new_commit(hub: FakeHub, tmp_path: Path) -> None:
     repo = "emrl/sft-resume"
     table_dir = str(write_table(tmp_path / "sft", V1))
@@ -363,6 +366,7 @@ def test_publish_hub_interrupted_before_tag_resumes_without_new_commit(hub: Fake
 
 
 @pytest.mark.usefixtures("prefect_harness", "fast_retries")
+@pytest.mark.slow
 def test_publish_hub_retries_server_errors_only(hub: FakeHub, tmp_path: Path) -> None:
     table_dir = str(write_table(tmp_path / "sft", V1))
     hub.state.fail_next("GET", "/revision/main", 503)
@@ -435,6 +439,7 @@ def test_publish_hub_token_never_leaks(
 
 # ------------------------------------------------------------------------------------------------ local target
 @pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.slow
 def test_publish_local_versions_refusal_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-datasets")
     local_root = tmp_path / "releases"
@@ -496,6 +501,7 @@ def test_local_release_dir_rejects_unsafe_repo_ids(tmp_path: Path, repo_id: str)
 
 # ------------------------------------------------------------------------------------------------ idempotence, dry run
 @pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.slow
 def test_publish_hub_same_version_same_content_is_a_noop(hub: FakeHub, tmp_path: Path) -> None:
     repo = "emrl/sft-again"
     table_dir = str(write_table(tmp_path / "sft", V1))
@@ -538,6 +544,7 @@ def test_publish_hub_card_and_manifest_name_the_release(hub: FakeHub, tmp_path: 
 
 
 @pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.slow
 def test_publish_hub_dry_run_lists_the_plan_and_writes_nothing(hub: FakeHub, tmp_path: Path) -> None:
     repo = "emrl/sft-dry"
     v1 = str(write_table(tmp_path / "v1", V1))
@@ -571,6 +578,7 @@ def test_publish_hub_dry_run_lists_the_plan_and_writes_nothing(hub: FakeHub, tmp
 
 
 @pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.slow
 def test_publish_local_same_version_is_a_noop_and_dry_run_writes_nothing(tmp_path: Path) -> None:
     common = {"repo_id": "emrl/sft-local", "target": "local", "local_root": str(tmp_path / "releases")}
     table_dir = str(write_table(tmp_path / "sft", V1))

@@ -103,6 +103,7 @@ print(json.dumps({"applied": applied, "faults": faults}))
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallopt is glibc's")
+@pytest.mark.slow
 def test_reuse_heap_stops_refaulting_a_freed_buffer() -> None:
     """A 96 MiB buffer freed and allocated again: the default malloc unmaps it and faults its pages in each time;
     after `reuse_heap` the second and third allocations reuse the pages the first one faulted in."""

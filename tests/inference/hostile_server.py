@@ -47,7 +47,7 @@ class HostileServer:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def stop(self) -> None:
         """Stop listening and release every waiting handler."""

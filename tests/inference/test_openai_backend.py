@@ -112,6 +112,7 @@ def _b64(frames: list[bytes]) -> list[str]:
         "openai",  # one image_url per frame: this server still feeds them as one CT video
     ],
 )
+@pytest.mark.slow
 def test_http_text_equals_local_greedy_text(server, control, local, requests3, make_backend, caplog, dialect):
     caplog.set_level(logging.DEBUG)
     backend = make_backend(dialect=dialect)

@@ -283,6 +283,7 @@ def test_a_stopped_run_ends_in_one_line_with_exit_1(capsys) -> None:
     )
 
 
+@pytest.mark.side_env  # gathered_weight_groups imports deepspeed (installed by `make test`)
 def test_zero3_push_groups_keep_each_layer_whole_and_merge_lora_inside(tiny_dir) -> None:
     """The groups `gathered_weight_groups` pushes (here unpartitioned, where DeepSpeed's gather is a no-op; the
     2-rank ZeRO-3 run of tests/train/test_vllm_ranks.py gathers for real) are the merged weights, one layer each."""

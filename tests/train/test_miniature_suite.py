@@ -26,6 +26,7 @@ def micro_study(tmp_path_factory):
     return out, summary, lines
 
 
+@pytest.mark.slow  # the micro study: about 35 s
 def test_every_run_finishes_and_noisy_runs_reuse_the_clean_warmup(micro_study):
     out, summary, _ = micro_study
     for level in (0.0, 0.3):
@@ -64,6 +65,7 @@ def test_every_run_finishes_and_noisy_runs_reuse_the_clean_warmup(micro_study):
     assert (out / "study.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # the micro study: about 35 s
 def test_a_rerun_skips_every_finished_stage(micro_study):
     out, summary, _ = micro_study
     cfg, seeds, levels = load_study(MICRO)

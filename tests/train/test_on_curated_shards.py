@@ -30,6 +30,7 @@ def curated(prefect_harness, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_sft_step_on_curated_shards(curated: Path, tiny_dir: Path, tmp_path: Path) -> None:
     (shard,) = (curated / "sft/data").glob("train-*.parquet")
     assert pq.read_table(shard).num_rows >= 2

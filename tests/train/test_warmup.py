@@ -273,6 +273,7 @@ def test_balanced_rows_draw_half_positive():
     assert not any(r["has_lesion"] for r in balanced_rows(only_negative, np.random.default_rng(0), 4))
 
 
+@pytest.mark.slow
 def test_demo_sft_that_misses_both_classes_within_its_rounds_fails_in_one_line(sft_table, tmp_path, capsys):
     from train.checks import run_cli
     from train.tooling.demo_sft import main as sft_main

@@ -39,6 +39,7 @@ class MiniatureConfig:
     warmup_target_sampled_parse_rate: float = 0.85
     warmup_learning_rate: float = 3.0e-3
     warmup_batch_size: int = 4
+    warmup_verifier_batch_size: int = 2  # verifier frames a warm-up step (half with a lesion)
     warmup_val_rows: int = 12
     warmup_target_verifier_accuracy: float = 0.9  # presence sens/spec, location, attenuation gates (0 = report only)
     verifier_eval_frames: int = 48  # held-out frames per verifier check (half with the lesion, half without)

@@ -251,6 +251,7 @@ class Miniature:
         result = lm_warmup(model, processor, [r for i, r in enumerate(rows) if i not in val],
                            [rows[i] for i in sorted(val)], max_steps=cfg.warmup_max_steps,
                            learning_rate=cfg.warmup_learning_rate, batch_size=cfg.warmup_batch_size,
+                           verifier_batch_size=cfg.warmup_verifier_batch_size,
                            eval_every=cfg.warmup_eval_every, target_parse_rate=cfg.warmup_target_parse_rate,
                            max_new_tokens=cfg.eval_max_new_tokens, seed=cfg.seed, log=self.log,
                            target_sampled_parse_rate=cfg.warmup_target_sampled_parse_rate,

@@ -272,18 +272,35 @@ def verifier_claim_rate(model: Any, processor: CTQwen3VLProcessor, rows: Sequenc
 VERIFIER_GATES = ("sensitivity", "specificity", "location", "attenuation")
 
 
+def _round_robin(lists: Sequence[Sequence[Any]]) -> list[Any]:
+    """Return the items of `lists` taken one from each list in turn (the first of each, then the second, ...)."""
+    depth = max((len(items) for items in lists), default=0)
+    return [items[k] for k in range(depth) for items in lists if k < len(items)]
+
+
 def _eval_frames(
     rows: Sequence[Mapping[str, Any]], lesion_span: int, max_frames: int
 ) -> list[tuple[int, FrameTarget]]:
-    """Return `(row index, target)` of at most `max_frames` frames, half with the lesion, half without (fixed order:
-    the first frames of each kind in row order, so every check asks the same frames)."""
-    present, absent = [], []
+    """Return `(row index, target)` of at most `max_frames` frames, half with the lesion, half without, in a fixed
+    order (every check asks the same frames): round-robin over the rows (each row's first frame of a kind, then each
+    row's second, ...), so the frames come from as many rows as they can and one row's answers do not decide a gate."""
+    present_by_row: list[list[tuple[int, FrameTarget]]] = []
+    absent_by_row: list[list[tuple[int, FrameTarget]]] = []
     for i, row in enumerate(rows):
-        for target in frame_targets(row, lesion_span):
-            (present if target.present else absent).append((i, target))
+        targets = frame_targets(row, lesion_span)
+        present_by_row.append([(i, t) for t in targets if t.present])
+        absent_by_row.append([(i, t) for t in targets if not t.present])
+    present, absent = _round_robin(present_by_row), _round_robin(absent_by_row)
     half = max_frames // 2
     n_present = min(len(present), max(half, max_frames - len(absent)))
     return present[:n_present] + absent[: max_frames - n_present]
+
+
+def _blind_partner(rows: Sequence[Mapping[str, Any]], i: int) -> int:
+    """Return the next row after row i (cyclic) of row i's organ; the next row when no other row has that organ."""
+    n = len(rows)
+    same = [j % n for j in range(i + 1, i + n) if rows[j % n]["organ"] == rows[i]["organ"]]
+    return same[0] if same else (i + 1) % n
 
 
 def verifier_accuracy(
@@ -300,11 +317,12 @@ def verifier_accuracy(
 
     sensitivity: lesion frames whose answer claims a lesion; specificity: lesion-free frames whose answer claims none
     (an unreadable answer is wrong either way); location, attenuation: lesion frames whose answer names the target's
-    (None without a lesion frame). `blind`: the verifier is shown the same frame of the next row instead (row i + 1,
-    the last row's of the first), scored against row i's target: the control, expected at chance.
+    (None without a lesion frame). `blind`: the verifier is shown the same frame of the next row of the same organ
+    instead (`_blind_partner`), scored against row i's target: the control, expected at chance (the organ matches, so
+    a wrong answer is about the lesion, not the organ).
     """
     asked = _eval_frames(rows, lesion_span, max_frames)
-    shown = [(i + 1) % len(rows) if blind else i for i, _ in asked]
+    shown = [_blind_partner(rows, i) if blind else i for i, _ in asked]
     msgs = [verifier_messages(frames_to_array(rows[j]["frames"])[t.frame], VERIFIER_PROMPT)
             for j, (_, t) in zip(shown, asked, strict=True)]  # fmt: skip
     return score_verifier(
