@@ -316,3 +316,13 @@ def test_warmup_that_never_claims_both_classes_fails_in_one_line():
                   require_both_classes=True, log=lambda _: None)  # fmt: skip
     message = str(err.value)
     assert "\n" not in message and "never claimed a lesion on a positive row" in message
+
+
+def test_held_out_frames_go_round_robin_over_rows_and_the_blind_partner_shares_the_organ() -> None:
+    from train.tooling.warmup import _blind_partner, _eval_frames
+
+    negatives = [{"organ": "liver", "n_frames": 8, "has_lesion": False} for _ in range(3)]
+    asked = _eval_frames(negatives, lesion_span=3, max_frames=4)
+    assert [(i, t.frame) for i, t in asked] == [(0, 0), (1, 0), (2, 0), (0, 1)]
+    rows = [{"organ": o} for o in ("liver", "kidney", "liver", "pancreas")]
+    assert [_blind_partner(rows, i) for i in range(4)] == [2, 2, 0, 0]
