@@ -318,6 +318,32 @@ def test_warmup_that_never_claims_both_classes_fails_in_one_line():
     assert "\n" not in message and "never claimed a lesion on a positive row" in message
 
 
+@pytest.mark.parametrize(("target_parse_rate", "class_rows_generated"), [(0.0, 1), (2.0, 0)])
+def test_warmup_reads_both_classes_on_its_class_rows_once_the_rest_is_met(monkeypatch, target_parse_rate,
+                                                                          class_rows_generated):  # fmt: skip
+    import train.tooling.warmup as warmup
+
+    rows = make_visible_rows(8, n_frames=4, size_px=32, seed=0, organs=("kidney",))
+    train_rows, val_rows, class_rows = rows[:4], rows[4:5], rows[5:8]
+    asked: list[int] = []
+    real = warmup.report_parse_rate
+
+    def counting(model, processor, rows_, *args, **kwargs):
+        asked.append(len(rows_))
+        return real(model, processor, rows_, *args, **kwargs)
+
+    monkeypatch.setattr(warmup, "report_parse_rate", counting)
+    processor = build_processor()
+    lines: list[str] = []
+    with pytest.raises(TrainConfigError):
+        lm_warmup(build_model(processor.tokenizer, seed=0), processor, train_rows, val_rows, class_rows=class_rows,
+                  max_steps=1, learning_rate=1e-3, batch_size=1, verifier_batch_size=1, eval_every=1,
+                  target_parse_rate=target_parse_rate, max_new_tokens=4, require_both_classes=True,
+                  log=lines.append)  # fmt: skip
+    assert asked == [1] + [3] * class_rows_generated  # the held-out row; the 3 class rows only when the rest is met
+    assert lines[0].endswith("; not both classes claimed on the 3 class rows, 1 rows")
+
+
 def test_held_out_frames_go_round_robin_over_rows_and_the_blind_partner_shares_the_organ() -> None:
     from train.tooling.warmup import _blind_partner, _eval_frames
 

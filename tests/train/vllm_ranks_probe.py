@@ -38,12 +38,17 @@ from train.grpo import build_grpo_trainer
 COMPLETION_TOKENS = 8  # as in grpo_vllm_probe: clear of the fp32 near-ties of a random tiny model
 VERIFIER_TOKENS = 6
 GROUP = 2
+# Adam's first steps move a weight by about lr * g / (|g| + eps): at the default eps (1e-8) a gradient near 1e-8, whose
+# value depends on the order the ranks sum it in, moves its weight by anywhere up to lr. At 1e-6 that order moves a
+# weight by 1e-6 of lr at most, and every gradient above 1e-5 still moves its weight by about lr.
+ADAM_EPSILON = 1e-6
 
 
 def _args(out: Path, accumulation: int) -> GRPOConfig:
     return GRPOConfig(output_dir=str(out), num_generations=GROUP, per_device_train_batch_size=GROUP,
                       gradient_accumulation_steps=accumulation, steps_per_generation=1, max_steps=2, beta=0.0,
-                      max_completion_length=COMPLETION_TOKENS, learning_rate=3e-3, logging_steps=1, use_cpu=True,
+                      max_completion_length=COMPLETION_TOKENS, learning_rate=3e-3, adam_epsilon=ADAM_EPSILON,
+                      logging_steps=1, use_cpu=True,
                       bf16=False, report_to="none", save_strategy="no", loss_type="grpo", seed=0, use_vllm=True,
                       vllm_mode="colocate", vllm_gpu_memory_utilization=0.1, vllm_max_model_length=2048,
                       disable_tqdm=True, ddp_timeout=120)  # fmt: skip

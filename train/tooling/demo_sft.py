@@ -54,6 +54,11 @@ class DemoSftArguments(SftScriptArguments):
         metadata={"help": "The warm-up also waits for held-out reports that claim a lesion on some positive row and "
                   "none on some negative row."},
     )  # fmt: skip
+    lm_warmup_both_classes_split: str | None = field(
+        default=None,
+        metadata={"help": "The split whose greedy reports that target reads (None = the held-out train rows); the "
+                  "SFT's stop split, so the SFT starts from a model that already meets its criterion."},
+    )  # fmt: skip
     parse_rate_split: str | None = field(
         default=None, metadata={"help": "After SFT, print the greedy parse rate of this split (e.g. test)."}
     )
@@ -79,8 +84,10 @@ def _criterion_warmup(model: Any, processor: Any, dataset: Any, args: DemoSftArg
     rows = [dict(r) for r in dataset]
     val = set(held_out_indices(len(rows), n_val))
     train_rows, val_rows = [r for i, r in enumerate(rows) if i not in val], [rows[i] for i in sorted(val)]
+    split = args.lm_warmup_both_classes_split
+    class_rows = None if split is None else [dict(r) for r in load_split(str(args.dataset_dir), split)]
     result = lm_warmup(
-        model, processor, train_rows, val_rows, max_steps=args.lm_warmup_steps,
+        model, processor, train_rows, val_rows, class_rows=class_rows, max_steps=args.lm_warmup_steps,
         learning_rate=args.lm_warmup_learning_rate or config.learning_rate,
         batch_size=config.per_device_train_batch_size, eval_every=args.lm_warmup_eval_every,
         target_parse_rate=args.lm_warmup_target_parse_rate,

@@ -437,7 +437,8 @@ def _train_step(model: Any, opt: Any, params: list, batch: Any, vbatch: Any, res
 
 
 def _check(model: Any, processor: Any, val_rows: Sequence[Mapping[str, Any]], plan: WarmupPlan,
-           result: WarmupResult, step: int) -> tuple[bool, str]:  # fmt: skip
+           result: WarmupResult, step: int,
+           class_rows: Sequence[Mapping[str, Any]] | None = None) -> tuple[bool, str]:  # fmt: skip
     """Measure the criterion at `step`; return (met, the progress line)."""
     rate, reports = report_parse_rate(model, processor, val_rows, plan.max_new_tokens)
     result.parse_rates.append((step, rate))
@@ -469,14 +470,19 @@ def _check(model: Any, processor: Any, val_rows: Sequence[Mapping[str, Any]], pl
     if failed:
         why = parse_report(failed[0][1], failed[0][0]["organ"])
         line += f"; e.g. {why.reason} on {failed[0][0]['organ']}: {failed[0][1][:90]!r}"  # type: ignore[union-attr]
-    result.both_classes = reports_claim_both_classes(val_rows, reports)
+    others_ok = rate >= plan.target_parse_rate and sampled_ok and verifier_ok
+    if class_rows is None:
+        result.both_classes = reports_claim_both_classes(val_rows, reports)
+    elif others_ok:  # generating the class rows' reports costs a check's time: only once the rest is met
+        _, class_reports = report_parse_rate(model, processor, class_rows, plan.max_new_tokens)
+        result.both_classes = reports_claim_both_classes(class_rows, class_reports)
+    else:
+        result.both_classes = False
     classes_ok = not plan.require_both_classes or result.both_classes
     if plan.require_both_classes:
-        line += f"; {'both' if classes_ok else 'not both'} classes claimed"
-    return (
-        rate >= plan.target_parse_rate and sampled_ok and verifier_ok and classes_ok,
-        f"{line}, {len(val_rows)} rows",
-    )
+        where = "" if class_rows is None else f" on the {len(class_rows)} class rows"
+        line += f"; {'both' if classes_ok else 'not both'} classes claimed{where}"
+    return others_ok and classes_ok, f"{line}, {len(val_rows)} rows"
 
 
 def _raise_if_missed(result: WarmupResult, plan: WarmupPlan) -> None:
@@ -490,8 +496,8 @@ def _raise_if_missed(result: WarmupResult, plan: WarmupPlan) -> None:
         )
     if plan.require_both_classes and not result.both_classes:
         raise TrainConfigError(
-            f"LM warm-up: the held-out reports never claimed a lesion on a positive row and none on a negative one "
-            f"by the step cap lm_warmup_steps={plan.max_steps}; raise lm_warmup_steps"
+            "LM warm-up: the greedy reports (held-out or class rows) never claimed a lesion on a positive row and "
+            f"none on a negative one by the step cap lm_warmup_steps={plan.max_steps}; raise lm_warmup_steps"
         )
     gaps = verifier_gaps(result.verifier_accuracy[-1][1], plan.target_verifier_accuracy) if (
         result.verifier_accuracy) else []  # fmt: skip
@@ -510,6 +516,7 @@ def lm_warmup(
     val_rows: Sequence[Mapping[str, Any]],
     *,
     log: Any = None,
+    class_rows: Sequence[Mapping[str, Any]] | None = None,
     **knobs: Any,
 ) -> WarmupResult:
     """Train every part of `model` on the report and verifier tasks until the held-out criterion is met.
@@ -520,6 +527,8 @@ def lm_warmup(
         rows: training rows (sft columns, frames decoded or not).
         val_rows: held-out rows for the criterion (greedy reports parsed; with `lesion_span`, verifier frames).
         log: where the one progress line per check goes (default: print, flushed).
+        class_rows: the rows whose greedy reports `require_both_classes` looks at (default: `val_rows`), generated
+            only at a check where every other target is met.
         **knobs: `WarmupPlan`'s fields. max_steps: the step cap (one report batch + one verifier batch a step);
             learning_rate: constant AdamW rate; batch_size / verifier_batch_size: report rows / verifier pairs a step
             (half with a lesion, half without); eval_every: steps between checks; target_parse_rate: greedy reports'
@@ -555,7 +564,7 @@ def lm_warmup(
         _train_step(model, opt, params, batch, vbatch, result)
         result.steps = step
         if step % plan.eval_every == 0 or step == plan.max_steps:
-            met, line = _check(model, processor, val_rows, plan, result, step)
+            met, line = _check(model, processor, val_rows, plan, result, step, class_rows)
             log(line)
             if met:
                 break
