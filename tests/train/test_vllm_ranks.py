@@ -6,8 +6,9 @@ with `num_processes: 2`, `use_cpu: true`, `mixed_precision: no`) in the vLLM sid
 G = 2; two sampled steps). One launch per stage serves every assert below; the 1-rank reference runs the same global batch as two
 micro-batches (`gradient_accumulation_steps: 2`). Tolerances: the pushed weights of ZeRO-2/3 equal DDP's within 1e-4
 (two steps of Adam at lr 3e-3 move them by up to 6e-3, a stale push would differ by that much; the stages reduce
-gradients in other orders, and Adam's first steps divide a tiny gradient by its own size: measured 2e-7 for ZeRO-2,
-5e-5 for ZeRO-3 in a rarely used embedding row, <= 4e-6 elsewhere); rewards equal the 1-rank run's within 1e-6. Greedy completions are compared token for token (8 tokens, verifier 6: clear of the fp32
+gradients in other orders, and Adam's first steps divide a tiny gradient by its own size plus eps, so the probe sets
+eps to 1e-6: measured 1.4e-7 for ZeRO-2 and 2.7e-6 for ZeRO-3; at the default 1e-8, 2.1e-4 in a rarely used embedding
+row); rewards equal the 1-rank run's within 1e-6. Greedy completions are compared token for token (8 tokens, verifier 6: clear of the fp32
 near-ties, see tests/train/test_grpo_vllm.py). `ddp_timeout: 120` and a subprocess timeout bound every launch.
 """
 
