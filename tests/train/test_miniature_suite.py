@@ -9,7 +9,7 @@ import pytest
 from train.checks import TrainConfigError
 from train.miniature.config import load_config
 from train.miniature.study import Miniature, reward_options
-from train.miniature.suite import load_study, main, run_dir, run_study
+from train.miniature.suite import finished_seeds, load_study, main, run_dir, run_study, study_markdown, summarize_study
 
 
 MICRO = "train/configs/miniature_micro.yaml"
@@ -63,6 +63,30 @@ def test_every_run_finishes_and_noisy_runs_reuse_the_clean_warmup(micro_study):
     md = (out / "study.md").read_text()
     assert "## gold noise 0.30" in md and "| paired difference | seed 0 | seed 1 | pooled | interval above 0 |" in md
     assert (out / "study.png").stat().st_size > 0
+
+
+@pytest.mark.slow  # the micro study: about 35 s
+def test_runs_go_seed_by_seed_and_the_summary_covers_the_finished_ones(micro_study, tmp_path):
+    import shutil
+
+    out, _, lines = micro_study
+    order = [line.split(": ")[0] for line in lines if line.startswith("=== ")]
+    assert order == ["=== gold noise 0.00, seed 0", "=== gold noise 0.30, seed 0",
+                     "=== gold noise 0.00, seed 1", "=== gold noise 0.30, seed 1"]  # fmt: skip
+    partial = tmp_path / "partial"
+    shutil.copytree(out, partial)
+    (run_dir(partial, 0.3, 1) / "results.json").unlink()  # seed 1's noisy run stopped before its eval
+    cfg, seeds, levels = load_study(MICRO)
+    assert finished_seeds(partial, 0.3, seeds, levels[0.3]) == [0]
+    assert finished_seeds(partial, 0.0, seeds, levels[0.0] + ["grpo_c"]) == []  # (c) was never asked for
+    summary = summarize_study(partial, seeds, levels, cfg.n_bootstrap)
+    assert summary["levels"]["0.00"]["finished"] == [0, 1] and summary["levels"]["0.30"]["finished"] == [0]
+    assert set(summary["levels"]["0.30"]["comparisons"]["k_hit: (a) - (b)"]["per_seed"]) == {"0"}
+    md = study_markdown(summary)
+    assert "Finished: 2 of 2 seeds (0, 1)." in md and "Finished: 1 of 2 seeds (0)." in md
+    assert study_markdown(summarize_study(tmp_path / "none", seeds, levels, cfg.n_bootstrap)).startswith(
+        "No run of the study has finished yet."
+    )
 
 
 @pytest.mark.slow  # the micro study: about 35 s

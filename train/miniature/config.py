@@ -33,7 +33,7 @@ class MiniatureConfig:
     lesion_span: int = 3  # frames on each side of the key frame that show a (shrinking) lesion
     seed: int = 0
     min_test_rows_per_class: int = 10  # per organ and class (positive / negative): below it the intervals mean little
-    warmup_max_steps: int = 1500
+    warmup_max_steps: int = 3000
     warmup_eval_every: int = 100
     warmup_target_parse_rate: float = 0.95
     warmup_target_sampled_parse_rate: float = 0.85

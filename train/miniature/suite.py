@@ -7,11 +7,13 @@ One YAML (`train/configs/miniature_study.yaml`): the miniature's keys plus a `st
       noise: {0.0: [sft, grpo_a, grpo_b, grpo_f, grpo_g, more_sft_llm], 0.15: [sft, grpo_a, grpo_b, grpo_f, more_sft_llm]}
 
 For each gold-noise level and seed a miniature run goes to `OUTPUT_DIR/noise-<level>/seed-<seed>` with those models
-(`train.miniature.study.Miniature`; each stage writes its `done.json` and is skipped on a rerun). A noisy run copies
-the warm-up of the clean run of its seed (the warm-up reads the clean rows; its SFT and GRPO read the noisy ones); the
-clean level therefore runs first. Then `OUTPUT_DIR/study.json`, `study.md` (per level: the seeds table, the paired
-bootstrap differences a-e, a-f, a-b, a-g per seed and pooled over the seeds, and the verdict: in how many seeds each
-difference's interval lies above 0) and `study.png` (the pooled differences with their intervals).
+(`train.miniature.study.Miniature`; each stage writes its `done.json` and is skipped on a rerun). The runs go seed by
+seed, each seed over every level, so a study stopped part-way has whole seeds. A noisy run copies the warm-up of the
+clean run of its seed (the warm-up reads the clean rows; its SFT and GRPO read the noisy ones); the clean level
+therefore runs first within a seed. After every run, `OUTPUT_DIR/study.json`, `study.md` (per level: its finished
+seeds, the seeds table, the paired bootstrap differences a-e, a-f, a-b, a-g per seed and pooled over the seeds, and
+the verdict: in how many seeds each difference's interval lies above 0) and `study.png` (the pooled differences with
+their intervals) are rewritten over the runs finished so far.
 
     python -m train.miniature.suite --config train/configs/miniature_study.yaml --output_dir miniature-study
 """
@@ -61,8 +63,8 @@ def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[float, list[s
               log: Any = None) -> dict[str, Any]:  # fmt: skip
     """Run (or resume) every run of the study, then write the summary; return it."""
     log = log or (lambda line: print(line, flush=True))
-    for level in sorted(levels):
-        for seed in seeds:
+    for seed in seeds:  # seed by seed, every level (the clean one first: the noisy runs copy its warm-up)
+        for level in sorted(levels):
             run_cfg = replace(cfg, seed=seed, gold_noise=level, models=levels[level])
             folder = run_dir(output_dir, level, seed)
             log(f"=== gold noise {level:.2f}, seed {seed}: {folder}")
@@ -70,13 +72,30 @@ def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[float, list[s
             if level > 0:
                 miniature.reuse(run_dir(output_dir, 0.0, seed), stages=("warmup",))
             miniature.run()
-    summary = summarize_study(output_dir, seeds, levels, cfg.n_bootstrap)
+            summary = write_summary(output_dir, seeds, levels, cfg.n_bootstrap)  # the finished runs so far
+    log((Path(output_dir) / "study.md").read_text())
+    return summary
+
+
+def write_summary(output_dir: str | Path, seeds: list[int], levels: dict[float, list[str]], n_bootstrap: int
+                  ) -> dict[str, Any]:  # fmt: skip
+    """Write `study.json`, `study.md` and `study.png` of the runs finished so far; return the summary."""
+    summary = summarize_study(output_dir, seeds, levels, n_bootstrap)
     out = Path(output_dir)
     (out / "study.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     (out / "study.md").write_text(study_markdown(summary))
     save_study_png(summary, out / "study.png")
-    log((out / "study.md").read_text())
     return summary
+
+
+def finished_seeds(output_dir: str | Path, level: float, seeds: list[int], models: list[str]) -> list[int]:
+    """Return the seeds whose run at `level` has evaluated every one of `models`."""
+    done = []
+    for seed in seeds:
+        path = run_dir(output_dir, level, seed) / "results.json"
+        if path.exists() and set(models) <= set(json.loads(path.read_text())["models"]):
+            done.append(seed)
+    return done
 
 
 def _records(folder: Path, name: str) -> list[dict[str, Any]]:
@@ -97,7 +116,11 @@ def summarize_study(output_dir: str | Path, seeds: list[int], levels: dict[float
     from train.miniature.seeds import summarize_seeds  # noqa: PLC0415
 
     summary: dict[str, Any] = {"seeds": seeds, "levels": {}}
+    every = seeds
     for level, models in sorted(levels.items()):
+        seeds = finished_seeds(output_dir, level, every, models)
+        if not seeds:
+            continue
         folders = {s: run_dir(output_dir, level, s) for s in seeds}
         results = {s: json.loads((folders[s] / "results.json").read_text()) for s in seeds}
         records = {s: {m: _records(folders[s], m) for m in models} for s in seeds}
@@ -112,8 +135,12 @@ def summarize_study(output_dir: str | Path, seeds: list[int], levels: dict[float
                                           n_bootstrap=n_bootstrap, seed=0)  # fmt: skip
                 above = sum(1 for v in per_seed.values() if v["ci_low"] is not None and v["ci_low"] > 0)
                 comparisons[f"{metric}: {key}"] = {"per_seed": per_seed, "pooled": _clean(pooled), "n_above": above}
-        summary["levels"][f"{level:.2f}"] = {"models": models, "seeds_table": summarize_seeds(results),
-                                             "comparisons": comparisons}  # fmt: skip
+        summary["levels"][f"{level:.2f}"] = {
+            "models": models,
+            "finished": seeds,
+            "seeds_table": summarize_seeds(results),
+            "comparisons": comparisons,
+        }
     return summary
 
 
@@ -129,10 +156,13 @@ def study_markdown(summary: dict[str, Any]) -> str:
     """Return the study's tables (points): per level the seeds table and the paired differences, and the verdict."""
     from train.miniature.seeds import seeds_markdown  # noqa: PLC0415
 
-    seeds = summary["seeds"]
     lines = []
+    if not summary["levels"]:
+        lines += ["No run of the study has finished yet.", ""]
     for level, entry in summary["levels"].items():
-        lines += [f"## gold noise {level}", "", seeds_markdown(entry["seeds_table"]).rstrip(), ""]
+        seeds = entry["finished"]
+        finished = f"Finished: {len(seeds)} of {len(summary['seeds'])} seeds ({', '.join(map(str, seeds))})."
+        lines += [f"## gold noise {level}", "", finished, "", seeds_markdown(entry["seeds_table"]).rstrip(), ""]
         head = " | ".join(f"seed {s}" for s in seeds)
         lines += [f"| paired difference | {head} | pooled | interval above 0 |",
                   "| --- |" + " --- |" * (len(seeds) + 2)]  # fmt: skip
