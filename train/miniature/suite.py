@@ -61,7 +61,7 @@ def run_dir(output_dir: str | Path, level: float, seed: int) -> Path:
 
 def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[float, list[str]], output_dir: str | Path,
               log: Any = None) -> dict[str, Any]:  # fmt: skip
-    """Run (or resume) every run of the study, then write the summary; return it."""
+    """Run (or resume) every run of the study, rewriting the summary after each; return the last summary."""
     log = log or (lambda line: print(line, flush=True))
     for seed in seeds:  # seed by seed, every level (the clean one first: the noisy runs copy its warm-up)
         for level in sorted(levels):
@@ -116,28 +116,27 @@ def summarize_study(output_dir: str | Path, seeds: list[int], levels: dict[float
     from train.miniature.seeds import summarize_seeds  # noqa: PLC0415
 
     summary: dict[str, Any] = {"seeds": seeds, "levels": {}}
-    every = seeds
     for level, models in sorted(levels.items()):
-        seeds = finished_seeds(output_dir, level, every, models)
-        if not seeds:
+        done = finished_seeds(output_dir, level, seeds, models)
+        if not done:
             continue
-        folders = {s: run_dir(output_dir, level, s) for s in seeds}
-        results = {s: json.loads((folders[s] / "results.json").read_text()) for s in seeds}
-        records = {s: {m: _records(folders[s], m) for m in models} for s in seeds}
+        folders = {s: run_dir(output_dir, level, s) for s in done}
+        results = {s: json.loads((folders[s] / "results.json").read_text()) for s in done}
+        records = {s: {m: _records(folders[s], m) for m in models} for s in done}
         comparisons: dict[str, Any] = {}
         for name, key in COMPARISONS.items():
             if name not in models:
                 continue
             for metric, statistic in METRICS.items():
                 per_seed = {str(s): _clean(paired_bootstrap([(records[s]["grpo_a"], records[s][name])], statistic,
-                                                            n_bootstrap=n_bootstrap, seed=s)) for s in seeds}  # fmt: skip
-                pooled = paired_bootstrap([(records[s]["grpo_a"], records[s][name]) for s in seeds], statistic,
+                                                            n_bootstrap=n_bootstrap, seed=s)) for s in done}  # fmt: skip
+                pooled = paired_bootstrap([(records[s]["grpo_a"], records[s][name]) for s in done], statistic,
                                           n_bootstrap=n_bootstrap, seed=0)  # fmt: skip
                 above = sum(1 for v in per_seed.values() if v["ci_low"] is not None and v["ci_low"] > 0)
                 comparisons[f"{metric}: {key}"] = {"per_seed": per_seed, "pooled": _clean(pooled), "n_above": above}
         summary["levels"][f"{level:.2f}"] = {
             "models": models,
-            "finished": seeds,
+            "finished": done,
             "seeds_table": summarize_seeds(results),
             "comparisons": comparisons,
         }
