@@ -9,7 +9,18 @@ import pytest
 from train.checks import TrainConfigError
 from train.miniature.config import load_config
 from train.miniature.study import Miniature, reward_options
-from train.miniature.suite import finished_seeds, load_study, main, run_dir, run_study, study_markdown, summarize_study
+from train.miniature.suite import (
+    finished_seeds,
+    load_study,
+    main,
+    read_record,
+    record_path,
+    run_dir,
+    run_study,
+    study_markdown,
+    summarize_study,
+    write_record,
+)
 
 
 MICRO = "train/configs/miniature_micro.yaml"
@@ -75,7 +86,7 @@ def test_runs_go_seed_by_seed_and_the_summary_covers_the_finished_ones(micro_stu
                      "=== gold noise 0.00, seed 1", "=== gold noise 0.30, seed 1"]  # fmt: skip
     partial = tmp_path / "partial"
     shutil.copytree(out, partial)
-    (run_dir(partial, 0.3, 1) / "results.json").unlink()  # seed 1's noisy run stopped before its eval
+    record_path(partial, 0.3, 1).unlink()  # seed 1's noisy run stopped before its record
     cfg, seeds, levels = load_study(MICRO)
     assert finished_seeds(partial, 0.3, seeds, levels[0.3]) == [0]
     assert finished_seeds(partial, 0.0, seeds, levels[0.0] + ["grpo_c"]) == []  # (c) was never asked for
@@ -90,14 +101,66 @@ def test_runs_go_seed_by_seed_and_the_summary_covers_the_finished_ones(micro_stu
 
 
 @pytest.mark.slow  # the micro study: about 35 s
-def test_a_rerun_skips_every_finished_stage(micro_study):
+def test_a_rerun_skips_every_recorded_run(micro_study):
     out, summary, _ = micro_study
     cfg, seeds, levels = load_study(MICRO)
     lines: list[str] = []
     again = run_study(cfg, seeds, levels, out, log=lines.append)
-    stage_lines = [line for line in lines if line.startswith("== ")]
-    assert stage_lines and all("done earlier" in line or line.startswith("== reused") for line in stage_lines)
+    runs = [line for line in lines if line.startswith("=== ")]
+    assert runs == [f"=== gold noise {level:.2f}, seed {seed}: recorded in {record_path(out, level, seed)}, skipped"
+                    for seed in (0, 1) for level in (0.0, 0.3)]  # fmt: skip
+    assert not [line for line in lines if line.startswith("== ")]  # no stage was even looked at
     assert again == summary
+
+
+@pytest.mark.slow  # the micro study: about 35 s
+def test_the_records_alone_give_the_summary_and_resume_a_study_whose_folders_are_gone(micro_study, tmp_path):
+    import shutil
+
+    out, summary, _ = micro_study
+    cfg, seeds, levels = load_study(MICRO)
+    record = read_record(record_path(out, 0.3, 1))
+    assert record["gold_noise"] == 0.3 and record["seed"] == 1 and record["models"] == NOISY
+    assert [len(record["scores"][m]) for m in NOISY] == [4] * 5 and record["results"]["config"]["seed"] == 1
+    before = record_path(out, 0.3, 1).read_bytes()
+    assert write_record(out, 0.3, 1, NOISY).read_bytes() == before  # the same run, the same bytes
+    # two machines' records, pooled in a third folder: the same summary as the study that ran them all
+    pooled = tmp_path / "pooled" / "records"
+    pooled.mkdir(parents=True)
+    for path in sorted((out / "records").iterdir()):
+        shutil.copy(path, pooled / path.name)
+    assert summarize_study(pooled.parent, seeds, levels, cfg.n_bootstrap) == summary
+    # seed 1's noisy record lost, and every run folder: the clean warm-up runs again and the run comes out equal
+    (pooled / record_path(out, 0.3, 1).name).unlink()
+    lines: list[str] = []
+    again = run_study(cfg, seeds, levels, pooled.parent, log=lines.append)
+    assert [line for line in lines if line.startswith("=== ")][-1] == (
+        f"=== gold noise 0.30, seed 1: {run_dir(pooled.parent, 0.3, 1)}"
+    )
+    assert f"   the clean run's warm-up is not in {run_dir(pooled.parent, 0.0, 1)}: running it there first" in lines
+    assert not run_dir(pooled.parent, 0.0, 0).exists()  # recorded runs leave no folder
+    assert read_record(record_path(pooled.parent, 0.3, 1))["scores"] == record["scores"]
+    assert again == summary
+
+
+@pytest.mark.slow  # the micro study: about 35 s
+def test_a_broken_record_or_records_of_two_configurations_are_one_line(micro_study, tmp_path):
+    import gzip
+    import shutil
+
+    out, _, _ = micro_study
+    cfg, seeds, levels = load_study(MICRO)
+    (tmp_path / "records").mkdir()
+    broken = record_path(tmp_path, 0.0, 0)
+    broken.write_text("not gzip")
+    with pytest.raises(TrainConfigError, match=f"^{broken}: not a study record"):
+        summarize_study(tmp_path, seeds, levels, cfg.n_bootstrap)
+    shutil.copy(record_path(out, 0.0, 0), broken)
+    other = read_record(record_path(out, 0.0, 1))
+    other["results"]["config"]["sft_steps"] += 1
+    record_path(tmp_path, 0.0, 1).write_bytes(gzip.compress(json.dumps(other).encode()))
+    with pytest.raises(TrainConfigError, match=r"seed-1.json.gz and .*seed-0.json.gz: .*\['sft_steps'\]"):
+        summarize_study(tmp_path, seeds, levels, cfg.n_bootstrap)
 
 
 def test_a_study_with_too_few_seeds_or_a_bad_section_is_one_line(tmp_path):

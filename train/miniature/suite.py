@@ -15,12 +15,19 @@ seeds, the seeds table, the paired bootstrap differences a-e, a-f, a-b, a-g per 
 the verdict: in how many seeds each difference's interval lies above 0) and `study.png` (the pooled differences with
 their intervals) are rewritten over the runs finished so far.
 
+Each finished run also leaves a record, `OUTPUT_DIR/records/noise-<level>-seed-<seed>.json.gz` (its `results.json`
+and the per-row scores of every model, about 100 kB): the summary reads the records only, and a run whose record is
+there is not run again, even when its folder is gone. Records copied in from another machine's study of the same
+configuration are pooled with this one's, so the seeds can run on several machines (the summary refuses records whose
+configurations differ outside seed, gold noise and models).
+
     python -m train.miniature.suite --config train/configs/miniature_study.yaml --output_dir miniature-study
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 from dataclasses import replace
@@ -63,16 +70,28 @@ def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[float, list[s
               log: Any = None) -> dict[str, Any]:  # fmt: skip
     """Run (or resume) every run of the study, rewriting the summary after each; return the last summary."""
     log = log or (lambda line: print(line, flush=True))
+    summary = None
     for seed in seeds:  # seed by seed, every level (the clean one first: the noisy runs copy its warm-up)
         for level in sorted(levels):
-            run_cfg = replace(cfg, seed=seed, gold_noise=level, models=levels[level])
             folder = run_dir(output_dir, level, seed)
+            if finished_seeds(output_dir, level, [seed], levels[level]):
+                log(f"=== gold noise {level:.2f}, seed {seed}: recorded in {record_path(output_dir, level, seed)}, "
+                    "skipped")  # fmt: skip
+                continue
             log(f"=== gold noise {level:.2f}, seed {seed}: {folder}")
-            miniature = Miniature(run_cfg, folder, log=log)
+            miniature = Miniature(replace(cfg, seed=seed, gold_noise=level, models=levels[level]), folder, log=log)
             if level > 0:
-                miniature.reuse(run_dir(output_dir, 0.0, seed), stages=("warmup",))
+                clean = run_dir(output_dir, 0.0, seed)
+                if not (clean / "warmup" / "done.json").exists():  # only the clean run's record is left: warm up again
+                    log(f"   the clean run's warm-up is not in {clean}: running it there first")
+                    clean_cfg = replace(cfg, seed=seed, gold_noise=0.0, models=levels[0.0])
+                    Miniature(clean_cfg, clean, log=log).run(stages=("data", "warmup"))
+                miniature.reuse(clean, stages=("warmup",))
             miniature.run()
+            write_record(output_dir, level, seed, levels[level])
             summary = write_summary(output_dir, seeds, levels, cfg.n_bootstrap)  # the finished runs so far
+    if summary is None:  # every run was recorded before
+        summary = write_summary(output_dir, seeds, levels, cfg.n_bootstrap)
     log((Path(output_dir) / "study.md").read_text())
     return summary
 
@@ -88,21 +107,69 @@ def write_summary(output_dir: str | Path, seeds: list[int], levels: dict[float, 
     return summary
 
 
+def record_path(output_dir: str | Path, level: float, seed: int) -> Path:
+    """Return one run's record: what the summary reads of it."""
+    return Path(output_dir) / "records" / f"noise-{level:.2f}-seed-{seed}.json.gz"
+
+
+def write_record(output_dir: str | Path, level: float, seed: int, models: list[str]) -> Path:
+    """Keep a finished run's `results.json` and each model's per-row scores in its record; return the record's path.
+
+    The bytes depend on the run only (gzip without a timestamp), so a rerun that changes nothing rewrites them equal.
+    """
+    import torch  # noqa: PLC0415
+
+    from emrl_data.text.evaluation import score_predictions  # noqa: PLC0415
+
+    folder = run_dir(output_dir, level, seed)
+    scores = {}
+    for name in models:
+        lines = (folder / "eval" / name / "predictions.jsonl").read_text().splitlines()
+        scores[name] = score_predictions([json.loads(line) for line in lines])
+    record = {"gold_noise": level, "seed": seed, "models": models, "torch_threads": torch.get_num_threads(),
+              "results": json.loads((folder / "results.json").read_text()), "scores": scores}  # fmt: skip
+    path = record_path(output_dir, level, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(gzip.compress(json.dumps(record, sort_keys=True).encode(), mtime=0))
+    tmp.replace(path)
+    return path
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """Return a run's record; a file that is not one is a one-line error naming it."""
+    try:
+        record = json.loads(gzip.decompress(path.read_bytes()))
+    except (OSError, EOFError, ValueError) as exc:
+        raise TrainConfigError(f"{path}: not a study record (a gzipped JSON file): {exc}") from exc
+    missing = {"gold_noise", "seed", "models", "results", "scores"} - set(record)
+    if missing:
+        raise TrainConfigError(f"{path}: a study record without {sorted(missing)}")
+    return record
+
+
 def finished_seeds(output_dir: str | Path, level: float, seeds: list[int], models: list[str]) -> list[int]:
-    """Return the seeds whose run at `level` has evaluated every one of `models`."""
+    """Return the seeds whose run at `level` has a record holding every one of `models`."""
     done = []
     for seed in seeds:
-        path = run_dir(output_dir, level, seed) / "results.json"
-        if path.exists() and set(models) <= set(json.loads(path.read_text())["models"]):
+        path = record_path(output_dir, level, seed)
+        if path.exists() and set(models) <= set(read_record(path)["models"]):
             done.append(seed)
     return done
 
 
-def _records(folder: Path, name: str) -> list[dict[str, Any]]:
-    from emrl_data.text.evaluation import score_predictions  # noqa: PLC0415
+POOLABLE_KEYS = {"seed", "gold_noise", "models"}  # what may differ between the runs a study pools
 
-    lines = (folder / "eval" / name / "predictions.jsonl").read_text().splitlines()
-    return score_predictions([json.loads(line) for line in lines])
+
+def _check_poolable(records: dict[Path, dict[str, Any]]) -> None:
+    """Refuse, in one line naming both files, records of runs whose configurations differ outside POOLABLE_KEYS."""
+    first, *rest = records
+    ours = {k: v for k, v in records[first]["results"]["config"].items() if k not in POOLABLE_KEYS}
+    for path in rest:
+        theirs = {k: v for k, v in records[path]["results"]["config"].items() if k not in POOLABLE_KEYS}
+        differ = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
+        if differ:
+            raise TrainConfigError(f"{path} and {first}: runs of different configurations ({differ}) cannot be pooled")
 
 
 def _clean(value: dict[str, Any]) -> dict[str, Any]:
@@ -116,13 +183,17 @@ def summarize_study(output_dir: str | Path, seeds: list[int], levels: dict[float
     from train.miniature.seeds import summarize_seeds  # noqa: PLC0415
 
     summary: dict[str, Any] = {"seeds": seeds, "levels": {}}
+    finished = {level: finished_seeds(output_dir, level, seeds, models) for level, models in levels.items()}
+    kept = [record_path(output_dir, level, s) for level, done in sorted(finished.items()) for s in done]
+    if kept:
+        _check_poolable({path: read_record(path) for path in kept})
     for level, models in sorted(levels.items()):
-        done = finished_seeds(output_dir, level, seeds, models)
+        done = finished[level]
         if not done:
             continue
-        folders = {s: run_dir(output_dir, level, s) for s in done}
-        results = {s: json.loads((folders[s] / "results.json").read_text()) for s in done}
-        records = {s: {m: _records(folders[s], m) for m in models} for s in done}
+        runs = {s: read_record(record_path(output_dir, level, s)) for s in done}
+        results = {s: runs[s]["results"] for s in done}
+        records = {s: runs[s]["scores"] for s in done}
         comparisons: dict[str, Any] = {}
         for name, key in COMPARISONS.items():
             if name not in models:
