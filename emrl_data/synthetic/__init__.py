@@ -22,8 +22,6 @@ The public names below are importable from `emrl_data.synthetic` itself.
 
 from emrl_data.organs import OrganAnatomy, PartRegion
 from emrl_data.synthetic.atlas_writer import (
-    METADATA_CSV_NAME,
-    SPLIT_DIR_NAME,
     metadata_columns,
     write_atlas,
     write_case,
@@ -51,9 +49,7 @@ __all__ = [
     "ANISOTROPIC_SPACING_MM",
     "DEFECTS",
     "DEMO_SHAPE",
-    "METADATA_CSV_NAME",
     "QUIRKS",
-    "SPLIT_DIR_NAME",
     "TRUTH_FORMAT_VERSION",
     "TRUTH_JSON_NAME",
     "AtlasTruth",

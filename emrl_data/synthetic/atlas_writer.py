@@ -22,6 +22,8 @@ import numpy as np
 
 from emrl_data.organs import ORGAN_STRUCTURES, defect_files, organ_spec
 from emrl_data.outcome import RejectReason
+from emrl_data.reading.atlas_metadata import METADATA_FILE
+from emrl_data.reading.atlas_splits import SPLIT_DIR
 from emrl_data.synthetic.geometry import BoxMask, Grid, shape_of, union_box
 from emrl_data.synthetic.nifti_writer import (
     LPS_FLIP,
@@ -40,9 +42,6 @@ from emrl_data.types import Organ, Split
 
 
 logger = logging.getLogger(__name__)
-
-METADATA_CSV_NAME = "AbdomenAtlas3.0MiniWithMeta.csv"
-SPLIT_DIR_NAME = "TrainTestIDS"
 
 # Mask defects that reject the whole case rather than the organ row of the file they break.
 _CASE_LEVEL = frozenset({"mask_grid_mismatch"})
@@ -235,8 +234,8 @@ def _expected_rejections(spec: CaseSpec, ct_rel: str, mask_rel: str, folder_rel:
         return (ExpectedRejection(reason, None if spec.defect in _CASE_LEVEL else organ, f"{mask_rel}/{file}.nii.gz"),)
     where = {
         "invalid_case_id": folder_rel,
-        "bad_metadata_row": METADATA_CSV_NAME,
-        "split_conflict": f"{SPLIT_DIR_NAME}/IID_train.csv",
+        "bad_metadata_row": METADATA_FILE,
+        "split_conflict": f"{SPLIT_DIR}/IID_train.csv",
         "not_a_case": folder_rel,
     }
     return (ExpectedRejection(reason, None, where.get(spec.defect, ct_rel)),)
@@ -387,7 +386,7 @@ def write_atlas(
     listed_pairs = [(s, t) for s, t in zip(specs, truths, strict=True) if s.defect != "invalid_case_id"]
     csv_rel: str | None = None
     if metadata_csv:
-        csv_rel = METADATA_CSV_NAME
+        csv_rel = METADATA_FILE
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=list(metadata_columns()), lineterminator="\n")
         writer.writeheader()
@@ -396,9 +395,9 @@ def write_atlas(
         (root / csv_rel).write_text(buffer.getvalue(), encoding="utf-8")
     split_rels: tuple[str, ...] = ()
     if split_files:
-        (root / SPLIT_DIR_NAME).mkdir(exist_ok=True)
+        (root / SPLIT_DIR).mkdir(exist_ok=True)
         for split in (Split.TRAIN, Split.TEST):
-            rel_path = f"{SPLIT_DIR_NAME}/IID_{split.value}.csv"
+            rel_path = f"{SPLIT_DIR}/IID_{split.value}.csv"
             lines = ["BDMAP ID"] + [
                 s.case_id for s, _ in listed_pairs if s.split is split or s.defect == "split_conflict"
             ]

@@ -14,10 +14,10 @@ import pytest
 
 from emrl_data.outcome import ARCHIVE_REASONS, RejectReason
 from emrl_data.reading.atlas import LOCATION_NAMES, ORGAN_STRUCTURES
+from emrl_data.reading.atlas_metadata import METADATA_FILE
 from emrl_data.synthetic import (
     ANISOTROPIC_SPACING_MM,
     DEFECTS,
-    METADATA_CSV_NAME,
     QUIRKS,
     TRUTH_JSON_NAME,
     AtlasTruth,
@@ -383,10 +383,10 @@ def test_defect_writes_its_broken_file(tmp_path: Path, defect: str) -> None:
     elif defect == "invalid_case_id":
         assert case.folder_name == "BDMAP_12x" and ct_path == root / "image_only" / "BDMAP_12x" / "ct.nii.gz"
         assert ct_path.exists()
-        assert "BDMAP_00000012" not in (root / METADATA_CSV_NAME).read_text()  # a stray folder: not listed
+        assert "BDMAP_00000012" not in (root / METADATA_FILE).read_text()  # a stray folder: not listed
         assert case.split is None
     elif defect == "bad_metadata_row":
-        rows = list(csv.DictReader((root / METADATA_CSV_NAME).open()))
+        rows = list(csv.DictReader((root / METADATA_FILE).open()))
         assert rows[0]["number of liver lesion instances"] == "abc"
         assert ct_path.read_bytes() == clean_ct  # the case itself is fine
         assert case.expects_row(Organ.LIVER)
@@ -425,7 +425,7 @@ def test_bad_metadata_row_without_csv_expects_nothing(tmp_path: Path) -> None:
     spec = CaseSpec("BDMAP_00000001", defect="bad_metadata_row")
     atlas = write_atlas(tmp_path, [spec], metadata_csv=False, split_files=False)
     assert atlas.cases[0].expected_rejections == () and atlas.metadata_csv is None and atlas.split_files == ()
-    assert not (tmp_path / METADATA_CSV_NAME).exists()
+    assert not (tmp_path / METADATA_FILE).exists()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -475,7 +475,7 @@ def test_demo_truth_agrees_with_specs(demo: tuple[Path, list[CaseSpec], AtlasTru
 
 def test_metadata_csv_and_split_files(demo: tuple[Path, list[CaseSpec], AtlasTruth]) -> None:
     root, specs, atlas = demo
-    with (root / METADATA_CSV_NAME).open(newline="") as f:
+    with (root / METADATA_FILE).open(newline="") as f:
         reader = csv.DictReader(f)
         assert tuple(reader.fieldnames) == metadata_columns() and reader.fieldnames[0] != "BDMAP ID"
         rows = {r["BDMAP ID"]: r for r in reader}
