@@ -19,6 +19,8 @@ from train.miniature.suite import (
     run_study,
     study_markdown,
     summarize_study,
+    verifier_markdown,
+    verifier_over_seeds,
     write_record,
 )
 
@@ -71,8 +73,18 @@ def test_every_run_finishes_and_noisy_runs_reuse_the_clean_warmup(micro_study):
         )
     comp = level["comparisons"]["average_bacc: (a) - (e)"]
     assert set(comp["per_seed"]) == {"0", "1"} and comp["pooled"]["n_groups"] == 2 and comp["pooled"]["n_rows"] == 8
+    verifier = summary["levels"]["0.00"]["verifier"]
+    assert list(verifier) == ["sft", "grpo_a", "grpo_b", "grpo_f", "grpo_g"]  # (e) has no verifier query
+    runs = [
+        json.loads((run_dir(out, 0.0, s) / "results.json").read_text())["models"]["sft"]["verifier"] for s in (0, 1)
+    ]
+    assert verifier["sft"]["n_seeds"] == 2 and verifier["sft"]["label"] == "SFT"
+    assert (
+        verifier["sft"]["seen"]["sensitivity"] == (runs[0]["seen"]["sensitivity"] + runs[1]["seen"]["sensitivity"]) / 2
+    )
     md = (out / "study.md").read_text()
     assert "## gold noise 0.30" in md and "| paired difference | seed 0 | seed 1 | pooled | interval above 0 |" in md
+    assert "| model | sensitivity | specificity | location | attenuation | blind: sensitivity |" in md
     assert (out / "study.png").stat().st_size > 0
 
 
@@ -161,6 +173,26 @@ def test_a_broken_record_or_records_of_two_configurations_are_one_line(micro_stu
     record_path(tmp_path, 0.0, 1).write_bytes(gzip.compress(json.dumps(other).encode()))
     with pytest.raises(TrainConfigError, match=r"seed-1.json.gz and .*seed-0.json.gz: .*\['sft_steps'\]"):
         summarize_study(tmp_path, seeds, levels, cfg.n_bootstrap)
+
+
+def test_the_verifier_table_averages_each_rate_over_the_seeds_that_measured_it():
+    def run(sens, loc):
+        rates = {"sensitivity": sens, "specificity": 1.0, "location": loc, "attenuation": 0.5}
+        blind = {"sensitivity": 0.25, "specificity": 0.75, "location": None, "attenuation": None}
+        return {"models": {"sft": {"label": "SFT", "verifier": {"seen": rates, "blind": blind}},
+                           "more_sft_llm": {"label": "(e)", "verifier": None}}}  # fmt: skip
+
+    out = verifier_over_seeds({0: run(0.5, None), 1: run(1.0, 0.75)}, ["sft", "more_sft_llm"])
+    assert out == {
+        "sft": {
+            "label": "SFT",
+            "n_seeds": 2,
+            "seen": {"sensitivity": 0.75, "specificity": 1.0, "location": 0.75, "attenuation": 0.5},
+            "blind": {"sensitivity": 0.25, "specificity": 0.75, "location": None, "attenuation": None},
+        }
+    }
+    lines = verifier_markdown(out)
+    assert "| SFT | 75 | 100 | 75 | 50 | 25 | 75 | n/a | n/a |" in lines
 
 
 def test_a_study_with_too_few_seeds_or_a_bad_section_is_one_line(tmp_path):

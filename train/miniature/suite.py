@@ -11,8 +11,9 @@ For each gold-noise level and seed a miniature run goes to `OUTPUT_DIR/noise-<le
 seed, each seed over every level, so a study stopped part-way has whole seeds. A noisy run copies the warm-up of the
 clean run of its seed (the warm-up reads the clean rows; its SFT and GRPO read the noisy ones); the clean level
 therefore runs first within a seed. After every run, `OUTPUT_DIR/study.json`, `study.md` (per level: its finished
-seeds, the seeds table, the paired bootstrap differences a-e, a-f, a-b, a-g per seed and pooled over the seeds, and
-the verdict: in how many seeds each difference's interval lies above 0) and `study.png` (the pooled differences with
+seeds, the seeds table, the paired bootstrap differences a-e, a-f, a-b, a-g per seed and pooled over the seeds, the
+verdict: in how many seeds each difference's interval lies above 0, and the verifier's accuracy after SFT and after
+each GRPO run) and `study.png` (the pooled differences with
 their intervals) are rewritten over the runs finished so far.
 
 Each finished run also leaves a record, `OUTPUT_DIR/records/noise-<level>-seed-<seed>.json.gz` (its `results.json`
@@ -131,7 +132,7 @@ def write_record(output_dir: str | Path, level: float, seed: int, models: list[s
     path = record_path(output_dir, level, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(gzip.compress(json.dumps(record, sort_keys=True).encode(), mtime=0))
+    tmp.write_bytes(gzip.compress(json.dumps(record).encode(), mtime=0))
     tmp.replace(path)
     return path
 
@@ -210,8 +211,27 @@ def summarize_study(output_dir: str | Path, seeds: list[int], levels: dict[float
             "finished": done,
             "seeds_table": summarize_seeds(results),
             "comparisons": comparisons,
+            "verifier": verifier_over_seeds(results, models),
         }
     return summary
+
+
+def verifier_over_seeds(results: dict[int, dict[str, Any]], models: list[str]) -> dict[str, Any]:
+    """Return, per model of `models` that has a verifier (SFT and the GRPO runs), in that order, its accuracy on the
+    test split's frames, seen and blind, each rate the mean over the seeds that measured it (None where none did)."""
+    from train.tooling.warmup import VERIFIER_GATES  # noqa: PLC0415
+
+    out: dict[str, Any] = {}
+    for name in models:
+        runs = [r["models"][name]["verifier"] for r in results.values() if r["models"].get(name, {}).get("verifier")]
+        if not runs:
+            continue
+        out[name] = {"label": next(r["models"][name]["label"] for r in results.values() if name in r["models"]),
+                     "n_seeds": len(runs)}  # fmt: skip
+        for view in ("seen", "blind"):
+            rates = {k: [v[view][k] for v in runs if v[view].get(k) is not None] for k in VERIFIER_GATES}
+            out[name][view] = {k: (sum(v) / len(v) if v else None) for k, v in rates.items()}
+    return out
 
 
 def _interval(v: dict[str, Any]) -> str:
@@ -241,8 +261,28 @@ def study_markdown(summary: dict[str, Any]) -> str:
             lines.append(
                 f"| {key} | {cells} | {_interval(comp['pooled'])} | {comp['n_above']} of {len(seeds)} seeds |"
             )
-        lines.append("")
+        lines += ["", *verifier_markdown(entry.get("verifier", {}))]
     return "\n".join(lines)
+
+
+def verifier_markdown(verifier: dict[str, Any]) -> list[str]:
+    """Return the lines of the verifier table of one level (none when no model has a verifier)."""
+    from train.tooling.warmup import VERIFIER_GATES  # noqa: PLC0415
+
+    if not verifier:
+        return []
+
+    def pct(value: float | None) -> str:
+        return "n/a" if value is None else f"{100 * value:.0f}"
+
+    head = " | ".join(VERIFIER_GATES)
+    lines = ["Verifier on the test split's frames (%, mean over the finished seeds; blind: shown another row's frame):",
+             "", f"| model | {head} | blind: {head} |", "| --- |" + " --- |" * (2 * len(VERIFIER_GATES))]  # fmt: skip
+    for entry in verifier.values():
+        seen = " | ".join(pct(entry["seen"][k]) for k in VERIFIER_GATES)
+        blind = " | ".join(pct(entry["blind"][k]) for k in VERIFIER_GATES)
+        lines.append(f"| {entry['label']} | {seen} | {blind} |")
+    return [*lines, ""]
 
 
 def save_study_png(summary: dict[str, Any], path: Path) -> Path:
