@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -32,10 +33,17 @@ NOISY = ["sft", "grpo_a", "grpo_b", "grpo_f", "more_sft_llm"]
 
 @pytest.fixture(scope="module")
 def micro_study(tmp_path_factory):
+    import torch
+
     out = tmp_path_factory.mktemp("study")
     cfg, seeds, levels = load_study(MICRO)
     lines: list[str] = []
-    summary = run_study(cfg, seeds, levels, out, log=lines.append)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the parallel study's runs below: the numbers may depend on it
+    try:
+        summary = run_study(cfg, seeds, levels, out, log=lines.append)
+    finally:
+        torch.set_num_threads(threads)
     return out, summary, lines
 
 
@@ -135,7 +143,9 @@ def test_the_records_alone_give_the_summary_and_resume_a_study_whose_folders_are
     assert record["gold_noise"] == 0.3 and record["seed"] == 1 and record["models"] == NOISY
     assert [len(record["scores"][m]) for m in NOISY] == [4] * 5 and record["results"]["config"]["seed"] == 1
     before = record_path(out, 0.3, 1).read_bytes()
-    assert write_record(out, 0.3, 1, NOISY).read_bytes() == before  # the same run, the same bytes
+    assert (
+        write_record(out, 0.3, 1, NOISY, record["torch_threads"]).read_bytes() == before
+    )  # the same run, the same bytes
     # two machines' records, pooled in a third folder: the same summary as the study that ran them all
     pooled = tmp_path / "pooled" / "records"
     pooled.mkdir(parents=True)
@@ -153,6 +163,33 @@ def test_the_records_alone_give_the_summary_and_resume_a_study_whose_folders_are
     assert not run_dir(pooled.parent, 0.0, 0).exists()  # recorded runs leave no folder
     assert read_record(record_path(pooled.parent, 0.3, 1))["scores"] == record["scores"]
     assert again == summary
+
+
+@pytest.mark.slow  # the micro study, two runs at a time: about 40 s
+def test_runs_in_two_processes_give_the_records_of_the_sequential_study(micro_study, tmp_path):
+    import shutil
+
+    out, summary, _ = micro_study
+    cfg, seeds, levels = load_study(MICRO)
+    (tmp_path / "records").mkdir()
+    shutil.copy(record_path(out, 0.0, 1), record_path(tmp_path, 0.0, 1))  # seed 1's clean run: its record only
+    lines: list[str] = []
+    again = run_study(cfg, seeds, levels, tmp_path, log=lines.append, jobs=2, threads=1)
+    assert "=== 3 runs, 2 at a time, 1 torch thread(s) each" in lines
+    assert (run_dir(tmp_path, 0.0, 1) / "warmup" / "done.json").exists()  # warmed up again for the noisy run
+    assert not (run_dir(tmp_path, 0.0, 1) / "sft").exists()
+    for level, seed in ((0.0, 0), (0.3, 0), (0.3, 1)):
+        ours, theirs = read_record(record_path(tmp_path, level, seed)), read_record(record_path(out, level, seed))
+        assert ours["scores"] == theirs["scores"] and ours["torch_threads"] == 1
+    assert again == summary
+
+
+def test_a_failing_run_in_a_process_stops_the_study_with_its_error(tmp_path):
+    cfg, seeds, levels = load_study(MICRO)
+    bad = {0.0: ["sft", "grpo_g"], 0.3: ["sft", "grpo_a"]}  # (g) with one row a step has no other row's frame
+    with pytest.raises(TrainConfigError, match="grpo_prompts_per_step=1 leaves no other row"):
+        run_study(replace(cfg, grpo_prompts_per_step=1), seeds[:1], bad, tmp_path, log=lambda _: None, jobs=2)
+    assert not (tmp_path / "records").exists()
 
 
 @pytest.mark.slow  # the micro study: about 35 s

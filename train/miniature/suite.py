@@ -31,6 +31,8 @@ import argparse
 import gzip
 import json
 import math
+import os
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -68,33 +70,116 @@ def run_dir(output_dir: str | Path, level: float, seed: int) -> Path:
 
 
 def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[float, list[str]], output_dir: str | Path,
-              log: Any = None) -> dict[str, Any]:  # fmt: skip
-    """Run (or resume) every run of the study, rewriting the summary after each; return the last summary."""
+              log: Any = None, jobs: int = 1, threads: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run (or resume) every run of the study, rewriting the summary after each; return the last summary.
+
+    With `jobs` > 1 that many runs go at once, each in its own process with `threads` torch threads (default: the
+    cores shared out); the runs start in the sequential order, a noisy one once its seed's clean warm-up is there.
+    """
     log = log or (lambda line: print(line, flush=True))
-    summary = None
+    tasks = []
     for seed in seeds:  # seed by seed, every level (the clean one first: the noisy runs copy its warm-up)
         for level in sorted(levels):
-            folder = run_dir(output_dir, level, seed)
             if finished_seeds(output_dir, level, [seed], levels[level]):
                 log(f"=== gold noise {level:.2f}, seed {seed}: recorded in {record_path(output_dir, level, seed)}, "
                     "skipped")  # fmt: skip
-                continue
-            log(f"=== gold noise {level:.2f}, seed {seed}: {folder}")
-            miniature = Miniature(replace(cfg, seed=seed, gold_noise=level, models=levels[level]), folder, log=log)
-            if level > 0:
-                clean = run_dir(output_dir, 0.0, seed)
-                if not (clean / "warmup" / "done.json").exists():  # only the clean run's record is left: warm up again
-                    log(f"   the clean run's warm-up is not in {clean}: running it there first")
-                    clean_cfg = replace(cfg, seed=seed, gold_noise=0.0, models=levels[0.0])
-                    Miniature(clean_cfg, clean, log=log).run(stages=("data", "warmup"))
-                miniature.reuse(clean, stages=("warmup",))
-            miniature.run()
-            write_record(output_dir, level, seed, levels[level])
-            summary = write_summary(output_dir, seeds, levels, cfg.n_bootstrap)  # the finished runs so far
+            else:
+                tasks.append((level, seed))
+    summary = None
+    if jobs == 1:
+        for level, seed in tasks:
+            threads_used = _run_one(cfg, levels, output_dir, level, seed, log)
+            summary = _record_and_summarize(cfg, seeds, levels, output_dir, level, seed, threads_used)
+    else:
+        for level, seed, threads_used in _run_in_processes(cfg, levels, output_dir, tasks, jobs, threads, log):
+            summary = _record_and_summarize(cfg, seeds, levels, output_dir, level, seed, threads_used)
     if summary is None:  # every run was recorded before
         summary = write_summary(output_dir, seeds, levels, cfg.n_bootstrap)
     log((Path(output_dir) / "study.md").read_text())
     return summary
+
+
+def _run_one(cfg: MiniatureConfig, levels: dict[float, list[str]], output_dir: str | Path, level: float, seed: int,
+             log: Any) -> int:  # fmt: skip
+    """Run (or resume) one run of the study; return the torch threads it ran with."""
+    import torch  # noqa: PLC0415
+
+    folder = run_dir(output_dir, level, seed)
+    log(f"=== gold noise {level:.2f}, seed {seed}: {folder}")
+    miniature = Miniature(replace(cfg, seed=seed, gold_noise=level, models=levels[level]), folder, log=log)
+    if level > 0:
+        clean = run_dir(output_dir, 0.0, seed)
+        if not (clean / "warmup" / "done.json").exists():  # only the clean run's record is left: warm up again
+            log(f"   the clean run's warm-up is not in {clean}: running it there first")
+            clean_cfg = replace(cfg, seed=seed, gold_noise=0.0, models=levels[0.0])
+            Miniature(clean_cfg, clean, log=log).run(stages=("data", "warmup"))
+        miniature.reuse(clean, stages=("warmup",))
+    miniature.run()
+    return torch.get_num_threads()
+
+
+def _record_and_summarize(cfg: MiniatureConfig, seeds: list[int], levels: dict[float, list[str]],
+                          output_dir: str | Path, level: float, seed: int, threads: int) -> dict[str, Any]:  # fmt: skip
+    write_record(output_dir, level, seed, levels[level], torch_threads=threads)
+    return write_summary(output_dir, seeds, levels, cfg.n_bootstrap)  # the finished runs so far
+
+
+def _worker(threads: int, cfg: MiniatureConfig, levels: dict[float, list[str]], output_dir: str, level: float,
+            seed: int, warmup_only: bool) -> int:  # fmt: skip
+    import torch  # noqa: PLC0415
+
+    torch.set_num_threads(threads)
+    prefix = f"[noise {level:.2f} seed {seed}] "
+    log = lambda line: print(prefix + line, flush=True)  # noqa: E731
+    if warmup_only:
+        clean_cfg = replace(cfg, seed=seed, gold_noise=0.0, models=levels[0.0])
+        Miniature(clean_cfg, run_dir(output_dir, 0.0, seed), log=log).run(stages=("data", "warmup"))
+        return threads
+    return _run_one(cfg, levels, output_dir, level, seed, log)
+
+
+def _run_in_processes(cfg: MiniatureConfig, levels: dict[float, list[str]], output_dir: str | Path,
+                      tasks: list[tuple[float, int]], jobs: int, threads: int | None, log: Any
+                      ) -> Iterator[tuple[float, int, int]]:  # fmt: skip
+    """Run `tasks` (level, seed) in `jobs` spawned processes; yield each (level, seed, threads) as it finishes.
+
+    A noisy run starts once its seed's clean warm-up is there: made by the clean run, or, where only the clean run's
+    record is left, by a warm-up of its own that runs first. The first failure stops new starts; the runs in flight
+    finish, and the failure is raised.
+    """
+    import multiprocessing  # noqa: PLC0415
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait  # noqa: PLC0415
+
+    def warmed_up(seed: int) -> bool:
+        return (run_dir(output_dir, 0.0, seed) / "warmup" / "done.json").exists()
+
+    threads = threads or max(1, (os.cpu_count() or 1) // jobs)
+    pending = []  # (level, seed, warmup_only), in the sequential order
+    for level, seed in tasks:
+        clean_runs = (0.0, seed) in tasks
+        if level > 0 and not clean_runs and not warmed_up(seed) and (0.0, seed, True) not in pending:
+            pending.append((0.0, seed, True))
+        pending.append((level, seed, False))
+    log(f"=== {len(tasks)} runs, {jobs} at a time, {threads} torch thread(s) each")
+    running: dict[Any, tuple[float, int, bool]] = {}
+    failure: BaseException | None = None
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        while running or (pending and failure is None):
+            startable = [t for t in pending if t[0] == 0.0 or warmed_up(t[1])] if failure is None else []
+            for task in startable[: jobs - len(running)]:
+                pending.remove(task)
+                running[pool.submit(_worker, threads, cfg, levels, str(output_dir), *task)] = task
+            if not running:
+                raise RuntimeError(f"miniature study: {pending} wait for a warm-up that no run makes")
+            finished, _ = wait(running, timeout=5, return_when=FIRST_COMPLETED)
+            for future in finished:
+                level, seed, warmup_only = running.pop(future)
+                if future.exception() is not None:
+                    failure = failure or future.exception()
+                elif not warmup_only:
+                    yield level, seed, future.result()
+    if failure is not None:
+        raise failure
 
 
 def write_summary(output_dir: str | Path, seeds: list[int], levels: dict[float, list[str]], n_bootstrap: int
@@ -113,13 +198,12 @@ def record_path(output_dir: str | Path, level: float, seed: int) -> Path:
     return Path(output_dir) / "records" / f"noise-{level:.2f}-seed-{seed}.json.gz"
 
 
-def write_record(output_dir: str | Path, level: float, seed: int, models: list[str]) -> Path:
+def write_record(output_dir: str | Path, level: float, seed: int, models: list[str], torch_threads: int) -> Path:
     """Keep a finished run's `results.json` and each model's per-row scores in its record; return the record's path.
 
-    The bytes depend on the run only (gzip without a timestamp), so a rerun that changes nothing rewrites them equal.
+    `torch_threads`: the threads the run trained with (the numbers depend on it). The bytes depend on the run only
+    (gzip without a timestamp), so a rerun that changes nothing rewrites them equal.
     """
-    import torch  # noqa: PLC0415
-
     from emrl_data.text.evaluation import score_predictions  # noqa: PLC0415
 
     folder = run_dir(output_dir, level, seed)
@@ -127,7 +211,7 @@ def write_record(output_dir: str | Path, level: float, seed: int, models: list[s
     for name in models:
         lines = (folder / "eval" / name / "predictions.jsonl").read_text().splitlines()
         scores[name] = score_predictions([json.loads(line) for line in lines])
-    record = {"gold_noise": level, "seed": seed, "models": models, "torch_threads": torch.get_num_threads(),
+    record = {"gold_noise": level, "seed": seed, "models": models, "torch_threads": torch_threads,
               "results": json.loads((folder / "results.json").read_text()), "scores": scores}  # fmt: skip
     path = record_path(output_dir, level, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -322,14 +406,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     parser.add_argument("--min_seeds", type=int, default=MIN_SEEDS, help="refuse a study with fewer seeds")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once, each its own process (default 1)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per run when --jobs > 1 "
+                        "(default: the cores shared out)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.jobs < 1 or (args.threads is not None and args.threads < 1):
+        raise TrainConfigError(f"--jobs {args.jobs} --threads {args.threads}: both must be at least 1")
     overrides = {k: yaml.safe_load(v) for k, _, v in (item.partition("=") for item in args.set)}
     cfg, seeds, levels = load_study(args.config, overrides)
     if len(seeds) < args.min_seeds:
         raise TrainConfigError(
             f"{args.config}: study.seeds has {len(seeds)} seeds, fewer than --min_seeds={args.min_seeds}"
         )
-    run_study(cfg, seeds, levels, args.output_dir)
+    run_study(cfg, seeds, levels, args.output_dir, jobs=args.jobs, threads=args.threads)
 
 
 if __name__ == "__main__":
