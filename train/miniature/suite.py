@@ -75,8 +75,13 @@ def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[float, list[s
 
     With `jobs` > 1 that many runs go at once, each in its own process with `threads` torch threads (default: the
     cores shared out); the runs start in the sequential order, a noisy one once its seed's clean warm-up is there.
+    With one job, `threads` (when given) sets this process's torch threads.
     """
     log = log or (lambda line: print(line, flush=True))
+    if jobs == 1 and threads is not None:
+        import torch  # noqa: PLC0415
+
+        torch.set_num_threads(threads)
     tasks = []
     for seed in seeds:  # seed by seed, every level (the clean one first: the noisy runs copy its warm-up)
         for level in sorted(levels):
@@ -407,8 +412,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     parser.add_argument("--min_seeds", type=int, default=MIN_SEEDS, help="refuse a study with fewer seeds")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, each its own process (default 1)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads per run when --jobs > 1 "
-                        "(default: the cores shared out)")  # fmt: skip
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per run (default: the cores "
+                        "shared out among the jobs)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.jobs < 1 or (args.threads is not None and args.threads < 1):
         raise TrainConfigError(f"--jobs {args.jobs} --threads {args.threads}: both must be at least 1")
