@@ -93,6 +93,7 @@ def test_every_run_finishes_and_noisy_runs_reuse_the_clean_warmup(micro_study):
     md = (out / "study.md").read_text()
     assert "## gold noise 0.30" in md and "| paired difference | seed 0 | seed 1 | pooled | interval above 0 |" in md
     assert "| model | sensitivity | specificity | location | attenuation | blind: sensitivity |" in md
+    assert "claim (" not in md  # the miniature's claim check is not a question the study asks
     assert (out / "study.png").stat().st_size > 0
 
 
@@ -190,6 +191,57 @@ def test_a_failing_run_in_a_process_stops_the_study_with_its_error(tmp_path):
     with pytest.raises(TrainConfigError, match="grpo_prompts_per_step=1 leaves no other row"):
         run_study(replace(cfg, grpo_prompts_per_step=1), seeds[:1], bad, tmp_path, log=lambda _: None, jobs=2)
     assert not (tmp_path / "records").exists()
+
+
+WATCHED_POOL = """
+import multiprocessing, os, sys, time
+from concurrent.futures import ProcessPoolExecutor
+
+from train.miniature.suite import exit_with_parent
+
+if __name__ == "__main__":
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=spawn, initializer=exit_with_parent, initargs=(os.getpid(), 0.1)) as pool:
+        print(pool.submit(os.getpid).result(), flush=True)
+        pool.submit(time.sleep, 300)
+        time.sleep(300)
+"""
+
+
+def _alive(pid: int) -> bool:
+    from pathlib import Path
+
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+
+
+def test_a_worker_exits_when_the_study_process_is_stopped_alone(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = tmp_path / "pool.py"
+    script.write_text(WATCHED_POOL)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    worker = None
+    try:
+        worker = int(parent.stdout.readline())
+        assert _alive(worker)
+        parent.send_signal(signal.SIGTERM)  # to the study's process only, as `kill PID` does
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(worker)
+    finally:
+        parent.kill()
+        if worker is not None and _alive(worker):
+            os.kill(worker, signal.SIGKILL)
 
 
 @pytest.mark.slow  # the micro study: about 35 s

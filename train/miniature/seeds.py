@@ -53,8 +53,9 @@ def summarize_seeds(results: dict[int, dict[str, Any]]) -> dict[str, Any]:
     return {"seeds": seeds, "labels": labels, "values": values, "comparisons": comparisons, "flags": flags}
 
 
-def seeds_markdown(summary: dict[str, Any]) -> str:
-    """Return the tables: value per model and seed, then each comparison's gaps across the seeds (in points)."""
+def seeds_markdown(summary: dict[str, Any], claims: bool = True) -> str:
+    """Return the tables: value per model and seed, then each comparison's gaps across the seeds (in points), then
+    (with `claims`) in how many seeds the miniature's claim held."""
     seeds = summary["seeds"]
     head = " | ".join(f"seed {s}" for s in seeds)
     lines = [f"| model | metric | {head} | mean |", "| --- | --- |" + " --- |" * (len(seeds) + 1)]
@@ -72,7 +73,8 @@ def seeds_markdown(summary: dict[str, Any]) -> str:
             f"| {key} | {cells} | {100 * entry['mean_gap']:+.1f} | {entry['n_beyond']} of {entry['n_seeds']} |"
         )
     lines.append("")
-    for flag, text in (("claim_holds", "claim ((a) beats SFT and (c))"), ("beats_more_sft", "(a) beats (d) and (e)")):
+    flags = (("claim_holds", "claim ((a) beats SFT and (c))"), ("beats_more_sft", "(a) beats (d) and (e)"))
+    for flag, text in flags if claims else ():
         got = [v for v in summary["flags"][flag].values() if v is not None]
         if got:
             lines.append(f"- {text}: {sum(got)} of {len(got)} seeds")

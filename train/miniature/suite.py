@@ -17,7 +17,7 @@ each GRPO run) and `study.png` (the pooled differences with
 their intervals) are rewritten over the runs finished so far.
 
 Each finished run also leaves a record, `OUTPUT_DIR/records/noise-<level>-seed-<seed>.json.gz` (its `results.json`
-and the per-row scores of every model, about 100 kB): the summary reads the records only, and a run whose record is
+and the per-row scores of every model, about 30 kB): the summary reads the records only, and a run whose record is
 there is not run again, even when its folder is gone. Records copied in from another machine's study of the same
 configuration are pooled with this one's, so the seeds can run on several machines (the summary refuses records whose
 configurations differ outside seed, gold noise and models).
@@ -150,7 +150,8 @@ def _run_in_processes(cfg: MiniatureConfig, levels: dict[float, list[str]], outp
 
     A noisy run starts once its seed's clean warm-up is there: made by the clean run, or, where only the clean run's
     record is left, by a warm-up of its own that runs first. The first failure stops new starts; the runs in flight
-    finish, and the failure is raised.
+    finish, and the failure is raised. A worker exits when the study's process is gone (stopped by a signal to it
+    alone, or killed), so no run outlives its study.
     """
     import multiprocessing  # noqa: PLC0415
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait  # noqa: PLC0415
@@ -168,7 +169,8 @@ def _run_in_processes(cfg: MiniatureConfig, levels: dict[float, list[str]], outp
     log(f"=== {len(tasks)} runs, {jobs} at a time, {threads} torch thread(s) each")
     running: dict[Any, tuple[float, int, bool]] = {}
     failure: BaseException | None = None
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
         while running or (pending and failure is None):
             startable = [t for t in pending if t[0] == 0.0 or warmed_up(t[1])] if failure is None else []
             for task in startable[: jobs - len(running)]:
@@ -185,6 +187,19 @@ def _run_in_processes(cfg: MiniatureConfig, levels: dict[float, list[str]], outp
                     yield level, seed, future.result()
     if failure is not None:
         raise failure
+
+
+def exit_with_parent(parent_pid: int, interval_s: float = 2.0) -> None:
+    """Start a daemon thread that ends this process once its parent `parent_pid` is gone (its parent changes)."""
+    import threading  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(interval_s)
+        os._exit(143)  # the study is gone: stop its run now, as a SIGTERM would
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def write_summary(output_dir: str | Path, seeds: list[int], levels: dict[float, list[str]], n_bootstrap: int
@@ -341,7 +356,8 @@ def study_markdown(summary: dict[str, Any]) -> str:
     for level, entry in summary["levels"].items():
         seeds = entry["finished"]
         finished = f"Finished: {len(seeds)} of {len(summary['seeds'])} seeds ({', '.join(map(str, seeds))})."
-        lines += [f"## gold noise {level}", "", finished, "", seeds_markdown(entry["seeds_table"]).rstrip(), ""]
+        table = seeds_markdown(entry["seeds_table"], claims=False).rstrip()
+        lines += [f"## gold noise {level}", "", finished, "", table, ""]
         head = " | ".join(f"seed {s}" for s in seeds)
         lines += [f"| paired difference | {head} | pooled | interval above 0 |",
                   "| --- |" + " --- |" * (len(seeds) + 2)]  # fmt: skip
