@@ -37,7 +37,7 @@ from emrl_data.tables.rl_hardset import (
     summary_markdown,
     write_hardset_tables,
 )
-from emrl_data.tables.shards import sha256_file
+from emrl_data.tables.shards import digest_file
 from emrl_data.types import row_id
 from flows._common import FailFastOnAuth, Progress, git_sha
 from inference import Deadlines, OpenAIBackend, ResultStore, TransformersBackend, request_from_row, run_inference
@@ -361,7 +361,7 @@ def _store_fingerprint(
     key: dict[str, Any] = {
         "model": str(Path(model_path).resolve()) if model_path else model,
         "max_new_tokens": max_new_tokens,
-        "shards": [sha256_file(p) for s in SPLITS for p in _shards(sft, s)],
+        "shards": [digest_file(p).sha256 for s in SPLITS for p in _shards(sft, s)],
     }
     if dialect not in (None, "vllm"):
         key["dialect"] = dialect

@@ -50,6 +50,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
 from emrl_data.tables.card import release_card
+from emrl_data.tables.shards import digest_bytes
 from emrl_data.tables.table_folder import (  # noqa: F401 - the publish API is importable from here
     CARD,
     MANIFEST,
@@ -59,7 +60,6 @@ from emrl_data.tables.table_folder import (  # noqa: F401 - the publish API is i
     TagExistsError,
     VerificationError,
     compare_files,
-    digest_bytes,
     read_table,
     upload_plan,
     version_tag,

@@ -12,7 +12,6 @@ it out are `flows/publish_hub.py` and `flows/publish_local.py`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -31,7 +30,7 @@ from emrl_data.atomic_write import write_json_atomic, write_text_atomic
 from emrl_data.outcome import Rejection
 from emrl_data.tables.card import VERSION_PATTERN, parquet_split_bytes, render_dataset_card
 from emrl_data.tables.records import SCHEMAS, check_required, column_descriptions, hub_features
-from emrl_data.tables.shards import table_manifest, write_split_shards
+from emrl_data.tables.shards import FileDigest, digest_file, table_manifest, write_split_shards
 
 
 MANIFEST = "manifest.json"
@@ -40,7 +39,6 @@ DATA_PATTERN = "data/*.parquet"
 # Files the Hub adds on its own; never part of a table.
 HUB_OWN_FILES = frozenset({".gitattributes"})
 SHARD_NAME = re.compile(r"^data/(?P<split>[A-Za-z0-9_]+)-(?P<index>[0-9]{5})-of-(?P<count>[0-9]{5})\.parquet$")
-HASH_CHUNK_BYTES = 8 * 1024**2
 
 
 def row_order(row: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -157,21 +155,6 @@ class VerificationError(PublishError):
 
 
 @dataclass(frozen=True, slots=True)
-class FileDigest:
-    """Size and content hashes of one file.
-
-    Attributes:
-        size: bytes.
-        sha256: hex sha256 of the content (what the manifest and Hub LFS/Xet entries carry), or None when unknown.
-        git_sha1: hex git blob id of the content (what the Hub reports for a regular file), or None when unknown.
-    """
-
-    size: int
-    sha256: str | None
-    git_sha1: str | None
-
-
-@dataclass(frozen=True, slots=True)
 class TableFolder:
     """A table folder checked against its manifest.
 
@@ -200,24 +183,6 @@ def version_tag(version: str) -> str:
     if not VERSION_PATTERN.fullmatch(version):
         raise ValueError(f"version={version!r} is not X.Y.Z (e.g. '1.2.0'); the release tag is 'v' + version.")
     return f"v{version}"
-
-
-def digest_file(path: Path) -> FileDigest:
-    """Return the size, sha256 and git blob id of a file, in one read."""
-    size = path.stat().st_size
-    sha256 = hashlib.sha256()
-    git_sha1 = hashlib.sha1(b"blob %d\0" % size)
-    with path.open("rb") as stream:
-        while chunk := stream.read(HASH_CHUNK_BYTES):
-            sha256.update(chunk)
-            git_sha1.update(chunk)
-    return FileDigest(size, sha256.hexdigest(), git_sha1.hexdigest())
-
-
-def digest_bytes(data: bytes) -> FileDigest:
-    """Return the size, sha256 and git blob id of in-memory content."""
-    git_sha1 = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-    return FileDigest(len(data), hashlib.sha256(data).hexdigest(), git_sha1)
 
 
 def write_release_file(table: TableFolder, rel: str, target: Path, *, link: bool = False) -> None:
