@@ -11,9 +11,11 @@ from train.checks import TrainConfigError
 from train.miniature.config import load_config
 from train.miniature.study import Miniature, reward_options
 from train.miniature.suite import (
+    exclusion_path,
     finished_seeds,
     load_study,
     main,
+    read_exclusions,
     read_record,
     record_path,
     run_dir,
@@ -183,6 +185,54 @@ def test_runs_in_two_processes_give_the_records_of_the_sequential_study(micro_st
         ours, theirs = read_record(record_path(tmp_path, level, seed)), read_record(record_path(out, level, seed))
         assert ours["scores"] == theirs["scores"] and ours["torch_threads"] == 1
     assert again == summary
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_seed_whose_warmup_misses_its_gates_is_excluded_and_the_study_goes_on(tmp_path, jobs):
+    cfg, seeds, levels = load_study(MICRO)
+    missing = replace(cfg, warmup_target_verifier_accuracy=1.0)  # 2 warm-up steps cannot read every frame right
+    lines: list[str] = []
+    summary = run_study(missing, seeds, levels, tmp_path, log=lines.append, jobs=jobs, threads=1)
+    reasons = read_exclusions(tmp_path, seeds)
+    assert sorted(reasons) == [0, 1]
+    assert all(r.startswith("LM warm-up: held-out verifier accuracy below its gates (") for r in reasons.values())
+    assert json.loads(exclusion_path(tmp_path, 0).read_text())["config"]["warmup_target_verifier_accuracy"] == 1.0
+    assert not list((tmp_path / "records").glob("*.json.gz"))  # no run was recorded
+    assert not run_dir(tmp_path, 0.3, 0).exists() and not (run_dir(tmp_path, 0.0, 0) / "sft").exists()
+    assert summary["excluded"] == reasons and summary["levels"] == {}
+    md = (tmp_path / "study.md").read_text()
+    assert md.startswith("Seed 0 is excluded: its warm-up missed its targets by its step cap") and "Seed 1 is" in md
+    again: list[str] = []
+    run_study(missing, seeds, levels, tmp_path, log=again.append, jobs=jobs, threads=1)
+    skipped = [line for line in again if line.startswith("=== gold noise")]
+    assert skipped == [f"=== gold noise {level:.2f}, seed {s}: excluded ({exclusion_path(tmp_path, s)}), skipped"
+                       for s in seeds for level in sorted(levels)]  # fmt: skip
+
+
+@pytest.mark.slow  # the micro study: about 35 s
+def test_the_summary_pools_the_other_seeds_and_names_an_excluded_one(micro_study, tmp_path):
+    import shutil
+
+    from train.miniature.suite import write_exclusion
+
+    out, _, _ = micro_study
+    shutil.copytree(out / "records", tmp_path / "records")
+    for path in (tmp_path / "records").glob("*-seed-1.json.gz"):
+        path.unlink()
+    cfg, seeds, levels = load_study(MICRO)
+    write_exclusion(tmp_path, 1, "LM warm-up: below its gates", cfg)
+    lines: list[str] = []
+    summary = run_study(cfg, seeds, levels, tmp_path, log=lines.append)
+    assert [line for line in lines if line.startswith("=== ") and "seed 1" in line] == [
+        f"=== gold noise {level:.2f}, seed 1: excluded ({exclusion_path(tmp_path, 1)}), skipped" for level in levels
+    ]
+    assert summary["excluded"] == {1: "LM warm-up: below its gates"}
+    assert [entry["finished"] for entry in summary["levels"].values()] == [[0], [0]]
+    md = (tmp_path / "study.md").read_text()
+    assert (
+        "Seed 1 is excluded: its warm-up missed its targets by its step cap, so it trained nothing further (LM " in md
+    )
+    assert "Finished: 1 of 2 seeds (0)." in md
 
 
 def test_a_failing_run_in_a_process_stops_the_study_with_its_error(tmp_path):

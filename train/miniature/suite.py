@@ -22,6 +22,11 @@ there is not run again, even when its folder is gone. Records copied in from ano
 configuration are pooled with this one's, so the seeds can run on several machines (the summary refuses records whose
 configurations differ outside seed, gold noise and models).
 
+A seed whose warm-up reaches its step cap before its targets (the verifier's gates among them) is excluded, not
+trained: its clean run leaves `OUTPUT_DIR/records/seed-<seed>-excluded.json` with the reason, its noisy runs do not
+start, the study goes on with the other seeds, and study.md names it. The exclusion is decided before any GRPO or
+eval, from the warm-up alone, so it cannot favour one model over another.
+
     python -m train.miniature.suite --config train/configs/miniature_study.yaml --output_dir miniature-study
 """
 
@@ -83,9 +88,12 @@ def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[float, list[s
 
         torch.set_num_threads(threads)
     tasks = []
+    excluded = read_exclusions(output_dir, seeds)
     for seed in seeds:  # seed by seed, every level (the clean one first: the noisy runs copy its warm-up)
         for level in sorted(levels):
-            if finished_seeds(output_dir, level, [seed], levels[level]):
+            if seed in excluded and not finished_seeds(output_dir, level, [seed], levels[level]):
+                log(f"=== gold noise {level:.2f}, seed {seed}: excluded ({exclusion_path(output_dir, seed)}), skipped")
+            elif finished_seeds(output_dir, level, [seed], levels[level]):
                 log(f"=== gold noise {level:.2f}, seed {seed}: recorded in {record_path(output_dir, level, seed)}, "
                     "skipped")  # fmt: skip
             else:
@@ -93,33 +101,49 @@ def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[float, list[s
     summary = None
     if jobs == 1:
         for level, seed in tasks:
+            if exclusion_path(output_dir, seed).exists():  # its clean run's warm-up missed its targets just now
+                log(f"=== gold noise {level:.2f}, seed {seed}: excluded, skipped")
+                continue
             threads_used = _run_one(cfg, levels, output_dir, level, seed, log)
-            summary = _record_and_summarize(cfg, seeds, levels, output_dir, level, seed, threads_used)
+            summary = None if threads_used is None else _record_and_summarize(
+                cfg, seeds, levels, output_dir, level, seed, threads_used)  # fmt: skip
     else:
         for level, seed, threads_used in _run_in_processes(cfg, levels, output_dir, tasks, jobs, threads, log):
-            summary = _record_and_summarize(cfg, seeds, levels, output_dir, level, seed, threads_used)
-    if summary is None:  # every run was recorded before
+            summary = None if threads_used is None else _record_and_summarize(
+                cfg, seeds, levels, output_dir, level, seed, threads_used)  # fmt: skip
+    if summary is None:  # every run was recorded before, or the last one was excluded
         summary = write_summary(output_dir, seeds, levels, cfg.n_bootstrap)
     log((Path(output_dir) / "study.md").read_text())
     return summary
 
 
 def _run_one(cfg: MiniatureConfig, levels: dict[float, list[str]], output_dir: str | Path, level: float, seed: int,
-             log: Any) -> int:  # fmt: skip
-    """Run (or resume) one run of the study; return the torch threads it ran with."""
+             log: Any, warmup_only: bool = False) -> int | None:  # fmt: skip
+    """Run (or resume) one run of the study, or with `warmup_only` the data and warm-up of its seed's clean run;
+    return the torch threads it ran with, or None when the seed's warm-up missed its targets by its step cap: the seed
+    is then excluded (`write_exclusion`)."""
     import torch  # noqa: PLC0415
 
-    folder = run_dir(output_dir, level, seed)
-    log(f"=== gold noise {level:.2f}, seed {seed}: {folder}")
-    miniature = Miniature(replace(cfg, seed=seed, gold_noise=level, models=levels[level]), folder, log=log)
-    if level > 0:
-        clean = run_dir(output_dir, 0.0, seed)
-        if not (clean / "warmup" / "done.json").exists():  # only the clean run's record is left: warm up again
-            log(f"   the clean run's warm-up is not in {clean}: running it there first")
-            clean_cfg = replace(cfg, seed=seed, gold_noise=0.0, models=levels[0.0])
+    from train.tooling.warmup import WarmupMissed  # noqa: PLC0415
+
+    clean, clean_cfg = run_dir(output_dir, 0.0, seed), replace(cfg, seed=seed, gold_noise=0.0, models=levels[0.0])
+    try:
+        if warmup_only:
             Miniature(clean_cfg, clean, log=log).run(stages=("data", "warmup"))
-        miniature.reuse(clean, stages=("warmup",))
-    miniature.run()
+            return torch.get_num_threads()
+        folder = run_dir(output_dir, level, seed)
+        log(f"=== gold noise {level:.2f}, seed {seed}: {folder}")
+        miniature = Miniature(replace(cfg, seed=seed, gold_noise=level, models=levels[level]), folder, log=log)
+        if level > 0:
+            if not (clean / "warmup" / "done.json").exists():  # only the clean run's record is left: warm up again
+                log(f"   the clean run's warm-up is not in {clean}: running it there first")
+                Miniature(clean_cfg, clean, log=log).run(stages=("data", "warmup"))
+            miniature.reuse(clean, stages=("warmup",))
+        miniature.run()
+    except WarmupMissed as exc:
+        path = write_exclusion(output_dir, seed, str(exc), clean_cfg)
+        log(f"=== seed {seed} excluded ({path}): {exc}")
+        return None
     return torch.get_num_threads()
 
 
@@ -130,23 +154,20 @@ def _record_and_summarize(cfg: MiniatureConfig, seeds: list[int], levels: dict[f
 
 
 def _worker(threads: int, cfg: MiniatureConfig, levels: dict[float, list[str]], output_dir: str, level: float,
-            seed: int, warmup_only: bool) -> int:  # fmt: skip
+            seed: int, warmup_only: bool) -> int | None:  # fmt: skip
     import torch  # noqa: PLC0415
 
     torch.set_num_threads(threads)
     prefix = f"[noise {level:.2f} seed {seed}] "
     log = lambda line: print(prefix + line, flush=True)  # noqa: E731
-    if warmup_only:
-        clean_cfg = replace(cfg, seed=seed, gold_noise=0.0, models=levels[0.0])
-        Miniature(clean_cfg, run_dir(output_dir, 0.0, seed), log=log).run(stages=("data", "warmup"))
-        return threads
-    return _run_one(cfg, levels, output_dir, level, seed, log)
+    return _run_one(cfg, levels, output_dir, level, seed, log, warmup_only=warmup_only)
 
 
 def _run_in_processes(cfg: MiniatureConfig, levels: dict[float, list[str]], output_dir: str | Path,
                       tasks: list[tuple[float, int]], jobs: int, threads: int | None, log: Any
-                      ) -> Iterator[tuple[float, int, int]]:  # fmt: skip
-    """Run `tasks` (level, seed) in `jobs` spawned processes; yield each (level, seed, threads) as it finishes.
+                      ) -> Iterator[tuple[float, int, int | None]]:  # fmt: skip
+    """Run `tasks` (level, seed) in `jobs` spawned processes; yield each (level, seed, threads) as it finishes, with
+    threads None where the seed's warm-up missed its targets (its other runs then do not start).
 
     A noisy run starts once its seed's clean warm-up is there: made by the clean run, or, where only the clean run's
     record is left, by a warm-up of its own that runs first. The first failure stops new starts; the runs in flight
@@ -183,6 +204,9 @@ def _run_in_processes(cfg: MiniatureConfig, levels: dict[float, list[str]], outp
                 level, seed, warmup_only = running.pop(future)
                 if future.exception() is not None:
                     failure = failure or future.exception()
+                elif future.result() is None:  # the seed is excluded
+                    pending = [t for t in pending if t[1] != seed]
+                    yield level, seed, None
                 elif not warmup_only:
                     yield level, seed, future.result()
     if failure is not None:
@@ -253,6 +277,39 @@ def read_record(path: Path) -> dict[str, Any]:
     return record
 
 
+def exclusion_path(output_dir: str | Path, seed: int) -> Path:
+    """Return the file that excludes a seed from the study: its warm-up missed its targets by its step cap."""
+    return Path(output_dir) / "records" / f"seed-{seed}-excluded.json"
+
+
+def write_exclusion(output_dir: str | Path, seed: int, reason: str, cfg: MiniatureConfig) -> Path:
+    """Exclude `seed` from the study, for `reason`, with the configuration of the warm-up that missed; return the
+    file's path."""
+    from dataclasses import asdict  # noqa: PLC0415
+
+    path = exclusion_path(output_dir, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"seed": seed, "reason": reason, "config": asdict(cfg)}, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def read_exclusions(output_dir: str | Path, seeds: list[int]) -> dict[int, str]:
+    """Return {seed: reason} of the seeds of `seeds` the study excluded; a file that is not one is a one-line
+    error naming it."""
+    out = {}
+    for seed in seeds:
+        path = exclusion_path(output_dir, seed)
+        if not path.exists():
+            continue
+        try:
+            out[seed] = str(json.loads(path.read_text())["reason"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise TrainConfigError(f"{path}: not a study exclusion (JSON with a reason): {exc}") from exc
+    return out
+
+
 def finished_seeds(output_dir: str | Path, level: float, seeds: list[int], models: list[str]) -> list[int]:
     """Return the seeds whose run at `level` has a record holding every one of `models`."""
     done = []
@@ -287,7 +344,7 @@ def summarize_study(output_dir: str | Path, seeds: list[int], levels: dict[float
     from train.miniature.power import METRICS, paired_bootstrap  # noqa: PLC0415
     from train.miniature.seeds import summarize_seeds  # noqa: PLC0415
 
-    summary: dict[str, Any] = {"seeds": seeds, "levels": {}}
+    summary: dict[str, Any] = {"seeds": seeds, "excluded": read_exclusions(output_dir, seeds), "levels": {}}
     finished = {level: finished_seeds(output_dir, level, seeds, models) for level, models in levels.items()}
     kept = [record_path(output_dir, level, s) for level, done in sorted(finished.items()) for s in done]
     if kept:
@@ -351,6 +408,9 @@ def study_markdown(summary: dict[str, Any]) -> str:
     from train.miniature.seeds import seeds_markdown  # noqa: PLC0415
 
     lines = []
+    for seed, reason in summary.get("excluded", {}).items():
+        lines += [f"Seed {seed} is excluded: its warm-up missed its targets by its step cap, so it trained nothing "
+                  f"further ({reason}).", ""]  # fmt: skip
     if not summary["levels"]:
         lines += ["No run of the study has finished yet.", ""]
     for level, entry in summary["levels"].items():

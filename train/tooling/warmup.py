@@ -46,6 +46,10 @@ logger = logging.getLogger(__name__)
 _FINDINGS_RE = re.compile(r"<findings>(.*?)</findings>", re.S)
 
 
+class WarmupMissed(TrainConfigError):
+    """The warm-up reached its step cap before its targets (parse rates, both classes, the verifier's gates)."""
+
+
 @dataclass
 class WarmupResult:
     """What the warm-up did: steps, the parse rate per check `(step, rate)`, the last losses, seconds."""
@@ -486,23 +490,23 @@ def _check(model: Any, processor: Any, val_rows: Sequence[Mapping[str, Any]], pl
 
 
 def _raise_if_missed(result: WarmupResult, plan: WarmupPlan) -> None:
-    """Raise the one-line `TrainConfigError` when the last check missed a target."""
+    """Raise the one-line `WarmupMissed` when the last check missed a target."""
     sampled_ok = plan.target_sampled_parse_rate <= 0 or result.sampled_parse_rate >= plan.target_sampled_parse_rate
     if result.parse_rate < plan.target_parse_rate or not sampled_ok:
         sampled_text = f", sampled {result.sampled_parse_rate:.0%}" if plan.target_sampled_parse_rate > 0 else ""
-        raise TrainConfigError(
+        raise WarmupMissed(
             f"LM warm-up: held-out parse rate {result.parse_rate:.0%}{sampled_text} below its target after the "
             f"step cap lm_warmup_steps={plan.max_steps}; raise lm_warmup_steps or lower lm_warmup_learning_rate"
         )
     if plan.require_both_classes and not result.both_classes:
-        raise TrainConfigError(
+        raise WarmupMissed(
             "LM warm-up: the greedy reports (held-out or class rows) never claimed a lesion on a positive row and "
             f"none on a negative one by the step cap lm_warmup_steps={plan.max_steps}; raise lm_warmup_steps"
         )
     gaps = verifier_gaps(result.verifier_accuracy[-1][1], plan.target_verifier_accuracy) if (
         result.verifier_accuracy) else []  # fmt: skip
     if gaps:
-        raise TrainConfigError(
+        raise WarmupMissed(
             f"LM warm-up: held-out verifier accuracy below its gates ({'; '.join(gaps)}) after the step cap "
             f"lm_warmup_steps={plan.max_steps}; raise lm_warmup_steps, or the warm-up cannot teach the verifier "
             "to read one slice and r_c would score a blind verifier"
