@@ -373,3 +373,17 @@ def test_the_config_knows_every_run_the_study_labels():
     assert tuple(MODELS) == MODEL_NAMES
     with pytest.raises(TrainConfigError, match=r"models=\['sft', 'grpo_z'\]"):
         load_config(None, {"models": ["sft", "grpo_z"]})
+
+
+@pytest.mark.slow  # the paired bootstrap over every shipped record: about a minute
+def test_the_shipped_records_give_the_shipped_study_summary(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    shutil.copytree(root / "docs/records/miniature_study", tmp_path / "records")
+    cfg, seeds, levels = load_study(root / "train/configs/miniature_study.yaml")
+    summary = summarize_study(tmp_path, seeds, levels, cfg.n_bootstrap)
+    shipped = json.loads((root / "docs/img/miniature_study.json").read_text())
+    assert json.loads(json.dumps(summary)) == shipped
+    assert study_markdown(summary) == (root / "docs/img/miniature_study.md").read_text()
