@@ -13,7 +13,7 @@ from emrl_data.types import Organ
 from train.checks import TrainConfigError
 from train.data import frames_to_array
 from train.miniature.config import MiniatureConfig, load_config
-from train.miniature.study import Miniature, check_split, claim_check
+from train.miniature.study import MINIATURE_WARMUP_KEYS, Miniature, check_split, claim_check
 from train.tooling.synthetic import VISIBLE_INTENSITY, make_visible_rows
 from train.tooling.tiny import build_model, build_processor
 from train.tooling.warmup import (
@@ -145,9 +145,12 @@ def test_warmup_that_misses_its_verifier_gates_fails_in_one_line():
     with pytest.raises(TrainConfigError) as err:
         lm_warmup(model, processor, rows[:3], rows[3:], max_steps=2, learning_rate=1e-3, batch_size=1,
                   verifier_batch_size=2, eval_every=2, target_parse_rate=0.0, max_new_tokens=4, lesion_span=1,
-                  target_verifier_accuracy=0.9, verifier_eval_frames=4, verifier_max_new_tokens=4, log=lines.append)  # fmt: skip
+                  target_verifier_accuracy=0.9, verifier_eval_frames=4, verifier_max_new_tokens=4, log=lines.append,
+                  keys=MINIATURE_WARMUP_KEYS)  # fmt: skip
     message = str(err.value)
-    assert "\n" not in message and "verifier accuracy below its gates" in message and "lm_warmup_steps=2" in message
+    assert "\n" not in message and "verifier accuracy below its gates" in message
+    assert "after the step cap warmup_max_steps=2; raise warmup_max_steps, or" in message
+    assert "lm_warmup" not in message
     assert len(lines) == 1 and ", verifier sens " in lines[0]
 
 
@@ -160,6 +163,16 @@ def test_warmup_that_misses_its_criterion_fails_in_one_line():
                   verifier_batch_size=1, eval_every=2, target_parse_rate=1.0, max_new_tokens=4, log=lambda _: None)  # fmt: skip
     message = str(err.value)
     assert "\n" not in message and "lm_warmup_steps=2" in message and "below its target" in message
+
+
+def test_warmup_plan_errors_name_the_callers_keys():
+    rows = make_visible_rows(2, n_frames=4, size_px=32, seed=0, organs=("kidney",))
+    for keys, expected in ((None, "lm_warmup_eval_every=5 must be in 1..lm_warmup_steps (2)."),
+                           (MINIATURE_WARMUP_KEYS, "warmup_eval_every=5 must be in 1..warmup_max_steps (2).")):  # fmt: skip
+        with pytest.raises(TrainConfigError) as err:
+            lm_warmup(None, None, rows[:1], rows[1:], max_steps=2, learning_rate=1e-3, eval_every=5,
+                      **({} if keys is None else {"keys": keys}))  # fmt: skip
+        assert str(err.value) == expected
 
 
 def test_miniature_refuses_a_test_split_too_small_for_its_intervals():

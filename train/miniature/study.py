@@ -69,6 +69,9 @@ CROSS_VIEW = {
     "grpo_f": "distance_only",
     "grpo_g": "random_frame",
 }
+# The configuration keys the warm-up's error lines name (`train.tooling.warmup.WarmupPlan.keys`).
+MINIATURE_WARMUP_KEYS = {"max_steps": "warmup_max_steps", "eval_every": "warmup_eval_every",
+                         "learning_rate": "warmup_learning_rate"}  # fmt: skip
 SHARED_STAGES = ("data", "warmup", "sft")  # what `--reuse_from` copies: the stages before GRPO
 GRPO_ONLY_KEYS = frozenset({"models", "negative_rows", "grpo_steps", "grpo_learning_rate", "grpo_prompts_per_step", "num_generations",
                             "grpo_temperature", "max_completion_length", "beta", "verifier_max_new_tokens",
@@ -257,7 +260,7 @@ class Miniature:
                            target_sampled_parse_rate=cfg.warmup_target_sampled_parse_rate,
                            lesion_span=cfg.lesion_span, target_verifier_accuracy=cfg.warmup_target_verifier_accuracy,
                            verifier_eval_frames=cfg.verifier_eval_frames,
-                           verifier_max_new_tokens=cfg.verifier_max_new_tokens)  # fmt: skip
+                           verifier_max_new_tokens=cfg.verifier_max_new_tokens, keys=MINIATURE_WARMUP_KEYS)  # fmt: skip
         blind = verifier_accuracy(model, processor, [rows[i] for i in sorted(val)], cfg.lesion_span, blind=True,
                                   max_frames=cfg.verifier_eval_frames, max_new_tokens=cfg.verifier_max_new_tokens)  # fmt: skip
         self.log(f"   verifier, blind control (a frame of another row): {format_verifier(blind)}")

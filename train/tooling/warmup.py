@@ -371,6 +371,11 @@ def format_verifier(accuracy: Mapping[str, Any]) -> str:
     return f"{', '.join(cells)} ({accuracy['n_lesion_frames']} + {accuracy['n_clear_frames']} frames)"
 
 
+# The demo's configuration keys (`train.tooling.demo_sft`) for `WarmupPlan.keys`; the miniature passes its own.
+DEMO_WARMUP_KEYS = {"max_steps": "lm_warmup_steps", "eval_every": "lm_warmup_eval_every",
+                    "learning_rate": "lm_warmup_learning_rate"}  # fmt: skip
+
+
 @dataclass
 class WarmupPlan:
     """The warm-up's knobs (see `lm_warmup`)."""
@@ -391,6 +396,8 @@ class WarmupPlan:
     verifier_max_new_tokens: int = 48
     require_both_classes: bool = False
     balanced: bool = True
+    # The caller's configuration keys for the step cap, the check interval and the rate, as the error lines name them.
+    keys: Mapping[str, str] = field(default_factory=lambda: dict(DEMO_WARMUP_KEYS))
 
 
 def reports_claim_both_classes(rows: Sequence[Mapping[str, Any]], reports: Sequence[str]) -> bool:
@@ -418,7 +425,7 @@ def _check_plan(rows: Sequence[Any], val_rows: Sequence[Any], plan: WarmupPlan) 
         raise TrainConfigError(f"LM warm-up needs training and validation rows (got {len(rows)} and {len(val_rows)}).")
     if plan.eval_every <= 0 or plan.max_steps < plan.eval_every:
         raise TrainConfigError(
-            f"lm_warmup_eval_every={plan.eval_every} must be in 1..lm_warmup_steps ({plan.max_steps})."
+            f"{plan.keys['eval_every']}={plan.eval_every} must be in 1..{plan.keys['max_steps']} ({plan.max_steps})."
         )
     if plan.target_verifier_accuracy > 0 and (plan.lesion_span is None or not plan.verifier_task):
         raise TrainConfigError(
@@ -491,24 +498,25 @@ def _check(model: Any, processor: Any, val_rows: Sequence[Mapping[str, Any]], pl
 
 def _raise_if_missed(result: WarmupResult, plan: WarmupPlan) -> None:
     """Raise the one-line `WarmupMissed` when the last check missed a target."""
+    cap = plan.keys["max_steps"]
     sampled_ok = plan.target_sampled_parse_rate <= 0 or result.sampled_parse_rate >= plan.target_sampled_parse_rate
     if result.parse_rate < plan.target_parse_rate or not sampled_ok:
         sampled_text = f", sampled {result.sampled_parse_rate:.0%}" if plan.target_sampled_parse_rate > 0 else ""
         raise WarmupMissed(
             f"LM warm-up: held-out parse rate {result.parse_rate:.0%}{sampled_text} below its target after the "
-            f"step cap lm_warmup_steps={plan.max_steps}; raise lm_warmup_steps or lower lm_warmup_learning_rate"
+            f"step cap {cap}={plan.max_steps}; raise {cap} or lower {plan.keys['learning_rate']}"
         )
     if plan.require_both_classes and not result.both_classes:
         raise WarmupMissed(
             "LM warm-up: the greedy reports (held-out or class rows) never claimed a lesion on a positive row and "
-            f"none on a negative one by the step cap lm_warmup_steps={plan.max_steps}; raise lm_warmup_steps"
+            f"none on a negative one by the step cap {cap}={plan.max_steps}; raise {cap}"
         )
     gaps = verifier_gaps(result.verifier_accuracy[-1][1], plan.target_verifier_accuracy) if (
         result.verifier_accuracy) else []  # fmt: skip
     if gaps:
         raise WarmupMissed(
             f"LM warm-up: held-out verifier accuracy below its gates ({'; '.join(gaps)}) after the step cap "
-            f"lm_warmup_steps={plan.max_steps}; raise lm_warmup_steps, or the warm-up cannot teach the verifier "
+            f"{cap}={plan.max_steps}; raise {cap}, or the warm-up cannot teach the verifier "
             "to read one slice and r_c would score a blind verifier"
         )
 
@@ -541,7 +549,8 @@ def lm_warmup(
             verifier too; lesion_span: the rows' span (`make_visible_rows`): every frame becomes a verifier example
             (`frame_targets`), and the check measures `verifier_accuracy`; target_verifier_accuracy: its gates
             (sensitivity, specificity, location, attenuation; 0 = reported, not required); verifier_eval_frames,
-            verifier_max_new_tokens: that measurement's frames and answer budget.
+            verifier_max_new_tokens: that measurement's frames and answer budget; keys: the caller's configuration
+            keys of max_steps, eval_every and learning_rate, which the error lines name (default: the demo's).
 
     Raises:
         TrainConfigError: when the step cap is reached before the criterion, or with no training/validation rows.
