@@ -136,9 +136,9 @@ train-smoke: venv
 	$(BIN)/python -m train.sft --config train/configs/sft_tiny.yaml --dataset_dir demo-output/sft --model_name_or_path demo-output/tiny_model --output_dir demo-output/smoke_model
 	bash train/tools/device_check.sh --tiny demo-output/device_check.json
 
-# The paper's experiment in miniature (CPU, about 14 min on 2 idle cores; docs/miniature.md): warm-up, partial SFT,
+# The paper's experiment in miniature (CPU, 13 min measured on 2 idle cores; docs/miniature.md): warm-up, partial SFT,
 # GRPO (a) r_e+r_f+r_c, (b) r_e+r_f, (c) lr-0 control, (d)/(e) more SFT on the same rows; Table 1/2 with 95 %
-# intervals. Reruns resume. miniature-seeds: the same for seeds 0, 1, 2 (about 40 min) and one table (seeds.md).
+# intervals. Reruns resume. miniature-seeds: the same for seeds 0, 1, 2 (about 45 min) and one table (seeds.md).
 miniature: venv
 	$(BIN)/python -m train.miniature --config train/configs/miniature.yaml --output_dir miniature-output
 
