@@ -10,7 +10,7 @@ The metrics are computed from per-row scored records (`emrl_data.text.evaluation
   both positive and negative rows;
 * `k_hit`: per organ the mean `score_k_hit` of positive rows, averaged over the organs that have one.
 
-Everything here is pure (tested in tests/train/test_miniature_power.py on constructed scores).
+The bootstrap itself is `emrl_data.text.bootstrap` (re-exported here). Everything here is pure (tested in tests/train/test_miniature_power.py on constructed scores).
 """
 
 from __future__ import annotations
@@ -19,8 +19,17 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
+from emrl_data.text.bootstrap import hierarchical_paired_bootstrap, paired_bootstrap
 
+
+__all__ = [
+    "METRICS",
+    "average_bacc",
+    "check_power",
+    "hierarchical_paired_bootstrap",
+    "k_hit",
+    "paired_bootstrap",
+]
 
 Records = Sequence[Mapping[str, Any]]
 
@@ -49,56 +58,6 @@ def k_hit(rows: Records) -> float:
 
 
 METRICS: dict[str, Callable[[Records], float]] = {"average_bacc": average_bacc, "k_hit": k_hit}
-
-
-def paired_bootstrap(
-    groups: Sequence[tuple[Sequence[Any], Sequence[Any]]],
-    statistic: Callable[[Sequence[Any]], float],
-    *,
-    n_bootstrap: int,
-    seed: int,
-    level: float = 0.95,
-) -> dict[str, float | int]:
-    """Return the difference `statistic(a) - statistic(b)`, averaged over the groups, and its paired percentile interval.
-
-    Args:
-        groups: one `(a_rows, b_rows)` per seed; a_rows[i] and b_rows[i] are the two models on the same row.
-        statistic: rows -> a number (a mean, `average_bacc`, `k_hit`).
-        n_bootstrap: resamples; each draws every group's rows with replacement (the same indices for a and b).
-        seed: the resampling generator's seed.
-        level: the interval's coverage.
-
-    Returns:
-        `diff`, `ci_low`, `ci_high`, `n_rows` (all groups), `n_groups`. Resamples where the statistic is undefined (nan:
-        a class missing from the draw) are left out of the interval.
-
-    Raises:
-        ValueError: on unpaired groups (lengths differ), no group, or too few resamples for the interval's tails.
-    """
-    if not groups:
-        raise ValueError("paired_bootstrap: no group")
-    for a, b in groups:
-        if len(a) != len(b) or not a:
-            raise ValueError(f"paired_bootstrap: groups must pair rows one to one (got {len(a)} and {len(b)} rows)")
-    tail = (1 - level) / 2
-    if n_bootstrap * tail < 1:
-        raise ValueError(f"paired_bootstrap: n_bootstrap={n_bootstrap} is too few for a {level:.0%} interval")
-    diff = statistics.fmean(statistic(a) - statistic(b) for a, b in groups)
-    rng = np.random.default_rng(seed)
-    draws = []
-    for _ in range(n_bootstrap):
-        per_group = []
-        for a, b in groups:
-            idx = rng.integers(len(a), size=len(a))
-            per_group.append(statistic([a[i] for i in idx]) - statistic([b[i] for i in idx]))
-        draws.append(statistics.fmean(per_group))
-    kept = np.asarray([d for d in draws if not np.isnan(d)])
-    if kept.size == 0:
-        return {"diff": diff, "ci_low": float("nan"), "ci_high": float("nan"),
-                "n_rows": sum(len(a) for a, _ in groups), "n_groups": len(groups)}  # fmt: skip
-    low, high = np.quantile(kept, [tail, 1 - tail], method="inverted_cdf")
-    return {"diff": diff, "ci_low": float(low), "ci_high": float(high), "n_rows": sum(len(a) for a, _ in groups),
-            "n_groups": len(groups)}  # fmt: skip
 
 
 def check_power(n_test: int, n_organs: int, min_rows_per_class: int, n_bootstrap: int, level: float = 0.95) -> None:
