@@ -42,7 +42,7 @@ class FrameConfig:
     """How an organ is rendered as a frame sequence (docs/contract.md#frames).
 
     The defaults (448 px, at most 32 frames) are the E-MRL setting and their one home: the `emrl` options
-    (`flows/settings.py`) and the training memory plan (`train/tools/memory_plan.py`) read them from here.
+    (`cli/settings.py`) and the training memory plan (`train/tools/memory_plan.py`) read them from here.
     """
 
     margin_slices: int = 2

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from flows.prefect_env import UsageError
+from cli.errors import UsageError
 
 
 def prediction_files(path: Path) -> list[Path]:

@@ -17,7 +17,7 @@ from emrl_data.tables.records import SCHEMAS, schema_to_json
 ROOT = Path(__file__).resolve().parent.parent
 MAX_FUNCTION_LINES = 80
 # The packages whose functions the line limit covers (tests and bench are not product code).
-LINE_LIMIT_PACKAGES = ("emrl_data", "flows", "train", "inference")
+LINE_LIMIT_PACKAGES = ("emrl_data", "flows", "cli", "train", "inference")
 # path::function -> why it may be longer for now.
 LONG_FUNCTION_EXCEPTIONS: dict[str, str] = {}
 
@@ -44,11 +44,11 @@ def test_import_contracts_hold() -> None:
 
 
 def test_no_import_cycle() -> None:
-    """No module of emrl_data, flows, train or inference imports, directly or not, a module that imports it back
+    """No module of emrl_data, flows, cli, train or inference imports, directly or not, a module that imports it back
     (lazy imports inside functions count: a cycle is a cycle wherever the import statement sits)."""
     import grimp
 
-    packages = ("emrl_data", "flows", "train", "inference")
+    packages = ("emrl_data", "flows", "cli", "train", "inference")
     graph = grimp.build_graph(*packages, include_external_packages=False)
     cycles = set()
     for importer in sorted(graph.modules):
@@ -166,3 +166,57 @@ def test_no_module_names_an_organ_outside_the_registry() -> None:
     assert not found, f"organs named outside {ORGAN_REGISTRY} (move the fact into the registry entry): {found}"
     for rel in ORGAN_NAME_EXCEPTIONS:
         assert organ_mentions(ROOT / rel, words), f"{rel} names no organ any more: remove its exception"
+
+
+# `flows/` holds Prefect flows and tasks only; the application around them is `cli/`, the Prefect-free code a library.
+# path -> where it goes (an entry whose module imports Prefect, or is gone, fails below: remove it).
+PREFECT_FREE_IN_FLOWS: dict[str, str] = {
+    "flows/evaluate.py": "cli/ (emrl eval)",
+    "flows/commands/evaluate.py": "cli/commands/ (emrl eval)",
+    "flows/fetch_atlas.py": "hub/ (Hub I/O)",
+    "flows/publish_local.py": "a Prefect-free publishing module",
+    "flows/publish_readback.py": "a Prefect-free publishing module",
+}
+
+
+def imports_prefect(path: Path) -> bool:
+    """Whether the module imports Prefect at its top level (`import prefect...` or `from prefect... import`); an
+    `__init__.py` that holds nothing but its docstring counts as importing it (a package marker, no code)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in tree.body:
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "prefect" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "prefect":
+            return True
+    code = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+    return path.name == "__init__.py" and not code
+
+
+def prefect_free_modules(root: Path, package: str) -> list[str]:
+    """The modules of `package` under `root` that do not import Prefect (`imports_prefect`), as paths."""
+    return [
+        path.relative_to(root).as_posix()
+        for path in sorted((root / package).rglob("*.py"))
+        if not imports_prefect(path)
+    ]
+
+
+def test_prefect_free_modules_finds_constructed_modules(tmp_path: Path) -> None:
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text('"""A package marker."""\n')
+    (tmp_path / "pkg" / "sub" / "__init__.py").write_text("X = 1\n")
+    (tmp_path / "pkg" / "flow.py").write_text("from prefect import flow\n")
+    (tmp_path / "pkg" / "task.py").write_text("import prefect.artifacts\n")
+    (tmp_path / "pkg" / "lazy.py").write_text("def f():\n    import prefect\n")
+    (tmp_path / "pkg" / "sub" / "relative.py").write_text("from .prefect import flow\nimport prefectlike\n")
+    assert prefect_free_modules(tmp_path, "pkg") == ["pkg/lazy.py", "pkg/sub/__init__.py", "pkg/sub/relative.py"]
+
+
+def test_every_module_of_flows_imports_prefect() -> None:
+    """A module of `flows/` without Prefect belongs elsewhere: the CLI in `cli/`, pure code in `emrl_data/`, the
+    mining backends in `inference/`."""
+    free = prefect_free_modules(ROOT, "flows")
+    misplaced = [path for path in free if path not in PREFECT_FREE_IN_FLOWS]
+    assert not misplaced, f"modules of flows/ that import no Prefect (move them out of flows/): {misplaced}"
+    stale = sorted(set(PREFECT_FREE_IN_FLOWS) - set(free))
+    assert not stale, f"PREFECT_FREE_IN_FLOWS lists modules that import Prefect or are gone (remove them): {stale}"

@@ -1,4 +1,1 @@
-"""The `emrl` commands, one module each: `add(sub, common)` declares the command's parser, `run(args)` runs it.
-
-The options come from `flows.settings`; the cheap checks before Prefect starts from `flows.preflight`.
-"""
+"""The `emrl eval` command, until it joins the other commands in `cli.commands`."""

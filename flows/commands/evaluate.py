@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from flows.commands.parsing import add_settings
-from flows.preflight import check_eval
-from flows.settings import EVAL
+from cli.commands.parsing import add_settings
+from cli.preflight import check_eval
+from cli.settings import EVAL
 
 
 def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:

@@ -19,10 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import flows.build_sft_set as build
+from cli.main import main
 from emrl_data.synthetic import CaseSpec, LesionSpec, write_atlas
 from emrl_data.types import Organ, Split
 from flows.build_sft_set import CaseOverrunError, CaseThread, build_sft_set_flow
-from flows.cli import main
 from tests.flows.helpers import rejection_rows
 
 

@@ -27,9 +27,9 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.settings import get_current_settings
 
+from cli.main import main
 from emrl_data.synthetic import demo_specs, write_atlas
 from flows.build_sft_set import build_sft_set_flow
-from flows.cli import main
 from flows.runners import HEAP_ENV, ClusterPreflightError, check_cluster
 from tests.loopback import free_port
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from flows.cli import main
+from cli.main import main
 from tests.inference.helpers import build_small_sft_set
 from tests.inference.hostile_server import TEXT, HostileServer
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from flows.cli import main
+from cli.main import main
 from inference.openai_client import OpenAIBackend
 from inference.probe import EndpointProbeError
 from inference.requests import request_from_row

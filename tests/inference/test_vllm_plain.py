@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
+from cli.main import main
 from inference.vllm_server import VLLMServer
 from tests.inference.helpers import build_small_sft_set
 from train.tooling.tiny import save_tiny

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import inference.probe as probe_module
-from flows.cli import main
+from cli.main import main
 from inference.openai_client import OpenAIBackend
 from inference.probe import EndpointProbeError
 from inference.requests import request_from_row

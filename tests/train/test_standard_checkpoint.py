@@ -322,11 +322,11 @@ def test_emrl_upgrade_checkpoint(sft_ckpt, tmp_path):
     shutil.copytree(sft_ckpt, old)
     _write_old_form(old)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "upgrade-checkpoint", str(old)], cwd=REPO, env=env,
+    done = subprocess.run([sys.executable, "-m", "cli.main", "upgrade-checkpoint", str(old)], cwd=REPO, env=env,
                           capture_output=True, text=True, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert_standard(old)
-    bad = subprocess.run([sys.executable, "-m", "flows.cli", "upgrade-checkpoint", str(tmp_path)], cwd=REPO, env=env,
+    bad = subprocess.run([sys.executable, "-m", "cli.main", "upgrade-checkpoint", str(tmp_path)], cwd=REPO, env=env,
                          capture_output=True, text=True, check=False)  # fmt: skip
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [f"error: {tmp_path} is not a checkpoint: no config.json."]

@@ -10,9 +10,9 @@ import argparse
 import os
 from pathlib import Path
 
+from cli.errors import UsageError
+from cli.settings import SHELL, by_name
 from flows.evaluate import prediction_files
-from flows.prefect_env import UsageError
-from flows.settings import SHELL, by_name
 
 
 ENDPOINT_CHECK_TIMEOUT_S = by_name(SHELL)["endpoint_check_timeout_s"].default
@@ -35,7 +35,7 @@ def check_synth(args: argparse.Namespace) -> None:
 def check_build_sft_set(args: argparse.Namespace) -> None:
     """`emrl build-sft-set`: the atlas folder holds cases; the output path is usable."""
     from emrl_data.reading.atlas import AtlasError, discover_cases
-    from flows.hub_atlas import hub_repo
+    from hub.listing import hub_repo
 
     try:
         if hub_repo(str(args.atlas)) is not None:  # the Hub release: listed when the flow starts

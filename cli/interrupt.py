@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from flows.prefect_env import kill_temporary_servers
-from flows.settings import SHELL, by_name
+from cli.prefect_env import kill_temporary_servers
+from cli.settings import SHELL, by_name
 
 
 INTERRUPT_GRACE_S = by_name(SHELL)["interrupt_grace_s"].default

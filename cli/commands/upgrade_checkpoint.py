@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flows.prefect_env import PROJECT_ROOT
+from cli.prefect_env import PROJECT_ROOT
 
 
 def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
@@ -26,6 +26,6 @@ def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run `python -m train.tools.upgrade_checkpoint` in a subprocess (flows never import train); return its status."""
+    """Run `python -m train.tools.upgrade_checkpoint` in a subprocess (the CLI, like the flows, never imports train); return its status."""
     cmd = [sys.executable, "-m", "train.tools.upgrade_checkpoint", *(str(Path(d).resolve()) for d in args.dirs)]
     return subprocess.run(cmd, cwd=PROJECT_ROOT, check=False).returncode

@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from flows.commands.parsing import add_settings
-from flows.preflight import check_build_sft_set
-from flows.settings import BUILD_SFT_SET, FRAME_SETTINGS, frame_overrides
+from cli.commands.parsing import add_settings
+from cli.preflight import check_build_sft_set
+from cli.settings import BUILD_SFT_SET, FRAME_SETTINGS, frame_overrides
 
 
 def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:

@@ -1,13 +1,13 @@
-"""`emrl demo`: the whole pipeline on a synthetic atlas, on CPU (the orchestration is `flows.demo`)."""
+"""`emrl demo`: the whole pipeline on a synthetic atlas, on CPU (the orchestration is `cli.demo`)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from flows.commands.parsing import add_settings
-from flows.preflight import check_demo
-from flows.settings import DEMO, DEMO_FRAMES
+from cli.commands.parsing import add_settings
+from cli.preflight import check_demo
+from cli.settings import DEMO, DEMO_FRAMES
 
 
 def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
@@ -26,6 +26,6 @@ def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> None:
     """Run the demo."""
-    from flows.demo import run_demo
+    from cli.demo import run_demo
 
     run_demo(args.out, cases=args.cases, skip_training=args.skip_training)

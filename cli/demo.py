@@ -1,8 +1,8 @@
 """`emrl demo`: synthetic atlas -> build-sft-set -> tiny SFT -> build-rl-hardset -> tiny GRPO, on CPU.
 
-The production path at the demo's smaller shapes (`flows.settings`: `demo` values, `DEMO_FRAMES`); training runs as
+The production path at the demo's smaller shapes (`cli.settings`: `demo` values, `DEMO_FRAMES`); training runs as
 `python -m train.tooling.demo_sft` (tiny model, LM warm-up, the paper's SFT) and `python -m train.grpo` subprocesses
-(flows never import train). Rerunning resumes.
+(the CLI, like the flows, never imports train). Rerunning resumes.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from flows.prefect_env import PROJECT_ROOT
-from flows.settings import BUILD_RL_HARDSET, BUILD_SFT_SET, DEMO_FRAMES, demo_kwargs
+from cli.prefect_env import PROJECT_ROOT
+from cli.settings import BUILD_RL_HARDSET, BUILD_SFT_SET, DEMO_FRAMES, demo_kwargs
 
 
 def synth_atlas(out: Path, cases: int, seed: int, layout: str) -> Path:
@@ -35,7 +35,7 @@ def synth_atlas(out: Path, cases: int, seed: int, layout: str) -> Path:
 
 
 def _run_train(module: str, *args: str) -> None:
-    """Run a `train/` script in its own process (flows never import train)."""
+    """Run a `train/` script in its own process (the CLI, like the flows, never imports train)."""
     cmd = [sys.executable, "-m", module, *args]
     subprocess.run(cmd, cwd=PROJECT_ROOT, check=True)
 

@@ -30,7 +30,7 @@ def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     """Fetch; print the report."""
-    from flows.fetch_atlas import fetch_atlas
+    from hub.fetch import fetch_atlas
 
     report = fetch_atlas(args.dest, repo_id=args.repo, revision=args.revision, workers=args.workers)
     print(json.dumps(report, indent=2))

@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from flows.commands.parsing import add_settings
-from flows.preflight import check_synth
-from flows.settings import SYNTH
+from cli.commands.parsing import add_settings
+from cli.preflight import check_synth
+from cli.settings import SYNTH
 
 
 def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
@@ -27,6 +27,6 @@ def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> Path:
     """Write the atlas."""
-    from flows.demo import synth_atlas
+    from cli.demo import synth_atlas
 
     return synth_atlas(Path(args.out), cases=args.cases, seed=args.seed, layout=args.layout)

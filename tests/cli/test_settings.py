@@ -1,4 +1,4 @@
-"""`flows/settings.py` is the one home of every run setting: the CLI, the flow signatures and `prefect.yaml` agree.
+"""`cli/settings.py` is the one home of every run setting: the CLI, the flow signatures and `prefect.yaml` agree.
 
 A default restated elsewhere (a flow signature, `prefect.yaml`'s parameters or its header comment, the demo) that
 drifts from the table fails here. No Prefect run, no server: milliseconds.
@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from emrl_data.config import FrameConfig, SftConfig
-from flows import settings
-from flows.cli import build_parser
-from flows.settings import (
+from cli import settings
+from cli.main import build_parser
+from cli.settings import (
     BUILD_RL_HARDSET,
     BUILD_SFT_SET,
     DEMO,
@@ -29,6 +28,7 @@ from flows.settings import (
     by_name,
     demo_kwargs,
 )
+from emrl_data.config import FrameConfig, SftConfig
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +66,7 @@ def test_flow_signature_defaults_are_the_tables(flow_name: str) -> None:
         assert params[name].default == s.default, f"{flow_name}({name}=...): {params[name].default!r} != {s.default!r}"
     # every parameter with a default is declared in the table (or is an input): a new setting cannot skip the table
     undeclared = {n for n, p in params.items() if p.default is not inspect.Parameter.empty} - set(declared)
-    assert undeclared <= FLOW_INPUTS[flow_name], f"{flow_name}: declare {sorted(undeclared)} in flows/settings.py"
+    assert undeclared <= FLOW_INPUTS[flow_name], f"{flow_name}: declare {sorted(undeclared)} in cli/settings.py"
 
 
 def test_library_defaults_come_from_emrl_data_config() -> None:
@@ -143,7 +143,7 @@ def test_prefect_yaml_parameters_are_the_demos_settings() -> None:
             elif key in ("atlas_root", "output_dir", "sft_dir", "model_path"):  # the demo's folders
                 assert value == out or value.startswith(out + "/"), f"prefect.yaml {flow_name}.{key}: {value!r}"
             else:
-                assert key in FLOW_INPUTS[flow_name], f"prefect.yaml {flow_name}.{key}: not in flows/settings.py"
+                assert key in FLOW_INPUTS[flow_name], f"prefect.yaml {flow_name}.{key}: not in cli/settings.py"
         # the demo's own values are all in the deployment (demo and deployment cannot drift apart)
         for key, value in demo_kwargs(table).items():
             assert params.get(key) == value, f"prefect.yaml {flow_name}.{key} should be the demo's {value!r}"
@@ -174,7 +174,7 @@ def test_demo_description_and_frames_are_the_tables() -> None:
 
 @pytest.mark.parametrize("given", [["--batch-size", "2"], ["--batch-size=2"]])
 def test_the_old_batch_size_option_names_its_successors(given: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    from flows.cli import main
+    from cli.main import main
 
     with pytest.raises(SystemExit) as exited:
         main(["build-sft-set", "atlas", "out", *given])

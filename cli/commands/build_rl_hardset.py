@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from flows.commands.parsing import add_settings
-from flows.preflight import check_build_rl_hardset
-from flows.settings import BUILD_RL_HARDSET, by_name
+from cli.commands.parsing import add_settings
+from cli.preflight import check_build_rl_hardset
+from cli.settings import BUILD_RL_HARDSET, by_name
 
 
 def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:

@@ -24,10 +24,10 @@ from typing import Any
 import polars as pl
 import pytest
 
+from cli.main import build_parser, main
 from emrl_data.synthetic import CaseSpec, LesionSpec, write_atlas
 from emrl_data.text.report import NEGATIVE_FINDINGS, NEGATIVE_IMPRESSION
 from emrl_data.types import Organ, Split
-from flows.cli import build_parser, main
 from tests.loopback import loopback_http
 
 
@@ -235,7 +235,7 @@ def test_eval_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
-    from flows.prefect_env import UsageError
+    from cli.errors import UsageError
 
     with pytest.raises(UsageError, match="does not exist"):
         main(["build-sft-set", str(tmp_path / "nope"), str(tmp_path / "out"), "--debug"])
@@ -405,7 +405,7 @@ def test_ctrl_c_stops_mining_promptly_and_the_rerun_resumes(
         args = ["build-rl-hardset", str(sft_out / "sft"), str(tmp_path), "--endpoint", url, "--endpoint-model",
                 "stub-model", "--rows-per-call", "1", "--concurrency", "1", "--bootstrap", "10", "--no-probe"]  # fmt: skip
         env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(ROOT)}
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, text=True,
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
         lines = []
         for line in proc.stdout:  # type: ignore[union-attr]
@@ -440,7 +440,7 @@ def test_an_interrupted_process_ends_even_when_a_thread_holds_shutdown(debug: bo
     the message names it (with --debug, every thread's stack follows)."""
     code = (
         "import sys, threading, time\n"
-        "from flows.interrupt import exit_within as _exit_within\n"
+        "from cli.interrupt import exit_within as _exit_within\n"
         "threading.Thread(target=time.sleep, args=(60,), name='stuck-client').start()  # a blocked library thread\n"
         "threading.Thread(target=time.sleep, args=(60,), name='a-daemon', daemon=True).start()  # not holding exit\n"
         f"_exit_within(0.5, 130, debug={debug})\n"

@@ -1,14 +1,14 @@
 """Every run setting of the `emrl` commands and the flows, declared once: name, default, unit, help, demo value.
 
-The `emrl` options are generated from these tables (`flows.commands.parsing.add_settings`); the flow signatures'
+The `emrl` options are generated from these tables (`cli.commands.parsing.add_settings`); the flow signatures'
 defaults and `prefect.yaml`'s parameters (and its header comment) are checked against them by
-`tests/flows/test_settings.py`, so a copy that drifts fails `make test`.
+`tests/cli/test_settings.py`, so a copy that drifts fails `make test`.
 
 Where a default is a property of the data it makes (frame size, frames per organ, negative sampling, the test share),
 the library owns it (`emrl_data.config`) and the table reads it from there; the rest are run-only settings (how the
 work is split, how many workers, timeouts, the demo's smaller shapes) and live here.
 
-`demo` is the value the CPU demo (`emrl demo`, `flows.demo`) and the deployments of `prefect.yaml` use when it differs
+`demo` is the value the CPU demo (`emrl demo`, `cli.demo`) and the deployments of `prefect.yaml` use when it differs
 from the default: smaller frames and fewer tokens, so that training and mining a tiny model finish in minutes.
 """
 
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cli.prefect_env import PROJECT_ROOT
 from emrl_data.config import HARD_SET_SIZE, FrameConfig, SftConfig
-from flows.prefect_env import PROJECT_ROOT
 
 
 _FRAMES, _SFT = FrameConfig(), SftConfig()

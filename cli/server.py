@@ -31,10 +31,10 @@ from typing import Any
 import httpx
 import yaml
 
-from flows._procs import ProcessRecord, is_running, spawn, stop_process
+from cli._procs import ProcessRecord, is_running, spawn, stop_process
 
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout (this file is flows/server.py)
+PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout (this file is cli/server.py)
 POOL, HOST, STATE_NAME, ENV_NAME = "emrl-local", "127.0.0.1", "emrl-server.json", "env.sh"
 _DROPPED_ENV = ("PREFECT_API_KEY", "PREFECT_PROFILE", "PREFECT_PROFILES_PATH", "PREFECT_API_AUTH_STRING")
 _ACTIVE = ["RUNNING", "PENDING", "CANCELLING"]

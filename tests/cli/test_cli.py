@@ -8,9 +8,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from cli.main import main
 from emrl_data.text.report import render_evidence, render_findings, render_impression, render_report
 from emrl_data.types import Organ
-from flows.cli import main
 
 
 def _positive_report(long_axis_mm: float, location: list[str], k: int) -> str:

@@ -22,6 +22,8 @@ import time
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 
+from cli.errors import UsageError
+
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULTS = {
@@ -31,15 +33,6 @@ DEFAULTS = {
 
 
 _RUNNING: list[subprocess.Popen] = []  # temporary servers of this process (a second Ctrl-C kills them)
-
-
-class UsageError(Exception):
-    """A mistake the user can fix: `problem` names it, `fix` says what to do."""
-
-    def __init__(self, problem: str, fix: str) -> None:
-        super().__init__(f"{problem}; {fix}")
-        self.problem = problem
-        self.fix = fix
 
 
 def default_prefect_home(project_root: Path = PROJECT_ROOT) -> Path:

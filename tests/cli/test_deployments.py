@@ -2,7 +2,7 @@
 
 A real Prefect server on a free loopback port with its own PREFECT_HOME, the `emrl-local` process pool, every
 deployment of `prefect.yaml` (`prefect deploy --all`) and a process worker, all started by `emrl server up` (the
-`make serve` command; `python -m flows.cli server up` here) in a subprocess; then the deployments run through the
+`make serve` command; `python -m cli.main server up` here) in a subprocess; then the deployments run through the
 `prefect` CLI exactly as a user types them, on a small synthetic atlas; then `server_down` stops everything by PID, also when a test failed, and the
 fixture checks that nothing it started is left running.
 
@@ -30,11 +30,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from cli import _procs
+from cli import server as ops
 from emrl_data.synthetic import demo_specs, write_atlas
 from emrl_data.text.report import NEGATIVE_FINDINGS, NEGATIVE_IMPRESSION
 from emrl_data.types import Organ
-from flows import _procs
-from flows import server as ops
 from flows.build_sft_set import build_sft_set_flow
 from tests.loopback import loopback_http
 
@@ -110,7 +110,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ops.Serve
     state = None
     try:
         up = subprocess.run(
-            [sys.executable, "-m", "flows.cli", "server", "up", "--home", str(home), "--project-root", str(ROOT)],
+            [sys.executable, "-m", "cli.main", "server", "up", "--home", str(home), "--project-root", str(ROOT)],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -217,7 +217,7 @@ def test_status_fails_loudly_without_the_api_url(served: tuple[ops.ServerState, 
     assert unset["running"] and not unset["ok"]
     assert any("PREFECT_API_URL is not set" in p for p in unset["problems"])
     cli = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "server", "status", "--home", state.prefect_home],
+        [sys.executable, "-m", "cli.main", "server", "status", "--home", state.prefect_home],
         cwd=ROOT,
         env={k: v for k, v in state.env().items() if k != "PREFECT_API_URL"},
         capture_output=True,

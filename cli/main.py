@@ -7,13 +7,13 @@
     emrl eval OUT/predictions [OTHER/predictions ...] [--out eval-output]
     emrl demo [--out demo-output]
 
-A thin shell: each command is a module of `flows.commands` (its options generated from `flows.settings`), the
-cheap checks before Prefect starts are `flows.preflight`, Ctrl-C is `flows.interrupt`. It lives in `flows/` because it
-runs the Prefect flows; `emrl_data` stays free of Prefect.
+A thin shell: each command is a module of `cli.commands` (its options generated from `cli.settings`), the
+cheap checks before Prefect starts are `cli.preflight`, Ctrl-C is `cli.interrupt`. It runs the Prefect flows of
+`flows/`, which never import it; `emrl_data` stays free of Prefect.
 
 A user's mistake ends in a short message naming the problem and the fix (exit 2), a failure in one or two lines
 (exit 1), Ctrl-C in "interrupted; rerun to resume" (exit 130); `--debug` (or `EMRL_DEBUG=1`) shows tracebacks.
-Prefect's settings are made before `prefect` is imported (`flows.prefect_env`).
+Prefect's settings are made before `prefect` is imported (`cli.prefect_env`).
 """
 
 from __future__ import annotations
@@ -26,20 +26,21 @@ import sys
 import threading
 from typing import Any
 
-from flows.commands import (
+from cli.commands import (
     build_rl_hardset,
     build_sft_set,
     demo,
-    evaluate,
     fetch_atlas,
     publish,
     server,
     synth,
     upgrade_checkpoint,
 )
-from flows.commands.parsing import CREDENTIALS, Formatter, Parser, debug_parent
-from flows.interrupt import INTERRUPT_GRACE_S, exit_within, interrupt_handler
-from flows.prefect_env import UsageError, configure_prefect_environment, prefect_session
+from cli.commands.parsing import CREDENTIALS, Formatter, Parser, debug_parent
+from cli.errors import UsageError
+from cli.interrupt import INTERRUPT_GRACE_S, exit_within, interrupt_handler
+from cli.prefect_env import configure_prefect_environment, prefect_session
+from flows.commands import evaluate
 
 
 COMMANDS = (synth, build_sft_set, fetch_atlas, build_rl_hardset, publish, evaluate, demo, server, upgrade_checkpoint)

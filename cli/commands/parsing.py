@@ -1,4 +1,4 @@
-"""The `emrl` parser's pieces: a two-line error, defaults shown in the help, options generated from `flows.settings`."""
+"""The `emrl` parser's pieces: a two-line error, defaults shown in the help, options generated from `cli.settings`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from flows.settings import RENAMED, Setting
+from cli.settings import RENAMED, Setting
 
 
 CREDENTIALS = """\

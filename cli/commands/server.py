@@ -1,4 +1,4 @@
-"""`emrl server up|down|status`: a local Prefect server, worker and the deployments (`make serve`; `flows.server`)."""
+"""`emrl server up|down|status`: a local Prefect server, worker and the deployments (`make serve`; `cli.server`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flows.commands.parsing import CREDENTIALS, Formatter, Parser, add_settings
-from flows.settings import SERVER_STATUS, SERVER_UP, SERVER_WHERE
+from cli.commands.parsing import CREDENTIALS, Formatter, Parser, add_settings
+from cli.settings import SERVER_STATUS, SERVER_UP, SERVER_WHERE
 
 
 def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
@@ -32,7 +32,7 @@ def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
 
 def up_message(state: Any) -> str:
     """What `emrl server up` prints: addresses, the run commands in pipeline order, how to stop."""
-    from flows.server import ENV_NAME
+    from cli.server import ENV_NAME
 
     home = Path(state.prefect_home)
     worker = ", ".join(f"{n} pid {r.pid} (log {r.log})" for n, r in state.processes.items())
@@ -53,7 +53,7 @@ def up_message(state: Any) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run `emrl server up|down|status`; return the exit status (0 ok, 1 problems)."""
-    from flows import server
+    from cli import server
 
     if args.server_action == "up":
         try:

@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from flows.commands.parsing import add_settings
-from flows.preflight import check_publish
-from flows.settings import PUBLISH
+from cli.commands.parsing import add_settings
+from cli.preflight import check_publish
+from cli.settings import PUBLISH
 
 
 def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
