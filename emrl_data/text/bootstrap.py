@@ -15,6 +15,12 @@ Rows come in groups (one group per training seed, each with its own test rows, o
 
 Both return `diff`, `ci_low`, `ci_high`, `n_rows`, `n_groups`; resamples where the statistic is undefined (nan: a
 class missing from the draw) are left out of the interval. Deterministic for a seed (`numpy.random.default_rng`).
+
+`resampled_sums` is the rows-only draw for many statistics at once: when every statistic is a function of column
+sums over the rows (a ratio of counts, a mean, corpus BLEU's n-gram counts), it returns those sums for every
+resample, drawn exactly as `paired_bootstrap` draws them (the same row indices for a seed). Put both models' columns
+side by side in one array and each resample's sums serve both: the difference of any statistic is paired. Evaluating
+every Table 1/2 cell of two models this way costs one draw per resample, not one per cell.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Any
 import numpy as np
 
 
-__all__ = ["Groups", "hierarchical_paired_bootstrap", "paired_bootstrap"]
+__all__ = ["Groups", "hierarchical_paired_bootstrap", "interval", "paired_bootstrap", "resampled_sums"]
 
 Groups = Sequence[tuple[Sequence[Any], Sequence[Any]]]
 
@@ -43,11 +49,32 @@ def _check(groups: Groups, n_bootstrap: int, level: float, name: str) -> float:
     return tail
 
 
+def interval(draws: Sequence[float] | np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """Return the percentile interval of the draws (the inverted-CDF quantiles), nan draws left out; (nan, nan)
+    when none is left.
+
+    >>> interval([0.0, 1.0, 2.0, 3.0], level=0.5)
+    (0.0, 2.0)
+    """
+    tail = (1 - level) / 2
+    values = np.asarray(draws, dtype=np.float64)
+    kept = values[~np.isnan(values)]
+    if not kept.size:
+        return float("nan"), float("nan")
+    low, high = np.quantile(kept, [tail, 1 - tail], method="inverted_cdf")
+    return float(low), float(high)
+
+
 def _summary(diff: float, draws: Sequence[float], tail: float, groups: Groups) -> dict[str, float | int]:
-    kept = np.asarray([d for d in draws if not np.isnan(d)])
-    low, high = np.quantile(kept, [tail, 1 - tail], method="inverted_cdf") if kept.size else (np.nan, np.nan)
-    return {"diff": diff, "ci_low": float(low), "ci_high": float(high), "n_rows": sum(len(a) for a, _ in groups),
+    low, high = interval(draws, 1 - 2 * tail)
+    return {"diff": diff, "ci_low": low, "ci_high": high, "n_rows": sum(len(a) for a, _ in groups),
             "n_groups": len(groups)}  # fmt: skip
+
+
+def _draw_rows(rng: np.random.Generator, sizes: Sequence[int]) -> list[np.ndarray]:
+    """Return one resample's row indices of each group (`sizes[g]` rows drawn with replacement from `sizes[g]`): the
+    one draw both bootstraps and `resampled_sums` make."""
+    return [rng.integers(n, size=n) for n in sizes]
 
 
 def _group_diff(
@@ -80,9 +107,12 @@ def paired_bootstrap(
     diff = statistics.fmean(statistic(a) - statistic(b) for a, b in groups)
     rng = np.random.default_rng(seed)
     draws = []
+    sizes = [len(a) for a, _ in groups]
     for _ in range(n_bootstrap):
-        per_group = [_group_diff(a, b, rng.integers(len(a), size=len(a)), statistic) for a, b in groups]
-        draws.append(statistics.fmean(per_group))
+        drawn = _draw_rows(rng, sizes)
+        draws.append(
+            statistics.fmean(_group_diff(a, b, idx, statistic) for (a, b), idx in zip(groups, drawn, strict=True))
+        )
     return _summary(diff, draws, tail, groups)
 
 
@@ -106,10 +136,46 @@ def hierarchical_paired_bootstrap(
     rng = np.random.default_rng(seed)
     draws = []
     for _ in range(n_bootstrap):
-        drawn = rng.integers(len(groups), size=len(groups))
-        per_group = []
-        for g in drawn:
-            a, b = groups[g]
-            per_group.append(_group_diff(a, b, rng.integers(len(a), size=len(a)), statistic))
-        draws.append(statistics.fmean(per_group))
+        chosen = [groups[g] for g in rng.integers(len(groups), size=len(groups))]
+        drawn = _draw_rows(rng, [len(a) for a, _ in chosen])
+        draws.append(
+            statistics.fmean(_group_diff(a, b, idx, statistic) for (a, b), idx in zip(chosen, drawn, strict=True))
+        )
     return _summary(diff, draws, tail, groups)
+
+
+_CHUNK_ENTRIES = 4_000_000  # resample-weight entries held at once (float64: 32 MB)
+
+
+def resampled_sums(groups: Sequence[np.ndarray], *, n_bootstrap: int, seed: int) -> list[np.ndarray]:
+    """Return, per group, the column sums of its rows over each rows-only resample: `(n_bootstrap, k_g)` arrays.
+
+    Args:
+        groups: one `(n_g, k_g)` array per group (an organ), a row per evaluated row; every group is kept in every
+            resample and its rows redrawn with replacement, the indices `paired_bootstrap` draws for the same seed.
+        n_bootstrap: resamples.
+        seed: the generator's seed.
+
+    Raises:
+        ValueError: on a group without rows or a non-2-D group.
+
+    >>> resampled_sums([np.array([[1.0, 0.0], [1.0, 1.0]])], n_bootstrap=3, seed=0)[0].tolist()  # rows 1 1, 1 0, 0 0
+    [[2.0, 2.0], [2.0, 1.0], [2.0, 0.0]]
+    """
+    values = [np.asarray(g, dtype=np.float64) for g in groups]
+    for g in values:
+        if g.ndim != 2 or not g.shape[0]:
+            raise ValueError(f"resampled_sums: every group needs rows and columns (got shape {g.shape})")
+    sizes = [g.shape[0] for g in values]
+    rng = np.random.default_rng(seed)
+    out = [np.empty((n_bootstrap, g.shape[1])) for g in values]
+    chunk = max(1, _CHUNK_ENTRIES // max(sizes, default=1))
+    for start in range(0, n_bootstrap, chunk):
+        stop = min(n_bootstrap, start + chunk)
+        weights = [np.empty((stop - start, n)) for n in sizes]
+        for b in range(stop - start):
+            for g, idx in enumerate(_draw_rows(rng, sizes)):
+                weights[g][b] = np.bincount(idx, minlength=sizes[g])
+        for g, w in enumerate(weights):
+            out[g][start:stop] = w @ values[g]
+    return out
