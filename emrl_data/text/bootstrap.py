@@ -174,8 +174,8 @@ def resampled_sums(groups: Sequence[np.ndarray], *, n_bootstrap: int, seed: int)
         stop = min(n_bootstrap, start + chunk)
         weights = [np.empty((stop - start, n)) for n in sizes]
         for b in range(stop - start):
-            for g, idx in enumerate(_draw_rows(rng, sizes)):
-                weights[g][b] = np.bincount(idx, minlength=sizes[g])
-        for g, w in enumerate(weights):
-            out[g][start:stop] = w @ values[g]
+            for k, idx in enumerate(_draw_rows(rng, sizes)):
+                weights[k][b] = np.bincount(idx, minlength=sizes[k])
+        for k, w in enumerate(weights):
+            out[k][start:stop] = w @ values[k]
     return out
