@@ -578,7 +578,8 @@ def score_predictions(
     to score and are left out, as the flow's own metrics leave them out: they are not parse failures.
 
     Returns:
-        Rows ready for `evaluate`: organ, has_lesion, long_axis_mm and the `ReportScore` fields.
+        Rows ready for `evaluate`: organ, has_lesion, long_axis_mm and the `ReportScore` fields (and case_id and
+        split when the input has them: `paired_differences` matches rows by case and organ).
     """
     scored = []
     failed = 0
@@ -592,8 +593,10 @@ def score_predictions(
         if text_column not in row:
             raise ValueError(f"A prediction row has neither scores nor a {text_column!r} column: {sorted(row)}.")
         score = score_report(row[text_column] or "", truth_from_row(row), cfg=cfg or DEFAULT_CONFIG)
+        key = {name: row[name] for name in ("case_id", "split") if name in row}  # pairs rows across models
         scored.append(
-            {"organ": row["organ"], "has_lesion": row["has_lesion"], "long_axis_mm": row["long_axis_mm"]}
+            key
+            | {"organ": row["organ"], "has_lesion": row["has_lesion"], "long_axis_mm": row["long_axis_mm"]}
             | score.to_row()
         )
     if failed:
