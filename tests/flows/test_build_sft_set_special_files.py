@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -22,7 +21,7 @@ import flows.build_sft_set as build
 from cli.main import main
 from emrl_data.synthetic import CaseSpec, LesionSpec, write_atlas
 from emrl_data.types import Organ, Split
-from flows.build_sft_set import CaseOverrunError, CaseThread, build_sft_set_flow
+from flows.build_sft_set import build_sft_set_flow
 from tests.flows.helpers import rejection_rows
 
 
@@ -100,24 +99,6 @@ def test_emrl_build_sft_set_over_a_fifo_and_dev_zero_links_ends_with_named_rows(
     assert again["cases_resumed_from_store"] == 3 and again["warnings"] == warnings
 
 
-def test_case_thread_abandons_an_overrun_and_the_next_case_gets_a_fresh_thread() -> None:
-    release = threading.Event()
-    first = CaseThread.current()
-    assert first.run(lambda: 41 + 1, 30.0) == 42
-    with pytest.raises(CaseOverrunError, match=r"still running after 0.05 s"):
-        first.run(release.wait, 0.05)  # blocks until released: past any bound
-    second = CaseThread.current()
-    assert second is not first and second.run(lambda: "fresh", 30.0) == "fresh"
-    with pytest.raises(ZeroDivisionError):
-        second.run(lambda: 1 / 0, 30.0)  # a job's own exception reaches the worker
-    before = {t.ident for t in threading.enumerate() if t.name == "emrl-case"}
-    release.set()  # the abandoned thread finishes its job and exits
-    deadline = time.monotonic() + 30
-    while len({t.ident for t in threading.enumerate() if t.name == "emrl-case"}) >= len(before):
-        assert time.monotonic() < deadline, "the abandoned case thread did not exit"
-        time.sleep(0.01)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_case_past_its_time_bound_is_a_case_timeout_and_the_run_goes_on(
@@ -164,17 +145,6 @@ def test_a_case_past_its_time_bound_is_a_case_timeout_and_the_run_goes_on(
     again = build_sft_set_flow(atlas_root=str(root), output_dir=str(out), cases_per_task=2, max_workers=1)
     assert again["cases_timed_out"] == 0 and again["cases_resumed_from_store"] == 2
     assert again["organ_rows"]["train"]["total"] == 6
-
-
-def test_the_default_time_bound_is_ten_times_the_median_case_with_a_floor(monkeypatch: pytest.MonkeyPatch) -> None:
-    seconds: deque[float] = deque(maxlen=1000)
-    monkeypatch.setattr(build, "_case_seconds", seconds)
-    assert build.case_time_bound(None) == 600.0  # no case yet: the floor
-    seconds.extend([1.0, 2.0, 100.0])
-    assert build.case_time_bound(None) == 600.0  # 10 x the median (2 s) is under the floor
-    seconds.extend([90.0, 95.0])
-    assert build.case_time_bound(None) == 900.0  # 10 x the median, 90 s
-    assert build.case_time_bound(7.5) == 7.5  # a configured bound is used as it is
 
 
 def test_case_timeout_must_be_positive(tmp_path: Path) -> None:
