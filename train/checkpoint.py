@@ -67,6 +67,9 @@ BASE_IMAGE_PROCESSOR: dict[str, Any] = {
 # `cap_pixels_per_frame` is left unset (the base form): with this size both of its values give the same frame sizes
 # for frames between 46^2 and 886^2 px.
 CT_VIDEO_SIZE: dict[str, int] = {"longest_edge": 256 * 512 * 512, "shortest_edge": 2 * 32 * 32}
+# What the Qwen3-VL chat template renders for a video block (training expands it; a vLLM server is given the
+# template with `<|video_pad|>` alone in its place, `inference.vllm_server.serving_chat_template`).
+VIDEO_TRIPLE = "<|vision_start|><|video_pad|><|vision_end|>"
 BASE_VIDEO_PROCESSOR: dict[str, Any] = {
     "do_convert_rgb": True,
     "do_normalize": True,

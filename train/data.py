@@ -34,7 +34,12 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 from transformers.processing_utils import ProcessorMixin
 
-from train.checkpoint import STANDARD_PROCESSOR_CLASS, qwen3_vl_chat_template, write_standard_processor_files
+from train.checkpoint import (
+    STANDARD_PROCESSOR_CLASS,
+    VIDEO_TRIPLE,
+    qwen3_vl_chat_template,
+    write_standard_processor_files,
+)
 
 
 logger = logging.getLogger(__name__)
@@ -43,7 +48,6 @@ PATCH_SIZE = 16  # Qwen3-VL ViT patch (pixels)
 TEMPORAL_PATCH = 2  # consecutive frames fused into one temporal patch
 MERGE_SIZE = 2  # 2x2 patches merged into one LLM token
 FACTOR = PATCH_SIZE * MERGE_SIZE  # frame sides are multiples of 32
-VIDEO_TRIPLE = "<|vision_start|><|video_pad|><|vision_end|>"  # what the chat template renders for a video block
 # Video keyword arguments callers (TRL, apply_chat_template) may pass; the CT encoder has none of these knobs.
 _IGNORED_VIDEO_KWARGS = ("do_sample_frames", "fps", "num_frames", "video_metadata", "return_metadata", "size")
 

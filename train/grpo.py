@@ -1,15 +1,9 @@
 """E-MRL stage 2: GRPO of Qwen3-VL with the rewards r_e, r_f, r_c (docs/contract.md#scoring, docs/contract.md#training-recipe, docs/training.md).
 
-`VideoGRPOTrainer` is TRL 1.16's `GRPOTrainer` plus the CT video: at rollout time each row's frames become a video
-block in its prompt (generation sees them through `CTQwen3VLProcessor`), and the same `pixel_values_videos`,
-`video_grid_thw` and `mm_token_type_ids` are fed to every log-prob forward (policy, old policy, reference), which
-stock TRL silently omits. The projector and the LLM train; the ViT is frozen. The verifier (r_c) re-queries the
-current policy through `_generate_single_turn`. TRL private API: pin `trl==1.16.0`.
-
-Rollouts and the verifier generate exactly what the policy generates on its own (greedy: token for token), and the
-loss forward scores the same M-RoPE positions as a plain unpadded forward; `tests/train/test_stages.py` checks both.
-Any generation during training must go through TRL's path, which turns activation checkpointing off for the call
-(a checkpointed layer discards the KV cache; see `train.rewards.Verifier`).
+The recipe and the entry point: the paper's hyperparameters (`GRPO_RECIPE`), the configuration the video trainer
+needs (`finalize_grpo_config`), the policy loaded and frozen for GRPO (projector and LLM train, the ViT is frozen; LoRA
+optional), the reward functions, and the run with its optional learning-rate-0 control. The trainer itself, TRL's
+`GRPOTrainer` with the CT video, is `train.grpo_trainer.VideoGRPOTrainer`; what a run reports, `train.grpo_report`.
 
     python -m train.grpo --config train/configs/grpo_tiny.yaml --dataset_dir <out>/rl_hardset \
         --model_name_or_path <sft dir> --output_dir <dir>
@@ -19,9 +13,6 @@ from __future__ import annotations
 
 import copy
 import gc
-import logging
-import math
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,12 +21,12 @@ from types import MappingProxyType
 from typing import Any
 
 import torch
+from peft import LoraConfig, get_peft_model
 from transformers import Qwen3VLForConditionalGeneration
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig
 
 from emrl_data.text.scoring import ScoringConfig
 from train.checks import (
-    RunStopped,
     TrainConfigError,
     bar_only,
     check_columns,
@@ -46,306 +37,13 @@ from train.checks import (
     require_fp32_trainable,
     run_cli,
 )
-from train.data import (
-    VIDEO_TRIPLE,
-    CTQwen3VLProcessor,
-    frames_to_array,
-    load_split,
-    to_grpo_dataset,
-    video_key,
-)
-from train.distributed import (
-    add_rank_report,
-    policy_load_kwargs,
-    prompt_seeded_rng,
-)
+from train.data import CTQwen3VLProcessor, load_split, to_grpo_dataset
+from train.distributed import add_rank_report, policy_load_kwargs
 from train.entry import train_main
 from train.freeze import set_stage_trainable
+from train.grpo_report import reward_curve, save_reward_curve_png, summary_lines
+from train.grpo_trainer import VideoGRPOTrainer
 from train.rewards import REWARD_NAMES, Verifier, make_reward_funcs, reward_weights_for
-
-
-logger = logging.getLogger(__name__)
-
-
-class VideoGRPOTrainer(GRPOTrainer):
-    """`GRPOTrainer` whose prompts carry the row's CT frames as a Qwen3-VL video (column `frames`).
-
-    Rows keep their frames in the `frames` column (Arrow cannot hold arrays inside messages); this class injects
-    the video block before generation and stashes the encoded video per row, in row order, for the log-prob forwards.
-    Reward functions that have a `verifier` attribute get it bound to this trainer.
-    """
-
-    _ct_videos: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-    _vllm_rows: list[tuple[Any, list[int], str]] | None = None  # per rollout row: (frames, served ids, name)
-    rollout_seed = "global"  # "prompt": rollouts seeded by (seed, step, prompts) (GrpoScriptArguments.rollout_seed)
-    vllm: Any = None  # train.vllm_rollout.VLLMRollout when the config says use_vllm: true
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        use_vllm = kwargs.get("args") is not None and kwargs["args"].use_vllm
-        if use_vllm:  # TRL's own vLLM path drops the video: never hand it the flag (train.vllm_rollout)
-            from train.vllm_rollout import check_vllm_settings  # noqa: PLC0415
-
-            check_vllm_settings(kwargs["args"], n_processes=int(os.environ.get("WORLD_SIZE", "1")))
-            kwargs["args"] = copy.copy(kwargs["args"])
-            kwargs["args"].use_vllm = False
-        super().__init__(*args, **kwargs)
-        for func in self.reward_funcs:
-            verifier = getattr(func, "verifier", None)
-            if verifier is not None:
-                verifier.trainer = self
-        self._vllm_step = -1
-        if use_vllm:
-            self._start_vllm()
-            # TRL's importance-sampling correction (vLLM's sampled-token log-probs against the policy's) runs on
-            # `use_vllm`; generation itself never reaches TRL's vLLM path (`_generate_single_turn` is ours).
-            self.use_vllm = bool(self.args.vllm_importance_sampling_correction)
-
-    def _start_vllm(self) -> None:
-        """Start the in-process engine on the policy's checkpoint, check names and prompt lengths, push weights.
-
-        Several processes: one engine per rank (tensor parallel 1), built at the same point on every rank (vLLM
-        builds its groups from the trainer's world), each with its share of the device's memory and its own seed;
-        before that the ranks compare vLLM version, model and tensors (a collective under the `ddp_timeout`).
-        """
-        from train.vllm_rollout import (  # noqa: PLC0415
-            RankLayout,
-            VLLMRollout,
-            check_host_kv_space,
-            check_prompt_lengths,
-            check_served_checkpoint,
-            check_weight_names,
-            checkpoint_bytes,
-            checkpoint_tensor_shapes,
-            device_bytes,
-            engine_memory_fraction,
-            policy_shapes,
-            prompt_token_counts,
-        )
-
-        model = self.accelerator.unwrap_model(self.model)
-        path = getattr(model, "name_or_path", None) or model.config._name_or_path
-        cpu = not torch.cuda.is_available()
-        check_served_checkpoint(path, cpu=cpu)
-        max_len = self.args.vllm_max_model_length or 8192
-        if self.train_dataset is not None:
-            counts = prompt_token_counts(self.train_dataset, self.processing_class)
-            check_prompt_lengths(counts, self.max_completion_length, max_len)
-        shapes = policy_shapes(model)
-        check_weight_names(shapes, checkpoint_tensor_shapes(path))
-        dtype = "float32" if cpu or not self.args.bf16 else "bfloat16"
-        layout = RankLayout.from_env(cuda=not cpu)
-        fraction = engine_memory_fraction(self.args.vllm_gpu_memory_utilization, layout,
-                                          checkpoint_bytes(path, dtype), device_bytes(not cpu))  # fmt: skip
-        if cpu:
-            import psutil  # noqa: PLC0415
-
-            check_host_kv_space(layout, checkpoint_bytes(path, dtype), psutil.virtual_memory().available)
-        distributed = self.accelerator.num_processes > 1
-        if distributed:
-            self._check_ranks_agree(path, shapes)
-        self.vllm = VLLMRollout(path, max_model_len=max_len, gpu_memory_utilization=fraction, dtype=dtype,
-                                seed=self.args.seed + self.accelerator.process_index, distributed=distributed)  # fmt: skip
-        self.accelerator.wait_for_everyone()
-        self.sync_vllm_weights()
-
-    def _check_ranks_agree(self, path: str, shapes: dict[str, tuple[int, ...]]) -> None:
-        """Gather every rank's vLLM version, model and tensor digest; refuse a difference on every rank at once."""
-        import torch.distributed as dist  # noqa: PLC0415
-
-        from train.vllm_rollout import check_ranks_agree, rank_info, vllm_version  # noqa: PLC0415
-
-        infos: list[Any] = [None] * self.accelerator.num_processes
-        dist.all_gather_object(infos, rank_info(path, vllm_version(), shapes))
-        check_ranks_agree(infos)
-
-    def sync_vllm_weights(self, *, finalize: bool = True) -> None:
-        """Push the policy's weights (LoRA: merged) into this rank's engine; `finalize=False` skips the repacking
-        (tests). DDP and ZeRO-2: from the rank's own full copy. ZeRO-3: gathered one layer group at a time (a
-        collective: every rank syncs at the same step)."""
-        from train.vllm_rollout import gathered_weight_groups, is_zero3, policy_weights  # noqa: PLC0415
-
-        model = self.accelerator.unwrap_model(self.model)
-        if is_zero3(model):
-            self.vllm.push_weight_groups(gathered_weight_groups(model))
-        else:
-            self.vllm.push_weights(policy_weights(model), finalize=finalize)
-        self._vllm_step = self.state.global_step
-
-    def close_vllm(self) -> None:
-        """Tear this rank's engine down (its process groups before the trainer's); a no-op without one."""
-        if self.vllm is not None:
-            self.vllm.close()
-            self.vllm = None
-
-    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        inputs = [dict(x) for x in inputs]
-        if self.vllm is not None and self.state.global_step != self._vllm_step:
-            self.sync_vllm_weights()  # here, not at the first generate: every rank reaches this point (ZeRO-3 gathers)
-        proc: CTQwen3VLProcessor = self.processing_class
-        encoded: dict[Any, tuple[Any, torch.Tensor, torch.Tensor]] = {}  # one decode + encode per prompt, not per row
-        videos = []
-        served: dict[Any, list[int]] = {}
-        vllm_rows: list[tuple[Any, list[int], str]] = []
-        for x in inputs:
-            key = _prompt_key(x)
-            if key not in encoded:
-                try:
-                    arr = frames_to_array(x["frames"])
-                except Exception as exc:  # a corrupt PNG or mixed sizes: name the row, not a PIL traceback
-                    raise RunStopped(
-                        f"row {_row_name(x)}: its frames do not decode ({type(exc).__name__}: {exc}); rebuild the set "
-                        "or drop the row."
-                    ) from exc
-                _, pixels, grids = proc.expand_videos([VIDEO_TRIPLE], [arr])
-                encoded[key] = (arr, pixels[0], grids[0])
-            arr, pixel, grid = encoded[key]
-            last = x["prompt"][-1]
-            text = last["content"] if isinstance(last["content"], str) else last["content"][-1]["text"]
-            x["prompt"] = x["prompt"][:-1] + [
-                {"role": "user", "content": [{"type": "video", "video": arr}, {"type": "text", "text": text}]}
-            ]
-            videos.append((pixel, grid))
-            if self.vllm is not None:
-                if key not in served:
-                    from train.vllm_rollout import served_prompt_ids  # noqa: PLC0415
-
-                    served[key] = served_prompt_ids(proc, x["prompt"])
-                vllm_rows.append((arr, served[key], _row_name(x)))
-        self._ct_videos = videos
-        self._vllm_rows = vllm_rows if self.vllm is not None else None
-        # TRL's prompt tokenisation re-encodes each prompt's video; the cache hands back the encoding made above.
-        proc.video_cache = {video_key(arr): (p, g) for arr, p, g in encoded.values()}
-        try:
-            out = super()._generate_and_score_completions(inputs)
-        finally:
-            self._ct_videos = None
-            self._vllm_rows = None
-            proc.__dict__.pop("video_cache", None)  # back to the class default (None); never saved with the processor
-        # Lists (not tensors) survive TRL's shuffle/split of the generation buffer row by row.
-        out["ct_pixel_values_videos"] = [p for p, _ in videos]
-        out["ct_video_grid_thw"] = [g for _, g in videos]
-        return out
-
-    def _generate_single_turn(self, prompt_ids: Any, *args: Any, **kwargs: Any) -> Any:
-        if self.vllm is not None:
-            return self._generate_vllm(prompt_ids, *args, **kwargs)
-        if self.rollout_seed != "prompt":
-            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
-        with prompt_seeded_rng(self.args.seed, self.state.global_step, prompt_ids):
-            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
-
-    def _generate_vllm(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
-                       has_tool_images: bool = False) -> tuple[list[list[int]], list[list[float]] | None]:  # fmt: skip
-        """Generate through the engine: video rows with their frames, verifier rows with their key-frame image.
-
-        Prompt ids are the ones TRL tokenised for the policy (each row repeated G times already); vLLM gets the
-        unexpanded form and must rebuild exactly these ids (`VLLMRollout.generate` checks). Sampling settings are the
-        trainer's current `generation_config` (the verifier swaps in greedy ones). Weights are pushed first when an
-        optimizer step happened since the last push.
-        """
-        from train.vllm_rollout import collapse_runs, sampling_params, video_input  # noqa: PLC0415
-
-        if self.state.global_step != self._vllm_step:
-            self.sync_vllm_weights()
-        proc: CTQwen3VLProcessor = self.processing_class
-        requests, names = [], []
-        for i, ids in enumerate(prompt_ids):
-            ids = list(ids)
-            row_images = images[i] if images is not None else None
-            if row_images:
-                if len(row_images) != 1:
-                    raise ValueError(f"a verifier prompt holds one image; row {i} holds {len(row_images)}.")
-                image = row_images[0].convert("RGB") if hasattr(row_images[0], "convert") else row_images[0]
-                requests.append({"prompt_token_ids": collapse_runs(ids, proc.image_token_id),
-                                 "multi_modal_data": {"image": image}})  # fmt: skip
-                names.append(f"verifier query {i}")
-            elif proc.video_token_id in ids:
-                if self._vllm_rows is None or len(self._vllm_rows) != len(prompt_ids):
-                    raise RuntimeError("a video prompt reached vLLM without its frames; the row order was lost.")
-                frames, served, name = self._vllm_rows[i]
-                requests.append({"prompt_token_ids": served,
-                                 "multi_modal_data": {"video": video_input(frames, proc.video_fps)}})  # fmt: skip
-                names.append(name)
-            else:
-                requests.append({"prompt_token_ids": ids})
-                names.append(str(i))
-        gen = self.generation_config
-        vocab = self.accelerator.unwrap_model(self.model).config.text_config.vocab_size
-        params = sampling_params(gen, proc.vision_token_ids, vocab, seed=None, logprobs=self.use_vllm)
-        if gen.do_sample and self.rollout_seed == "prompt":
-            params = self._prompt_seeded(params, prompt_ids)
-        from train.vllm_rollout import RolloutPromptMismatch  # noqa: PLC0415
-
-        try:
-            completions, logprobs = self.vllm.generate(requests, params, [list(ids) for ids in prompt_ids], names)
-        except RolloutPromptMismatch:
-            raise
-        except Exception as exc:  # the engine died: stop the run here (the last saved checkpoint stays as it is)
-            raise RunStopped(
-                f"vLLM engine failed at step {self.state.global_step} generating rows {', '.join(sorted(set(names)))}: "
-                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; the run stops, the last saved "
-                "checkpoint is intact; resume from it (use_vllm: false falls back to HF generate)."
-            ) from exc
-        return completions, logprobs
-
-    def _prompt_seeded(self, params: Any, prompt_ids: Any) -> list[Any]:
-        """One `SamplingParams` per request, seeded by (seed, step, the request's prompt ids) plus the request's index
-        among the copies of its prompt: the samples are then a function of the prompt, whatever the rank or batch
-        (`rollout_seed: prompt`). Without it, each rank's engine generator (seeded with seed + rank) draws them."""
-        from train.distributed import prompt_seed  # noqa: PLC0415
-
-        seen: dict[tuple[int, ...], int] = {}
-        out = []
-        for ids in prompt_ids:
-            key = tuple(int(t) for t in ids)
-            seen[key] = seen.get(key, -1) + 1
-            seeded = params.clone()
-            seeded.seed = (prompt_seed(self.args.seed, self.state.global_step, [key]) + seen[key]) % 2**63
-            out.append(seeded)
-        return out
-
-    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
-        self._ct_videos = list(zip(inputs["ct_pixel_values_videos"], inputs["ct_video_grid_thw"], strict=True))
-        try:
-            return super()._compute_loss(model, inputs)
-        finally:
-            self._ct_videos = None
-
-    def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor, *args: Any, **kwargs: Any):
-        if not self._ct_videos:
-            return super()._get_per_token_logps_and_entropies(model, input_ids, *args, **kwargs)
-        videos, pos = self._ct_videos, [0]
-        proc: CTQwen3VLProcessor = self.processing_class
-        if len(videos) != input_ids.size(0):
-            raise RuntimeError(f"{len(videos)} stashed videos for {input_ids.size(0)} rows; the row order was lost.")
-
-        def forward_with_video(**mi: Any) -> Any:  # TRL calls this once per chunk of consecutive rows
-            ids = mi["input_ids"]
-            n, i = ids.size(0), pos[0]
-            pos[0] += n
-            mi["pixel_values_videos"] = torch.cat([p for p, _ in videos[i : i + n]]).to(ids.device)
-            mi["video_grid_thw"] = torch.cat([g for _, g in videos[i : i + n]]).to(ids.device)
-            mm = torch.zeros_like(ids)
-            mm[ids == proc.image_token_id] = 1
-            mm[ids == proc.video_token_id] = 2
-            mi["mm_token_type_ids"] = mm
-            return model(**mi)
-
-        return super()._get_per_token_logps_and_entropies(forward_with_video, input_ids, *args, **kwargs)
-
-
-def _row_name(row: dict[str, Any]) -> str:
-    """A rollout row's name for messages: (case_id, organ) when present."""
-    if "case_id" in row and "organ" in row:
-        return f"({row['case_id']}, {row['organ']})"
-    return "?"
-
-
-def _prompt_key(row: dict[str, Any]) -> Any:
-    """Identity of a GRPO row's prompt: TRL repeats each row `num_generations` times in one batch."""
-    if "case_id" in row and "organ" in row:
-        return (row["case_id"], row["organ"], row.get("split"))
-    return id(row["frames"])
 
 
 @dataclass
@@ -467,8 +165,6 @@ def finalize_grpo_config(args: GRPOConfig, processor: CTQwen3VLProcessor, reward
 
 def _apply_lora(model: Any, r: int, alpha: int) -> Any:
     """Wrap the LLM's linear layers with LoRA (rank r); the projector trains in full (peft `modules_to_save`)."""
-    from peft import LoraConfig, get_peft_model  # noqa: PLC0415
-
     deepstack = model.model.visual.deepstack_merger_list  # a ModuleList: wrap its members, not the list
     config = LoraConfig(
         r=r,
@@ -564,54 +260,6 @@ def _reward_funcs(
     return make_reward_funcs(rewards, verifier=verifier, scoring_config=scoring_config, seed=args.seed)
 
 
-def reward_curve(log_history: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
-    """Return `{metric: [(step, value), ...]}` for `reward` and every `rewards/<name>/mean` logged by TRL."""
-    curve: dict[str, list[tuple[int, float]]] = {}
-    for entry in log_history:
-        for key, value in entry.items():
-            if (key == "reward" or (key.startswith("rewards/") and key.endswith("/mean"))) and "step" in entry:
-                if isinstance(value, int | float) and not math.isnan(value):
-                    curve.setdefault(key, []).append((int(entry["step"]), float(value)))
-    return curve
-
-
-_CURVE_STYLE = {"reward": ("R", "black"), "rewards/r_e/mean": ("r_e", "tab:blue"),
-                "rewards/r_f/mean": ("r_f", "tab:orange"), "rewards/r_c/mean": ("r_c", "tab:green")}  # fmt: skip
-
-
-def save_reward_curve_png(
-    curve: dict[str, list[tuple[int, float]]],
-    path: str | Path,
-    control: dict[str, list[tuple[int, float]]] | None = None,
-) -> Path:
-    """Plot r_e, r_f, r_c and R per step (solid: the run; dashed: the lr-0 control) to a PNG; return its path."""
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for source, style, suffix in ((curve, "-", "GRPO"), (control or {}, "--", "lr-0 control")):
-        for key, points in sorted(source.items()):
-            label, color = _CURVE_STYLE.get(key, (key, None))
-            ax.plot([s for s, _ in points], [v for _, v in points], style, marker="o", ms=3, color=color,
-                    lw=2.2 if key == "reward" else 1.4, label=f"{label} ({suffix})")  # fmt: skip
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("mean reward over the step's completions")
-    ax.set_title("E-MRL GRPO reward: run (solid) vs learning-rate-0 control (dashed), same prompts")
-    ax.title.set_fontsize(9)
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
-
-
 def _load_checked(script_args: GrpoScriptArguments) -> Any:
     """Load the training split and check its columns and frame counts."""
     if script_args.dataset_dir is None or script_args.model_name_or_path is None:
@@ -648,23 +296,6 @@ def _train_one(script_args: GrpoScriptArguments, training_args: GRPOConfig, data
     return trainer
 
 
-def _mean(points: list[tuple[int, float]]) -> float:
-    return sum(v for _, v in points) / max(1, len(points))
-
-
-def run_minus_control(run: list[tuple[int, float]], control: list[tuple[int, float]]) -> tuple[float, float] | None:
-    """Mean per-step value of the run minus the control's, and its standard error (Welch: sample variances over
-    counts); None with fewer than 2 steps on either side. Steps are treated as independent draws, which a short run's
-    reward mostly is (each step samples new completions), so the error says how much of the gap is noise."""
-    if len(run) < 2 or len(control) < 2:
-        return None
-    a, b = [v for _, v in run], [v for _, v in control]
-    mean_a, mean_b = sum(a) / len(a), sum(b) / len(b)
-    var_a = sum((v - mean_a) ** 2 for v in a) / (len(a) - 1)
-    var_b = sum((v - mean_b) ** 2 for v in b) / (len(b) - 1)
-    return mean_a - mean_b, math.sqrt(var_a / len(a) + var_b / len(b))
-
-
 def run_grpo(script_args: GrpoScriptArguments, training_args: GRPOConfig) -> Path:
     """Train; save model, processor, `trainer_state.json` and the reward curve to `output_dir`; return the dir.
 
@@ -693,20 +324,8 @@ def run_grpo(script_args: GrpoScriptArguments, training_args: GRPOConfig) -> Pat
         gc.collect()
     png = save_reward_curve_png(curve, script_args.reward_curve_png or out / "reward_curve.png", control)
     print(f"GRPO done: {steps} steps in {time.perf_counter() - start:.1f} s; saved to {out}")
-    for key, points in sorted(curve.items()):
-        ctrl = f"   (lr-0 control mean {_mean(control[key]):.3f})" if control and key in control else ""
-        print(f"  {key:>22}: " + " ".join(f"{v:.3f}" for _, v in points) + f"   mean {_mean(points):.3f}{ctrl}")
-    gap = None
-    if control and "reward" in curve and "reward" in control:
-        gap = run_minus_control(curve["reward"], control["reward"])
-    if gap is not None:
-        print(
-            f"  reward, run - lr-0 control: {gap[0]:+.3f} ± {gap[1]:.3f} (1 standard error over {len(curve['reward'])} "
-            f"and {len(control['reward'])} steps; a gap inside ~2 errors is noise)"
-        )
-    zero_std = [h["frac_reward_zero_std"] for h in logs]
-    grad = [h.get("grad_norm", float("nan")) for h in logs]
-    print(f"  frac_reward_zero_std per step: {zero_std}; grad_norm per step: {[round(g, 4) for g in grad]}")
+    for line in summary_lines(curve, control, logs):
+        print(line)
     print(f"  reward curve: {png}")
     return out
 

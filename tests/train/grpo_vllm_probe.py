@@ -39,12 +39,39 @@ from train.grpo import build_grpo_trainer
 from train.rewards import Verifier, r_e, r_f
 from train.tooling.synthetic import write_sft_table
 from train.tooling.tiny import save_tiny
-from train.vllm_rollout import sampling_params, served_prompt_ids, video_input
+from train.vllm_rollout import policy_weights, sampling_params, served_prompt_ids, video_input
 
 
 COMPLETION_TOKENS = 8  # short: a random tiny model in fp32 has near-ties that flip after tens of tokens
 VERIFIER_TOKENS = 6
 NOISE_STD = 0.2
+
+
+def _push_without_repacking(engine, weights) -> None:
+    """Load `weights` into the engine as `VLLMRollout.push_weights` does, but with the linear layers'
+    `process_weights_after_loading` reduced to dropping the unpacked weight: their CPU kernels keep the old packed
+    weights (the stale-weights control: a sync that loads the tensors but skips the repacking)."""
+    engine.llm.collective_rpc(_reload_without_processing, args=(list(weights.items()),))
+    engine.llm.llm_engine.reset_encoder_cache()
+    engine.llm.reset_prefix_cache()
+
+
+def _reload_without_processing(worker, items: list) -> None:
+    """Run in vLLM's worker: the in-place reload with `UnquantizedLinearMethod.process_weights_after_loading`
+    patched, for this call only, to drop the unpacked weight without repacking it."""
+    # imported here, after VLLMRollout has set the environment vLLM reads at import
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    def drop_without_repacking(self, layer) -> None:
+        layer.weight = torch.nn.Parameter(torch.empty(0, dtype=layer.weight.dtype, device=layer.weight.device),
+                                          requires_grad=False)  # fmt: skip
+
+    original = UnquantizedLinearMethod.process_weights_after_loading
+    UnquantizedLinearMethod.process_weights_after_loading = drop_without_repacking
+    try:
+        worker.reload_weights(weights_iterator=items, is_checkpoint_format=True)
+    finally:
+        UnquantizedLinearMethod.process_weights_after_loading = original
 
 
 def _args(out: Path, use_vllm: bool, **kw) -> GRPOConfig:
@@ -175,7 +202,7 @@ def _run(tiny, ds, out: Path, use_vllm: bool, stale: bool = False) -> dict:
     trainer.generation_config = _greedy(trainer.generation_config)
     trainer.add_callback(_Noise(trainer))
     if stale:  # the control: a trainer that never pushes after start-up (the engine keeps the first weights)
-        trainer.sync_vllm_weights = lambda finalize=True: setattr(trainer, "_vllm_step", trainer.state.global_step)
+        trainer.sync_vllm_weights = lambda: setattr(trainer, "_vllm_step", trainer.state.global_step)
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
@@ -219,7 +246,7 @@ def main(out_json: str) -> None:
         model = trainer.accelerator.unwrap_model(trainer.model)
         trainer.vllm.push_weights(before)
         step["restored_row"] = _direct_engine_row(trainer, row, COMPLETION_TOKENS)
-        trainer.sync_vllm_weights(finalize=False)
+        _push_without_repacking(trainer.vllm, policy_weights(model))
         step["unfinalized_row"] = _direct_engine_row(trainer, row, COMPLETION_TOKENS)
         trainer.sync_vllm_weights()
         step["finalized_row"] = _direct_engine_row(trainer, row, COMPLETION_TOKENS)

@@ -81,7 +81,7 @@ def test_device_check_tiny(tmp_path):
 
 
 def test_run_minus_control_is_the_mean_gap_with_its_welch_standard_error():
-    from train.grpo import run_minus_control
+    from train.grpo_report import run_minus_control
 
     run = [(1, 0.1), (2, 0.3), (3, 0.2)]  # mean 0.2, sample variance 0.01
     control = [(1, 0.0), (2, 0.2)]  # mean 0.1, sample variance 0.02

@@ -18,7 +18,8 @@ import pytest
 import torch
 from trl import GRPOConfig
 
-from train.grpo import build_grpo_trainer, reward_curve
+from train.grpo import build_grpo_trainer
+from train.grpo_report import reward_curve
 from train.tooling.learning import GradientTamper, existence_margins, logprob_shift_correlation
 from train.tooling.synthetic import make_visible_rows, write_rows
 from train.tooling.tiny import build_model, build_processor

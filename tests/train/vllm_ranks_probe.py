@@ -88,10 +88,10 @@ def _record_pushes(trainer) -> dict:
     def record(weights) -> None:
         last.update({k: v.detach().to(torch.float32).clone() for k, v in weights.items()})
 
-    def push_weights(weights, *, finalize=True):
+    def push_weights(weights):
         last.clear()
         record(weights)
-        return push(weights, finalize=finalize)
+        return push(weights)
 
     def push_weight_groups(groups):
         last.clear()

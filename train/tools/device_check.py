@@ -45,7 +45,8 @@ from transformers import TrainerCallback
 
 from train.data import frames_to_array, load_split
 from train.freeze import parameter_group, set_stage_trainable
-from train.grpo import VideoGRPOTrainer, _apply_lora, make_grpo_config
+from train.grpo import _apply_lora, make_grpo_config
+from train.grpo_trainer import VideoGRPOTrainer
 from train.rewards import REWARD_NAMES, Verifier, completion_text, make_reward_funcs, reward_weights_for
 from train.sft import build_sft_trainer, make_sft_config
 from train.tooling.synthetic import write_sft_table
