@@ -43,13 +43,13 @@ def _du(path: Path) -> int:
 def download_then_curate(release: Any, files: dict[str, bytes], work: Path) -> tuple[float, int]:
     """(a): every file downloaded, every part unpacked, then the on-disk atlas curated."""
     from flows.build_sft_set import build_sft_set_flow
-    from flows.hub_atlas import download_file
+    from hub.download import download_file
 
     started = time.perf_counter()
     atlas = work / "atlas"
     for path, data in files.items():
         expected = HubFile(path, len(data), hashlib.sha256(data).hexdigest())
-        download_file(release.url(path), work / "download" / path, expected)
+        download_file(release.commit, path, work / "download" / path, expected)
     for path in files:
         parsed = parse_part_name(path)
         if parsed is None:
@@ -94,7 +94,7 @@ def main() -> None:
         hub.state.bandwidth_bps = args.bandwidth_mbps * 1e6
         os.environ["HF_ENDPOINT"] = hub.url
         constants.ENDPOINT = hub.url
-        from flows.hub_atlas import resolve_release
+        from hub.listing import resolve_release
 
         release = resolve_release(REPO)
         a_s, a_peak = download_then_curate(release, files, root / "a")

@@ -54,9 +54,9 @@ from emrl_data.tables.sft_set import (
 )
 from emrl_data.types import Organ
 from flows._common import Progress, batched, git_sha, rejection_table
-from flows.hub_atlas import hub_repo
 from flows.hub_parts import HubOptions, curate_release, hub_summary_lines
 from flows.runners import check_cluster, is_lost_worker_error, make_task_runner, settle_future
+from hub.listing import hub_repo
 
 
 # The per-case time bound (docs/operations.md, "Inputs that could stall a run"): a case still running after it is

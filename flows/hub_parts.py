@@ -1,20 +1,14 @@
 """`build-sft-set` on the Hub release: one Prefect task per part pair, within a scratch budget, resumable, incremental.
 
-Per pair (`curate_part_task`): skip it when the part ledger knows it (same part checksums, config, splits and
-metadata, every case in the store), else download the mask part (verified, resumable) and unpack it, then download the
-image part and stream its CTs out one at a time, curating each case as soon as its CT is on disk and deleting it
-after (docs/decisions.md#hub-parts-streamed-not-unpacked). A part that fails its sha256 twice turns its cases
-into `part_checksum_mismatch` rejections. Parts run on any task runner; how many at once follows from the budget.
+What one pair does is `hub.pairs.read_pair` (Prefect-free); here are the task around it (progress artifacts), the plan
+of the run (revision, side files, splits, metadata, parts at once) and the gathering of the outcomes. Parts run on any
+task runner; how many at once follows from the budget.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import shutil
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,87 +17,17 @@ from prefect.artifacts import create_progress_artifact, create_table_artifact, u
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
-from emrl_data import __version__
 from emrl_data.config import CurateConfig
-from emrl_data.labeling.curate import CaseResult, CaseStore
-from emrl_data.outcome import Rejection, RejectReason
-from emrl_data.reading.archive import IMAGE_KIND, MASK_KIND, PartReading, ScratchMeter, finish_broken, read_part
-from emrl_data.reading.atlas import (
-    CT_FILE_STEM,
-    AtlasOrganMeta,
-    AtlasPlan,
-    CaseRef,
-    hash_split,
-    nifti_path,
-    plan_metadata,
-    read_split_files,
-)
-from emrl_data.reading.release import HubFile, PartPair, format_size, plan_concurrency, side_files
+from emrl_data.labeling.curate import CaseStore
+from emrl_data.outcome import Rejection
+from emrl_data.reading.atlas import AtlasOrganMeta, AtlasPlan, plan_metadata, read_split_files
+from emrl_data.reading.release import PartPair, format_size, plan_concurrency, side_files
 from emrl_data.types import Organ, is_valid_case_id
 from flows._common import Progress
-from flows.hub_atlas import HubRelease, PartLedger, download_verified, resolve_release
 from flows.runners import check_cluster, make_task_runner
-
-
-@dataclass(frozen=True)
-class PartJob:
-    """Everything one part task needs (picklable: it may run in another process or on another machine)."""
-
-    pair: PartPair
-    urls: dict[str, str]  # kind (image_only / mask_only) -> download URL of that part at the pinned commit
-    splits: dict[str, str]  # case id -> split, for the range's cases the split files list
-    conflicts: dict[str, list[str]]  # case id -> the split files that both list it
-    metadata: dict[str, dict[Organ, AtlasOrganMeta]]
-    test_fraction: float
-    cfg_dict: dict[str, Any]
-    store_dir: str
-    ledger_dir: str
-    scratch_dir: str
-    allowance_bytes: int
-    case_timeout_s: float | None = None
-    last_case: int | None = None  # `limit`: cases after this number are not read
-
-    def ledger_key(self) -> str:
-        """A key that changes with anything the pair's cases depend on: part checksums, config, splits, metadata."""
-        files = [(f.path, f.size, f.sha256) for f in (self.pair.image, self.pair.mask) if f is not None]
-        meta = sorted((c, sorted((str(o), repr(m)) for o, m in v.items())) for c, v in self.metadata.items())
-        parts = [__version__, CurateConfig.from_dict(self.cfg_dict).fingerprint(), files, sorted(self.splits.items())]
-        parts += [sorted(self.conflicts.items()), meta, self.test_fraction, self.last_case]
-        return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
-
-    def split_of(self, case_id: str) -> str:
-        """The case's split: the split files' when they list it, else the case-id hash split (as on disk)."""
-        return self.splits.get(case_id) or str(hash_split(case_id, test_fraction=self.test_fraction))
-
-    def wanted(self, case_id: str) -> bool:
-        """False for a case past `last_case` (`limit`)."""
-        return self.last_case is None or int(case_id[6:]) <= self.last_case
-
-
-@dataclass
-class PartOutcome:
-    """What one part task did: the store key of each case, warnings, and its cost."""
-
-    part: str
-    done: list[tuple[str, str, bool]] = field(default_factory=list)  # (case id, store key, was cached)
-    warnings: list[str] = field(default_factory=list)
-    bytes_read: int = 0
-    seconds: float = 0.0
-    peak_scratch_bytes: int = 0
-    from_ledger: bool = False
-    verified: bool = True
-
-    def row(self) -> dict[str, Any]:
-        """The part's row of the summary and its table artifact."""
-        return {
-            "part": self.part,
-            "cases": len(self.done),
-            "bytes_read": self.bytes_read,
-            "seconds": round(self.seconds, 2),
-            "peak_scratch_bytes": self.peak_scratch_bytes,
-            "from_ledger": self.from_ledger,
-            "verified": self.verified,
-        }
+from hub.download import download_verified
+from hub.listing import HubRelease, resolve_release
+from hub.pairs import CurateOne, PartJob, PartOutcome, read_pair
 
 
 class PartProgress:
@@ -140,156 +64,20 @@ class PartProgress:
             update_progress_artifact(artifact_id=self._ids[which], progress=min(pct, 100.0))
 
 
-CurateOne = Callable[..., tuple[str, str, bool]]  # `flows.build_sft_set.curate_bounded`: one case into the store
-
-
 @task(cache_policy=NO_CACHE)
 def curate_part_task(job: PartJob, curate_one: CurateOne) -> PartOutcome:
-    """Curate one part pair into the case store (or find it in the part ledger); see the module docstring.
+    """Curate one part pair into the case store (or find it in the part ledger): `hub.pairs.read_pair` with progress
+    artifacts and the run logger.
 
     `curate_one` curates one case under the per-case time bound (`flows.build_sft_set.curate_bounded`, handed in
     by the flow: the flow module imports this one).
     """
-    started = time.perf_counter()
-    store, ledger, key = CaseStore(Path(job.store_dir)), PartLedger(Path(job.ledger_dir)), job.ledger_key()
-    entry = ledger.get(key)
-    if entry is not None and all(store.has(k) for _, k in entry["cases"]):
-        get_run_logger().info("%s: in the part ledger, no byte read", job.pair.name)
-        done = [(c, k, True) for c, k in entry["cases"]]
-        return PartOutcome(job.pair.name, done, list(entry["warnings"]), from_ledger=True)
-    work = Path(job.scratch_dir) / job.pair.name
-    for kind in (IMAGE_KIND, MASK_KIND):  # what an interrupted run unpacked; its partial downloads stay
-        shutil.rmtree(work / kind, ignore_errors=True)
-    meter, progress = ScratchMeter(job.allowance_bytes), PartProgress(job)
-    outcome = PartOutcome(job.pair.name)
-    try:
-        _read_pair(job, key, work, meter, store, progress, outcome, curate_one)
-    finally:
-        for kind in (IMAGE_KIND, MASK_KIND):
-            shutil.rmtree(work / kind, ignore_errors=True)
-    shutil.rmtree(work, ignore_errors=True)
-    outcome.seconds, outcome.peak_scratch_bytes = time.perf_counter() - started, meter.peak_bytes
-    if outcome.verified and not any(k.startswith("timeout-") for _, k, _ in outcome.done):
-        ledger.put(
-            key, {"part": job.pair.name, "cases": [[c, k] for c, k, _ in outcome.done], "warnings": outcome.warnings}
-        )
+    progress = PartProgress(job)
+    outcome = read_pair(
+        job, curate_one, on_bytes=progress.add_bytes, on_case=progress.add_case, log=get_run_logger().info
+    )
     progress.finish()
     return outcome
-
-
-def _read_pair(
-    job: PartJob,
-    key: str,
-    work: Path,
-    meter: ScratchMeter,
-    store: CaseStore,
-    progress: PartProgress,
-    outcome: PartOutcome,
-    curate_bounded: CurateOne,
-) -> None:
-    """Masks first (unpacked whole: small), then the image part's CTs one by one, each case curated as it lands."""
-    cfg, pair = CurateConfig.from_dict(job.cfg_dict), job.pair
-    readings: dict[str, PartReading] = {}
-    finished: dict[str, tuple[str, str, bool]] = {}
-    case_bytes: dict[str, int] = {}
-
-    def on_mask(case_id: str, path: Path) -> None:
-        case_bytes[case_id] = case_bytes.get(case_id, 0) + path.stat().st_size
-
-    def curate(case_id: str, path: Path | None = None) -> None:
-        masks = readings.get(MASK_KIND)
-        if masks is not None and masks.broken and case_id not in masks.cases:
-            masks.reject(case_id, RejectReason.CORRUPT_ARCHIVE, f"{masks.archive} broke before this case's masks")
-        if job.wanted(case_id) and not any(case_id in r.rejected for r in readings.values()):
-            if case_id in job.conflicts:
-                finished[case_id] = _store_rejection(store, key, _conflict(case_id, job.conflicts[case_id]))
-            else:
-                ref, meta = _case_ref(work, case_id), job.metadata.get(case_id)
-                finished[case_id] = curate_bounded(ref, job.split_of(case_id), meta, cfg, store, job.case_timeout_s)
-            progress.add_case()
-        held = case_bytes.pop(case_id, 0) + (path.stat().st_size if path is not None else 0)
-        for kind in (IMAGE_KIND, MASK_KIND):
-            shutil.rmtree(work / kind / case_id, ignore_errors=True)
-        meter.release(held)
-
-    for kind, part, on_file in ((MASK_KIND, pair.mask, on_mask), (IMAGE_KIND, pair.image, curate)):
-        if part is None:
-            continue
-        path = _fetch(job, kind, part, work, meter, progress, outcome)
-        if path is None:  # failed its checksum twice: every case of the range is out
-            _reject_part(job, key, store, part, outcome)
-            return
-        readings[kind] = PartReading(part.path)
-        with path.open("rb") as fh:
-            read_part(fh, name=part.path, kind=kind, dest=work, case_range=(pair.start, pair.end), meter=meter,
-                      on_file=on_file, reading=readings[kind])  # fmt: skip
-        path.unlink()
-        meter.release(part.size)
-    known = list(dict.fromkeys(c for r in readings.values() for c in r.cases))
-    for reading in readings.values():
-        finish_broken(reading, known, set(finished))
-    for case_id in (c for c in known if c not in finished):
-        curate(case_id)  # masks without a CT: curated as on disk (missing_ct)
-    for reading in readings.values():
-        outcome.warnings += reading.warnings()
-        for case_id, rejection in sorted(reading.rejected.items()):
-            if not is_valid_case_id(case_id) or job.wanted(case_id):
-                finished[case_id] = _store_rejection(store, key, rejection)
-    outcome.done = [finished[c] for c in sorted(finished)]
-
-
-def _fetch(
-    job: PartJob,
-    kind: str,
-    part: HubFile,
-    work: Path,
-    meter: ScratchMeter,
-    progress: PartProgress,
-    outcome: PartOutcome,
-) -> Path | None:
-    """Download one part into the scratch folder (its bytes reserved first); None when it failed verification twice."""
-    meter.reserve(part.size, part.path)
-    done, read, mismatch = download_verified(
-        job.urls[kind], work / f"{kind}.tar.gz", part, on_bytes=progress.add_bytes
-    )
-    outcome.bytes_read += read
-    if done is None:
-        meter.release(part.size)
-        outcome.verified = False
-        outcome.warnings.append(f"{part.path}: {mismatch}; fetched twice, its cases are rejected")
-        return None
-    return done.path
-
-
-def _reject_part(job: PartJob, key: str, store: CaseStore, part: HubFile, outcome: PartOutcome) -> None:
-    detail = f"{part.path} does not match the sha256 the Hub lists for it, fetched twice; the case was not read"
-    outcome.done = [
-        _store_rejection(
-            store, key, Rejection(c, None, "fetch", RejectReason.PART_CHECKSUM_MISMATCH, detail, part.path)
-        )
-        for c in job.pair.case_ids()
-        if job.wanted(c)
-    ]
-
-
-def _case_ref(root: Path, case_id: str) -> CaseRef:
-    """The case as `discover_cases` would see it in the split layout under `root` (the pair's scratch folder)."""
-    ct = nifti_path(root / IMAGE_KIND / case_id / CT_FILE_STEM)
-    return CaseRef(case_id, root, ct, root / MASK_KIND / case_id / "segmentations")
-
-
-def _conflict(case_id: str, files: list[str]) -> Rejection:
-    detail = f"{case_id} is listed in {' and '.join(files)}: a train/test leak; the case is not used"
-    return Rejection(case_id, None, "discover", RejectReason.SPLIT_CONFLICT, detail, files[0])
-
-
-def _store_rejection(store: CaseStore, part_key: str, rejection: Rejection) -> tuple[str, str, bool]:
-    """Store a case the archive (or the split files) ruled out; its key is the part's, so a changed part retries it."""
-    key = (
-        f"part-{part_key[:16]}-{hashlib.sha256(rejection.case_id.encode('utf-8', 'surrogateescape')).hexdigest()[:16]}"
-    )
-    store.save(key, CaseResult(rejection.case_id, rejections=[rejection]))
-    return rejection.case_id, key, False
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -338,7 +126,7 @@ def curate_release(
     )
     meta_root = out / ".work" / "hub" / release.sha
     for side in side_files(release.files):
-        done, _, mismatch = download_verified(release.url(side.path), meta_root / side.path, side)
+        done, _, mismatch = download_verified(release.commit, side.path, meta_root / side.path, side)
         if done is None:
             raise RuntimeError(f"{side.path} of {release.source}: {mismatch}; fetched twice")
     listing = read_split_files(meta_root)
@@ -354,7 +142,7 @@ def curate_release(
     jobs = [
         PartJob(
             pair=p,
-            urls={k: release.url(f.path) for k, f in ((IMAGE_KIND, p.image), (MASK_KIND, p.mask)) if f is not None},
+            commit=release.commit,
             splits={c: str(s) for c, s in (listing.splits.items() if listing else ()) if p.holds(c)},
             conflicts={c: list(f) for c, f in (listing.conflicts.items() if listing else ()) if p.holds(c)},
             metadata={c: m for c, m in metadata.items() if p.holds(c)},

@@ -15,9 +15,16 @@ unknown bearer token gets 401 on every route; `whoami` and every write (create, 
 batch) need a token (401 without one) with the `write` role (403 with a `read` token); a private repo is not readable
 without a token (401, error code `RepoNotFound`, like the Hub). Default tokens: `hf_fake` (write), `hf_fake_read` (read).
 
-What it does not do: validate cards like the Hub, run the viewer. Unknown routes are
+Downloads answer as on the Hub on a busy day: `resolve/` of an LFS file answers 302 to a signed URL on a second
+server on another loopback address (`127.0.0.2`, a CDN: `state.cdn_url`), which serves the bytes with Range support and
+records every `Authorization` header it receives in `state.cdn_authorizations` (the client must send none there).
+`state.fail_next(method, needle, status, retry_after=...)` makes the next matching request (on either host) answer
+`status` with an optional `Retry-After`; `state.cut[path] = n` makes the next GET of a file send `n` bytes and drop the
+connection; a repository put with `gated=True` is listed to anyone but its files need a token (401 `GatedRepo`).
+
+What it does not do: validate cards like the Hub, run the viewer, speak Xet. Unknown routes are
 recorded in `state.unknown`, every request in `state.requests` and every `Authorization` header in
-`state.authorizations`; `state.fail_next(...)` makes the next matching request fail with a status (to test retries).
+`state.authorizations`.
 
 Use from tests: `with serve_fake_hub() as hub: ... hub.url ... hub.state.commit_count("datasets", "org/name")`.
 Run by hand: `python tests/fakehub.py --port 8765`, then `HF_ENDPOINT=http://127.0.0.1:8765 HF_TOKEN=hf_fake ...`.
@@ -33,10 +40,10 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import uvicorn
 import yaml
@@ -49,6 +56,7 @@ from tests.loopback import free_port
 DEFAULT_TOKENS = {"hf_fake": "write", "hf_fake_read": "read"}
 # POST routes that only read; every other POST, PUT or DELETE writes.
 READ_ONLY_POSTS = ("/api/validate-yaml", "/paths-info/")
+CDN_HOST = "127.0.0.2"  # another loopback address: another host to the client, which must not send it the token
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -78,6 +86,7 @@ class Repo:
     repo_type: str  # "model" | "dataset" | "space"
     repo_id: str
     private: bool
+    gated: bool = False
     commits: dict[str, Commit] = field(default_factory=dict)
     branches: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
@@ -96,32 +105,49 @@ class HubState:
     unknown: list[str] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
     authorizations: set[str] = field(default_factory=set)
-    faults: list[tuple[str, str, int]] = field(default_factory=list)
+    faults: list[tuple[str, str, int, int | None]] = field(default_factory=list)
+    cut: dict[str, int] = field(default_factory=dict)  # file path -> bytes sent before the next GET drops the line
+    cdn_url: str = ""  # the second host LFS downloads are redirected to ("" : no redirect)
+    cdn_authorizations: list[str] = field(default_factory=list)  # the Authorization header of every CDN request
     corrupt: dict[str, int] = field(default_factory=dict)  # file path -> downloads still served with a flipped byte
     served: dict[str, int] = field(default_factory=dict)  # file path -> bytes served by resolve/
     ranges: list[tuple[str, int]] = field(default_factory=list)  # (file path, first byte) of each Range request
     bandwidth_bps: float | None = None  # resolve/ sends file bytes at this rate (None: as fast as it can)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def put_dataset(self, repo_id: str, files: dict[str, bytes], title: str = "upload") -> str:
-        """Commit `files` (path -> bytes, every one an LFS object listed with its sha256) on `main` of a public
-        dataset repo, created when missing; files of the previous commit stay. Returns the commit oid."""
+    def put_dataset(
+        self,
+        repo_id: str,
+        files: dict[str, bytes],
+        title: str = "upload",
+        *,
+        regular: tuple[str, ...] = (".csv",),
+        gated: bool = False,
+    ) -> str:
+        """Commit `files` (path -> bytes) on `main` of a public dataset repo, created when missing; files of the previous
+        commit stay. Files ending in `regular` are git blobs (listed with their blob id), the others LFS objects
+        (listed with their sha256). `gated`: files need a token. Returns the commit oid."""
         with self.lock:
             repo = self.repos.setdefault(("dataset", repo_id), Repo("dataset", repo_id, False))
+            repo.gated = gated
             head = repo.commits[repo.branches["main"]].files if "main" in repo.branches else {}
             tree = dict(head)
             for path, data in files.items():
-                oid = hashlib.sha256(data).hexdigest()
+                if path.endswith(regular):
+                    oid = git_blob_sha1(data)
+                else:
+                    oid = hashlib.sha256(data).hexdigest()
+                    self.lfs_blobs.add(oid)
                 self.blobs[oid] = data
-                self.lfs_blobs.add(oid)
                 tree[path] = oid
             commit = self.new_commit(repo, repo.branches.get("main"), tree, title)
             repo.branches["main"] = commit.oid
             return commit.oid
 
-    def fail_next(self, method: str, path_contains: str, status: int) -> None:
-        """Make the next `method` request whose path contains `path_contains` answer `status` (once)."""
-        self.faults.append((method.upper(), path_contains, status))
+    def fail_next(self, method: str, path_contains: str, status: int, retry_after: int | None = None) -> None:
+        """Make the next `method` request whose path contains `path_contains` answer `status` (once), with a
+        `Retry-After: retry_after` header when given."""
+        self.faults.append((method.upper(), path_contains, status, retry_after))
 
     def repo(self, repo_type: str, repo_id: str) -> Repo | None:
         """Return a repository by type (`dataset` or `datasets`) and id, or None."""
@@ -162,11 +188,13 @@ class HubState:
         return None
 
 
-def _err(status: int, msg: str, code: str | None = None) -> JSONResponse:
+def _err(status: int, msg: str, code: str | None = None, retry_after: int | None = None) -> JSONResponse:
     # huggingface_hub maps X-Error-Code to RepositoryNotFoundError / RevisionNotFoundError / EntryNotFoundError.
     headers = {"X-Error-Message": msg}
     if code:
         headers["X-Error-Code"] = code
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
     return JSONResponse({"error": msg}, status_code=status, headers=headers)
 
 
@@ -219,11 +247,7 @@ def make_app(state: HubState) -> FastAPI:
     async def faults(request: Request, call_next: Any) -> Any:
         state.requests.append(f"{request.method} {request.url.path}")
         state.authorizations.add(request.headers.get("authorization", ""))
-        for i, (method, needle, status) in enumerate(state.faults):
-            if request.method == method and needle in request.url.path:
-                del state.faults[i]
-                return _err(status, f"fakehub: injected {status}")
-        return _auth_failure(state, request) or await call_next(request)
+        return _injected(state, request) or _auth_failure(state, request) or await call_next(request)
 
     def info(repo: Repo, commit: Commit) -> dict[str, Any]:
         readme = commit.files.get("README.md")
@@ -239,7 +263,7 @@ def make_app(state: HubState) -> FastAPI:
             "lastModified": _utc(commit.date),
             "createdAt": _utc(repo.created),
             "private": repo.private,
-            "gated": False,
+            "gated": "auto" if repo.gated else False,
             "disabled": False,
             "downloads": 0,
             "likes": 0,
@@ -493,35 +517,102 @@ def make_app(state: HubState) -> FastAPI:
         fpath = unquote(fpath)
         if fpath not in commit.files:
             return _err(404, "Entry not found", code="EntryNotFound")
-        data = state.blobs[commit.files[fpath]]
-        if request.method == "GET" and state.corrupt.get(fpath, 0) > 0:
-            state.corrupt[fpath] -= 1
-            data = data[:-1] + bytes([data[-1] ^ 0xFF])
-        headers = {
-            "X-Repo-Commit": commit.oid,
-            "ETag": f'"{commit.files[fpath]}"',
-            "Content-Length": str(len(data)),
-            "Accept-Ranges": "bytes",
-        }
-        byte_range = request.headers.get("range")
-        if byte_range and byte_range.startswith("bytes="):
-            first, _, last = byte_range[6:].partition("-")
-            start = int(first) if first else 0
-            stop = int(last) + 1 if last else len(data)
-            chunk = data[start:stop]
-            headers["Content-Range"] = f"bytes {start}-{start + len(chunk) - 1}/{len(data)}"
-            headers["Content-Length"] = str(len(chunk))
-            if request.method == "GET":
-                state.ranges.append((fpath, start))
-                state.served[fpath] = state.served.get(fpath, 0) + len(chunk)
-            return Response(b"" if request.method == "HEAD" else chunk, status_code=206, headers=headers)
-        if request.method == "GET":
-            state.served[fpath] = state.served.get(fpath, 0) + len(data)
-            if state.bandwidth_bps:
-                return StreamingResponse(_throttled(data, state.bandwidth_bps), headers=headers)
-        return Response(b"" if request.method == "HEAD" else data, headers=headers)
+        if repo.gated and state.tokens.get(_bearer(request) or "") is None:
+            msg = f"Access to dataset {repo.repo_id} is restricted. You must have access to it and be authenticated."
+            return _err(401, msg, code="GatedRepo")
+        key = commit.files[fpath]
+        if key in state.lfs_blobs and state.cdn_url:  # as on the Hub: a signed URL on another host
+            signature = hashlib.sha256(f"{key}/{time.time_ns()}".encode()).hexdigest()[:16]
+            headers = {
+                "X-Repo-Commit": commit.oid,
+                "X-Linked-Etag": f'"{key}"',
+                "X-Linked-Size": str(len(state.blobs[key])),
+                "ETag": f'"{key}"',
+                "Location": f"{state.cdn_url}/cdn/{key}/{quote(fpath)}?signature={signature}",
+            }
+            return Response(b"", status_code=302, headers=headers)
+        return _serve_bytes(state, request, fpath, key, {"X-Repo-Commit": commit.oid})
 
     return app
+
+
+def _injected(state: HubState, request: Request) -> JSONResponse | None:
+    """The fault `fail_next` queued for this request, if any (taken off the queue)."""
+    with state.lock:
+        for i, (method, needle, status, retry_after) in enumerate(state.faults):
+            if request.method == method and needle in unquote(request.url.path):
+                del state.faults[i]
+                return _err(status, f"fakehub: injected {status}", retry_after=retry_after)
+    return None
+
+
+def make_cdn_app(state: HubState) -> FastAPI:
+    """The second host: `/cdn/<oid>/<path>?signature=...` serves an LFS object's bytes (no token wanted or checked)."""
+    app = FastAPI()
+
+    @app.middleware("http")
+    async def record(request: Request, call_next: Any) -> Any:
+        state.requests.append(f"CDN {request.method} {request.url.path}")
+        state.cdn_authorizations.append(request.headers.get("authorization", ""))
+        return _injected(state, request) or await call_next(request)
+
+    @app.api_route("/cdn/{oid}/{fpath:path}", methods=["GET", "HEAD"])
+    async def cdn(oid: str, fpath: str, request: Request) -> Any:
+        if oid not in state.blobs or not request.query_params.get("signature"):
+            return _err(403, "fakehub CDN: unsigned or unknown object")
+        return _serve_bytes(state, request, unquote(fpath), oid, {})
+
+    return app
+
+
+def _serve_bytes(state: HubState, request: Request, fpath: str, key: str, extra: dict[str, str]) -> Any:
+    """A file's bytes (whole or a Range), with the injected corruption, cut and bandwidth."""
+    data = state.blobs[key]
+    if request.method == "GET" and state.corrupt.get(fpath, 0) > 0:
+        state.corrupt[fpath] -= 1
+        data = data[:-1] + bytes([data[-1] ^ 0xFF])
+    headers = {
+        **extra,
+        "ETag": f'"{key}"',
+        "Content-Length": str(len(data)),
+        "Accept-Ranges": "bytes",
+    }
+    cut = state.cut.pop(fpath, None) if request.method == "GET" else None
+    byte_range = request.headers.get("range")
+    if byte_range and byte_range.startswith("bytes="):
+        first, _, last = byte_range[6:].partition("-")
+        start = int(first) if first else 0
+        stop = int(last) + 1 if last else len(data)
+        chunk = data[start:stop]
+        headers["Content-Range"] = f"bytes {start}-{start + len(chunk) - 1}/{len(data)}"
+        headers["Content-Length"] = str(len(chunk))
+        if request.method == "GET":
+            state.ranges.append((fpath, start))
+        return _body(state, request, fpath, chunk, cut, headers, 206)
+    return _body(state, request, fpath, data, cut, headers, 200)
+
+
+def _body(
+    state: HubState, request: Request, fpath: str, data: bytes, cut: int | None, headers: dict[str, str], status: int
+) -> Any:
+    if request.method == "HEAD":
+        return Response(b"", status_code=status, headers=headers)
+    sent = data if cut is None else data[:cut]
+    state.served[fpath] = state.served.get(fpath, 0) + len(sent)
+    if cut is not None:
+        return StreamingResponse(_cut_after(sent), status_code=status, headers=headers)
+    if state.bandwidth_bps:
+        return StreamingResponse(_throttled(data, state.bandwidth_bps), status_code=status, headers=headers)
+    return Response(data, status_code=status, headers=headers)
+
+
+class _ConnectionCut(Exception):
+    """Raised inside a streamed body: the server drops the connection before the bytes its header announced."""
+
+
+async def _cut_after(sent: bytes) -> Any:
+    yield sent
+    raise _ConnectionCut("fakehub: connection cut mid-body")
 
 
 async def _throttled(data: bytes, bandwidth_bps: float, chunk: int = 1 << 16) -> Any:
@@ -541,26 +632,38 @@ class FakeHub:
 
 
 @contextmanager
-def serve_fake_hub(lfs_suffixes: tuple[str, ...] = (), tokens: dict[str, str] | None = None) -> Iterator[FakeHub]:
-    """Run a fresh fake Hub on a free 127.0.0.1 port in a thread; stop it on exit, also when the body raises.
-
-    `tokens` maps the accepted tokens to their role (`write` or `read`); default `DEFAULT_TOKENS`.
-    """
-    state = HubState(lfs_suffixes=lfs_suffixes, tokens=dict(DEFAULT_TOKENS if tokens is None else tokens))
+def _serving(app: FastAPI, host: str) -> Iterator[str]:
+    """Run `app` on a free port of `host` in a thread; yield its base URL; stop it on exit."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(make_app(state), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True, name=f"fakehub-{port}")
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True, name=f"fakehub-{host}-{port}")
     thread.start()
     try:
         deadline = time.monotonic() + 10.0
         while not server.started:
             if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"fake Hub did not start on port {port}")
+                raise RuntimeError(f"fake Hub did not start on {host}:{port}")
             time.sleep(0.02)
-        yield FakeHub(f"http://127.0.0.1:{port}", state)
+        yield f"http://{host}:{port}"
     finally:
         server.should_exit = True
         thread.join(10.0)
+
+
+@contextmanager
+def serve_fake_hub(
+    lfs_suffixes: tuple[str, ...] = (), tokens: dict[str, str] | None = None, *, cdn: bool = True
+) -> Iterator[FakeHub]:
+    """Run a fresh fake Hub on a free 127.0.0.1 port, and its CDN on 127.0.0.2 (`cdn=False`: none, LFS bytes served
+    by `resolve/` itself); stop both on exit, also when the body raises.
+
+    `tokens` maps the accepted tokens to their role (`write` or `read`); default `DEFAULT_TOKENS`.
+    """
+    state = HubState(lfs_suffixes=lfs_suffixes, tokens=dict(DEFAULT_TOKENS if tokens is None else tokens))
+    with ExitStack() as stack:
+        if cdn:
+            state.cdn_url = stack.enter_context(_serving(make_cdn_app(state), CDN_HOST))
+        yield FakeHub(stack.enter_context(_serving(make_app(state), "127.0.0.1")), state)
 
 
 if __name__ == "__main__":

@@ -173,7 +173,6 @@ def test_no_module_names_an_organ_outside_the_registry() -> None:
 PREFECT_FREE_IN_FLOWS: dict[str, str] = {
     "flows/evaluate.py": "cli/ (emrl eval)",
     "flows/commands/evaluate.py": "cli/commands/ (emrl eval)",
-    "flows/fetch_atlas.py": "hub/ (Hub I/O)",
     "flows/publish_local.py": "a Prefect-free publishing module",
     "flows/publish_readback.py": "a Prefect-free publishing module",
 }

@@ -3,7 +3,7 @@
 The release holds `image_only/AbdomenAtlas3_images_BDMAP_BDMAP_{start:08d}_BDMAP_{end:08d}.tar.gz` and the
 `mask_only/AbdomenAtlas3_masks_BDMAP_BDMAP_…tar.gz` part of the same range (232 cases each, the last one ending at
 BDMAP_00009262), the metadata CSV and `TrainTestIDS/{IID,OOD}_{train,test}.csv`. This module only knows names and
-numbers; reading the Hub is in `flows/`, reading the archives in `emrl_data.reading.archive`.
+numbers; reading the Hub is in `hub/`, reading the archives in `emrl_data.reading.archive`.
 """
 
 from __future__ import annotations
@@ -31,11 +31,13 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 @dataclass(frozen=True, slots=True)
 class HubFile:
-    """One file of a Hub revision: its path, size in bytes and sha256 (the LFS oid; None for a non-LFS file)."""
+    """One file of a Hub revision: its path, size in bytes, sha256 (the LFS oid; None for a non-LFS file) and git blob
+    id (`sha1(b"blob <size>\\0" + bytes)` of a non-LFS file; of the LFS pointer for an LFS file)."""
 
     path: str
     size: int
     sha256: str | None
+    blob_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

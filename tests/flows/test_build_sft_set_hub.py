@@ -165,7 +165,7 @@ def test_the_scratch_budget_sets_parts_at_once_and_holds(
     _, files = release
     hub.state.put_dataset(REPO, files)
     from emrl_data.reading.release import pair_parts, scratch_need
-    from flows.hub_atlas import resolve_release
+    from hub.listing import resolve_release
 
     pairs = resolve_release(REPO).pairs
     need = max(scratch_need(p) for p in pairs)
@@ -218,30 +218,34 @@ def test_a_download_killed_mid_part_resumes_where_it_stopped(hub: FakeHub, tmp_p
     import sys
 
     from emrl_data.reading.release import HubFile
-    from flows.hub_atlas import download_file, resolve_release
+    from hub.download import download_file
+    from hub.listing import resolve_release
 
     data = bytes(range(256)) * (3 << 12)  # 3 MiB
     path = part_name("image_only", 1, 3)
     hub.state.put_dataset(REPO, {path: data, part_name("mask_only", 1, 3): b"m"})
-    url = resolve_release(REPO).url(path)
+    commit = resolve_release(REPO).commit
     expected = HubFile(path, len(data), hashlib.sha256(data).hexdigest())
     dest = tmp_path / "image.tar.gz"
     killer = (
         "import os, signal, sys\n"
         "from emrl_data.reading.release import HubFile\n"
-        "from flows.hub_atlas import download_file\n"
+        "from hub.download import download_file\n"
+        "from hub.listing import HubCommit\n"
+        "import huggingface_hub.constants as c; c.DOWNLOAD_CHUNK_SIZE = 1 << 20\n"  # 1 MiB writes, not 10
         "f = HubFile(sys.argv[3], int(sys.argv[4]), sys.argv[5])\n"
-        "download_file(sys.argv[1], __import__('pathlib').Path(sys.argv[2]), f,"
+        "download_file(HubCommit(*sys.argv[6:9]), sys.argv[3], __import__('pathlib').Path(sys.argv[2]), f,"
         " on_bytes=lambda n: os.kill(os.getpid(), signal.SIGKILL))\n"
     )
-    args = [url, str(dest), path, str(len(data)), expected.sha256 or ""]
+    args = [commit.sha, str(dest), path, str(len(data)), expected.sha256 or "", commit.repo_id, commit.sha]
+    args.append(commit.endpoint)
     done = subprocess.run([sys.executable, "-c", killer, *args], env=os.environ.copy(), timeout=120)
     assert done.returncode == -9
     partial = dest.with_name(dest.name + ".incomplete")
     left = partial.stat().st_size
     assert 0 < left < len(data)
 
-    resumed = download_file(url, dest, expected)
+    resumed = download_file(commit, path, dest, expected)
     assert (resumed.resumed_from, resumed.bytes_read) == (left, len(data) - left)
     assert hub.state.ranges[-1] == (path, left)
     assert dest.read_bytes() == data and not partial.exists()
@@ -266,7 +270,8 @@ def test_a_run_killed_mid_part_resumes_that_part_and_reads_no_finished_one(
     from prefect.settings import PREFECT_API_URL
 
     from emrl_data.reading.release import scratch_need
-    from flows.hub_atlas import resolve_release
+    from hub.listing import resolve_release
+    from hub.pairs import archive_path
 
     atlas, files = release
     hub.state.put_dataset(REPO, files)
@@ -283,7 +288,8 @@ def test_a_run_killed_mid_part_resumes_that_part_and_reads_no_finished_one(
     )
     env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
     args = [ROOT, str(out), json.dumps(FRAMES), str(scratch), budget]
-    partial = scratch / second.name / "image_only.tar.gz.incomplete"
+    archive = archive_path(scratch, second.image)
+    partial = archive.with_name(archive.name + ".incomplete")
     log = open(tmp_path / "killed.log", "wb")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen([sys.executable, "-c", run, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)  # fmt: skip
@@ -305,8 +311,8 @@ def test_a_run_killed_mid_part_resumes_that_part_and_reads_no_finished_one(
     summary = _build(out, scratch_dir=str(scratch), scratch_budget=budget)
     assert (summary["hub"]["parts_from_ledger"], summary["hub"]["parts_read"]) == (1, 1)
     assert hub.state.ranges[-1] == (image, left)
-    mask = part_name("mask_only", second.start, second.end)  # unpacked and deleted before the kill: read again
-    assert summary["hub"]["bytes_read"] == len(files[mask]) + len(files[image]) - left
+    mask = archive_path(scratch, second.mask)  # verified before the kill, kept: never downloaded again
+    assert summary["hub"]["bytes_read"] == len(files[image]) - left and not mask.exists()
     assert summary["cases"] == on_disk["cases"] == N_CASES
     assert _shards(out) == _shards(tmp_path / "disk")
     assert not any(scratch.iterdir())
@@ -317,7 +323,7 @@ def test_fetch_atlas_writes_the_released_layout_and_skips_finished_parts(
 ) -> None:
     atlas, files = release
     hub.state.put_dataset(REPO, files)
-    from flows.fetch_atlas import fetch_atlas
+    from hub.fetch import fetch_atlas
 
     report = fetch_atlas(tmp_path / "dest", repo_id=REPO, workers=2)
     assert len(report["fetched"]) == 4 and report["failed"] == [] and report["rejected"] == []

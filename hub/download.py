@@ -1,0 +1,189 @@
+"""One file of a pinned commit downloaded through huggingface_hub's own download path, resumable and verified.
+
+`download_file` resolves the file's location with `get_hf_file_metadata` (a HEAD that follows only Hub redirects and
+retries 408/429/5xx, honouring `Retry-After`), then either
+- `xet_get` when the file is Xet-stored and `hf_xet` is installed (chunked, deduplicated, its chunk cache resumes), or
+- `http_get` from the location (a CDN after a redirect: the token is dropped for another host) into
+  `DEST.incomplete`, resumed with an HTTP Range request from the bytes already there; `http_get` retries 408/429
+  and resumes a connection cut mid-body, and `call_with_retry` adds what it lacks (a 5xx answering the GET).
+Every file is checked before it is renamed to `DEST`: an LFS or Xet file against the sha256 of the listing, any other
+against its git blob id. huggingface_hub 1.33's `hf_hub_download` is not used as a whole: it writes to a temporary
+name unique to the process and deletes it on failure, so a crashed run would start a 14 GB part over
+(docs/decisions.md#hub-downloads-the-librarys-parts-our-resume).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, BinaryIO, cast
+from urllib.parse import urlparse
+
+from huggingface_hub import constants
+from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.file_download import get_hf_file_metadata, http_get, is_xet_available, xet_get
+from huggingface_hub.utils import build_hf_headers
+
+from emrl_data.reading.release import HubFile
+from hub.listing import HubCommit, access_error
+from hub.retry import call_with_retry, is_busy
+
+
+_CHUNK_BYTES = 1 << 20
+logger = logging.getLogger(__name__)
+
+
+class ChecksumMismatchError(Exception):
+    """A downloaded file does not hash to the sha256 (or git blob id) the Hub lists for it."""
+
+
+@dataclass(frozen=True)
+class Download:
+    """One finished download: the file, bytes read over the network this time, where it resumed from, seconds."""
+
+    path: Path
+    bytes_read: int
+    resumed_from: int
+    seconds: float
+
+
+def git_blob_id(path: Path) -> str:
+    """The git blob id of a file: `sha1(b"blob <size>\\0" + bytes)`, what the Hub lists for a non-LFS file."""
+    digest = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    with path.open("rb") as fh:
+        while chunk := fh.read(_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def mismatch(path: Path, expected: HubFile) -> str | None:
+    """Why the file at `path` is not `expected` (size, sha256, else git blob id), None when it is."""
+    size = path.stat().st_size
+    if size != expected.size:
+        return f"{size} bytes, the Hub lists {expected.size}"
+    if expected.sha256 is not None:
+        got = sha256_file(path)
+        return None if got == expected.sha256 else f"sha256 {got}, the Hub lists {expected.sha256}"
+    if expected.blob_id is not None:
+        got = git_blob_id(path)
+        return None if got == expected.blob_id else f"git blob id {got}, the Hub lists {expected.blob_id}"
+    return None
+
+
+class _Counted:
+    """A file for `http_get` that counts the bytes written through it."""
+
+    def __init__(self, fh: IO[bytes], on_bytes: Callable[[int], None] | None) -> None:
+        self.fh, self.on_bytes, self.written = fh, on_bytes, 0
+
+    def write(self, data: bytes) -> int:
+        n = self.fh.write(data)
+        self.written += n
+        if self.on_bytes is not None:
+            self.on_bytes(n)
+        return n
+
+    def __getattr__(self, name: str) -> Any:  # tell, seek, truncate (a Range request answered by the whole file)
+        return getattr(self.fh, name)
+
+
+def download_file(
+    release: HubCommit,
+    path: str,
+    dest: Path,
+    expected: HubFile,
+    *,
+    on_bytes: Callable[[int], None] | None = None,
+) -> Download:
+    """Download `path` of the release's commit to `dest`, resuming a `dest.incomplete`; verify it; see the module.
+
+    Raises:
+        ChecksumMismatchError: the bytes do not match (`dest.incomplete` is removed, so the next try starts over).
+        HubAccessError: gated, private or refused.
+        huggingface_hub / httpx errors: the file failed after every retry.
+    """
+    partial = dest.with_name(dest.name + ".incomplete")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    url = release.url(path)
+    headers = build_hf_headers()
+    try:  # the library retries 408/429/5xx and dropped connections here itself
+        meta = get_hf_file_metadata(url, headers=headers, endpoint=release.endpoint, retry_on_errors=True)
+    except HfHubHTTPError as err:
+        refused = access_error(release.repo_id, err)
+        if refused is not None:
+            raise refused from None
+        raise
+    location = meta.location or url
+    if urlparse(location).netloc != urlparse(url).netloc:
+        headers.pop("authorization", None)  # a signed URL on another host: the token stays with the Hub
+    if partial.exists() and partial.stat().st_size > expected.size:
+        partial.unlink()
+    resumed_from = partial.stat().st_size if partial.exists() else 0
+    read = 0
+    if meta.xet_file_data is not None and is_xet_available() and not constants.HF_HUB_DISABLE_XET:
+        xet_get(incomplete_path=partial, xet_file_data=meta.xet_file_data, headers=headers,
+                expected_size=expected.size, displayed_filename=path)  # fmt: skip
+        read = expected.size - resumed_from
+        if on_bytes is not None:
+            on_bytes(read)
+    else:
+
+        def fetch() -> int:
+            offset = partial.stat().st_size if partial.exists() else 0
+            with partial.open("ab") as fh:
+                counted = _Counted(fh, on_bytes)
+                try:
+                    http_get(location, cast(BinaryIO, counted), resume_size=offset, headers=headers, expected_size=expected.size,
+                             displayed_filename=path)  # fmt: skip
+                finally:
+                    nonlocal read
+                    read += counted.written
+            return offset
+
+        call_with_retry(fetch, f"{path}: download", retry_on=is_busy)  # http_get itself: 408/429, cut connections
+    problem = mismatch(partial, expected)
+    if problem is not None:
+        partial.unlink()
+        raise ChecksumMismatchError(f"{expected.path}: got {problem}")
+    partial.replace(dest)
+    return Download(dest, read, resumed_from, time.perf_counter() - started)
+
+
+def download_verified(
+    release: HubCommit,
+    path: str,
+    dest: Path,
+    expected: HubFile,
+    *,
+    on_bytes: Callable[[int], None] | None = None,
+) -> tuple[Download | None, int, str | None]:
+    """`download_file`, and once more from scratch when the bytes fail verification.
+
+    Returns:
+        (the download or None, bytes read over both tries, the mismatch message when both failed).
+    """
+    read = 0
+    message = None
+    for attempt in (1, 2):
+        try:
+            done = download_file(release, path, dest, expected, on_bytes=on_bytes)
+            return done, read + done.bytes_read, None
+        except ChecksumMismatchError as err:
+            read += expected.size
+            logger.warning("%s (try %d of 2)", err, attempt)
+            message = str(err)
+    return None, read, message

@@ -1,0 +1,284 @@
+"""One part pair of the release into the case store: the algorithm behind the `build-sft-set` part task, Prefect-free.
+
+`read_pair(job, curate_one, ...)`: skip the pair when the part ledger knows it (same part checksums, config, splits
+and metadata, every case in the store); else download the mask part (verified, resumable) and unpack it, then
+download the image part and stream its CTs out one at a time, curating each case as soon as its CT is on disk and
+deleting it after (docs/decisions.md#hub-parts-streamed-not-unpacked). A part that fails its sha256 twice turns its
+cases into `part_checksum_mismatch` rejections.
+
+Scratch is named by content: each verified part is kept as `SCRATCH/archives/<sha256>.tar.gz` until every case of the
+pair is in the store (a crash while reading it never downloads it again), and the pair unpacks into
+`SCRATCH/pair-<hash of both parts' sha256>/`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from emrl_data import __version__
+from emrl_data.config import CurateConfig
+from emrl_data.labeling.curate import CaseResult, CaseStore
+from emrl_data.outcome import Rejection, RejectReason
+from emrl_data.reading.archive import IMAGE_KIND, MASK_KIND, PartReading, ScratchMeter, finish_broken, read_part
+from emrl_data.reading.atlas import CT_FILE_STEM, AtlasOrganMeta, CaseRef, hash_split, nifti_path
+from emrl_data.reading.release import HubFile, PartPair
+from emrl_data.types import Organ, is_valid_case_id
+from hub.download import download_verified
+from hub.ledger import PartLedger
+from hub.listing import HubCommit
+
+
+CurateOne = Callable[..., tuple[str, str, bool]]  # one case into the store: (case id, store key, was cached)
+
+
+@dataclass(frozen=True)
+class PartJob:
+    """Everything one part pair needs (picklable: it may run in another process or on another machine)."""
+
+    pair: PartPair
+    commit: HubCommit
+    splits: dict[str, str]  # case id -> split, for the range's cases the split files list
+    conflicts: dict[str, list[str]]  # case id -> the split files that both list it
+    metadata: dict[str, dict[Organ, AtlasOrganMeta]]
+    test_fraction: float
+    cfg_dict: dict[str, Any]
+    store_dir: str
+    ledger_dir: str
+    scratch_dir: str
+    allowance_bytes: int
+    case_timeout_s: float | None = None
+    last_case: int | None = None  # `limit`: cases after this number are not read
+
+    def ledger_key(self) -> str:
+        """A key that changes with anything the pair's cases depend on: part checksums, config, splits, metadata."""
+        files = [(f.path, f.size, f.sha256) for f in (self.pair.image, self.pair.mask) if f is not None]
+        meta = sorted((c, sorted((str(o), repr(m)) for o, m in v.items())) for c, v in self.metadata.items())
+        parts: list[Any] = [
+            __version__,
+            CurateConfig.from_dict(self.cfg_dict).fingerprint(),
+            files,
+            sorted(self.splits.items()),
+        ]
+        parts += [sorted(self.conflicts.items()), meta, self.test_fraction, self.last_case]
+        return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
+
+    def split_of(self, case_id: str) -> str:
+        """The case's split: the split files' when they list it, else the case-id hash split (as on disk)."""
+        return self.splits.get(case_id) or str(hash_split(case_id, test_fraction=self.test_fraction))
+
+    def wanted(self, case_id: str) -> bool:
+        """False for a case past `last_case` (`limit`)."""
+        return self.last_case is None or int(case_id[6:]) <= self.last_case
+
+
+def content_name(part: HubFile) -> str:
+    """The part's scratch name: its sha256 (else its git blob id, else path and size hashed)."""
+    return part.sha256 or part.blob_id or hashlib.sha256(f"{part.path}\0{part.size}".encode()).hexdigest()
+
+
+def pair_folder(scratch: Path, pair: PartPair) -> Path:
+    """`SCRATCH/pair-<hash>`: where a pair unpacks, named by both parts' content."""
+    names = [content_name(f) if f is not None else "-" for f in (pair.image, pair.mask)]
+    return scratch / f"pair-{hashlib.sha256('/'.join(names).encode()).hexdigest()[:24]}"
+
+
+def archive_path(scratch: Path, part: HubFile) -> Path:
+    """`SCRATCH/archives/<sha256>.tar.gz`: a verified part, kept until its pair's cases are in the store."""
+    return scratch / "archives" / f"{content_name(part)}.tar.gz"
+
+
+@dataclass
+class PartOutcome:
+    """What one part pair did: the store key of each case, warnings, and its cost."""
+
+    part: str
+    done: list[tuple[str, str, bool]] = field(default_factory=list)  # (case id, store key, was cached)
+    warnings: list[str] = field(default_factory=list)
+    bytes_read: int = 0
+    seconds: float = 0.0
+    peak_scratch_bytes: int = 0
+    from_ledger: bool = False
+    verified: bool = True
+
+    def row(self) -> dict[str, Any]:
+        """The part's row of the summary and its table artifact."""
+        return {
+            "part": self.part,
+            "cases": len(self.done),
+            "bytes_read": self.bytes_read,
+            "seconds": round(self.seconds, 2),
+            "peak_scratch_bytes": self.peak_scratch_bytes,
+            "from_ledger": self.from_ledger,
+            "verified": self.verified,
+        }
+
+
+def read_pair(
+    job: PartJob,
+    curate_one: CurateOne,
+    *,
+    on_bytes: Callable[[int], None] | None = None,
+    on_case: Callable[[], None] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> PartOutcome:
+    """Curate one part pair into the case store (or find it in the part ledger); see the module docstring.
+
+    `curate_one(ref, split, meta, cfg, store, timeout_s)` curates one case under the per-case time bound;
+    `on_bytes` counts bytes downloaded, `on_case` cases curated (progress).
+    """
+    started = time.perf_counter()
+    store, ledger, key = CaseStore(Path(job.store_dir)), PartLedger(Path(job.ledger_dir)), job.ledger_key()
+    entry = ledger.get(key)
+    if entry is not None and all(store.has(k) for _, k in entry["cases"]):
+        if log is not None:
+            log(f"{job.pair.name}: in the part ledger, no byte read")
+        done = [(c, k, True) for c, k in entry["cases"]]
+        return PartOutcome(job.pair.name, done, list(entry["warnings"]), from_ledger=True)
+    scratch = Path(job.scratch_dir)
+    work = pair_folder(scratch, job.pair)
+    shutil.rmtree(work, ignore_errors=True)  # what an interrupted run unpacked; its verified archives stay
+    reader = _PairReader(job, key, work, ScratchMeter(job.allowance_bytes), store, curate_one, on_bytes, on_case)
+    try:
+        reader.run()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    outcome = reader.outcome
+    outcome.seconds, outcome.peak_scratch_bytes = time.perf_counter() - started, reader.meter.peak_bytes
+    if outcome.verified and not any(k.startswith("timeout-") for _, k, _ in outcome.done):
+        ledger.put(
+            key, {"part": job.pair.name, "cases": [[c, k] for c, k, _ in outcome.done], "warnings": outcome.warnings}
+        )
+    for part in (job.pair.image, job.pair.mask):  # every case is in the store: the archives have served
+        if part is not None:
+            archive_path(scratch, part).unlink(missing_ok=True)
+    try:
+        os.rmdir(scratch / "archives")
+    except OSError:  # another pair's archive is there, or it is gone already
+        pass
+    return outcome
+
+
+class _PairReader:
+    """The state of one pair being read: what each part found, the cases finished, the bytes each case holds."""
+
+    def __init__(
+        self,
+        job: PartJob,
+        key: str,
+        work: Path,
+        meter: ScratchMeter,
+        store: CaseStore,
+        curate_one: CurateOne,
+        on_bytes: Callable[[int], None] | None,
+        on_case: Callable[[], None] | None,
+    ) -> None:
+        self.job, self.key, self.work, self.meter, self.store = job, key, work, meter, store
+        self.curate_one, self.on_bytes, self.on_case = curate_one, on_bytes, on_case
+        self.cfg = CurateConfig.from_dict(job.cfg_dict)
+        self.readings: dict[str, PartReading] = {}
+        self.finished: dict[str, tuple[str, str, bool]] = {}
+        self.case_bytes: dict[str, int] = {}
+        self.outcome = PartOutcome(job.pair.name)
+
+    def run(self) -> None:
+        """Masks first (unpacked whole: small), then the image part's CTs one by one, each case curated as it lands."""
+        pair = self.job.pair
+        steps = ((MASK_KIND, pair.mask, self.on_mask), (IMAGE_KIND, pair.image, self.curate))
+        for kind, part, on_file in steps:
+            if part is None:
+                continue
+            path = self.fetch(part)
+            if path is None:  # failed its checksum twice: every case of the range is out
+                self.reject_part(part)
+                return
+            self.readings[kind] = PartReading(part.path)
+            with path.open("rb") as fh:
+                read_part(fh, name=part.path, kind=kind, dest=self.work, case_range=(pair.start, pair.end),
+                          meter=self.meter, on_file=on_file, reading=self.readings[kind])  # fmt: skip
+        known = list(dict.fromkeys(c for r in self.readings.values() for c in r.cases))
+        for reading in self.readings.values():
+            finish_broken(reading, known, set(self.finished))
+        for case_id in (c for c in known if c not in self.finished):
+            self.curate(case_id)  # masks without a CT: curated as on disk (missing_ct)
+        for reading in self.readings.values():
+            self.outcome.warnings += reading.warnings()
+            for case_id, rejection in sorted(reading.rejected.items()):
+                if not is_valid_case_id(case_id) or self.job.wanted(case_id):
+                    self.finished[case_id] = self.store_rejection(rejection)
+        self.outcome.done = [self.finished[c] for c in sorted(self.finished)]
+
+    def on_mask(self, case_id: str, path: Path) -> None:
+        """A mask file is on disk: count its bytes against its case."""
+        self.case_bytes[case_id] = self.case_bytes.get(case_id, 0) + path.stat().st_size
+
+    def curate(self, case_id: str, path: Path | None = None) -> None:
+        """A case's CT is on disk (or the part ended without one): curate it, then delete its files."""
+        job = self.job
+        masks = self.readings.get(MASK_KIND)
+        if masks is not None and masks.broken and case_id not in masks.cases:
+            masks.reject(case_id, RejectReason.CORRUPT_ARCHIVE, f"{masks.archive} broke before this case's masks")
+        if job.wanted(case_id) and not any(case_id in r.rejected for r in self.readings.values()):
+            if case_id in job.conflicts:
+                self.finished[case_id] = self.store_rejection(_conflict(case_id, job.conflicts[case_id]))
+            else:
+                ref, meta = _case_ref(self.work, case_id), job.metadata.get(case_id)
+                split = job.split_of(case_id)
+                self.finished[case_id] = self.curate_one(ref, split, meta, self.cfg, self.store, job.case_timeout_s)
+            if self.on_case is not None:
+                self.on_case()
+        held = self.case_bytes.pop(case_id, 0) + (path.stat().st_size if path is not None else 0)
+        for kind in (IMAGE_KIND, MASK_KIND):
+            shutil.rmtree(self.work / kind / case_id, ignore_errors=True)
+        self.meter.release(held)
+
+    def fetch(self, part: HubFile) -> Path | None:
+        """The verified part in the scratch folder (downloaded unless a verified copy is there already; its bytes
+        reserved first); None when it failed verification twice."""
+        self.meter.reserve(part.size, part.path)
+        dest = archive_path(Path(self.job.scratch_dir), part)
+        if dest.is_file() and dest.stat().st_size == part.size:  # renamed there only once verified
+            return dest
+        done, read, mismatch = download_verified(self.job.commit, part.path, dest, part, on_bytes=self.on_bytes)
+        self.outcome.bytes_read += read
+        if done is None:
+            self.meter.release(part.size)
+            self.outcome.verified = False
+            self.outcome.warnings.append(f"{part.path}: {mismatch}; fetched twice, its cases are rejected")
+            return None
+        return done.path
+
+    def reject_part(self, part: HubFile) -> None:
+        """Every wanted case of the range: `part_checksum_mismatch`."""
+        detail = f"{part.path} does not match the sha256 the Hub lists for it, fetched twice; the case was not read"
+        self.outcome.done = [
+            self.store_rejection(Rejection(c, None, "fetch", RejectReason.PART_CHECKSUM_MISMATCH, detail, part.path))
+            for c in self.job.pair.case_ids()
+            if self.job.wanted(c)
+        ]
+
+    def store_rejection(self, rejection: Rejection) -> tuple[str, str, bool]:
+        """Store a case the archive (or the split files) ruled out; its key is the part's, so a changed part retries
+        it."""
+        digest = hashlib.sha256(rejection.case_id.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+        key = f"part-{self.key[:16]}-{digest}"
+        self.store.save(key, CaseResult(rejection.case_id, rejections=[rejection]))
+        return rejection.case_id, key, False
+
+
+def _case_ref(root: Path, case_id: str) -> CaseRef:
+    """The case as `discover_cases` would see it in the split layout under `root` (the pair's scratch folder)."""
+    ct = nifti_path(root / IMAGE_KIND / case_id / CT_FILE_STEM)
+    return CaseRef(case_id, root, ct, root / MASK_KIND / case_id / "segmentations")
+
+
+def _conflict(case_id: str, files: list[str]) -> Rejection:
+    detail = f"{case_id} is listed in {' and '.join(files)}: a train/test leak; the case is not used"
+    return Rejection(case_id, None, "discover", RejectReason.SPLIT_CONFLICT, detail, files[0])
