@@ -10,14 +10,9 @@ from __future__ import annotations
 
 import base64
 import json
-import math
-import queue
-import statistics
 import sys
-import threading
 import time
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -52,6 +47,7 @@ from emrl_data.tables.sft_set import (
     write_contact_sheet,
     write_sft_set_tables,
 )
+from emrl_data.time_bound import CASE_TIMES, CaseOverrunError, CaseThread
 from emrl_data.types import Organ
 from flows._common import Progress, batched, git_sha, rejection_table
 from flows.hub_parts import HubOptions, curate_release, hub_summary_lines
@@ -59,83 +55,7 @@ from flows.runners import check_cluster, is_lost_worker_error, make_task_runner,
 from hub.listing import hub_repo
 
 
-# The per-case time bound (docs/operations.md, "Inputs that could stall a run"): a case still running after it is
-# abandoned as `case_timeout` and the run goes on. Unset (`case_timeout_s=None`), the bound is
-# max(CASE_TIMEOUT_FLOOR_S, CASE_TIMEOUT_MEDIAN_FACTOR x the median time of the last cases this process curated).
-CASE_TIMEOUT_FLOOR_S = 600.0
-CASE_TIMEOUT_MEDIAN_FACTOR = 10.0
-_case_seconds: deque[float] = deque(maxlen=1000)  # curation times of this process's last cases (not resumed ones)
-_case_seconds_lock = threading.Lock()
 DEFAULT_SCRATCH_BUDGET = "64G"  # four released part pairs at once (about 15 GiB each, `scratch_need`)
-
-
-def case_time_bound(case_timeout_s: float | None) -> float:
-    """The time bound of the next case: `case_timeout_s` when set, else the adaptive default (floor or 10x median)."""
-    if case_timeout_s is not None:
-        return case_timeout_s
-    with _case_seconds_lock:
-        median = statistics.median(_case_seconds) if _case_seconds else 0.0
-    return max(CASE_TIMEOUT_FLOOR_S, CASE_TIMEOUT_MEDIAN_FACTOR * median)
-
-
-class CaseOverrunError(Exception):
-    """A case ran past its time bound (its thread is abandoned)."""
-
-
-class CaseThread:
-    """A daemon thread that runs the cases of one task-runner worker one at a time, under a time bound.
-
-    Kept per worker thread (so the decode buffers of its per-thread pool are reused from case to case) and replaced
-    when a case overruns: the abandoned thread finishes (or not) on its own and then exits; it holds no lock the run
-    needs, and being a daemon it never keeps the process alive.
-    """
-
-    _local = threading.local()
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        threading.Thread(target=_serve_cases, args=(self._jobs,), name="emrl-case", daemon=True).start()
-
-    @classmethod
-    def current(cls) -> CaseThread:
-        """The calling worker's case thread (started on first use)."""
-        found = getattr(cls._local, "thread", None)
-        if found is None:
-            found = cls._local.thread = cls()
-        return found
-
-    def run(self, job: Callable[[], Any], timeout_s: float) -> Any:
-        """Run `job` on this thread and return its result (or raise its exception) within `timeout_s`.
-
-        Raises:
-            CaseOverrunError: `job` is still running after `timeout_s`: this thread is abandoned (it exits once the
-                job ends) and the worker's next case gets a fresh one.
-        """
-        outcome: list[tuple[bool, Any]] = []
-        finished = threading.Event()
-        self._jobs.put((job, outcome, finished))
-        if not finished.wait(None if math.isinf(timeout_s) else timeout_s):
-            self._jobs.put(None)  # the thread exits when (if ever) the job ends
-            if getattr(CaseThread._local, "thread", None) is self:
-                CaseThread._local.thread = None
-            raise CaseOverrunError(f"still running after {timeout_s:g} s")
-        ok, value = outcome[0]
-        if not ok:
-            raise value
-        return value
-
-    def __del__(self) -> None:  # its worker thread ended: let the case thread end too
-        self._jobs.put(None)
-
-
-def _serve_cases(jobs: queue.SimpleQueue[Any]) -> None:
-    while (item := jobs.get()) is not None:
-        job, outcome, finished = item
-        try:
-            outcome.append((True, job()))
-        except BaseException as exc:  # noqa: BLE001 (handed to the waiting worker)
-            outcome.append((False, exc))
-        finished.set()
 
 
 def timeout_key(case_id: str) -> str:
@@ -155,7 +75,7 @@ def curate_batch_task(
     """Curate a batch of cases into the case store; return (case_id, key, was_cached) per case.
 
     Each case (its key, its curation and its store entry) runs on the worker's `CaseThread` under
-    `case_time_bound(case_timeout_s)`; a case past it is stored as a `case_timeout` rejection under `timeout_key`.
+    `CASE_TIMES.bound_s(case_timeout_s)`; a case past it is stored as a `case_timeout` rejection under `timeout_key`.
     """
     cfg = CurateConfig.from_dict(cfg_dict)
     store = CaseStore(Path(store_dir))
@@ -172,13 +92,13 @@ def curate_bounded(
     store: CaseStore,
     case_timeout_s: float | None,
 ) -> tuple[str, str, bool]:
-    """Curate one case into the store on the worker's `CaseThread` under `case_time_bound(case_timeout_s)`.
+    """Curate one case into the store on the worker's `CaseThread` under `CASE_TIMES.bound_s(case_timeout_s)`.
 
     Returns:
         (case_id, store key, was_cached); a case past its bound is stored as a `case_timeout` rejection under
         `timeout_key`.
     """
-    bound = case_time_bound(case_timeout_s)
+    bound = CASE_TIMES.bound_s(case_timeout_s)
     try:
         result: tuple[str, str, bool] = CaseThread.current().run(
             partial(_curate_one, ref, split, meta, cfg, store), bound
@@ -203,8 +123,7 @@ def _curate_one(
         return ref.case_id, key, True
     started = time.perf_counter()
     result = curate_case(ref, split=split, cfg=cfg, metadata=meta)
-    with _case_seconds_lock:
-        _case_seconds.append(time.perf_counter() - started)
+    CASE_TIMES.record(time.perf_counter() - started)
     store.save(key, result)
     return ref.case_id, key, False
 
