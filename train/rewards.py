@@ -31,7 +31,7 @@ from emrl_data.text.report import VERIFIER_PROMPT
 
 logger = logging.getLogger(__name__)
 
-TRUTH_KEYS = ("organ", "has_lesion", "long_axis_mm", "location", "attenuation", "key_slice_frame")
+TRUTH_KEYS = sc.TRUTH_COLUMNS  # the truth columns a report is scored against, named once in emrl_data.text.scoring
 REWARD_NAMES = sc.REWARD_NAMES
 DEFAULT_REWARD_WEIGHTS = sc.DEFAULT_CONFIG.reward_weight_table()  # derived from ScoringConfig, never typed here
 
