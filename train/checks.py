@@ -16,11 +16,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from emrl_data.text.scoring import TRUTH_COLUMNS
+
 
 # Columns `train.sft` / `train.grpo` read from a table folder (the `sft` layout; rl_hardset carries them too).
 REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
     "sft": ("organ", "frames", "prompt", "report"),
-    "grpo": ("organ", "frames", "prompt", "has_lesion", "long_axis_mm", "location", "attenuation", "key_slice_frame"),
+    "grpo": ("frames", "prompt", *TRUTH_COLUMNS),  # the rewards score against the truth columns
 }
 FULL_PRECISION = ("float32",)
 HALF_PRECISION = ("bfloat16", "float16")
