@@ -68,7 +68,7 @@ def _frame_png(frame: Any) -> bytes:
         if frame.get("bytes") is None:
             raise ValueError(f"image struct without bytes (path={frame.get('path')!r}).")
         return bytes(frame["bytes"])
-    from PIL import Image  # noqa: PLC0415 (only rows decoded by `datasets` need it)
+    from PIL import Image  # only rows decoded by `datasets` need it
 
     if isinstance(frame, Image.Image):
         buf = io.BytesIO()

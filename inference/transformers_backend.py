@@ -57,9 +57,9 @@ class TransformersBackend:
         max_new_tokens: int = 256,
         dtype: str = "auto",
     ) -> None:
-        import torch  # noqa: PLC0415 (the OpenAI backend and the store must not need torch)
+        import torch  # the OpenAI backend and the store must not need torch
 
-        from train.data import load_model_and_processor  # noqa: PLC0415
+        from train.data import load_model_and_processor
 
         if not Path(model_path).is_dir():
             raise FileNotFoundError(f"model_path must be a local checkpoint directory; {model_path!r} is not one.")
@@ -115,7 +115,7 @@ class TransformersBackend:
             request: the request.
             with_frames: False counts the prompt a text-only server would build (the frames dropped).
         """
-        from train.data import frames_to_array, render_prompt_text  # noqa: PLC0415
+        from train.data import frames_to_array, render_prompt_text
 
         if not with_frames:
             msgs = [{"role": "user", "content": [{"type": "text", "text": request.prompt}]}]
@@ -130,7 +130,7 @@ class TransformersBackend:
         return 0 if text is None else len(self.processor.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _generate_chunk(self, chunk: Sequence[InferenceRequest], cap: int) -> list[InferenceResult]:
-        from train.data import frames_to_array  # noqa: PLC0415
+        from train.data import frames_to_array
 
         start = time.perf_counter()
         errors: dict[int, str] = {}
@@ -167,9 +167,9 @@ class TransformersBackend:
 
     def _run(self, prompts: list[str], videos: list[Any], cap: int) -> list[str]:
         """Return the greedy texts of one left-padded batch (prompts rendered exactly as in training)."""
-        import torch  # noqa: PLC0415
+        import torch
 
-        from train.data import render_prompt_text  # noqa: PLC0415
+        from train.data import render_prompt_text
 
         texts = [render_prompt_text(self.processor, p) for p in prompts]
         batch = self.processor(text=texts, videos=videos, padding=True, return_tensors="pt").to(self.device)

@@ -63,7 +63,7 @@ def require_fp32_trainable(model: Any) -> None:
     Raises:
         TrainConfigError: naming the first offending parameter.
     """
-    import torch  # noqa: PLC0415
+    import torch
 
     for name, param in model.named_parameters():
         if param.requires_grad and param.dtype != torch.float32:
@@ -102,7 +102,7 @@ def check_frames(n_frames: int, limit: int) -> None:
 
 def max_frames_in(dataset: Any) -> int:
     """Return the largest frame count of a `datasets.Dataset` with a `frames` list column (0 when empty)."""
-    import pyarrow.compute as pc  # noqa: PLC0415
+    import pyarrow.compute as pc
 
     if len(dataset) == 0:
         return 0
@@ -237,7 +237,7 @@ def validate_launch(
     Raises:
         TrainConfigError: naming the inconsistent keys.
     """
-    import yaml  # noqa: PLC0415
+    import yaml
 
     acc = {"num_processes": 1} if str(accelerate_yaml) == "none" else yaml.safe_load(Path(accelerate_yaml).read_text())
     if num_processes is not None:
@@ -259,7 +259,7 @@ def bar_only(trainer: Any) -> Any:
     The metrics still reach `trainer_state.json`, the reward curve and the run's summary lines; only the console copy
     goes (the demo prints a summary a person can read instead of ~40 dict lines). Returns `trainer`.
     """
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback  # noqa: PLC0415 (torch stack)
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback  # torch stack
 
     class BarOnlyProgress(ProgressCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
@@ -275,7 +275,7 @@ def bar_only(trainer: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> None:
     """CLI: `python -m train.checks ACCELERATE_YAML TRAINING_YAML`; exit 2 with one `error:` line on a mismatch."""
-    import argparse  # noqa: PLC0415
+    import argparse
 
     parser = argparse.ArgumentParser(description="Check an accelerate config against a training config.")
     parser.add_argument("accelerate_yaml", help='accelerate config, or "none" for one process without accelerate')
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num_processes", type=int, default=None, help="override the accelerate file's count")
     parser.add_argument("--gradient_accumulation_steps", type=int, default=None, help="override the training file's")
     args = parser.parse_args(argv)
-    import yaml  # noqa: PLC0415
+    import yaml
 
     try:
         acc = {} if args.accelerate_yaml == "none" else yaml.safe_load(Path(args.accelerate_yaml).read_text()) or {}

@@ -45,7 +45,7 @@ def _answer_vllm_version() -> None:
 
 def _define_torchvision_schemas() -> None:
     try:
-        import torch  # noqa: PLC0415
+        import torch
     except ImportError:  # not the side environment: nothing to do
         return
     library = torch.library.Library("torchvision", "DEF")

@@ -61,9 +61,9 @@ class EchoBackend:
 def build_small_sft_set(tmp_path_factory: Any, frame_px: int = 64) -> Path:
     """OUT of build-sft-set over two synthetic cases (one train, one test; a liver lesion each): `frame_px`² frames,
     at most 6 a row. Needs the Prefect harness (the flow runs through the engine)."""
-    from emrl_data.synthetic import CaseSpec, LesionSpec, write_atlas  # noqa: PLC0415
-    from emrl_data.types import Organ, Split  # noqa: PLC0415
-    from flows.build_sft_set import build_sft_set_flow  # noqa: PLC0415
+    from emrl_data.synthetic import CaseSpec, LesionSpec, write_atlas
+    from emrl_data.types import Organ, Split
+    from flows.build_sft_set import build_sft_set_flow
 
     root = tmp_path_factory.mktemp("atlas")
     lesion = (LesionSpec(Organ.LIVER, "5", (12.0, 10.0, 10.0), "hypo"),)
@@ -80,7 +80,7 @@ def build_small_sft_set(tmp_path_factory: Any, frame_px: int = 64) -> Path:
 
 def first_train_row(sft_out: Path) -> dict:
     """The first train row of OUT/sft (`case_id`, `organ`, `prompt`, `frames`)."""
-    import pyarrow.parquet as pq  # noqa: PLC0415
+    import pyarrow.parquet as pq
 
     path = sorted((sft_out / "sft" / "data").glob("train-*.parquet"))[0]
     return pq.read_table(path, columns=["case_id", "organ", "prompt", "frames"]).slice(0, 1).to_pylist()[0]

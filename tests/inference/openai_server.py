@@ -63,7 +63,7 @@ _DEFAULTS: dict[str, Any] = {"faults": [], "hold": False, "hold_until": 0, "stri
 
 def standard_fields() -> frozenset[str]:
     """The top-level fields of a standard chat-completions request, as the `openai` SDK types them."""
-    from openai.types.chat import completion_create_params as params  # noqa: PLC0415 (only strict mode needs it)
+    from openai.types.chat import completion_create_params as params  # only strict mode needs it
 
     typed = params.CompletionCreateParamsNonStreaming
     return frozenset(typed.__required_keys__ | typed.__optional_keys__)
@@ -261,7 +261,7 @@ def complete(
 
 def main(argv: list[str] | None = None) -> None:
     """Serve a local checkpoint on 127.0.0.1 (free port written to `--port-file` once listening)."""
-    from inference.transformers_backend import TransformersBackend  # noqa: PLC0415
+    from inference.transformers_backend import TransformersBackend
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", required=True)

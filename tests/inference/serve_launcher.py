@@ -31,7 +31,7 @@ from torchvision_side import define_operator_schemas  # noqa: E402
 
 def prefer_pil_image_processors() -> None:
     """Make `AutoImageProcessor` resolve to the PIL backend unless a caller asks for a backend."""
-    from transformers.models.auto import image_processing_auto  # noqa: PLC0415
+    from transformers.models.auto import image_processing_auto
 
     resolve = image_processing_auto._resolve_backend
 
@@ -44,10 +44,10 @@ def prefer_pil_image_processors() -> None:
 def main(argv: list[str]) -> None:
     """Adjust the environment (module docstring), then run `transformers ARGV`."""
     define_operator_schemas()
-    import torchvision  # noqa: F401, PLC0415 (fail here, clearly, when the side folder is not on PYTHONPATH)
+    import torchvision  # noqa: F401 (fail here, clearly, when the side folder is not on PYTHONPATH)
 
     prefer_pil_image_processors()
-    from transformers.cli.transformers import main as transformers_main  # noqa: PLC0415
+    from transformers.cli.transformers import main as transformers_main
 
     sys.argv = ["transformers", *argv]
     transformers_main()

@@ -29,11 +29,11 @@ PROMPT = "Describe the liver."
 def main(ckpt: str, frames_npy: str, out_dir: str) -> None:
     """Write the stock processor's encodings of the frames in `frames_npy` to `out_dir`."""
     define_operator_schemas()
-    import torchvision  # noqa: F401, PLC0415
-    from PIL import Image  # noqa: PLC0415
-    from transformers import AutoProcessor  # noqa: PLC0415
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor  # noqa: PLC0415
-    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor  # noqa: PLC0415
+    import torchvision  # noqa: F401
+    from PIL import Image
+    from transformers import AutoProcessor
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
     out = Path(out_dir)
     proc = AutoProcessor.from_pretrained(ckpt)

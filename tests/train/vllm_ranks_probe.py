@@ -109,7 +109,7 @@ def _record_pushes(trainer) -> dict:
 
 def _hf_greedy(trainer, messages, n_new):
     """Greedy HF `generate` of the updated policy on this rank (ZeRO-3: every parameter gathered first)."""
-    from trl.models import unwrap_model_for_generation  # noqa: PLC0415
+    from trl.models import unwrap_model_for_generation
 
     proc = trainer.processing_class
     inputs = proc.apply_chat_template([messages], add_generation_prompt=True, tokenize=True, return_dict=True,
@@ -125,12 +125,12 @@ def _inject_fault(fault: str, rank: int) -> None:
     """Make rank 1 fail the way FAULT names (see the module docstring)."""
     if rank != 1 or not fault:
         return
-    import train.vllm_rollout as vr  # noqa: PLC0415
+    import train.vllm_rollout as vr
 
     if fault == "other-vllm":
         vr.vllm_version = lambda: "0.32.1+cpu"
     elif fault == "die-building":
-        import vllm  # noqa: PLC0415
+        import vllm
 
         real = vllm.LLM
 
@@ -183,7 +183,7 @@ def main(model_dir: str, table: str, out_dir: str, fault: str = "") -> None:
         "rewards": [h["reward"] for h in trainer.state.log_history if "reward" in h],
     }  # fmt: skip
     if rank == 0:
-        from safetensors.torch import save_file  # noqa: PLC0415
+        from safetensors.torch import save_file
 
         save_file({k: v.contiguous() for k, v in pushed.items()}, str(out / "pushed.safetensors"))
     trainer.close_vllm()

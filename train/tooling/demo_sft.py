@@ -112,9 +112,9 @@ def _print_parse_rate(model: Any, processor: Any, dataset_dir: str, split: str) 
 def existence_rates(model: Any, processor: Any, rows: list[dict[str, Any]]) -> tuple[float | None, float | None]:
     """Return (sensitivity, specificity) of the greedy reports' existence claims on `rows` (an unreadable report
     claims nothing: wrong on a positive row, right on none); None for a class without rows."""
-    from emrl_data.text.parser import ParseFailure, parse_report  # noqa: PLC0415
-    from train.data import user_messages  # noqa: PLC0415
-    from train.tooling.warmup import generate_texts  # noqa: PLC0415
+    from emrl_data.text.parser import ParseFailure, parse_report
+    from train.data import user_messages
+    from train.tooling.warmup import generate_texts
 
     texts = generate_texts(model, processor, [user_messages(r["prompt"], r["frames"]) for r in rows], 128)
     pos, neg = [], []

@@ -97,7 +97,7 @@ class GradientTamper:
     """
 
     def __init__(self, mode: str, seed: int = 0):
-        from transformers import TrainerCallback  # noqa: PLC0415
+        from transformers import TrainerCallback
 
         if mode not in ("flip", "noise"):
             raise ValueError(f"mode={mode!r}; choose 'flip' or 'noise'.")
@@ -124,7 +124,7 @@ class GradientTamper:
 
 def report_logps(model: Any, processor: Any, rows: list[dict[str, Any]], reports: list[str]) -> torch.Tensor:
     """Return the summed log-prob of each `reports[i]` given row i's frames and prompt (teacher forced, one at a time)."""
-    from train.data import SFTCollator  # noqa: PLC0415
+    from train.data import SFTCollator
 
     collate = SFTCollator(processor)
     was_training = model.training
@@ -150,7 +150,7 @@ def existence_margins(model: Any, processor: Any, rows: list[dict[str, Any]], op
     both are scored after the same teacher-forced prefix, with the row's frames shown. Positive = the policy prefers
     the right claim for what the frames show; no sampling noise.
     """
-    from train.data import SFTCollator  # noqa: PLC0415
+    from train.data import SFTCollator
 
     collate = SFTCollator(processor)
     tok = processor.tokenizer

@@ -246,7 +246,7 @@ def generate_texts(
 def report_parse_rate(model: Any, processor: CTQwen3VLProcessor, rows: Sequence[Mapping[str, Any]],
                       max_new_tokens: int = 128, sample_seed: int | None = None) -> tuple[float, list[str]]:  # fmt: skip
     """Return (fraction of rows whose report parses, the reports): greedy, or sampled with `sample_seed`."""
-    from train.data import user_messages  # noqa: PLC0415
+    from train.data import user_messages
 
     msgs = [user_messages(r["prompt"], r["frames"]) for r in rows]
     reports = generate_texts(model, processor, msgs, max_new_tokens, sample_seed)

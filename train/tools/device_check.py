@@ -229,10 +229,10 @@ def auto_processor_check(processor: Any, config: Any, work: Path, frames: Any) -
         work: a scratch folder; the files go to `work/checkpoint`.
         frames: `(N, H, W)` uint8 frames to encode both ways.
     """
-    import numpy as np  # noqa: PLC0415
-    from transformers import AutoProcessor  # noqa: PLC0415
+    import numpy as np
+    from transformers import AutoProcessor
 
-    from train.data import encode_ct_video  # noqa: PLC0415
+    from train.data import encode_ct_video
 
     ckpt = work / "checkpoint"
     processor.save_pretrained(ckpt)
@@ -254,7 +254,7 @@ def auto_processor_check(processor: Any, config: Any, work: Path, frames: Any) -
 
 def _auto_processor_step(processor: Any, config: Any, work: Path, frames: Any, tiny: bool) -> dict[str, Any]:
     """Run `auto_processor_check` on the GPU machine; on CPU (`--tiny`) skip it with a printed reason."""
-    import importlib.util  # noqa: PLC0415
+    import importlib.util
 
     reason = None
     if tiny:
@@ -271,7 +271,7 @@ def _auto_processor_step(processor: Any, config: Any, work: Path, frames: Any, t
 def plan_8b(lora_r: int = 64) -> dict[str, Any]:
     """The 8B shape on the meta device (no memory): the GRPO LoRA model's trainable parameters per group, checked
     against `train.tools.memory_plan`'s counts, and the plan's GiB for this path (the check's peak is compared with it)."""
-    from train.tools.memory_plan import parameter_counts, plan  # noqa: PLC0415
+    from train.tools.memory_plan import parameter_counts, plan
 
     processor = build_processor()
     with torch.device("meta"):
@@ -292,7 +292,7 @@ def plan_8b(lora_r: int = 64) -> dict[str, Any]:
 
 
 def _grpo_rows(dataset: Any) -> Any:
-    from train.data import to_grpo_dataset  # noqa: PLC0415
+    from train.data import to_grpo_dataset
 
     return to_grpo_dataset(dataset)
 

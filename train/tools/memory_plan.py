@@ -49,7 +49,7 @@ class Shape:
 
 def parameter_counts() -> dict[str, int]:
     """Return parameter counts per group (`vit`, `projector`, `llm`) and per LLM part of the 8B model (meta device)."""
-    from transformers import Qwen3VLForConditionalGeneration  # noqa: PLC0415
+    from transformers import Qwen3VLForConditionalGeneration
 
     config = build_config(build_tokenizer(), "8b")
     with torch.device("meta"):
@@ -73,7 +73,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 def rows_per_generate_call(config: str) -> int:
     """Rows one HF generate call holds on a device for a GRPO config (`train/configs/<config>`): TRL generates the
     whole generation batch at once, per-device batch x `steps_per_generation` (default: the accumulation steps)."""
-    import yaml  # noqa: PLC0415
+    import yaml
 
     cfg = yaml.safe_load((CONFIGS / config).read_text())
     steps = cfg.get("steps_per_generation") or cfg["gradient_accumulation_steps"]
