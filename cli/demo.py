@@ -69,7 +69,10 @@ def run_demo(out: Path, cases: int, skip_training: bool = False) -> None:
     build_rl_hardset_flow(sft_dir=str(out / "sft"), output_dir=str(out), model_path=str(out / "sft_model"),
                           **demo_kwargs(BUILD_RL_HARDSET))  # fmt: skip
     print((out / "rl_hardset" / "summary.md").read_text())
-    print("The tables above evaluate a tiny model initialised at random and trained for minutes on synthetic cases: a check that the pipeline runs, not a result; learning is shown in docs/miniature.md#learning-proof-on-cpu.\n")
+    print(
+        "The tables above evaluate a tiny model initialised at random and trained for minutes on synthetic cases: a "
+        "check that the pipeline runs, not a result; learning is shown in docs/miniature.md#learning-proof-on-cpu.\n"
+    )
 
     print(f"== 5/5  E-MRL GRPO (r_e + r_f + r_c, verifier) beside an lr-0 control -> {out / 'grpo_model'}")
     _run_train("train.grpo", "--config", "train/configs/grpo_demo.yaml", "--dataset_dir", str(out / "rl_hardset"),
