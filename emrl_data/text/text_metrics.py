@@ -245,7 +245,7 @@ def text_metrics(
     for k, name in enumerate(names):
         point_sums = stats.sum(axis=0) if name == OVERALL else groups[k].sum(axis=0)
         n = len(ordered) if name == OVERALL else sizes[k]
-        rep_sums = None if reps is None else (sum(reps) if name == OVERALL else reps[k])
+        rep_sums = None if reps is None else (np.sum(reps, axis=0) if name == OVERALL else reps[k])
         for s, section in enumerate(SECTIONS):
             cols = slice(s * _COLUMNS, (s + 1) * _COLUMNS)
             point = _metrics_of(point_sums[cols], n)
