@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import subprocess
 import time
 from collections.abc import Sequence
@@ -118,32 +117,3 @@ def _duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds // 60} min {seconds % 60:02d} s"
     return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
-
-
-_AUTH_ERROR = re.compile(r"^(HTTP (401|403)\b|AuthenticationError|PermissionDeniedError)")
-
-
-class EndpointAuthError(RuntimeError):
-    """The inference endpoint refused the credentials (HTTP 401/403): every other row would be refused too."""
-
-
-class FailFastOnAuth:
-    """Wrap an inference backend so that the first 401/403 result stops the run instead of trying every row.
-
-    The refused batch is not stored (the exception leaves `run_inference` before it stores), so a rerun with a good
-    key retries exactly those rows.
-    """
-
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.backend, name)
-
-    def generate(self, requests: Sequence[Any]) -> list[Any]:
-        """The wrapped backend's results; raises `EndpointAuthError` on the first 401/403 among them."""
-        results = self.backend.generate(requests)
-        refused = next((r.error for r in results if r.error and _AUTH_ERROR.match(r.error)), None)
-        if refused is not None:
-            raise EndpointAuthError(f"the endpoint refused the API key: {refused[:200]}")
-        return results

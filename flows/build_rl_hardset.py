@@ -39,8 +39,9 @@ from emrl_data.tables.rl_hardset import (
 )
 from emrl_data.tables.shards import digest_file
 from emrl_data.types import row_id
-from flows._common import FailFastOnAuth, Progress, git_sha
-from inference import Deadlines, OpenAIBackend, ResultStore, TransformersBackend, request_from_row, run_inference
+from flows._common import Progress, git_sha
+from inference import ResultStore, request_from_row, run_inference
+from inference.factory import make_backend
 from inference.openai_client import DIALECTS, MAX_TOKENS_FIELDS
 
 
@@ -55,32 +56,6 @@ def _iter_rows(sft_dir: Path, split: str, columns: Sequence[str] | None = None, 
             yield from record_batch.to_pylist()
 
 
-def _make_backend(
-    backend: str, model_path: str | None, endpoint_url: str | None, endpoint_model: str | None, **kw: Any
-):
-    if backend == "transformers":
-        if not model_path:
-            raise ValueError("backend='transformers' needs model_path (a local checkpoint directory).")
-        return TransformersBackend(
-            model_path, device=kw["device"], batch_size=kw["rows_per_call"], max_new_tokens=kw["max_new_tokens"]
-        )
-    if backend == "openai":
-        if not endpoint_url or not endpoint_model:
-            raise ValueError("backend='openai' needs endpoint_url (…/v1) and endpoint_model.")
-        return FailFastOnAuth(  # a refused key stops at the first batch, not after every row
-            OpenAIBackend(
-                endpoint_url,
-                endpoint_model,
-                max_concurrency=kw["max_concurrency"],
-                max_tokens=kw["max_new_tokens"],
-                dialect=kw["dialect"],
-                max_tokens_field=kw["max_tokens_field"],
-                deadlines=Deadlines(kw["connect_timeout_s"], kw["first_byte_timeout_s"], kw["answer_timeout_s"]),
-            )
-        )
-    raise ValueError(f"backend={backend!r}; expected 'transformers' or 'openai'.")
-
-
 @task(cache_policy=NO_CACHE)
 def probe_task(sft_dir: str, split: str, backend_kwargs: dict[str, Any]) -> dict[str, Any]:
     """Probe the endpoint with the first row of `split` before any row is sent (`OpenAIBackend.probe`).
@@ -93,7 +68,7 @@ def probe_task(sft_dir: str, split: str, backend_kwargs: dict[str, Any]) -> dict
     if row is None:
         logger.warning("probe skipped: the %s split has no rows", split)
         return {}
-    backend = _make_backend(**backend_kwargs).backend
+    backend = make_backend(**backend_kwargs).backend  # the endpoint inside FailFastOnAuth
     try:
         report = backend.probe(request_from_row(row))
     finally:
@@ -125,7 +100,7 @@ def predict_task(
     sft = Path(sft_dir)
     total = sum(min(pq.ParquetFile(p).metadata.num_rows, limit or 10**12) for s in splits for p in _shards(sft, s))
     progress = Progress(total, "SFT model predictions", unit="rows")
-    backend = _make_backend(**backend_kwargs)
+    backend = make_backend(**backend_kwargs)
     results: dict[str, dict[str, Any]] = {}
     retried = [0]
     with (
