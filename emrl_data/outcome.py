@@ -38,6 +38,7 @@ class RejectReason(StrEnum):
     PART_CHECKSUM_MISMATCH = "part_checksum_mismatch"  # a released part failed its sha256 twice: its cases are out
     UNSAFE_ARCHIVE_MEMBER = "unsafe_archive_member"  # a link, device, climbing path, twice, or too big for scratch
     CORRUPT_ARCHIVE = "corrupt_archive"  # the part's tar/gzip stream broke before the case was read
+    DUPLICATE_CT = "duplicate_ct"  # a released case with two CT files (ct.nii beside ct.nii.gz): which one is unknown
     UNEXPECTED_ERROR = "unexpected_error"  # a bug, not a data defect: fails the flow at the end
 
 
@@ -79,5 +80,10 @@ class Rejection:
 
 # Reasons only a released part (read from the Hub) produces: tested on built archives, no synthetic-case defect.
 ARCHIVE_REASONS = frozenset(
-    {RejectReason.PART_CHECKSUM_MISMATCH, RejectReason.UNSAFE_ARCHIVE_MEMBER, RejectReason.CORRUPT_ARCHIVE}
+    {
+        RejectReason.PART_CHECKSUM_MISMATCH,
+        RejectReason.UNSAFE_ARCHIVE_MEMBER,
+        RejectReason.CORRUPT_ARCHIVE,
+        RejectReason.DUPLICATE_CT,
+    }
 )

@@ -8,20 +8,28 @@ outside `dest` whatever the archive says. What is refused, and how it is reporte
 | member | outcome |
 |---|---|
 | a path with `..`, an absolute path, a symlink, a hard link, a device, a FIFO, a sparse file | `unsafe_archive_member` rejection of its case (a warning when it names no case of the part) |
-| the same path twice | `unsafe_archive_member` rejection of its case |
+| the same path twice, or two names that differ only in case | `unsafe_archive_member` rejection of its case |
 | a size larger than the scratch allowance left | `unsafe_archive_member` rejection of its case; its bytes are skipped, never read into memory |
+| a file that cannot be written (any `OSError` but a full disk) | `unsafe_archive_member` rejection of its case |
+| a second CT of a case (`ct.nii` beside `ct.nii.gz`) | `duplicate_ct` rejection of the case |
 | data longer than its header claims, a truncated tar or gzip stream, a bad header | `corrupt_archive`: the case being read and every case of the part not finished yet |
 | a case outside the part's range, an entry outside the case layout, a non-case folder | a warning (counted per kind), skipped |
+| a mask name over `MAX_NAME_BYTES` or with characters outside `[A-Za-z0-9._-]` | a warning, skipped (checked before any write) |
 | a case folder whose name is not `BDMAP_` + 8 digits | `invalid_case_id`, as on disk |
 
-Header blocks are bounded too: a pax or GNU long-name header over `MAX_HEADER_BYTES`, or more than `max_members`
-members, is `corrupt_archive`; the member list `tarfile` keeps is cleared as it goes (memory stays flat).
+Header blocks are bounded too: a pax or GNU long-name header over `MAX_HEADER_BYTES`, a chain of more than
+`MAX_HEADER_CHAIN` extended headers, more than `max_members` members, or a member whose declared size would take the
+bytes inflated past `MAX_MEMBER_BYTES` or the part's `max_inflated_bytes` (skipped members count: skipping one
+inflates it) is `corrupt_archive`; the member list `tarfile` keeps is cleared as it goes (memory stays flat).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import tarfile
+import threading
 import zlib
 from collections import Counter
 from collections.abc import Callable
@@ -36,6 +44,13 @@ from emrl_data.types import is_valid_case_id
 
 MAX_HEADER_BYTES = 1 << 20  # a pax / GNU long-name header longer than this is refused (real ones are < 1 KiB)
 MEMBERS_PER_CASE = 500  # the released mask parts hold ~50 files per case
+MAX_HEADER_CHAIN = 16  # extended headers in a row before a member (real archives: 1 or 2)
+MAX_MEMBER_BYTES = 16 << 30  # a member larger than this is never inflated (a released CT is < 1 GiB)
+INFLATE_RATIO = 16  # a part's members may declare at most this x its compressed bytes (+ INFLATE_SLACK_BYTES)
+INFLATE_SLACK_BYTES = 64 << 20
+MAX_NAME_BYTES = 128  # a mask file name longer than this (UTF-8) is skipped, never created
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 _COPY_BYTES = 1 << 20
 _TRAILER_BYTES = 1 << 20  # at most this much is read after the end-of-archive marker (tar pads to 10 KiB records)
 IMAGE_KIND, MASK_KIND = SPLIT_LAYOUT_DIRS
@@ -117,8 +132,21 @@ class _BoundedTarInfo(tarfile.TarInfo):
     is an `ArchiveCorruptError`, so data longer than its header claims or a cut-off tar is seen.
     """
 
+    _chain = threading.local()  # extended headers read in a row on this thread (tarfile recurses through them)
+
     @classmethod
     def fromtarfile(cls, tarfile_: tarfile.TarFile) -> Any:  # noqa: D102 (tarfile's API)
+        depth = getattr(cls._chain, "depth", 0)
+        if depth > MAX_HEADER_CHAIN:
+            raise ArchiveCorruptError(f"more than {MAX_HEADER_CHAIN} extended headers in a row")
+        cls._chain.depth = depth + 1
+        try:
+            return cls._read_header(tarfile_)
+        finally:
+            cls._chain.depth = depth
+
+    @classmethod
+    def _read_header(cls, tarfile_: tarfile.TarFile) -> Any:
         buf = tarfile_.fileobj.read(tarfile.BLOCKSIZE)  # type: ignore[union-attr]
         try:
             obj = cls.frombuf(buf, tarfile_.encoding, tarfile_.errors)  # type: ignore[arg-type]
@@ -150,9 +178,15 @@ def _layout_target(parts: list[str], kind: str) -> str | None:
     """The file of the case layout a member is (`ct.nii.gz`, `segmentations/liver.nii.gz`), or None."""
     if kind == IMAGE_KIND and len(parts) == 2 and parts[1] in CT_NAMES:
         return parts[1]
-    if kind == MASK_KIND and len(parts) == 3 and parts[1] == "segmentations" and "\0" not in parts[2]:
+    if kind == MASK_KIND and len(parts) == 3 and parts[1] == "segmentations":
         return f"segmentations/{parts[2]}"
     return None
+
+
+def _bad_name(target: str) -> bool:
+    """A layout file name that is too long or holds characters no released name has (checked before any write)."""
+    name = target.rsplit("/", 1)[-1]
+    return len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES or _SAFE_NAME.fullmatch(name) is None
 
 
 def _unsafe_kind(info: tarfile.TarInfo) -> str | None:
@@ -182,6 +216,7 @@ def read_part(
     meter: ScratchMeter,
     on_file: Callable[[str, Path], None] | None = None,
     max_members: int | None = None,
+    max_inflated_bytes: int | None = None,
     reading: PartReading | None = None,
 ) -> PartReading:
     """Unpack the case-layout members of one part into `dest/<kind>/<case>/...`, calling `on_file` after each.
@@ -196,6 +231,8 @@ def read_part(
         on_file: called with `(case_id, path)` once a member's bytes are all on disk (image parts: the CT is in,
             the case can be curated); the callee may delete the file and release its bytes.
         max_members: members read at most (default: `MEMBERS_PER_CASE` per case of the range, plus 1000).
+        max_inflated_bytes: bytes the members may declare in all (default: `INFLATE_RATIO` x the archive's size on
+            disk + `INFLATE_SLACK_BYTES`; `MAX_MEMBER_BYTES` per member when the size is unknown).
         reading: the record to fill (so that `on_file` sees the rejections found so far); default a new one.
 
     Returns:
@@ -204,7 +241,8 @@ def read_part(
     """
     reading = reading if reading is not None else PartReading(name)
     limit = max_members or MEMBERS_PER_CASE * (case_range[1] - case_range[0] + 1) + 1000
-    written: set[str] = set()
+    inflate_left = max_inflated_bytes if max_inflated_bytes is not None else _inflate_cap(archive)
+    written: dict[str, str] = {}  # case-folded path -> the path written (names that differ only in case collide)
     current: str | None = None  # the case whose member is being read
     try:
         with tarfile.open(fileobj=archive, mode="r|gz", tarinfo=_BoundedTarInfo) as tar:
@@ -212,6 +250,12 @@ def read_part(
                 tar.members.clear()  # type: ignore[attr-defined]  # stream mode keeps every TarInfo otherwise
                 if count > limit:
                     raise ArchiveCorruptError(f"more than {limit} members")
+                if info.size > min(inflate_left, MAX_MEMBER_BYTES):  # reading on would inflate it, even to skip
+                    raise ArchiveCorruptError(
+                        f"{info.name[:200]!r} declares {info.size} bytes, more than the {min(inflate_left, MAX_MEMBER_BYTES)} "
+                        "the part may still inflate"
+                    )
+                inflate_left -= info.size
                 current = None
                 found = _check_member(info, kind, case_range, reading, written)
                 if found is None:
@@ -219,14 +263,14 @@ def read_part(
                 current, target = found
                 path = dest / kind / current / target
                 if _unpack(tar, info, path, meter, reading, current):
-                    written.add(f"{current}/{target}")
+                    written[f"{current}/{target}".casefold()] = f"{current}/{target}"
                     if current not in reading.cases:
                         reading.cases.append(current)
                     if on_file is not None:
                         on_file(current, path)
                 current = None
             _check_trailer(tar)
-    except (ArchiveCorruptError, tarfile.ReadError, EOFError, zlib.error, OSError) as err:
+    except (ArchiveCorruptError, tarfile.ReadError, EOFError, zlib.error, OSError, RecursionError) as err:
         if isinstance(err, OSError) and not _is_stream_error(err):
             raise
         reading.broken = f"the archive cannot be read on ({err}); unfinished cases are corrupt_archive rejections"
@@ -235,13 +279,22 @@ def read_part(
     return reading
 
 
+def _inflate_cap(archive: IO[bytes]) -> int:
+    """`INFLATE_RATIO` x the archive's bytes on disk + `INFLATE_SLACK_BYTES`, or `MAX_MEMBER_BYTES` x 1024 when its
+    size is unknown (a stream)."""
+    try:
+        return INFLATE_RATIO * os.fstat(archive.fileno()).st_size + INFLATE_SLACK_BYTES
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both an OSError and a ValueError
+        return MAX_MEMBER_BYTES * 1024
+
+
 def _is_stream_error(err: OSError) -> bool:
     """gzip's `BadGzipFile` and tarfile's stream errors are OSErrors; a disk error is not a stream error."""
     return type(err).__name__ in ("BadGzipFile", "StreamError", "CompressionError") or err.errno is None
 
 
 def _check_member(
-    info: tarfile.TarInfo, kind: str, case_range: tuple[int, int], reading: PartReading, written: set[str]
+    info: tarfile.TarInfo, kind: str, case_range: tuple[int, int], reading: PartReading, written: dict[str, str]
 ) -> tuple[str, str] | None:
     """`(case id, layout file)` a member unpacks to, or None after recording why it is skipped or rejects its case."""
     parts = _member_path(info.name, kind)
@@ -276,10 +329,17 @@ def _check_member(
     if target is None:
         reading.skip("outside the case layout", info.name)
         return None
-    if f"{first}/{target}" in written:
-        reading.reject(
-            first, RejectReason.UNSAFE_ARCHIVE_MEMBER, f"{info.name!r} appears twice in the part", info.name
-        )
+    if _bad_name(target):
+        reading.skip(f"a name over {MAX_NAME_BYTES} bytes or with characters outside [A-Za-z0-9._-]", info.name[:300])
+        return None
+    seen = written.get(f"{first}/{target}".casefold())
+    if seen is not None:
+        twice = "appears twice in the part" if seen == f"{first}/{target}" else f"differs from {seen!r} only in case"
+        reading.reject(first, RejectReason.UNSAFE_ARCHIVE_MEMBER, f"{info.name!r} {twice}", info.name)
+        return None
+    if target in CT_NAMES and any(f"{first}/{ct}".casefold() in written for ct in CT_NAMES):
+        detail = f"{info.name!r} is a second CT of the case; which one is the case's is unknown"
+        reading.reject(first, RejectReason.DUPLICATE_CT, detail, info.name)
         return None
     return None if first in reading.rejected else (first, target)
 
@@ -293,19 +353,41 @@ def _unpack(
     except ScratchFullError as err:
         reading.reject(case_id, RejectReason.UNSAFE_ARCHIVE_MEMBER, f"{err}; refused", info.name)
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
     source = tar.extractfile(info)
     assert source is not None  # a regular file
     left = info.size
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    with os.fdopen(os.open(path, flags, 0o644), "wb") as out:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        out = os.fdopen(os.open(path, flags, 0o644), "wb")
+    except OSError as err:
+        return _unwritable(path, info, reading, case_id, meter, err, created=False)
+    with out:
         while left > 0:
             chunk = source.read(min(_COPY_BYTES, left))
             if not chunk:
                 raise ArchiveCorruptError(f"{info.name!r} ends before the {info.size} bytes its header claims")
-            out.write(chunk)
+            try:
+                out.write(chunk)
+            except OSError as err:
+                return _unwritable(path, info, reading, case_id, meter, err, created=True)
             left -= len(chunk)
     return True
+
+
+def _unwritable(
+    path: Path, info: tarfile.TarInfo, reading: PartReading, case_id: str, meter: ScratchMeter, err: OSError,
+    *, created: bool,
+) -> bool:  # fmt: skip
+    """A member that cannot be written rejects its case (its bytes are skipped by the stream); a full disk is raised."""
+    if err.errno in _FULL_DISK:
+        raise err
+    if created:
+        path.unlink(missing_ok=True)
+    meter.release(info.size)
+    detail = f"{info.name[:300]!r} cannot be written ({os.strerror(err.errno) if err.errno else err}); refused"
+    reading.reject(case_id, RejectReason.UNSAFE_ARCHIVE_MEMBER, detail, info.name[:300])
+    return False
 
 
 def _check_trailer(tar: tarfile.TarFile) -> None:

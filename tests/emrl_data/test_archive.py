@@ -142,3 +142,119 @@ def test_outside_the_layout_or_the_range_is_a_warning(tmp_path: Path) -> None:
         f"{NAME}: 1 member skipped, not a case folder (name does not start with BDMAP) (first: 'README.txt')",
         f"{NAME}: 1 member skipped, outside the case layout (first: 'BDMAP_00000001/notes.txt')",
     ]
+
+
+MASK_NAME = "mask_only/AbdomenAtlas3_masks_BDMAP_BDMAP_00000001_BDMAP_00000003.tar.gz"
+
+
+def _read_masks(data: bytes, tmp_path: Path, **kwargs):
+    files: list[str] = []
+    reading = read_part(
+        io.BytesIO(data), name=MASK_NAME, kind="mask_only", dest=tmp_path / "scratch", case_range=(1, 3),
+        meter=ScratchMeter(1 << 30), on_file=lambda case, path: files.append(path.name), **kwargs,
+    )  # fmt: skip
+    return reading, files
+
+
+def test_a_300_byte_mask_name_is_skipped_with_a_warning_before_any_write(tmp_path: Path) -> None:
+    long = "a" * 293 + ".nii.gz"  # 300 bytes: ENAMETOOLONG had it been created
+    data = tar_gz([(f"BDMAP_00000001/segmentations/{long}", CT), ("BDMAP_00000001/segmentations/liver.nii.gz", CT)])
+    reading, files = _read_masks(data, tmp_path)
+    assert (files, reading.rejected) == (["liver.nii.gz"], {})
+    shown = repr(f"BDMAP_00000001/segmentations/{long}"[:300])
+    assert reading.warnings() == [
+        f"{MASK_NAME}: 1 member skipped, a name over 128 bytes or with characters outside [A-Za-z0-9._-] "
+        f"(first: {shown})"
+    ]
+
+
+def test_two_mask_names_differing_only_in_case_reject_the_case(tmp_path: Path) -> None:
+    data = tar_gz(
+        [
+            ("BDMAP_00000001/segmentations/liver.nii.gz", CT),
+            ("BDMAP_00000001/segmentations/Liver.nii.gz", CT),
+            ("BDMAP_00000002/segmentations/liver.nii.gz", CT),
+        ]
+    )
+    reading, files = _read_masks(data, tmp_path)
+    assert _reasons(reading) == {"BDMAP_00000001": ("archive", "unsafe_archive_member")}
+    assert reading.rejected["BDMAP_00000001"].detail == (
+        "'BDMAP_00000001/segmentations/Liver.nii.gz' differs from "
+        "'BDMAP_00000001/segmentations/liver.nii.gz' only in case"
+    )
+    assert files == ["liver.nii.gz", "liver.nii.gz"]  # one of case 1 (before the second name), one of case 2
+
+
+def test_a_second_ct_rejects_the_case_as_duplicate_ct(tmp_path: Path) -> None:
+    data = tar_gz(
+        [("BDMAP_00000001/ct.nii.gz", CT), ("BDMAP_00000001/ct.nii", b"plain"), ("BDMAP_00000002/ct.nii", CT)]
+    )
+    reading, files = _read(data, tmp_path)
+    assert _reasons(reading) == {"BDMAP_00000001": ("archive", "duplicate_ct")}
+    assert reading.rejected["BDMAP_00000001"].detail == (
+        "'BDMAP_00000001/ct.nii' is a second CT of the case; which one is the case's is unknown"
+    )
+    assert files == [
+        ("BDMAP_00000001", "image_only/BDMAP_00000001/ct.nii.gz"),
+        ("BDMAP_00000002", "image_only/BDMAP_00000002/ct.nii"),
+    ]
+
+
+def test_a_member_that_cannot_be_written_rejects_its_case_and_the_part_goes_on(tmp_path: Path) -> None:
+    (tmp_path / "scratch" / "mask_only" / "BDMAP_00000001" / "segmentations" / "liver.nii.gz").mkdir(parents=True)
+    data = tar_gz(
+        [("BDMAP_00000001/segmentations/liver.nii.gz", CT), ("BDMAP_00000002/segmentations/liver.nii.gz", CT)]
+    )
+    reading, files = _read_masks(data, tmp_path)
+    assert _reasons(reading) == {"BDMAP_00000001": ("archive", "unsafe_archive_member")}
+    assert reading.rejected["BDMAP_00000001"].detail == (
+        "'BDMAP_00000001/segmentations/liver.nii.gz' cannot be written (File exists); refused"
+    )
+    assert files == ["liver.nii.gz"] and reading.cases == ["BDMAP_00000002"] and reading.broken is None
+
+
+def _gnu_long_name_chain(n: int) -> bytes:
+    """`n` GNU long-name headers in a row, then one member (tarfile reads the chain recursively)."""
+    raw = b"".join(
+        tarfile.TarInfo._create_gnu_long_header(f"BDMAP_00000002/{i}", tarfile.GNUTYPE_LONGNAME, "utf-8", "strict")  # type: ignore[attr-defined]
+        for i in range(n)
+    )
+    info = _member("BDMAP_00000002/ct.nii.gz", len(CT))
+    return raw + info.tobuf(tarfile.USTAR_FORMAT) + CT + b"\0" * (512 - len(CT) % 512)
+
+
+def test_a_chain_of_1500_gnu_long_name_headers_is_corrupt_archive_not_a_recursion_error(tmp_path: Path) -> None:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        tar.addfile(_member("BDMAP_00000001/ct.nii.gz", len(CT)), io.BytesIO(CT))
+    body = raw.getvalue().rstrip(b"\0") + b"\0" * (512 - len(raw.getvalue().rstrip(b"\0")) % 512)
+    reading, files = _read(gzip.compress(body + _gnu_long_name_chain(1500) + b"\0" * 1024), tmp_path)
+    assert files == [("BDMAP_00000001", "image_only/BDMAP_00000001/ct.nii.gz")]
+    assert reading.broken == (
+        "the archive cannot be read on (more than 16 extended headers in a row); unfinished cases are corrupt_archive "
+        "rejections"
+    )
+
+
+def test_inflated_bytes_are_capped_per_part_even_for_skipped_members(tmp_path: Path) -> None:
+    data = tar_gz([("BDMAP_00000001/ct.nii.gz", CT), ("BDMAP_00000001/notes.txt", bytes(2 << 20))])
+    reading, files = _read_masks(data, tmp_path, max_inflated_bytes=1 << 20)
+    assert reading.broken == (
+        "the archive cannot be read on ('BDMAP_00000001/notes.txt' declares 2097152 bytes, more than the "
+        f"{(1 << 20) - len(CT)} the part may still inflate); unfinished cases are corrupt_archive rejections"
+    )
+
+
+def test_the_default_inflate_cap_follows_the_part_size_on_disk(tmp_path: Path) -> None:
+    zeros = 80 << 20  # 80 MiB of zeros: about 80 KiB compressed, over 16 x that + 64 MiB
+    path = tmp_path / "part.tar.gz"
+    path.write_bytes(tar_gz([("BDMAP_00000001/README", bytes(zeros))]))
+    with path.open("rb") as fh:
+        reading = read_part(
+            fh, name=MASK_NAME, kind="mask_only", dest=tmp_path / "scratch", case_range=(1, 3), meter=ScratchMeter(1)
+        )
+    cap = 16 * path.stat().st_size + (64 << 20)
+    assert reading.broken == (
+        f"the archive cannot be read on ('BDMAP_00000001/README' declares {zeros} bytes, more than the {cap} the part "
+        "may still inflate); unfinished cases are corrupt_archive rejections"
+    )

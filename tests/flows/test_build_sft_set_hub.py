@@ -282,6 +282,7 @@ def test_a_run_killed_mid_part_resumes_that_part_and_reads_no_finished_one(
     budget, out, scratch = str(max(scratch_need(p) for p in (first, second))), tmp_path / "hub", tmp_path / "scratch"
     run = (
         "import json, sys\n"
+        "import huggingface_hub.constants as c; c.DOWNLOAD_CHUNK_SIZE = 1 << 16\n"  # 64 KiB writes, not 10 MiB
         "from flows.build_sft_set import build_sft_set_flow\n"
         "build_sft_set_flow(atlas_root=sys.argv[1], output_dir=sys.argv[2], config=json.loads(sys.argv[3]),"
         " scratch_dir=sys.argv[4], scratch_budget=sys.argv[5], max_workers=2)\n"
@@ -337,3 +338,83 @@ def test_fetch_atlas_writes_the_released_layout_and_skips_finished_parts(
     assert {p: n for p, n in hub.state.served.items() if p.endswith(".tar.gz")} == {
         p: n for p, n in served.items() if p.endswith(".tar.gz")
     }
+
+
+@pytest.mark.slow
+def test_a_busy_hub_429_503_a_cut_and_redirects_still_accounts_for_every_case(
+    prefect_harness, release: tuple[Path, dict[str, bytes]], hub: FakeHub, tmp_path: Path, monkeypatch
+) -> None:
+    """Every part's first request answered 429 (`Retry-After: 1`), the listing and one download 503, one download cut
+    mid-part, every part redirected to the second host: the run ends with every case curated, no token off the Hub."""
+    _, files = release
+    hub.state.put_dataset(REPO, files)
+    monkeypatch.setenv("HF_TOKEN", "hf_fake_read")
+    parts = [p for p in files if p.endswith(".tar.gz")]
+    hub.state.fail_next("GET", f"/api/datasets/{REPO}", 503, retry_after=1)
+    for part in parts:
+        hub.state.fail_next("HEAD", part, 429, retry_after=1)
+    import hashlib
+
+    hub.state.fail_next("GET", f"/cdn/{hashlib.sha256(files[parts[0]]).hexdigest()}", 503)
+    hub.state.cut[parts[1]] = 2000
+    summary = _build(tmp_path / "busy")
+    assert summary["cases"] == N_CASES and summary["hub"]["parts_read"] == 2
+    assert summary["hub"]["parts_failed_verification"] == 0
+    assert [r for r in _rejections(tmp_path / "busy") if r[1] in ("fetch", "archive")] == []
+    assert hub.state.faults == [] and hub.state.cut == {}  # every fault was met
+    assert set(hub.state.cdn_authorizations) == {""} and len(hub.state.cdn_authorizations) >= len(parts)
+
+
+@pytest.mark.slow
+def test_a_gated_release_without_a_token_stops_the_run_with_one_line(
+    prefect_harness, release: tuple[Path, dict[str, bytes]], hub: FakeHub, tmp_path: Path
+) -> None:
+    from hub.listing import HubAccessError
+
+    _, files = release
+    hub.state.put_dataset(REPO, files, gated=True)
+    with pytest.raises(HubAccessError) as raised:
+        _build(tmp_path / "gated")
+    assert str(raised.value) == (
+        f"{ROOT} is gated and no Hugging Face token is set: set HF_TOKEN (or run `hf auth login`) with a token of an "
+        "account that accepted its terms"
+    )
+    assert not any(r.startswith("CDN ") for r in hub.state.requests)  # no byte of a part was asked for
+
+
+def test_fetch_atlas_interrupted_mid_unpack_completes_on_rerun_without_fetching_the_part_again(
+    release: tuple[Path, dict[str, bytes]], hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash after a part is verified and unpacked into its temporary folder, but before its cases are moved in (a
+    stale case folder left in DEST too): the rerun unpacks again from the kept archive and replaces the stale folder."""
+    import hub.fetch as fetch
+
+    atlas, files = release
+    hub.state.put_dataset(REPO, files)
+    image = part_name("image_only", 1, PART_CASES)
+    real_read_part = fetch.read_part
+
+    def crash_on_image(fh, **kwargs):
+        reading = real_read_part(fh, **kwargs)
+        if kwargs["name"] == image:
+            raise RuntimeError("killed mid-unpack")
+        return reading
+
+    monkeypatch.setattr(fetch, "read_part", crash_on_image)
+    with pytest.raises(RuntimeError, match="killed mid-unpack"):
+        fetch.fetch_atlas(tmp_path / "dest", repo_id=REPO, workers=1)
+    monkeypatch.setattr(fetch, "read_part", real_read_part)
+    stale = tmp_path / "dest" / "image_only" / "BDMAP_00000001" / "ct.nii.gz"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"half")
+    served = dict(hub.state.served)
+
+    report = fetch.fetch_atlas(tmp_path / "dest", repo_id=REPO, workers=1)
+    later = part_name("image_only", PART_CASES + 1, N_CASES)  # queued behind the crash: cancelled, fetched now
+    assert (report["fetched"], len(report["skipped"]), report["failed"]) == ([image, later], 2, [])
+    assert hub.state.served.get(image) == served.get(image)  # the verified archive was kept: not one byte again
+    for path in sorted(atlas.rglob("*")):
+        rel = path.relative_to(atlas)
+        if path.is_file() and rel.parts[0] in ("image_only", "mask_only"):
+            assert (tmp_path / "dest" / rel).read_bytes() == path.read_bytes(), rel
+    assert sorted(p.name for p in (tmp_path / "dest" / ".emrl-fetch").iterdir() if not p.name.endswith(".done")) == []
