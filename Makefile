@@ -78,8 +78,8 @@ $(VLLM_DS)/.installed: $(VLLM_ENV)/.installed
 vllm-deepspeed: $(VLLM_DS)/.installed
 
 test: venv $(SIDE_TV)/.installed $(VLLM_ENV)/.installed $(DEEPSPEED) $(VLLM_DS)/.installed
-	$(BIN)/ruff check emrl_data flows cli train inference tests bench
-	$(BIN)/ruff format --check emrl_data flows cli train inference tests bench
+	$(BIN)/ruff check emrl_data flows cli hub publishing train inference tests bench
+	$(BIN)/ruff format --check emrl_data flows cli hub publishing train inference tests bench
 	$(BIN)/lint-imports
 	$(BIN)/mypy emrl_data
 	$(BIN)/pytest -q
@@ -87,15 +87,15 @@ test: venv $(SIDE_TV)/.installed $(VLLM_ENV)/.installed $(DEEPSPEED) $(VLLM_DS)/
 # The inner loop: lint, import contracts, mypy and every test that needs no side environment (torchvision, vLLM,
 # DeepSpeed: marker `side_env`) and is not marked `slow`. `make test` stays the whole suite.
 test-fast: venv
-	$(BIN)/ruff check emrl_data flows cli train inference tests bench
-	$(BIN)/ruff format --check emrl_data flows cli train inference tests bench
+	$(BIN)/ruff check emrl_data flows cli hub publishing train inference tests bench
+	$(BIN)/ruff format --check emrl_data flows cli hub publishing train inference tests bench
 	$(BIN)/lint-imports
 	$(BIN)/mypy emrl_data
 	$(BIN)/pytest -q -m "not slow and not side_env"
 
 lint: venv
-	$(BIN)/ruff check emrl_data flows cli train inference tests bench
-	$(BIN)/ruff format --check emrl_data flows cli train inference tests bench
+	$(BIN)/ruff check emrl_data flows cli hub publishing train inference tests bench
+	$(BIN)/ruff format --check emrl_data flows cli hub publishing train inference tests bench
 	$(BIN)/lint-imports
 
 schemas: venv

@@ -32,8 +32,8 @@ Every error a user can cause is a `PublishError` subclass with a one-line messag
 (`HubAuthError`, `HubUnreachableError`, `TagExistsError`, `VerificationError`); the CLI prints it.
 
 Logic lives in plain functions; the flow and its tasks only sequence them, retry and report. The folder check and the
-plan are pure (`emrl_data/tables/table_folder.py`); the targets are `flows/publish_hub.py` and `flows/publish_local.py`,
-and both end with the read-back of `flows/publish_readback.py`.
+plan are pure (`emrl_data/tables/table_folder.py`); the targets are `flows/publish_hub.py` and `publishing/local.py`,
+and both end with the read-back of `publishing/readback.py`.
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ from flows.publish_hub import (  # noqa: F401 - re-exported with the rest of the
     is_network_error,
     publish_hub,
 )
-from flows.publish_local import local_release_dir, publish_local
-from flows.publish_readback import read_back  # noqa: F401
+from publishing.local import local_release_dir, publish_local
+from publishing.readback import read_back  # noqa: F401
 
 
 TARGETS = ("hub", "local")

@@ -44,7 +44,7 @@ from emrl_data.tables.table_folder import (
     version_tag,
     write_release_file,
 )
-from flows.publish_readback import outcome, read_back
+from publishing.readback import outcome, read_back
 
 
 RETRY_STATUS_CODES = frozenset({408, 429})  # and every 5xx

@@ -17,7 +17,7 @@ from emrl_data.tables.records import SCHEMAS, schema_to_json
 ROOT = Path(__file__).resolve().parent.parent
 MAX_FUNCTION_LINES = 80
 # The packages whose functions the line limit covers (tests and bench are not product code).
-LINE_LIMIT_PACKAGES = ("emrl_data", "flows", "cli", "train", "inference")
+LINE_LIMIT_PACKAGES = ("emrl_data", "flows", "cli", "hub", "publishing", "train", "inference")
 # path::function -> why it may be longer for now.
 LONG_FUNCTION_EXCEPTIONS: dict[str, str] = {}
 
@@ -48,7 +48,7 @@ def test_no_import_cycle() -> None:
     (lazy imports inside functions count: a cycle is a cycle wherever the import statement sits)."""
     import grimp
 
-    packages = ("emrl_data", "flows", "cli", "train", "inference")
+    packages = ("emrl_data", "flows", "cli", "hub", "publishing", "train", "inference")
     graph = grimp.build_graph(*packages, include_external_packages=False)
     cycles = set()
     for importer in sorted(graph.modules):
@@ -173,8 +173,6 @@ def test_no_module_names_an_organ_outside_the_registry() -> None:
 PREFECT_FREE_IN_FLOWS: dict[str, str] = {
     "flows/evaluate.py": "cli/ (emrl eval)",
     "flows/commands/evaluate.py": "cli/commands/ (emrl eval)",
-    "flows/publish_local.py": "a Prefect-free publishing module",
-    "flows/publish_readback.py": "a Prefect-free publishing module",
 }
 
 

@@ -18,7 +18,7 @@ MAX_README_WORDS = 2000
 # than repeat them: at most this many words each.
 MAX_DOC_WORDS = {"decisions.md": 4000, "training.md": 4000, "scaling.md": 4000, "serving.md": 4000}
 # The packages whose modules the README's code map must name, one bullet per module (`__init__.py` excluded).
-CODE_PACKAGES = ("emrl_data", "flows", "train", "inference", "hub", "bench")
+CODE_PACKAGES = ("emrl_data", "flows", "cli", "train", "inference", "hub", "publishing", "bench")
 # A heading that names a work item rather than a subject: "#12", "issue 9", "session 4", "items 1-3", "helper".
 WORK_ITEM_HEADING = re.compile(r"#\s*\d+|\bissues?\b|\bsessions?\b|\bitems?\s+\d|\bhelpers?\b|\bPR\b", re.IGNORECASE)
 LINK = re.compile(r"\]\(([^)\s]+)\)")

@@ -7,7 +7,7 @@ summaries state.
 
 A built table folder is read back by `read_table`: checked against its manifest (`TableFolder`, `FileDigest`), then
 compared with what a publish target holds (`compare_files`, `upload_plan`). That plan is pure; the targets that carry
-it out are `flows/publish_hub.py` and `flows/publish_local.py`.
+it out are `flows/publish_hub.py` and `publishing/local.py`.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from prefect.client.schemas.filters import (
 from prefect.logging.handlers import APILogHandler
 
 from emrl_data.tables.card import render_dataset_card
-from flows import publish, publish_hub, publish_local
+from flows import publish, publish_hub
 from flows.publish import (
     FileDigest,
     HubAuthError,
@@ -52,6 +52,7 @@ from flows.publish import (
     release_table,
     version_tag,
 )
+from publishing import local as publish_local
 from tests.fakehub import FakeHub, serve_fake_hub
 from tests.loopback import free_port
 
