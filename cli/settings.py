@@ -198,6 +198,10 @@ EVAL = (
     Setting("text_column", "--text-column", "prediction", "", "column holding the model's report", metavar="NAME"),
     Setting("n_bootstrap", "--bootstrap", 1000, "replicates", "bootstrap replicates", positive(), "N"),
     Setting("seed", "--seed", 0, "", "seed of the bootstrap", int, "N"),
+    Setting("text_metrics", "--text-metrics", False, "", "also BLEU-1..4, ROUGE-L and CIDEr-D of the findings and "
+            "the impression against the gold reports"),
+    Setting("gold", "--gold", None, "", "the sft table holding the gold reports for --text-metrics (default: the "
+            "one the predictions' manifest names)", Path, "DIR"),
 )
 
 DEMO = (

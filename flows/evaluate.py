@@ -70,6 +70,37 @@ def by_model(frame: Any) -> list[tuple[str | None, Any]]:
     return [(name, frame.filter(pl.col("model") == name)) for name in names]
 
 
+def with_gold_reports(frame: Any, gold: Path | None, sources: Sequence[dict[str, Any]]) -> Any:
+    """The rows with their gold `findings` and `impression` (for the text metrics), joined by case and organ.
+
+    Rows that carry them (or a `report` column) already are returned as they are; otherwise they come from the `sft`
+    table `gold` names, or else the one the predictions' manifest names (`sft_dir`, as `build-rl-hardset` writes it).
+    """
+    import polars as pl
+
+    if {"findings", "impression"} <= set(frame.columns) or "report" in frame.columns:
+        return frame
+    named = [Path(s["sft_dir"]) for s in sources if s.get("sft_dir")]
+    folder = gold if gold is not None else (named[0] if named else None)
+    fix = "pass --gold OUT/sft (the sft table the predictions were made on), or leave out --text-metrics"
+    if folder is None:
+        raise UsageError(
+            "--text-metrics needs the gold reports: the predictions carry none and name no sft table", fix
+        )
+    shards = sorted((folder / "data").glob("*.parquet"))
+    if not shards:
+        raise UsageError(f"--text-metrics: no gold reports in {folder / 'data'} (no .parquet shards)", fix)
+    if "case_id" not in frame.columns:
+        raise UsageError("--text-metrics: the predictions have no case_id column to join the gold reports on", fix)
+    columns = ["case_id", "organ", "findings", "impression"]
+    gold_rows = pl.concat([pl.read_parquet(f, columns=columns) for f in shards]).unique(["case_id", "organ"])
+    joined = frame.join(gold_rows, on=["case_id", "organ"], how="left")
+    missing = joined.filter(pl.col("findings").is_null()).height
+    if missing:
+        raise UsageError(f"--text-metrics: {missing} prediction row(s) have no gold report in {folder}", fix)
+    return joined
+
+
 def evaluate_predictions(
     predictions: Sequence[Path],
     out: Path,
@@ -77,27 +108,74 @@ def evaluate_predictions(
     text_column: str = "prediction",
     n_bootstrap: int = 1000,
     seed: int = 0,
+    text_metrics: bool = False,
+    gold: Path | None = None,
 ) -> None:
-    """Score the predictions, print Table 1/2 per model and write them under `out` (`out/model-N/` for several)."""
-    from emrl_data.text.evaluation import evaluate, score_predictions, write_evaluation
+    """Score the predictions, print Table 1/2 per model and write them under `out` (`out/model-N/` for several).
 
-    groups = by_model(read_predictions(predictions, split))
-    compared = []
-    for index, (model, part) in enumerate(groups, start=1):
+    With several models, each is compared with the first on the rows both answered (paired differences of every
+    Table 1/2 cell with paired bootstrap intervals), printed and written to `out/metrics.md` and `out/metrics.json`
+    (the results card). `text_metrics` adds BLEU-1..4, ROUGE-L and CIDEr-D against the gold reports.
+    """
+    from emrl_data.text.comparison import paired_differences
+    from emrl_data.text.evaluation import evaluate, score_predictions, write_evaluation, write_report
+    from emrl_data.text.results_card import CardMismatch, dataset_source, make_card
+
+    frame = read_predictions(predictions, split)
+    sources = [dataset_source(Path(p)) for p in predictions]
+    if text_metrics:
+        frame = with_gold_reports(frame, gold, sources)
+    groups = by_model(frame)
+    names = [model if model is not None else str(predictions[0]) for model, _ in groups]
+    scored, results, texts = [], [], {}
+    for name, (_, part) in zip(names, groups, strict=True):
+        scored.append(score_predictions(part.to_dicts(), text_column=text_column))
+        results.append(evaluate(scored[-1], n_bootstrap=n_bootstrap, seed=seed))
+        if text_metrics:
+            texts[name] = _text_metrics(part.to_dicts(), text_column, n_bootstrap, seed)
+    try:
+        card = make_card(models=names, split=split, sources=sources, rows=scored[0], evaluations={})
+    except CardMismatch as exc:
+        raise UsageError(str(exc), "evaluate predictions made on the same sft table together") from None
+    for index, ((model, _), name, result) in enumerate(zip(groups, names, results, strict=True), start=1):
         folder = Path(out) if len(groups) == 1 else Path(out) / f"model-{index}"
-        rows = score_predictions(part.to_dicts(), text_column=text_column)
-        result = evaluate(rows, n_bootstrap=n_bootstrap, seed=seed)
-        paths = write_evaluation(result, folder, model=model)
+        appendix = texts[name].to_markdown() if name in texts else ""
+        own_card = card | {"models": [name], "text_metrics": {name: texts[name].to_json()} if name in texts else {}}
+        paths = write_evaluation(result, folder, model=model, card=own_card, appendix=appendix)
         if model is not None:
             print(f"# Model: {model}\n")
         print(result.to_markdown())
+        if appendix:
+            print(appendix)
         for kind, written in paths.items():
             print(f"  {kind:<9} {written}")
-        compared.append((model, index, part.height, result))
-    if len(groups) > 1:
-        print(
-            "\n## Models side by side\n\n| model | folder | rows | average B-Acc | Table 2 overall |\n| --- | --- | --- | --- | --- |"
-        )
-        for model, index, n_rows, result in compared:
-            cells = f"{result.average_bacc.to_markdown()} | {result.table2_overall.to_markdown()}"
-            print(f"| {model} | model-{index} | {n_rows} | {cells} |")
+    if len(groups) == 1:
+        return
+    try:
+        paired = [paired_differences(scored[0], rows, names=(names[0], name), n_bootstrap=n_bootstrap, seed=seed)
+                  for name, rows in zip(names[1:], scored[1:], strict=True)]  # fmt: skip
+    except ValueError as exc:
+        raise UsageError(f"cannot pair the models' rows: {exc}", "give every prediction row its case_id") from None
+    side = ["## Models side by side", "", "| model | folder | rows | average B-Acc | Table 2 overall |",
+            "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for index, (name, (_, part), result) in enumerate(zip(names, groups, results, strict=True), start=1):
+        cells = f"{result.average_bacc.to_markdown()} | {result.table2_overall.to_markdown()}"
+        side.append(f"| {name} | model-{index} | {part.height} | {cells} |")
+    markdown = "\n".join(side) + f"\n\n## Paired differences against {names[0]}\n\n"
+    markdown += "\n".join(c.to_markdown() for c in paired)
+    for name, metrics in texts.items():
+        markdown += f"\n## Text metrics: {name}\n\n" + metrics.to_markdown()
+    card |= {"evaluations": {n: r.to_json() for n, r in zip(names, results, strict=True)},
+             "paired_differences": [c.to_json() for c in paired],
+             "text_metrics": {n: t.to_json() for n, t in texts.items()}}  # fmt: skip
+    paths = write_report(out, markdown, card)
+    print("\n" + markdown)
+    for kind, written in paths.items():
+        print(f"  {kind:<9} {written}")
+
+
+def _text_metrics(rows: list[dict[str, Any]], text_column: str, n_bootstrap: int, seed: int) -> Any:
+    from emrl_data.text.text_metrics import text_metrics
+
+    return text_metrics([r for r in rows if r.get("inference_error") is None], text_column=text_column,
+                        n_bootstrap=n_bootstrap, seed=seed)  # fmt: skip

@@ -42,7 +42,15 @@ from emrl_data.text.scoring import DEFAULT_CONFIG, ScoringConfig, score_report, 
 from emrl_data.types import Organ
 
 
-__all__ = ["EvaluationResult", "Metric", "TABLE1_METRICS", "TABLE2_METRICS", "evaluate", "write_evaluation"]
+__all__ = [
+    "EvaluationResult",
+    "Metric",
+    "TABLE1_METRICS",
+    "TABLE2_METRICS",
+    "evaluate",
+    "write_evaluation",
+    "write_report",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -544,7 +552,14 @@ def _plot(result: EvaluationResult) -> bytes:
     return buffer.getvalue()
 
 
-def write_evaluation(result: EvaluationResult, out_dir: str | Path, *, model: str | None = None) -> dict[str, Path]:
+def write_evaluation(
+    result: EvaluationResult,
+    out_dir: str | Path,
+    *,
+    model: str | None = None,
+    card: Mapping[str, Any] | None = None,
+    appendix: str = "",
+) -> dict[str, Path]:
     """Write `metrics.md`, `metrics.json` and `metrics.png` into `out_dir` (created if missing), atomically.
 
     Args:
@@ -552,6 +567,8 @@ def write_evaluation(result: EvaluationResult, out_dir: str | Path, *, model: st
         out_dir: the folder.
         model: the evaluated model's name (the `model` column of the predictions): a "# Model: NAME" line above the
             tables and a "model" key in the JSON; None writes neither.
+        card: the results card's keys (`emrl_data.text.results_card.make_card`), added to the JSON.
+        appendix: markdown added after the tables (the text metrics).
 
     Returns:
         {"markdown": path, "json": path, "plot": path}.
@@ -561,10 +578,20 @@ def write_evaluation(result: EvaluationResult, out_dir: str | Path, *, model: st
     paths = {"markdown": out / "metrics.md", "json": out / "metrics.json", "plot": out / "metrics.png"}
     heading = f"# Model: {model}\n\n" if model is not None else ""
     as_json = {"model": model, **result.to_json()} if model is not None else result.to_json()
-    _write_atomic(paths["markdown"], (heading + result.to_markdown()).encode())
-    _write_atomic(paths["json"], (json.dumps(as_json, indent=2, allow_nan=False) + "\n").encode())
+    as_json |= dict(card or {})
+    write_report(out, heading + result.to_markdown() + (f"\n{appendix}" if appendix else ""), as_json)
     _write_atomic(paths["plot"], _plot(result))
     logger.info("Wrote %s", ", ".join(str(p) for p in paths.values()))
+    return paths
+
+
+def write_report(out_dir: str | Path, markdown: str, as_json: Mapping[str, Any]) -> dict[str, Path]:
+    """Write `metrics.md` and `metrics.json` (no NaN: JSON null) into `out_dir` (created if missing), atomically."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": out / "metrics.md", "json": out / "metrics.json"}
+    _write_atomic(paths["markdown"], markdown.encode())
+    _write_atomic(paths["json"], (json.dumps(as_json, indent=2, allow_nan=False) + "\n").encode())
     return paths
 
 

@@ -26,7 +26,8 @@ def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
         nargs="+",
         help="OUT/predictions (from build-rl-hardset), or a parquet/jsonl file with the sft truth "
         "columns and a report column; several (e.g. our model's and a hosted model's): Table 1/2 per model, "
-        "named by the rows' model column, each in OUT/model-N/, then the models side by side",
+        "named by the rows' model column, each in OUT/model-N/, then the models side by side and each one's paired "
+        "differences against the first (OUT/metrics.md and .json)",
     )
     add_settings(p, EVAL)
     p.set_defaults(func=run, check=check_eval)
@@ -37,4 +38,5 @@ def run(args: argparse.Namespace) -> None:
     from flows.evaluate import evaluate_predictions
 
     evaluate_predictions(args.predictions, args.out, split=args.split, text_column=args.text_column,
-                         n_bootstrap=args.n_bootstrap, seed=args.seed)  # fmt: skip
+                         n_bootstrap=args.n_bootstrap, seed=args.seed, text_metrics=args.text_metrics,
+                         gold=args.gold)  # fmt: skip
