@@ -66,10 +66,12 @@ def check_build_sft_set(args: argparse.Namespace) -> None:
 
 def check_build_rl_hardset(args: argparse.Namespace) -> None:
     """`emrl build-rl-hardset`: an SFT set, a checkpoint or an endpoint that answers, options that fit together."""
+    from emrl_data.tables.shards import split_shards
+
     sft = Path(args.sft_dir)
-    if not sorted((sft / "data").glob("train-*-of-*.parquet")):
+    if not split_shards(sft / "data", "train"):
         hint = f"pass {sft / 'sft'}" if (sft / "sft" / "data").is_dir() else "run `emrl build-sft-set ATLAS OUT` first"
-        raise UsageError(f"no SFT set in {sft} (no data/train-*.parquet)", f"{hint}, then pass OUT/sft")
+        raise UsageError(f"no SFT set in {sft} (no data/train-*-of-*.parquet)", f"{hint}, then pass OUT/sft")
     if args.endpoint and not args.endpoint_model:
         raise UsageError(
             "--endpoint needs --endpoint-model", "add --endpoint-model NAME (the model the server serves)"

@@ -37,7 +37,7 @@ from emrl_data.tables.rl_hardset import (
     summary_markdown,
     write_hardset_tables,
 )
-from emrl_data.tables.shards import digest_file
+from emrl_data.tables.shards import digest_file, split_shards
 from emrl_data.types import row_id
 from flows._common import Progress, git_sha
 from inference import ResultStore, request_from_row, run_inference
@@ -46,7 +46,7 @@ from inference.openai_client import DIALECTS, MAX_TOKENS_FIELDS
 
 
 def _shards(sft_dir: Path, split: str) -> list[Path]:
-    return sorted((sft_dir / "data").glob(f"{split}-*-of-*.parquet"))
+    return split_shards(sft_dir / "data", split)
 
 
 def _iter_rows(sft_dir: Path, split: str, columns: Sequence[str] | None = None, batch: int = 32) -> Iterator[dict]:

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from emrl_data.organs import ORGANS
+from emrl_data.tables.shards import split_shards
 
 
 LICENSE_NAME = "abdomenatlas-3.0"
@@ -286,14 +287,14 @@ def _front_matter(
 
 
 def parquet_split_bytes(data_dir: Path, splits: Sequence[str]) -> dict[str, int]:
-    """Uncompressed bytes of each split's shards `data_dir/{split}-*.parquet`, from the Parquet footers.
+    """Uncompressed bytes of each split's shards (`split_shards`), from the Parquet footers.
 
     This is the `num_bytes` of the card's `dataset_info.splits` (the data's size in memory, not on disk); it is read
     from the footers only, so it is exact for the shards and costs no decoding.
     """
     sizes = {}
     for split in splits:
-        metadata = [pq.read_metadata(p) for p in sorted(Path(data_dir).glob(f"{split}-*.parquet"))]
+        metadata = [pq.read_metadata(p) for p in split_shards(Path(data_dir), split)]
         sizes[split] = sum(m.row_group(i).total_byte_size for m in metadata for i in range(m.num_row_groups))
     return sizes
 

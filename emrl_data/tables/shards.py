@@ -27,6 +27,16 @@ ROW_GROUP_BYTES = 100 * 1024**2
 HASH_CHUNK_BYTES = 8 * 1024**2
 
 
+def shard_name(split: str, index: int, n_shards: int) -> str:
+    """The file name of shard `index` (from 0) of `n_shards` of `split`: `{split}-{i:05d}-of-{n:05d}.parquet`."""
+    return f"{split}-{index:05d}-of-{n_shards:05d}.parquet"
+
+
+def split_shards(data_dir: Path, split: str) -> list[Path]:
+    """The shards of `split` in a table's `data/` folder, in shard order (`shard_name`; other files are not shards)."""
+    return sorted(data_dir.glob(f"{split}-*-of-*.parquet"))
+
+
 @dataclass(frozen=True, slots=True)
 class FileDigest:
     """Size and content hashes of one file.
@@ -95,10 +105,10 @@ def write_split_shards(rows: Sequence[Mapping[str, Any]], schema: pa.Schema, dat
     paths = []
     for i in range(n_shards):
         part = table.slice(i * per_shard, per_shard) if table.num_rows else table
-        path = data_dir / f"{split}-{i:05d}-of-{n_shards:05d}.parquet"
+        path = data_dir / shard_name(split, i, n_shards)
         write_parquet_atomic(part, path)
         paths.append(path)
-    for stale in data_dir.glob(f"{split}-*-of-*.parquet"):
+    for stale in split_shards(data_dir, split):
         if stale not in paths:
             stale.unlink()
     return paths
@@ -182,7 +192,7 @@ def write_split_streaming(
     """
     n_shards, shard_of = _shard_of_rows(row_bytes)
     data_dir.mkdir(parents=True, exist_ok=True)
-    paths = [data_dir / f"{split}-{i:05d}-of-{n_shards:05d}.parquet" for i in range(n_shards)]
+    paths = [data_dir / shard_name(split, i, n_shards) for i in range(n_shards)]
     tmp_paths = [p.with_name(f".{p.name}.tmp-{os.getpid()}") for p in paths]
     options = _column_options(schema)
     writers: list[pq.ParquetWriter | None] = [None] * n_shards
@@ -226,7 +236,7 @@ def write_split_streaming(
         if code is not None:
             raise OutputWriteError(paths[current], code) from err
         raise
-    for stale in data_dir.glob(f"{split}-*-of-*.parquet"):
+    for stale in split_shards(data_dir, split):
         if stale not in paths:
             stale.unlink()
     return paths

@@ -13,7 +13,7 @@ import pytest
 
 from emrl_data.tables import shards
 from emrl_data.tables.records import IMAGE_STRUCT, make_schema
-from emrl_data.tables.shards import table_manifest, write_split_shards, write_split_streaming
+from emrl_data.tables.shards import shard_name, split_shards, table_manifest, write_split_shards, write_split_streaming
 
 
 SCHEMA = make_schema(
@@ -69,6 +69,28 @@ def test_streaming_splits_into_balanced_shards_and_removes_stale(
     assert [pq.ParquetFile(p).num_row_groups for p in paths] == [2, 2, 2]  # 100-byte row groups
     got = [r["n"] for p in paths for r in pq.read_table(p).to_pylist()]
     assert got == list(range(6))
+
+
+def test_split_shards_lists_one_splits_shards_in_order(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    names = [shard_name("train", i, 12) for i in (10, 2, 0)] + [
+        shard_name("test", 0, 1),
+        shard_name("train_extra", 0, 1),  # another split whose name starts with this one's
+        "train-00000.parquet",  # not a shard name
+        ".train-00000-of-00001.parquet.tmp-7",  # a temporary file
+        "train-00001-of-00012.json",
+    ]
+    for name in names:
+        (data / name).write_bytes(b"")
+    assert shard_name("train", 2, 12) == "train-00002-of-00012.parquet"
+    assert [p.name for p in split_shards(data, "train")] == [
+        "train-00000-of-00012.parquet",
+        "train-00002-of-00012.parquet",
+        "train-00010-of-00012.parquet",
+    ]
+    assert [p.name for p in split_shards(data, "test")] == ["test-00000-of-00001.parquet"]
+    assert split_shards(data, "validation") == [] and split_shards(tmp_path / "absent", "train") == []
 
 
 def test_streaming_rejects_wrong_row_count(tmp_path: Path) -> None:
