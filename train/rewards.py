@@ -289,7 +289,7 @@ def make_reward_funcs(
     scoring_config: sc.ScoringConfig | None = None,
     verifier: Verifier | None = None,
     seed: int = 0,
-) -> list[Callable[..., list[float | None]]]:
+) -> list[Callable[..., Sequence[float | None]]]:
     """Return the reward callables for an ablation: `["r_e"]`, `["r_e", "r_f"]` or `["r_e", "r_f", "r_c"]`.
 
     Args:
@@ -305,7 +305,7 @@ def make_reward_funcs(
     unknown = [n for n in names if n not in REWARD_NAMES]
     if unknown or len(set(names)) != len(names) or not names:
         raise ValueError(f"Invalid rewards {list(names)}; choose distinct names from {list(REWARD_NAMES)}.")
-    funcs: list[Callable[..., list[float | None]]] = []
+    funcs: list[Callable[..., Sequence[float | None]]] = []
     for name in names:
         if name == "r_c":
             funcs.append(ConsistencyReward(verifier, scoring_config, seed=seed))
