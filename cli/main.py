@@ -30,6 +30,7 @@ from cli.commands import (
     build_rl_hardset,
     build_sft_set,
     demo,
+    evaluate,
     fetch_atlas,
     publish,
     server,
@@ -40,7 +41,6 @@ from cli.commands.parsing import CREDENTIALS, Formatter, Parser, debug_parent
 from cli.errors import UsageError
 from cli.interrupt import INTERRUPT_GRACE_S, exit_within, interrupt_handler
 from cli.prefect_env import configure_prefect_environment, prefect_session
-from flows.commands import evaluate
 
 
 COMMANDS = (synth, build_sft_set, fetch_atlas, build_rl_hardset, publish, evaluate, demo, server, upgrade_checkpoint)

@@ -11,8 +11,8 @@ import os
 from pathlib import Path
 
 from cli.errors import UsageError
+from cli.evaluate import prediction_files
 from cli.settings import SHELL, by_name
-from flows.evaluate import prediction_files
 
 
 ENDPOINT_CHECK_TIMEOUT_S = by_name(SHELL)["endpoint_check_timeout_s"].default

@@ -168,14 +168,6 @@ def test_no_module_names_an_organ_outside_the_registry() -> None:
         assert organ_mentions(ROOT / rel, words), f"{rel} names no organ any more: remove its exception"
 
 
-# `flows/` holds Prefect flows and tasks only; the application around them is `cli/`, the Prefect-free code a library.
-# path -> where it goes (an entry whose module imports Prefect, or is gone, fails below: remove it).
-PREFECT_FREE_IN_FLOWS: dict[str, str] = {
-    "flows/evaluate.py": "cli/ (emrl eval)",
-    "flows/commands/evaluate.py": "cli/commands/ (emrl eval)",
-}
-
-
 def imports_prefect(path: Path) -> bool:
     """Whether the module imports Prefect at its top level (`import prefect...` or `from prefect... import`); an
     `__init__.py` that holds nothing but its docstring counts as importing it (a package marker, no code)."""
@@ -210,10 +202,8 @@ def test_prefect_free_modules_finds_constructed_modules(tmp_path: Path) -> None:
 
 
 def test_every_module_of_flows_imports_prefect() -> None:
-    """A module of `flows/` without Prefect belongs elsewhere: the CLI in `cli/`, pure code in `emrl_data/`, the
-    mining backends in `inference/`."""
-    free = prefect_free_modules(ROOT, "flows")
-    misplaced = [path for path in free if path not in PREFECT_FREE_IN_FLOWS]
+    """`flows/` holds Prefect flows and tasks only: a module of it without Prefect belongs elsewhere (the CLI in
+    `cli/`, pure code in `emrl_data/`, mining backends in `inference/`, the Hub release in `hub/`, publishing helpers
+    in `publishing/`)."""
+    misplaced = prefect_free_modules(ROOT, "flows")
     assert not misplaced, f"modules of flows/ that import no Prefect (move them out of flows/): {misplaced}"
-    stale = sorted(set(PREFECT_FREE_IN_FLOWS) - set(free))
-    assert not stale, f"PREFECT_FREE_IN_FLOWS lists modules that import Prefect or are gone (remove them): {stale}"

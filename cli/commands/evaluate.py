@@ -1,4 +1,4 @@
-"""`emrl eval PREDICTIONS...`: Table 1/2 with bootstrap intervals (the logic is `flows.evaluate`)."""
+"""`emrl eval PREDICTIONS...`: Table 1/2 with bootstrap intervals (the logic is `cli.evaluate`)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> None:
     """Evaluate."""
-    from flows.evaluate import evaluate_predictions
+    from cli.evaluate import evaluate_predictions
 
     evaluate_predictions(args.predictions, args.out, split=args.split, text_column=args.text_column,
                          n_bootstrap=args.n_bootstrap, seed=args.seed, text_metrics=args.text_metrics,

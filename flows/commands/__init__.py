@@ -1,1 +1,0 @@
-"""The `emrl eval` command, until it joins the other commands in `cli.commands`."""
