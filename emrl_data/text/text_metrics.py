@@ -32,12 +32,21 @@ from typing import Any
 import numpy as np
 
 from emrl_data.text.bootstrap import interval, resampled_sums
+from emrl_data.text.comparison import pair_rows
 from emrl_data.text.evaluation import _json_float, _markdown_table
 from emrl_data.text.parser import _header_sections, _tagged_sections
 from emrl_data.types import Organ
 
 
-__all__ = ["SECTIONS", "TEXT_METRICS", "TextMetrics", "cider_d", "report_sections", "text_metrics"]
+__all__ = [
+    "SECTIONS",
+    "TEXT_METRICS",
+    "TextMetrics",
+    "cider_d",
+    "paired_text_differences",
+    "report_sections",
+    "text_metrics",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -149,16 +158,19 @@ class TextMetrics:
         cells: the values, fractions (CIDEr-D on its 0-10 scale); NaN intervals without replicates.
         counts: organ (and "all") -> rows.
         n_bootstrap, seed: the bootstrap's replicates and seed.
+        title: for paired differences, "model − reference" (the cells are then differences); "" for one model.
     """
 
     cells: dict[str, dict[str, dict[str, tuple[float, float, float]]]]
     counts: dict[str, int]
     n_bootstrap: int
     seed: int
+    title: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """Return the metrics as a JSON-safe dict (NaN -> None)."""
         return {
+            **({"difference": self.title} if self.title else {}),
             "n_bootstrap": self.n_bootstrap,
             "seed": self.seed,
             "counts": self.counts,
@@ -180,16 +192,17 @@ class TextMetrics:
         def text(cell: tuple[float, float, float], metric: str) -> str:
             scale, digits = (1.0, 3) if metric == "cider_d" else (100.0, 1)
             value, low, high = (scale * v for v in cell)
+            sign = "+" if self.title else ""
             if math.isnan(low):
-                return f"{value:.{digits}f}"
-            return f"{value:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+                return f"{value:{sign}.{digits}f}"
+            return f"{value:{sign}.{digits}f} [{low:{sign}.{digits}f}, {high:{sign}.{digits}f}]"
 
         lines = []
         for section, organs in self.cells.items():
             rows = [
                 [o, str(self.counts[o])] + [text(cells[m], m) for m in TEXT_METRICS] for o, cells in organs.items()
             ]
-            lines += [f"#### Text metrics, {section}", "",
+            lines += [f"#### Text metrics, {section}" + (f": {self.title}" if self.title else ""), "",
                       *_markdown_table(["organ", "rows", *(TEXT_LABELS[m] for m in TEXT_METRICS)], rows), ""]  # fmt: skip
         bootstrapped = f"{self.n_bootstrap} replicates, rows resampled within organ" if self.n_bootstrap else "none"
         lines.append(f"BLEU and ROUGE-L in %, CIDEr-D on its 0-10 scale; 95 % intervals: {bootstrapped}.")
@@ -227,34 +240,74 @@ def text_metrics(
     Raises:
         ValueError: on no row, a row without its gold report, or an unknown organ.
     """
+    cells, counts = _text_cells([rows], text_column, n_bootstrap, seed)
+    return TextMetrics(cells, counts, n_bootstrap, seed)
+
+
+def paired_text_differences(
+    reference: Sequence[Mapping[str, Any]],
+    model: Sequence[Mapping[str, Any]],
+    *,
+    names: tuple[str, str] = ("reference", "model"),
+    text_column: str = "prediction",
+    n_bootstrap: int = 1000,
+    seed: int = 0,
+) -> TextMetrics:
+    """Return each text metric's difference `model - reference` on the rows both answered (matched by case and
+    organ), with paired intervals: every replicate draws the same rows for both models.
+
+    Raises:
+        ValueError: on rows that cannot be paired (`emrl_data.text.comparison.pair_rows`) or no row in common.
+    """
+    ref_rows, mod_rows, _, _ = pair_rows(reference, model)
+    if not ref_rows:
+        raise ValueError(f"{names[0]} and {names[1]} have no row in common (matched by case_id and organ)")
+    cells, counts = _text_cells([ref_rows, mod_rows], text_column, n_bootstrap, seed)
+    return TextMetrics(cells, counts, n_bootstrap, seed, title=f"{names[1]} − {names[0]}")
+
+
+def _text_cells(
+    row_sets: Sequence[Sequence[Mapping[str, Any]]], text_column: str, n_bootstrap: int, seed: int
+) -> tuple[dict[str, dict[str, dict[str, tuple[float, float, float]]]], dict[str, int]]:
+    """Return the cells of one model (one row set), or of the difference of two row sets paired row by row (the
+    second minus the first), and the row counts."""
+    rows = row_sets[0]
     if not rows:
         raise ValueError("text metrics: no row to evaluate")
     organs = tuple(o for o in Organ if any(Organ(r["organ"]) == o for r in rows))
-    ordered = [r for o in organs for r in rows if Organ(r["organ"]) == o]
-    sizes = [sum(1 for r in ordered if Organ(r["organ"]) == o) for o in organs]
-    candidates = [report_sections(r.get(text_column)) for r in ordered]
-    gold = [gold_sections(r) for r in ordered]
-    stats = np.hstack(
-        [_row_statistics([c[s] for c in candidates], [g[s] for g in gold]) for s in range(len(SECTIONS))]
-    )  # (rows, 2 * _COLUMNS)
+    order = [i for o in organs for i, r in enumerate(rows) if Organ(r["organ"]) == o]
+    sizes = [sum(1 for r in rows if Organ(r["organ"]) == o) for o in organs]
+    per_set = []
+    for row_set in row_sets:
+        ordered = [row_set[i] for i in order]
+        candidates = [report_sections(r.get(text_column)) for r in ordered]
+        gold = [gold_sections(r) for r in ordered]
+        per_set += [_row_statistics([c[s] for c in candidates], [g[s] for g in gold]) for s in range(len(SECTIONS))]
+    stats = np.hstack(per_set)  # (rows, sets x sections x _COLUMNS)
     bounds = np.cumsum([0, *sizes])
     groups = [stats[bounds[k] : bounds[k + 1]] for k in range(len(organs))]
     reps = resampled_sums(groups, n_bootstrap=n_bootstrap, seed=seed) if n_bootstrap else None
+    width = len(SECTIONS) * _COLUMNS
+
+    def values(sums: np.ndarray, section: int, n: int) -> np.ndarray:
+        starts = [i * width + section * _COLUMNS for i in range(len(row_sets))]
+        of_set = [_metrics_of(sums[..., start : start + _COLUMNS], n) for start in starts]
+        return of_set[0] if len(of_set) == 1 else of_set[1] - of_set[0]
+
     cells: dict[str, dict[str, dict[str, tuple[float, float, float]]]] = {s: {} for s in SECTIONS}
     names = [*(str(o) for o in organs), OVERALL]
     for k, name in enumerate(names):
         point_sums = stats.sum(axis=0) if name == OVERALL else groups[k].sum(axis=0)
-        n = len(ordered) if name == OVERALL else sizes[k]
+        n = len(order) if name == OVERALL else sizes[k]
         rep_sums = None if reps is None else (np.sum(reps, axis=0) if name == OVERALL else reps[k])
         for s, section in enumerate(SECTIONS):
-            cols = slice(s * _COLUMNS, (s + 1) * _COLUMNS)
-            point = _metrics_of(point_sums[cols], n)
+            point = values(point_sums, s, n)
             if rep_sums is None:
                 bounds_of = [(math.nan, math.nan)] * len(TEXT_METRICS)
             else:
-                replicate_values = _metrics_of(rep_sums[:, cols], n)
+                replicate_values = values(rep_sums, s, n)
                 bounds_of = [interval(replicate_values[:, j]) for j in range(len(TEXT_METRICS))]
             cells[section][name] = {m: (float(point[j]), *bounds_of[j]) for j, m in enumerate(TEXT_METRICS)}
-    counts = {str(o): sizes[k] for k, o in enumerate(organs)} | {OVERALL: len(ordered)}
-    logger.info("Text metrics over %d rows (%d bootstrap replicates).", len(ordered), n_bootstrap)
-    return TextMetrics(cells, counts, n_bootstrap, seed)
+    counts = {str(o): sizes[k] for k, o in enumerate(organs)} | {OVERALL: len(order)}
+    logger.info("Text metrics over %d rows (%d bootstrap replicates).", len(order), n_bootstrap)
+    return cells, counts

@@ -7,7 +7,15 @@ import math
 import numpy as np
 import pytest
 
-from emrl_data.text.text_metrics import _bleu, _row_statistics, cider_d, gold_sections, report_sections, text_metrics
+from emrl_data.text.text_metrics import (
+    _bleu,
+    _row_statistics,
+    cider_d,
+    gold_sections,
+    paired_text_differences,
+    report_sections,
+    text_metrics,
+)
 
 
 def _row(organ: str, findings: str, impression: str, gold_findings: str, gold_impression: str) -> dict:
@@ -77,3 +85,26 @@ def test_an_empty_prediction_scores_zero():
     got = text_metrics([_row("liver", "", "", "a b c", "d e")], n_bootstrap=0)
     assert all(v[0] == 0.0 for v in got.cells["findings"]["liver"].values())
     assert np.isfinite([v[0] for v in got.cells["impression"]["all"].values()]).all()
+
+
+def _keyed(rows: list[dict]) -> list[dict]:
+    return [r | {"case_id": f"BDMAP_{i:08d}"} for i, r in enumerate(rows)]
+
+
+def test_paired_text_differences_are_the_difference_of_the_two_models_metrics_with_a_paired_interval():
+    gold = [("a b c d e", "m n"), ("p q r s", "x y z")] * 5
+    copy = _keyed([_row("liver", f, i, f, i) for f, i in gold])
+    worse = _keyed([_row("liver", "a b c" if k % 2 == 0 else f, i, f, i) for k, (f, i) in enumerate(gold)])
+    same = paired_text_differences(copy, [dict(r) for r in copy], n_bootstrap=200, seed=0)
+    assert all(v == (0.0, 0.0, 0.0) for s in same.cells.values() for o in s.values() for v in o.values())
+    diff = paired_text_differences(copy, worse, names=("sft", "grpo"), n_bootstrap=200, seed=0)
+    a, b = text_metrics(copy, n_bootstrap=0), text_metrics(worse, n_bootstrap=0)
+    for metric in ("bleu1", "bleu4", "rouge_l", "cider_d"):
+        expected = b.cells["findings"]["liver"][metric][0] - a.cells["findings"]["liver"][metric][0]
+        value, low, high = diff.cells["findings"]["liver"][metric]
+        assert value == pytest.approx(expected) and value < 0 and low <= value <= high
+    # ROUGE-L: "a b c" against "a b c d e" is F = 2 x 1 x 3/5 / (1 + 3/5) = 3/4 on half the rows: mean -1/8.
+    assert diff.cells["findings"]["liver"]["rouge_l"][0] == pytest.approx(-0.125)
+    assert diff.cells["impression"]["all"]["bleu1"] == (0.0, 0.0, 0.0)
+    assert "#### Text metrics, findings: grpo − sft" in diff.to_markdown()
+    assert diff.to_json()["difference"] == "grpo − sft"
