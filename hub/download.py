@@ -15,7 +15,10 @@ name unique to the process and deletes it on failure, so a crashed run would sta
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -170,20 +173,96 @@ def download_verified(
     expected: HubFile,
     *,
     on_bytes: Callable[[int], None] | None = None,
+    tries: int = 2,
 ) -> tuple[Download | None, int, str | None]:
-    """`download_file`, and once more from scratch when the bytes fail verification.
+    """`download_file`, and again from scratch when the bytes fail verification (`tries` in all).
 
     Returns:
-        (the download or None, bytes read over both tries, the mismatch message when both failed).
+        (the download or None, bytes read over every try, the mismatch message when every try failed).
     """
     read = 0
     message = None
-    for attempt in (1, 2):
+    for attempt in range(1, tries + 1):
         try:
             done = download_file(release, path, dest, expected, on_bytes=on_bytes)
             return done, read + done.bytes_read, None
         except ChecksumMismatchError as err:
             read += expected.size
-            logger.warning("%s (try %d of 2)", err, attempt)
+            logger.warning("%s (try %d of %d)", err, attempt, tries)
             message = str(err)
     return None, read, message
+
+
+class DownloadStoppedError(RuntimeError):
+    """The download a `GrowingFile` follows failed, or rewrote bytes already read: the reading must start over."""
+
+
+class GrowingFile(io.RawIOBase):
+    """The bytes of a download as they land in its `.incomplete` file, read while it grows: `read` waits for bytes
+    (or the download's end) and returns a short read only at the end of the file.
+
+    `finish(error)` is called by the downloading thread when it ends (`error` None once the file is verified and
+    renamed to `dest`).
+    """
+
+    def __init__(
+        self,
+        partial: Path,
+        dest: Path,
+        size: int,
+        *,
+        on_read: Callable[[int], None] | None = None,
+        poll_s: float = 0.02,
+    ) -> None:
+        self.partial, self.dest, self.size, self.on_read, self.poll_s = partial, dest, size, on_read, poll_s
+        self.offset = 0
+        self._ended = threading.Event()
+        self._error: BaseException | None = None
+        self._fh: IO[bytes] | None = None
+
+    def finish(self, error: BaseException | None) -> None:
+        """The download ended (with `error`, or None)."""
+        self._error = error
+        self._ended.set()
+
+    def readable(self) -> bool:
+        return True
+
+    def _open(self) -> IO[bytes] | None:
+        for path in (self.partial, self.dest) if not self._ended.is_set() else (self.dest,):
+            try:
+                return path.open("rb")
+            except FileNotFoundError:
+                continue
+        return None
+
+    def readinto(self, buffer: Any) -> int:
+        while True:
+            if self._ended.is_set() and self._error is not None:
+                raise DownloadStoppedError(f"the download stopped: {self._error}") from self._error
+            if self._fh is None:
+                self._fh = self._open()
+            have = os.fstat(self._fh.fileno()).st_size if self._fh is not None else 0
+            if have < self.offset:
+                raise DownloadStoppedError(f"{self.partial.name} was rewritten under the reader")
+            if self._fh is not None and have > self.offset:
+                self._fh.seek(self.offset)
+                data = self._fh.read(min(len(buffer), have - self.offset))
+                buffer[: len(data)] = data
+                self.offset += len(data)
+                if self.on_read is not None:
+                    self.on_read(len(data))
+                return len(data)
+            if self.offset >= self.size or (self._ended.is_set() and self._fh is not None):
+                return 0
+            if self._ended.is_set():  # verified and renamed before the reader opened it
+                self._fh = self._open()
+                if self._fh is None:
+                    raise DownloadStoppedError(f"{self.dest.name} is gone")
+                continue
+            self._ended.wait(self.poll_s)
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+        super().close()

@@ -3,8 +3,10 @@
 `read_pair(job, curate_one, ...)`: skip the pair when the part ledger knows it (same part checksums, config, splits
 and metadata, every case in the store); else download the mask part (verified, resumable) and unpack it, then
 download the image part and stream its CTs out one at a time, curating each case as soon as its CT is on disk and
-deleting it after (docs/decisions.md#hub-parts-streamed-not-unpacked). A part that fails its sha256 twice turns its
-cases into `part_checksum_mismatch` rejections.
+deleting it after (docs/decisions.md#hub-parts-streamed-not-unpacked). The image part is read while it downloads
+(`hub.download.GrowingFile`): curation overlaps the download, and the pair counts (ledger) only once the part is
+verified; a part that fails verification read that way is read again from a verified download, its earlier cases
+discarded. A part that fails its sha256 twice turns its cases into `part_checksum_mismatch` rejections.
 
 Scratch is named by content: each verified part is kept as `SCRATCH/archives/<sha256>.tar.gz` until every case of the
 pair is in the store (a crash while reading it never downloads it again), and the pair unpacks into
@@ -17,21 +19,31 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 from emrl_data import __version__
 from emrl_data.config import CurateConfig
 from emrl_data.labeling.curate import CaseResult, CaseStore
 from emrl_data.outcome import Rejection, RejectReason
-from emrl_data.reading.archive import IMAGE_KIND, MASK_KIND, PartReading, ScratchMeter, finish_broken, read_part
+from emrl_data.reading.archive import (
+    IMAGE_KIND,
+    INFLATE_RATIO,
+    INFLATE_SLACK_BYTES,
+    MASK_KIND,
+    PartReading,
+    ScratchMeter,
+    finish_broken,
+    read_part,
+)
 from emrl_data.reading.atlas import CT_FILE_STEM, AtlasOrganMeta, CaseRef, hash_split, nifti_path
 from emrl_data.reading.release import HubFile, PartPair
 from emrl_data.types import Organ, is_valid_case_id
-from hub.download import download_verified
+from hub.download import ChecksumMismatchError, DownloadStoppedError, GrowingFile, download_file, download_verified
 from hub.ledger import PartLedger
 from hub.listing import HubCommit
 
@@ -146,12 +158,23 @@ def read_pair(
     work = pair_folder(scratch, job.pair)
     shutil.rmtree(work, ignore_errors=True)  # what an interrupted run unpacked; its verified archives stay
     reader = _PairReader(job, key, work, ScratchMeter(job.allowance_bytes), store, curate_one, on_bytes, on_case)
+    peak = 0
     try:
-        reader.run()
+        try:
+            reader.run(stream=True)
+        except _ReadAgainError as again:  # the part read while downloading failed verification: from disk now
+            if log is not None:
+                log(f"{job.pair.name}: {again}; read again from a verified download")
+            shutil.rmtree(work, ignore_errors=True)
+            read, peak = reader.outcome.bytes_read, reader.meter.peak_bytes
+            meter = ScratchMeter(job.allowance_bytes)
+            reader = _PairReader(job, key, work, meter, store, curate_one, on_bytes, on_case, tries=again.tries)
+            reader.outcome.bytes_read = read
+            reader.run(stream=False)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     outcome = reader.outcome
-    outcome.seconds, outcome.peak_scratch_bytes = time.perf_counter() - started, reader.meter.peak_bytes
+    outcome.seconds, outcome.peak_scratch_bytes = time.perf_counter() - started, max(peak, reader.meter.peak_bytes)
     if outcome.verified and not any(k.startswith("timeout-") for _, k, _ in outcome.done):
         ledger.put(
             key, {"part": job.pair.name, "cases": [[c, k] for c, k, _ in outcome.done], "warnings": outcome.warnings}
@@ -164,6 +187,14 @@ def read_pair(
     except OSError:  # another pair's archive is there, or it is gone already
         pass
     return outcome
+
+
+class _ReadAgainError(Exception):
+    """The image part read while it downloaded did not end verified: read the pair again from a verified download."""
+
+    def __init__(self, why: str, tries: int) -> None:
+        super().__init__(why)
+        self.tries = tries  # downloads left for `download_verified`
 
 
 class _PairReader:
@@ -179,8 +210,9 @@ class _PairReader:
         curate_one: CurateOne,
         on_bytes: Callable[[int], None] | None,
         on_case: Callable[[], None] | None,
+        tries: int = 2,
     ) -> None:
-        self.job, self.key, self.work, self.meter, self.store = job, key, work, meter, store
+        self.job, self.key, self.work, self.meter, self.store, self.tries = job, key, work, meter, store, tries
         self.curate_one, self.on_bytes, self.on_case = curate_one, on_bytes, on_case
         self.cfg = CurateConfig.from_dict(job.cfg_dict)
         self.readings: dict[str, PartReading] = {}
@@ -188,12 +220,16 @@ class _PairReader:
         self.case_bytes: dict[str, int] = {}
         self.outcome = PartOutcome(job.pair.name)
 
-    def run(self) -> None:
-        """Masks first (unpacked whole: small), then the image part's CTs one by one, each case curated as it lands."""
+    def run(self, *, stream: bool) -> None:
+        """Masks first (unpacked whole: small), then the image part's CTs one by one, each case curated as it lands
+        (`stream`: while the image part downloads)."""
         pair = self.job.pair
         steps = ((MASK_KIND, pair.mask, self.on_mask), (IMAGE_KIND, pair.image, self.curate))
         for kind, part, on_file in steps:
             if part is None:
+                continue
+            if stream and kind == IMAGE_KIND and not self.verified_on_disk(part):
+                self.read_while_downloading(kind, part, on_file)
                 continue
             path = self.fetch(part)
             if path is None:  # failed its checksum twice: every case of the range is out
@@ -239,14 +275,63 @@ class _PairReader:
             shutil.rmtree(self.work / kind / case_id, ignore_errors=True)
         self.meter.release(held)
 
-    def fetch(self, part: HubFile) -> Path | None:
-        """The verified part in the scratch folder (downloaded unless a verified copy is there already; its bytes
-        reserved first); None when it failed verification twice."""
+    def verified_on_disk(self, part: HubFile) -> bool:
+        """A verified copy of the part is in the scratch folder (renamed there only once verified)."""
+        dest = archive_path(Path(self.job.scratch_dir), part)
+        return dest.is_file() and dest.stat().st_size == part.size
+
+    def read_while_downloading(self, kind: str, part: HubFile, on_file: Callable[[str, Path], None]) -> None:
+        """Download the part in a thread and read it as it lands; raise `_ReadAgainError` unless it ends verified and
+        read to its last byte."""
         self.meter.reserve(part.size, part.path)
         dest = archive_path(Path(self.job.scratch_dir), part)
-        if dest.is_file() and dest.stat().st_size == part.size:  # renamed there only once verified
+        partial = dest.with_name(dest.name + ".incomplete")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if partial.exists() and partial.stat().st_size > part.size:
+            partial.unlink()  # before the reader can open it
+        growing = GrowingFile(partial, dest, part.size, on_read=self.on_bytes)
+        result: dict[str, Any] = {}
+
+        def download() -> None:
+            try:
+                result["done"] = download_file(self.job.commit, part.path, dest, part)
+                growing.finish(None)
+            except BaseException as err:  # noqa: BLE001 (handed to the reader)
+                result["error"] = err
+                growing.finish(err)
+
+        thread = threading.Thread(target=download, name=f"download-{part.path}", daemon=True)
+        thread.start()
+        self.readings[kind] = PartReading(part.path)
+        pair, cap = self.job.pair, INFLATE_RATIO * part.size + INFLATE_SLACK_BYTES
+        stopped = None
+        try:
+            with growing:
+                read_part(cast(IO[bytes], growing), name=part.path, kind=kind, dest=self.work, case_range=(pair.start, pair.end),
+                          meter=self.meter, on_file=on_file, reading=self.readings[kind], max_inflated_bytes=cap)  # fmt: skip
+        except DownloadStoppedError as err:
+            stopped = err
+        thread.join()
+        error, done = result.get("error"), result.get("done")
+        self.outcome.bytes_read += done.bytes_read if done is not None else 0
+        if isinstance(error, ChecksumMismatchError):
+            self.outcome.bytes_read += part.size
+            raise _ReadAgainError(str(error), tries=1)
+        if error is not None:
+            raise error
+        if stopped is not None or growing.offset != part.size:
+            raise _ReadAgainError(f"{part.path}: {stopped or 'not read to its end'}", tries=2)
+
+    def fetch(self, part: HubFile) -> Path | None:
+        """The verified part in the scratch folder (downloaded unless a verified copy is there already; its bytes
+        reserved first); None when it failed verification (`tries` downloads)."""
+        self.meter.reserve(part.size, part.path)
+        dest = archive_path(Path(self.job.scratch_dir), part)
+        if self.verified_on_disk(part):
             return dest
-        done, read, mismatch = download_verified(self.job.commit, part.path, dest, part, on_bytes=self.on_bytes)
+        done, read, mismatch = download_verified(
+            self.job.commit, part.path, dest, part, on_bytes=self.on_bytes, tries=self.tries
+        )
         self.outcome.bytes_read += read
         if done is None:
             self.meter.release(part.size)

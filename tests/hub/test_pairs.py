@@ -85,3 +85,35 @@ def test_a_crash_mid_pair_keeps_the_verified_archives_and_the_rerun_downloads_no
     assert rerun.bytes_read == 0 and hub.state.served == served  # not one byte downloaded again
     assert [c for c, _, _ in rerun.done] == ["BDMAP_00000001", "BDMAP_00000002", "BDMAP_00000003"]
     assert not any(p.exists() for p in kept)
+
+
+def test_the_image_part_is_curated_while_it_downloads(
+    hub: FakeHub, files: dict[str, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 1 << 16)  # huggingface_hub writes 10 MiB at a time
+    hub.state.put_dataset(REPO, files)
+    job = _job(tmp_path)
+    image = archive_path(tmp_path / "scratch", job.pair.image)
+    hub.state.bandwidth_bps = job.pair.image.size / 2.0  # about 2 s for the image part
+    still_downloading: list[bool] = []
+
+    def curate_and_look(ref, *args):
+        still_downloading.append(image.with_name(image.name + ".incomplete").exists() and not image.exists())
+        return curate_bounded(ref, *args)
+
+    outcome = read_pair(job, curate_and_look)
+    assert still_downloading[0] is True  # the first case was curated before its part had finished downloading
+    assert outcome.verified and len(outcome.done) == 3 and outcome.bytes_read == job.pair.bytes
+
+
+def test_a_part_read_while_downloading_that_fails_its_sha256_is_read_again_from_a_verified_download(
+    hub: FakeHub, files: dict[str, bytes], tmp_path: Path
+) -> None:
+    hub.state.put_dataset(REPO, files)
+    job = _job(tmp_path)
+    hub.state.corrupt[job.pair.image.path] = 1
+    outcome = read_pair(job, curate_bounded)
+    assert outcome.verified and [c for c, _, _ in outcome.done] == [f"BDMAP_0000000{i}" for i in (1, 2, 3)]
+    assert outcome.bytes_read == job.pair.mask.size + 2 * job.pair.image.size
+    clean = read_pair(_job(tmp_path / "clean"), curate_bounded)
+    assert outcome.done == clean.done  # the same store keys: the cases read from bad bytes were dropped
