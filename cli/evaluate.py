@@ -32,17 +32,27 @@ def prediction_files(path: Path) -> list[Path]:
 def read_predictions(predictions: Sequence[Path], split: str = "all") -> Any:
     """All prediction rows of `predictions` as one polars frame (split filtered, failed inferences left out).
 
-    With several inputs, a file without a `model` column is named by its path, so that it gets its own tables.
+    With several inputs, a file without a `model` column is named by its path, so that it gets its own tables, and a
+    model name found in more than one input is suffixed with its input's path (two runs of one checkpoint stay two).
     """
     import polars as pl
 
-    frames = []
+    frames: list[Any] = []
+    seen: dict[str, Path] = {}
     for given in predictions:
+        inputs = []
         for f in prediction_files(Path(given)):
             frame = pl.read_ndjson(f) if f.suffix in (".jsonl", ".ndjson") else pl.read_parquet(f)
             if len(predictions) > 1 and "model" not in frame.columns:
                 frame = frame.with_columns(pl.lit(str(given)).alias("model"))
-            frames.append(frame)
+            inputs.append(frame)
+        names = {n for f in inputs if "model" in f.columns for n in f.get_column("model").unique().to_list()}
+        clash = {n for n in names if n in seen and seen[n] != given}
+        if clash:
+            inputs = [f.with_columns(pl.when(pl.col("model").is_in(list(clash))).then(pl.col("model") + f" [{given}]")
+                                     .otherwise(pl.col("model")).alias("model")) for f in inputs]  # fmt: skip
+        seen |= {n: given for n in names - clash}
+        frames += inputs
     frame = pl.concat(frames, how="diagonal_relaxed")
     if split != "all":
         if "split" not in frame.columns:
@@ -163,11 +173,22 @@ def evaluate_predictions(
         side.append(f"| {name} | model-{index} | {part.height} | {cells} |")
     markdown = "\n".join(side) + f"\n\n## Paired differences against {names[0]}\n\n"
     markdown += "\n".join(c.to_markdown() for c in paired)
+    text_paired = []
+    if text_metrics:
+        from emrl_data.text.text_metrics import paired_text_differences
+
+        reference_rows = _answered(groups[0][1].to_dicts())
+        text_paired = [paired_text_differences(reference_rows, _answered(part.to_dicts()), names=(names[0], name),
+                                               text_column=text_column, n_bootstrap=n_bootstrap, seed=seed)
+                       for name, (_, part) in zip(names[1:], groups[1:], strict=True)]  # fmt: skip
     for name, metrics in texts.items():
         markdown += f"\n## Text metrics: {name}\n\n" + metrics.to_markdown()
+    for metrics in text_paired:
+        markdown += f"\n## Text metrics, paired: {metrics.title}\n\n" + metrics.to_markdown()
     card |= {"evaluations": {n: r.to_json() for n, r in zip(names, results, strict=True)},
              "paired_differences": [c.to_json() for c in paired],
-             "text_metrics": {n: t.to_json() for n, t in texts.items()}}  # fmt: skip
+             "text_metrics": {n: t.to_json() for n, t in texts.items()},
+             "text_paired_differences": [t.to_json() for t in text_paired]}  # fmt: skip
     paths = write_report(out, markdown, card)
     print("\n" + markdown)
     for kind, written in paths.items():
@@ -177,5 +198,9 @@ def evaluate_predictions(
 def _text_metrics(rows: list[dict[str, Any]], text_column: str, n_bootstrap: int, seed: int) -> Any:
     from emrl_data.text.text_metrics import text_metrics
 
-    return text_metrics([r for r in rows if r.get("inference_error") is None], text_column=text_column,
-                        n_bootstrap=n_bootstrap, seed=seed)  # fmt: skip
+    return text_metrics(_answered(rows), text_column=text_column, n_bootstrap=n_bootstrap, seed=seed)
+
+
+def _answered(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with a prediction (failed inferences are left out, as from the tables)."""
+    return [r for r in rows if r.get("inference_error") is None]

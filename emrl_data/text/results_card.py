@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,12 +136,12 @@ def check_comparable(a: Mapping[str, Any], b: Mapping[str, Any]) -> None:
 
 def make_card(
     *,
-    models: list[str],
+    models: Sequence[str],
     split: str,
-    sources: list[dict[str, Any]],
-    rows: list[Mapping[str, Any]],
+    sources: Sequence[Mapping[str, Any]],
+    rows: Sequence[Mapping[str, Any]],
     evaluations: Mapping[str, Any],
-    paired: list[Mapping[str, Any]] | None = None,
+    paired: Sequence[Mapping[str, Any]] | None = None,
     text: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Return the card (JSON-safe) of one evaluation.

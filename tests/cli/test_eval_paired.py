@@ -40,7 +40,7 @@ def _report(positive: bool) -> str:
     return render_report(findings, impression, render_evidence(7, [1, 2, 30, 40]) if positive else None)
 
 
-def _tables(root: Path) -> tuple[Path, Path, Path]:
+def _tables(root: Path, names: tuple[str, str] = ("sft", "grpo")) -> tuple[Path, Path, Path]:
     """An sft table (gold findings and impression, its manifest) and two models' predictions tables naming it: the
     reference reports every row as the gold does; the other misses the first MISSED lesions."""
     n = N_POS + N_NEG
@@ -50,8 +50,8 @@ def _tables(root: Path) -> tuple[Path, Path, Path]:
     pl.DataFrame(gold).write_parquet(sft / "data" / "test-00000-of-00001.parquet")
     (sft / "manifest.json").write_text(json.dumps({"files": {"data/test-00000-of-00001.parquet": {}}}))
     folders = []
-    for model, missed in (("sft", 0), ("grpo", MISSED)):
-        folder = root / model / "predictions"
+    for index, (model, missed) in enumerate(zip(names, (0, MISSED), strict=True)):
+        folder = root / f"run-{index}" / "predictions"
         (folder / "data").mkdir(parents=True)
         rows = [_truth(i) | {"model": model, "prediction": _report(i < N_POS and i >= missed)} for i in range(n)]
         pl.DataFrame(rows).write_parquet(folder / "data" / "test-00000-of-00001.parquet")
@@ -87,6 +87,18 @@ def test_eval_of_two_models_prints_and_writes_their_paired_differences_and_text_
     assert (out / "model-1" / "metrics.json").is_file() and (out / "model-2" / "metrics.png").is_file()
     assert "| grpo | model-2 | 24 |" in (out / "metrics.md").read_text()
     check_comparable(card, read_card(out / "model-1" / "metrics.json"))  # the same rows: comparable
+    (text_paired,) = card["text_paired_differences"]
+    assert text_paired["difference"] == "grpo − sft"
+    assert text_paired["sections"]["findings"]["liver"]["bleu4"]["ci_high"] < 0
+    assert "## Text metrics, paired: grpo − sft" in (out / "metrics.md").read_text()
+
+
+def test_two_runs_of_one_checkpoint_stay_two_models(tmp_path, capsys):
+    _, first, second = _tables(tmp_path, names=("runs/sft", "runs/sft"))
+    main(["eval", str(first), str(second), "--out", str(tmp_path / "eval"), "--bootstrap", "100"])
+    card = read_card(tmp_path / "eval")
+    assert card["models"] == ["runs/sft", f"runs/sft [{second}]"]
+    assert card["paired_differences"][0]["table1"]["liver"]["sen"]["diff"] == pytest.approx(-MISSED / N_POS)
 
 
 def test_text_metrics_without_gold_reports_are_refused_in_one_line(tmp_path, capsys):
