@@ -214,7 +214,7 @@ def run_inference(
             store.add(result)
         if progress is not None:
             progress(len(chunk))
-    n_err = sum(1 for i in ids if store.get(i).error is not None)  # type: ignore[union-attr]
+    n_err = sum(1 for r in map(store.get, ids) if r is not None and r.error is not None)
     if n_err:
         logger.warning("run_inference: %d of %d requests have an error result", n_err, len(ids))
     return {i: store.get(i) for i in ids}  # type: ignore[misc]

@@ -74,7 +74,7 @@ class TransformersBackend:
         model, processor = load_model_and_processor(
             model_path, dtype=dtype if dtype == "auto" else getattr(torch, dtype)
         )
-        self.model = model.to(self.device).eval()
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers' decorated `to`
         self.processor = processor
         self.processor.tokenizer.padding_side = "left"
         gen = copy.deepcopy(self.model.generation_config)
@@ -118,7 +118,7 @@ class TransformersBackend:
         from train.data import frames_to_array, render_prompt_text
 
         if not with_frames:
-            msgs = [{"role": "user", "content": [{"type": "text", "text": request.prompt}]}]
+            msgs: list[Any] = [{"role": "user", "content": [{"type": "text", "text": request.prompt}]}]
             text = self.processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
             return len(self.processor.tokenizer(text)["input_ids"])
         video = frames_to_array([{"bytes": b} for b in request.frames_png])

@@ -32,6 +32,20 @@ class TrainConfigError(ValueError):
     """A user-facing configuration or input error; the CLIs print its message as one line and exit 2."""
 
 
+def config_dict(value: dict[str, Any] | str | None, name: str) -> dict[str, Any]:
+    """A copy of a config field that TRL types `dict | str | None`: a dict, or empty when unset.
+
+    `TrainingArguments` parses a JSON string given for such a field when the config is built, so a string left here
+    is one it could not parse.
+
+    Raises:
+        TrainConfigError: naming the field, when it is still a string.
+    """
+    if isinstance(value, str):
+        raise TrainConfigError(f"{name}={value!r} is not a JSON object; give {name} as a mapping in the YAML.")
+    return dict(value or {})
+
+
 class RunStopped(RuntimeError):
     """A run stopped mid-way by bad input or a failed component (a row whose frames do not decode, a vLLM engine that
     died, a rollout prompt vLLM built differently): the CLIs print its message as one line and exit 1; checkpoints

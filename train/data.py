@@ -106,7 +106,9 @@ def resize_frames(frames: NDArray[np.uint8], size_px: int | None) -> NDArray[np.
     """Return `(N, size_px, size_px)` frames (bilinear), or `frames` unchanged when `size_px` is None or already so."""
     if size_px is None or frames.shape[1:] == (size_px, size_px):
         return frames
-    return np.stack([np.asarray(Image.fromarray(f).resize((size_px, size_px), Image.BILINEAR)) for f in frames])
+    return np.stack(
+        [np.asarray(Image.fromarray(f).resize((size_px, size_px), Image.Resampling.BILINEAR)) for f in frames]
+    )
 
 
 def video_key(frames: NDArray[np.uint8]) -> tuple[tuple[int, ...], bytes]:
@@ -242,7 +244,7 @@ class CTQwen3VLProcessor(Qwen3VLProcessor):
         t, h, w = (int(v) for v in grid[0])
         return pixels, grid, video_placeholder(t, h * w // (MERGE_SIZE**2), self.video_fps, n_frames=arr.shape[0])
 
-    def validate_inputs(self, images: Any = None, text: Any = None, videos: Any = None, **kwargs) -> None:
+    def validate_inputs(self, images: Any = None, text: Any = None, videos: Any = None, **kwargs) -> None:  # type: ignore[override]
         """Accept already-expanded video tokens; the base checks only that something was given."""
         return ProcessorMixin.validate_inputs(self, images=images, text=text, videos=videos, **kwargs)
 
@@ -350,7 +352,7 @@ def verifier_messages(frame: Any, prompt: str) -> list[dict[str, Any]]:
 
 def render_prompt_text(processor: CTQwen3VLProcessor, prompt: str) -> str:
     """Return the chat-template text of a sample's prompt, up to and including `<|im_start|>assistant\\n`."""
-    msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": prompt}]}]
+    msgs: list[Any] = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": prompt}]}]
     return processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
 
 

@@ -13,8 +13,8 @@ from train.distributed import check_launch, prepare_deepspeed_cpu
 
 def train_main(
     stage: str,
-    script_args_class: type,
-    config_class: type,
+    script_args_class: Any,
+    config_class: Any,
     run: Callable[[Any, Any], Any],
     argv: list[str] | None = None,
 ) -> None:

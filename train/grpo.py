@@ -33,6 +33,7 @@ from train.checks import (
     check_frames,
     check_precision,
     check_qwen3_vl_checkpoint,
+    config_dict,
     max_frames_in,
     require_fp32_trainable,
     run_cli,
@@ -150,8 +151,8 @@ def finalize_grpo_config(args: GRPOConfig, processor: CTQwen3VLProcessor, reward
     """
     args.remove_unused_columns = False
     if args.bf16 and args.beta > 0:  # TRL builds the frozen reference in the policy's dtype (fp32) unless told
-        args.model_init_kwargs = {**(args.model_init_kwargs or {}), "dtype": "bfloat16"}
-    gen = dict(args.generation_kwargs or {})
+        args.model_init_kwargs = {**config_dict(args.model_init_kwargs, "model_init_kwargs"), "dtype": "bfloat16"}
+    gen = config_dict(args.generation_kwargs, "generation_kwargs")
     gen["suppress_tokens"] = sorted(set(gen.get("suppress_tokens", [])) | set(processor.vision_token_ids))
     args.generation_kwargs = gen
     if all(r in REWARD_NAMES for r in rewards):
@@ -249,12 +250,12 @@ def _reward_funcs(
     queries = "r_c" in rewards and cfg.cross_view != "distance_only"
     if "r_c" in rewards and cfg.cross_view == "random_frame":
         per_call = args.per_device_train_batch_size * (args.steps_per_generation or args.gradient_accumulation_steps)
-        if per_call < 2 * args.num_generations:
+        group = args.num_generations or 1  # GRPOConfig's default is 8; None never reaches here
+        if per_call < 2 * group:
             raise TrainConfigError(
                 f"cross_view=random_frame shows the verifier another row's frame, but a generation batch holds "
-                f"{per_call} completions = {per_call / args.num_generations:g} prompt(s) of num_generations="
-                f"{args.num_generations}; make per_device_train_batch_size x steps_per_generation >= "
-                f"{2 * args.num_generations}."
+                f"{per_call} completions = {per_call / group:g} prompt(s) of num_generations={group}; make "
+                f"per_device_train_batch_size x steps_per_generation >= {2 * group}."
             )
     verifier = Verifier(max_new_tokens=verifier_max_new_tokens) if queries else None
     return make_reward_funcs(rewards, verifier=verifier, scoring_config=scoring_config, seed=args.seed)
@@ -305,7 +306,7 @@ def run_grpo(script_args: GrpoScriptArguments, training_args: GRPOConfig) -> Pat
     dataset = _load_checked(script_args)
     start = time.perf_counter()
     trainer = _train_one(script_args, training_args, dataset)
-    out = Path(training_args.output_dir)
+    out = Path(str(training_args.output_dir))  # TrainingArguments always sets it
     trainer.save_model(str(out))
     trainer.save_state()
     trainer.processing_class.save_pretrained(str(out))

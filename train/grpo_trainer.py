@@ -34,7 +34,7 @@ from typing import Any
 import psutil
 import torch
 import torch.distributed as dist
-from trl import GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer
 
 from train.checkpoint import VIDEO_TRIPLE
 from train.checks import RunStopped
@@ -76,6 +76,9 @@ class VideoGRPOTrainer(GRPOTrainer):
     Reward functions that have a `verifier` attribute get it bound to this trainer.
     """
 
+    args: GRPOConfig  # what TRL's trainer holds, narrowed from `TrainingArguments` for the type checker
+    processing_class: CTQwen3VLProcessor  # build_grpo_trainer always passes one
+    max_completion_length: int
     _ct_videos: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     _vllm_rows: list[tuple[Any, list[int], str]] | None = None  # per rollout row: (frames, served ids, name)
     rollout_seed = "global"  # "prompt": rollouts seeded by (seed, step, prompts) (GrpoScriptArguments.rollout_seed)

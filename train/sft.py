@@ -31,6 +31,7 @@ from train.checks import (
     check_frames,
     check_precision,
     check_qwen3_vl_checkpoint,
+    config_dict,
     max_frames_in,
     require_fp32_trainable,
     run_cli,
@@ -113,13 +114,13 @@ def build_sft_trainer(
     set_stage_trainable(model, stage)
     require_fp32_trainable(model)
     args.remove_unused_columns = False
-    args.dataset_kwargs = {**(args.dataset_kwargs or {}), "skip_prepare_dataset": True}
+    args.dataset_kwargs = {**config_dict(args.dataset_kwargs, "dataset_kwargs"), "skip_prepare_dataset": True}
     return SFTTrainer(
         model=model,
         args=args,
         train_dataset=train_dataset,
         processing_class=processor,
-        data_collator=SFTCollator(processor, frame_px=frame_px),
+        data_collator=SFTCollator(processor, frame_px=frame_px),  # type: ignore[arg-type]  # returns a BatchFeature
     )
 
 
@@ -154,7 +155,7 @@ def train_sft(
         bar_only(trainer)
     add_rank_report(trainer)
     result = trainer.train()
-    out = Path(training_args.output_dir)
+    out = Path(str(training_args.output_dir))  # TrainingArguments always sets it
     trainer.save_model(str(out))
     trainer.save_state()
     processor.save_pretrained(str(out))

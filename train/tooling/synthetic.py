@@ -104,7 +104,7 @@ def make_rows(n_rows: int, *, n_frames: int = 8, size_px: int = 64, split: str =
         row["prompt"] = render_prompt(o, n_frames)
         evidence = None
         if positive:
-            assert box is not None
+            assert box is not None and key is not None
             loc = list(side_locations(organ)[(i // 2) % 2])
             long_mm = float(rng.choice([12.0, 31.0, 48.0]))
             row.update(long_axis_mm=long_mm, short_axis_mm=long_mm * 0.7, volume_mm3=long_mm**3 * 0.3, location=loc)

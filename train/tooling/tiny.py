@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -118,7 +118,7 @@ def _corpus() -> list[str]:
         lines.append(render_prompt(organ, 32))
         for i, loc in enumerate(locs):
             for att in ("hypo", "iso", "hyper"):
-                kw = {"long_axis_mm": 31.0 + 7 * i, "location": loc, "attenuation": att}
+                kw: dict[str, Any] = {"long_axis_mm": 31.0 + 7 * i, "location": loc, "attenuation": att}
                 for count in (1, 3):
                     f = render_findings(organ, has_lesion=True, lesion_count=count, short_axis_mm=22.0,
                                         volume_mm3=5400.0, **kw)  # fmt: skip
@@ -195,7 +195,7 @@ def build_config(tokenizer: PreTrainedTokenizerFast, shape: str = "tiny") -> Qwe
         raise ValueError(f"Unknown model shape {shape=}; valid shapes are {sorted(MODEL_SHAPES)}.")
     spec = MODEL_SHAPES[shape]
     vocab = 151936 if shape == "8b" else len(tokenizer)
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+    ids = {t: cast(int, tokenizer.convert_tokens_to_ids(t)) for t in QWEN_SPECIAL_TOKENS}  # one token: one id
     text = {**spec["text"], "vocab_size": vocab, "pad_token_id": ids["<|endoftext|>"]}
     config = Qwen3VLConfig(
         text_config=text,
@@ -224,7 +224,7 @@ def build_model(
     """
     torch.manual_seed(seed)
     config = build_config(tokenizer, shape)
-    model = Qwen3VLForConditionalGeneration(config).to(dtype)
+    model = Qwen3VLForConditionalGeneration(config).to(dtype)  # type: ignore[arg-type]  # transformers' decorated `to`
     gen = model.generation_config
     gen.eos_token_id = config.eos_token_id
     gen.pad_token_id = config.pad_token_id

@@ -229,8 +229,8 @@ def generate_texts(
     was_training = model.training
     model.eval()
     for i, msg in enumerate(messages):
-        inputs = processor.apply_chat_template([msg], add_generation_prompt=True, tokenize=True, return_dict=True,
-                                               return_tensors="pt")  # fmt: skip
+        inputs: Any = processor.apply_chat_template([msg], add_generation_prompt=True, tokenize=True, return_dict=True,
+                                                    return_tensors="pt")  # fmt: skip
         sampling: dict[str, Any] = {"do_sample": False}
         if sample_seed is not None:
             torch.manual_seed(sample_seed + i)
@@ -270,7 +270,7 @@ def verifier_claim_rate(model: Any, processor: CTQwen3VLProcessor, rows: Sequenc
     ]
     texts = generate_texts(model, processor, msgs, max_new_tokens)
     claims = [parse_free_text(t, r["organ"]) for t, r in zip(texts, pos, strict=True)]
-    return sum(isinstance(c, ParseFailure) is False and c.has_lesion for c in claims) / len(pos)
+    return sum(not isinstance(c, ParseFailure) and c.has_lesion for c in claims) / len(pos)
 
 
 VERIFIER_GATES = ("sensitivity", "specificity", "location", "attenuation")

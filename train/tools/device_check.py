@@ -57,7 +57,9 @@ class _StepStats(TrainerCallback):
     """Record wall time and gradient norm per optimizer step."""
 
     def __init__(self, model: Any) -> None:
-        self.model, self.times, self.grad_norms, self._t0 = model, [], [], 0.0
+        self.model, self._t0 = model, 0.0
+        self.times: list[float] = []
+        self.grad_norms: list[float] = []
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         _sync()
@@ -118,7 +120,8 @@ def _snapshot(model: Any) -> dict[str, torch.Tensor]:
 
 def _changed_groups(before: dict[str, torch.Tensor], model: Any) -> tuple[set[str], set[str]]:
     """Return (groups with a changed tensor, groups with an unchanged tensor), base names without peft prefixes."""
-    changed, same = set(), set()
+    changed: set[str] = set()
+    same: set[str] = set()
     for name, p in model.named_parameters():
         if name in before:
             group = parameter_group(name.replace("base_model.model.", "").replace(".base_layer", ""))
@@ -288,7 +291,7 @@ def plan_8b(lora_r: int = 64) -> dict[str, Any]:
     assert groups.get("projector") == counts["projector"], (groups, counts["projector"])
     assert "vit" not in groups, groups
     return {"trainable_m": {k: round(v / 1e6, 1) for k, v in sorted(groups.items())},
-            "planned_gib": round(float(row["total"]), 1), "path": row["path"]}  # fmt: skip
+            "planned_gib": round(float(row["total"]), 1), "path": row["path"]}  # type: ignore[arg-type]  # fmt: skip
 
 
 def _grpo_rows(dataset: Any) -> Any:
@@ -312,7 +315,8 @@ def _assert_results(res: dict) -> None:
 def run_check(*, tiny: bool, work_dir: Path) -> dict[str, Any]:
     """Run the SFT step and the GRPO steps, assert, and return the measurements."""
     on_gpu = torch.cuda.is_available() and not tiny
-    shape = {"frames": 8, "px": 64, "group": 4, "completion": 120, "verifier": 6, "lora_r": 4, "frozen": torch.float32}
+    shape: dict[str, Any] = {"frames": 8, "px": 64, "group": 4, "completion": 120, "verifier": 6, "lora_r": 4,
+                             "frozen": torch.float32}  # fmt: skip
     if not tiny:
         shape = {"frames": 32, "px": 448, "group": 8, "completion": 512, "verifier": 64, "lora_r": 64,
                  "frozen": torch.bfloat16 if on_gpu else torch.float32}  # fmt: skip

@@ -23,6 +23,7 @@ import argparse
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -55,7 +56,7 @@ def parameter_counts() -> dict[str, int]:
     with torch.device("meta"):
         model = Qwen3VLForConditionalGeneration(config)
     counts = {"vit": 0, "projector": 0, "llm": 0, "lora": 0}
-    text = config.text_config
+    text: Any = config.text_config  # a Qwen3VLTextConfig (transformers types it as any sub-config)
     for name, param in model.named_parameters():
         counts[parameter_group(name)] += param.numel()
     r = Shape().lora_rank
