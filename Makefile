@@ -81,7 +81,7 @@ test: venv $(SIDE_TV)/.installed $(VLLM_ENV)/.installed $(DEEPSPEED) $(VLLM_DS)/
 	$(BIN)/ruff check emrl_data flows cli hub publishing train inference tests bench
 	$(BIN)/ruff format --check emrl_data flows cli hub publishing train inference tests bench
 	$(BIN)/lint-imports
-	$(BIN)/mypy emrl_data
+	$(BIN)/mypy
 	$(BIN)/pytest -q
 
 # The inner loop: lint, import contracts, mypy and every test that needs no side environment (torchvision, vLLM,
@@ -90,7 +90,7 @@ test-fast: venv
 	$(BIN)/ruff check emrl_data flows cli hub publishing train inference tests bench
 	$(BIN)/ruff format --check emrl_data flows cli hub publishing train inference tests bench
 	$(BIN)/lint-imports
-	$(BIN)/mypy emrl_data
+	$(BIN)/mypy
 	$(BIN)/pytest -q -m "not slow and not side_env"
 
 lint: venv
