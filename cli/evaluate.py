@@ -127,8 +127,7 @@ def evaluate_predictions(
     Table 1/2 cell with paired bootstrap intervals), printed and written to `out/metrics.md` and `out/metrics.json`
     (the results card). `text_metrics` adds BLEU-1..4, ROUGE-L and CIDEr-D against the gold reports.
     """
-    from emrl_data.text.comparison import paired_differences
-    from emrl_data.text.evaluation import evaluate, score_predictions, write_evaluation, write_report
+    from emrl_data.text.evaluation import evaluate, score_predictions, write_evaluation
     from emrl_data.text.results_card import CardMismatch, dataset_source, make_card
 
     frame = read_predictions(predictions, split)
@@ -159,8 +158,27 @@ def evaluate_predictions(
             print(appendix)
         for kind, written in paths.items():
             print(f"  {kind:<9} {written}")
-    if len(groups) == 1:
-        return
+    if len(groups) > 1:
+        _compare(out, groups, names, scored, results, texts, card, text_column, n_bootstrap, seed)
+
+
+def _compare(
+    out: Path,
+    groups: list[tuple[str | None, Any]],
+    names: list[str],
+    scored: list[list[dict[str, Any]]],
+    results: list[Any],
+    texts: dict[str, Any],
+    card: dict[str, Any],
+    text_column: str,
+    n_bootstrap: int,
+    seed: int,
+) -> None:
+    """Print and write (`out/metrics.md`, `out/metrics.json`) the models side by side and each one's paired
+    differences against the first (text metrics too when they were computed)."""
+    from emrl_data.text.comparison import paired_differences
+    from emrl_data.text.evaluation import write_report
+
     try:
         paired = [paired_differences(scored[0], rows, names=(names[0], name), n_bootstrap=n_bootstrap, seed=seed)
                   for name, rows in zip(names[1:], scored[1:], strict=True)]  # fmt: skip
@@ -174,7 +192,7 @@ def evaluate_predictions(
     markdown = "\n".join(side) + f"\n\n## Paired differences against {names[0]}\n\n"
     markdown += "\n".join(c.to_markdown() for c in paired)
     text_paired = []
-    if text_metrics:
+    if texts:
         from emrl_data.text.text_metrics import paired_text_differences
 
         reference_rows = _answered(groups[0][1].to_dicts())
