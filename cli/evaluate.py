@@ -120,12 +120,14 @@ def evaluate_predictions(
     seed: int = 0,
     text_metrics: bool = False,
     gold: Path | None = None,
+    against: Path | None = None,
 ) -> None:
     """Score the predictions, print Table 1/2 per model and write them under `out` (`out/model-N/` for several).
 
     With several models, each is compared with the first on the rows both answered (paired differences of every
     Table 1/2 cell with paired bootstrap intervals), printed and written to `out/metrics.md` and `out/metrics.json`
-    (the results card). `text_metrics` adds BLEU-1..4, ROUGE-L and CIDEr-D against the gold reports.
+    (the results card). `text_metrics` adds BLEU-1..4, ROUGE-L and CIDEr-D against the gold reports. `against`, an
+    earlier evaluation's card, is refused unless made on the same rows, else its headline numbers are printed beside.
     """
     from emrl_data.text.evaluation import evaluate, score_predictions, write_evaluation
     from emrl_data.text.results_card import CardMismatch, dataset_source, make_card
@@ -146,6 +148,8 @@ def evaluate_predictions(
         card = make_card(models=names, split=split, sources=sources, rows=scored[0], evaluations={})
     except CardMismatch as exc:
         raise UsageError(str(exc), "evaluate predictions made on the same sft table together") from None
+    if against is not None:
+        _check_against(card | {"evaluations": {n: r.to_json() for n, r in zip(names, results, strict=True)}}, against)
     for index, ((model, _), name, result) in enumerate(zip(groups, names, results, strict=True), start=1):
         folder = Path(out) if len(groups) == 1 else Path(out) / f"model-{index}"
         appendix = texts[name].to_markdown() if name in texts else ""
@@ -222,3 +226,28 @@ def _text_metrics(rows: list[dict[str, Any]], text_column: str, n_bootstrap: int
 def _answered(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows with a prediction (failed inferences are left out, as from the tables)."""
     return [r for r in rows if r.get("inference_error") is None]
+
+
+def _check_against(card: dict[str, Any], against: Path) -> None:
+    """Refuse an earlier card made on other rows (`check_comparable`); else print its headline numbers beside ours."""
+    from emrl_data.text.results_card import CardMismatch, check_comparable, headline, read_card
+
+    try:
+        earlier = read_card(Path(against))
+        check_comparable(card, earlier)
+    except CardMismatch as exc:
+        raise UsageError(str(exc), "compare evaluations of the same predictions rows, split and parser") from None
+    except ValueError as exc:
+        raise UsageError(str(exc), "pass --against an earlier emrl eval folder or its metrics.json") from None
+
+    def pct(value: float | None) -> str:
+        return "n/a" if value is None else f"{100 * value:.2f}"
+
+    print(f"## Against {against} (the same rows)\n\n| model | average B-Acc then / now | Table 2 overall then / now |")
+    print("| --- | --- | --- |")
+    now, then = headline(card), headline(earlier)
+    for model in [*then, *(m for m in now if m not in then)]:
+        old, new = then.get(model, {}), now.get(model, {})
+        cells = [f"{pct(old.get(k))} / {pct(new.get(k))}" for k in ("average_bacc", "table2_overall")]
+        print(f"| {model} | {cells[0]} | {cells[1]} |")
+    print()

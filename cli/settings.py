@@ -202,6 +202,8 @@ EVAL = (
             "the impression against the gold reports"),
     Setting("gold", "--gold", None, "", "the sft table holding the gold reports for --text-metrics (default: the "
             "one the predictions' manifest names)", Path, "DIR"),
+    Setting("against", "--against", None, "", "an earlier evaluation (its folder or metrics.json): refused unless "
+            "made on the same rows, split and parser; its headline numbers printed beside these", Path, "DIR"),
 )
 
 DEMO = (

@@ -39,4 +39,4 @@ def run(args: argparse.Namespace) -> None:
 
     evaluate_predictions(args.predictions, args.out, split=args.split, text_column=args.text_column,
                          n_bootstrap=args.n_bootstrap, seed=args.seed, text_metrics=args.text_metrics,
-                         gold=args.gold)  # fmt: skip
+                         gold=args.gold, against=args.against)  # fmt: skip

@@ -25,6 +25,7 @@ __all__ = [
     "check_comparable",
     "dataset_source",
     "dataset_version",
+    "headline",
     "make_card",
     "read_card",
     "rows_digest",
@@ -189,3 +190,19 @@ def read_card(path: Path) -> dict[str, Any]:
     if not isinstance(card, dict) or "card_version" not in card:
         raise ValueError(f"{path}: not a results card of emrl eval (no card_version); evaluate again to write one")
     return card
+
+
+def headline(card: Mapping[str, Any]) -> dict[str, dict[str, float | None]]:
+    """Return model -> {"average_bacc", "table2_overall"} (fractions, None when undefined) of a card, whether it holds
+    one model's tables at its top level or several models' under `evaluations`.
+
+    >>> headline({"models": ["m"], "average_bacc": {"value": 0.5}, "table2_overall": {"value": None}})
+    {'m': {'average_bacc': 0.5, 'table2_overall': None}}
+    """
+    evaluations = card.get("evaluations") or {}
+    if not evaluations and "average_bacc" in card:
+        evaluations = {(card.get("models") or ["?"])[0]: card}
+    return {
+        model: {key: (tables.get(key) or {}).get("value") for key in ("average_bacc", "table2_overall")}
+        for model, tables in evaluations.items()
+    }

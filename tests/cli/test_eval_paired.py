@@ -107,3 +107,25 @@ def test_text_metrics_without_gold_reports_are_refused_in_one_line(tmp_path, cap
     with pytest.raises(SystemExit):
         main(["eval", str(reference), "--out", str(tmp_path / "eval"), "--text-metrics"])
     assert "--text-metrics needs the gold reports" in capsys.readouterr().err
+
+
+def test_an_earlier_evaluation_is_compared_only_on_the_same_rows(tmp_path, capsys):
+    _, reference, other = _tables(tmp_path)
+    main(["eval", str(reference), "--out", str(tmp_path / "first"), "--bootstrap", "50"])
+    main(["eval", str(other), "--out", str(tmp_path / "second"), "--bootstrap", "50",
+          "--against", str(tmp_path / "first")])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert f"## Against {tmp_path / 'first'} (the same rows)" in printed
+    assert "| sft | 100.00 / n/a |" in printed and "| grpo | n/a / 75.00 |" in printed  # B-Acc 1 - 6/12/2
+    (tmp_path / "subset").mkdir()
+    pl.read_parquet(other / "data" / "test-00000-of-00001.parquet").head(10).write_parquet(
+        tmp_path / "subset" / "p.parquet"
+    )
+    with pytest.raises(SystemExit):
+        main(
+            ["eval", str(tmp_path / "subset"), "--out", str(tmp_path / "third"), "--against", str(tmp_path / "first")]
+        )
+    err = capsys.readouterr().err
+    assert "cannot compare the evaluation of grpo with that of sft: they were not made on the same rows" in err
+    assert "(10 rows) vs" in err and "(24 rows)" in err
+    assert not (tmp_path / "third" / "metrics.json").exists()  # refused before anything is written
