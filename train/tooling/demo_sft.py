@@ -16,12 +16,13 @@ from typing import Any
 
 from trl import SFTConfig
 
+from emrl_data.text.parser import ParseFailure, parse_report
 from train.checks import TrainConfigError, run_cli
-from train.data import load_split
+from train.data import load_split, user_messages
 from train.entry import train_main
 from train.sft import SftScriptArguments, load_policy, load_sft_rows, train_sft
 from train.tooling.tiny import build_model, build_processor
-from train.tooling.warmup import held_out_indices, lm_warmup, report_parse_rate
+from train.tooling.warmup import generate_texts, held_out_indices, lm_warmup, report_parse_rate
 
 
 @dataclass
@@ -112,10 +113,6 @@ def _print_parse_rate(model: Any, processor: Any, dataset_dir: str, split: str) 
 def existence_rates(model: Any, processor: Any, rows: list[dict[str, Any]]) -> tuple[float | None, float | None]:
     """Return (sensitivity, specificity) of the greedy reports' existence claims on `rows` (an unreadable report
     claims nothing: wrong on a positive row, right on none); None for a class without rows."""
-    from emrl_data.text.parser import ParseFailure, parse_report
-    from train.data import user_messages
-    from train.tooling.warmup import generate_texts
-
     texts = generate_texts(model, processor, [user_messages(r["prompt"], r["frames"]) for r in rows], 128)
     pos, neg = [], []
     for row, text in zip(rows, texts, strict=True):

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import TrainerCallback
 
 from emrl_data.text.parser import ParseFailure, parse_report
-from train.data import frames_to_array, load_model_and_processor, load_split, user_messages
+from train.data import SFTCollator, frames_to_array, load_model_and_processor, load_split, user_messages
 
 
 logger = logging.getLogger(__name__)
@@ -97,8 +98,6 @@ class GradientTamper:
     """
 
     def __init__(self, mode: str, seed: int = 0):
-        from transformers import TrainerCallback
-
         if mode not in ("flip", "noise"):
             raise ValueError(f"mode={mode!r}; choose 'flip' or 'noise'.")
         self.mode = mode
@@ -124,8 +123,6 @@ class GradientTamper:
 
 def report_logps(model: Any, processor: Any, rows: list[dict[str, Any]], reports: list[str]) -> torch.Tensor:
     """Return the summed log-prob of each `reports[i]` given row i's frames and prompt (teacher forced, one at a time)."""
-    from train.data import SFTCollator
-
     collate = SFTCollator(processor)
     was_training = model.training
     model.eval()
@@ -150,8 +147,6 @@ def existence_margins(model: Any, processor: Any, rows: list[dict[str, Any]], op
     both are scored after the same teacher-forced prefix, with the row's frames shown. Positive = the policy prefers
     the right claim for what the frames show; no sampling noise.
     """
-    from train.data import SFTCollator
-
     collate = SFTCollator(processor)
     tok = processor.tokenizer
     was_training = model.training

@@ -272,7 +272,7 @@ def make_visible_rows(
 
 def write_rows(table_dir: str | Path, splits: dict[str, list[dict]]) -> Path:
     """Write rows (as `make_rows` returns them) to `<table_dir>/data/<split>-00000-of-00001.parquet`; return table_dir."""
-    import datasets
+    import datasets  # heavy, and only the table writers need it: the row builders stay light
 
     out = Path(table_dir)
     (out / "data").mkdir(parents=True, exist_ok=True)
@@ -304,7 +304,7 @@ def write_sft_table(
 
 def _features() -> Any:
     """Return the `datasets.Features` of the synthetic sft table (Hub `List(Image())` frames)."""
-    import datasets
+    import datasets  # heavy, and only the table writers need it: the row builders stay light
 
     return datasets.Features(
         {

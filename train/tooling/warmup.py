@@ -36,7 +36,7 @@ from emrl_data.text.parser import ParseFailure, parse_free_text, parse_report
 from emrl_data.text.report import NEGATIVE_FINDINGS, VERIFIER_PROMPT, render_findings
 from emrl_data.types import Organ
 from train.checks import TrainConfigError
-from train.data import CTQwen3VLProcessor, SFTCollator, frames_to_array, verifier_messages
+from train.data import CTQwen3VLProcessor, SFTCollator, frames_to_array, user_messages, verifier_messages
 from train.freeze import set_stage_trainable
 from train.tooling.synthetic import visible_lesion_radii_px, visible_slice_long_mm
 
@@ -246,8 +246,6 @@ def generate_texts(
 def report_parse_rate(model: Any, processor: CTQwen3VLProcessor, rows: Sequence[Mapping[str, Any]],
                       max_new_tokens: int = 128, sample_seed: int | None = None) -> tuple[float, list[str]]:  # fmt: skip
     """Return (fraction of rows whose report parses, the reports): greedy, or sampled with `sample_seed`."""
-    from train.data import user_messages
-
     msgs = [user_messages(r["prompt"], r["frames"]) for r in rows]
     reports = generate_texts(model, processor, msgs, max_new_tokens, sample_seed)
     ok = [not isinstance(parse_report(t, r["organ"]), ParseFailure) for t, r in zip(reports, rows, strict=True)]

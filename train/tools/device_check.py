@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import math
 import tempfile
@@ -40,10 +41,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
-from transformers import TrainerCallback
+from transformers import AutoProcessor, TrainerCallback
 
-from train.data import frames_to_array, load_split
+from train.data import encode_ct_video, frames_to_array, load_split, to_grpo_dataset
 from train.freeze import parameter_group, set_stage_trainable
 from train.grpo import _apply_lora, make_grpo_config
 from train.grpo_trainer import VideoGRPOTrainer
@@ -51,6 +53,7 @@ from train.rewards import REWARD_NAMES, Verifier, completion_text, make_reward_f
 from train.sft import build_sft_trainer, make_sft_config
 from train.tooling.synthetic import write_sft_table
 from train.tooling.tiny import build_model, build_processor
+from train.tools.memory_plan import parameter_counts, plan
 
 
 class _StepStats(TrainerCallback):
@@ -232,11 +235,6 @@ def auto_processor_check(processor: Any, config: Any, work: Path, frames: Any) -
         work: a scratch folder; the files go to `work/checkpoint`.
         frames: `(N, H, W)` uint8 frames to encode both ways.
     """
-    import numpy as np
-    from transformers import AutoProcessor
-
-    from train.data import encode_ct_video
-
     ckpt = work / "checkpoint"
     processor.save_pretrained(ckpt)
     config.save_pretrained(ckpt)
@@ -257,8 +255,6 @@ def auto_processor_check(processor: Any, config: Any, work: Path, frames: Any) -
 
 def _auto_processor_step(processor: Any, config: Any, work: Path, frames: Any, tiny: bool) -> dict[str, Any]:
     """Run `auto_processor_check` on the GPU machine; on CPU (`--tiny`) skip it with a printed reason."""
-    import importlib.util
-
     reason = None
     if tiny:
         reason = "--tiny (CPU): torchvision cannot be imported next to the CPU torch; tests/train/" \
@@ -274,8 +270,6 @@ def _auto_processor_step(processor: Any, config: Any, work: Path, frames: Any, t
 def plan_8b(lora_r: int = 64) -> dict[str, Any]:
     """The 8B shape on the meta device (no memory): the GRPO LoRA model's trainable parameters per group, checked
     against `train.tools.memory_plan`'s counts, and the plan's GiB for this path (the check's peak is compared with it)."""
-    from train.tools.memory_plan import parameter_counts, plan
-
     processor = build_processor()
     with torch.device("meta"):
         model = build_model(processor.tokenizer, "8b")
@@ -295,8 +289,6 @@ def plan_8b(lora_r: int = 64) -> dict[str, Any]:
 
 
 def _grpo_rows(dataset: Any) -> Any:
-    from train.data import to_grpo_dataset
-
     return to_grpo_dataset(dataset)
 
 

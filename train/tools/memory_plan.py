@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
+from transformers import Qwen3VLForConditionalGeneration
 
 from emrl_data.config import FrameConfig
 from train.freeze import parameter_group
@@ -50,8 +52,6 @@ class Shape:
 
 def parameter_counts() -> dict[str, int]:
     """Return parameter counts per group (`vit`, `projector`, `llm`) and per LLM part of the 8B model (meta device)."""
-    from transformers import Qwen3VLForConditionalGeneration
-
     config = build_config(build_tokenizer(), "8b")
     with torch.device("meta"):
         model = Qwen3VLForConditionalGeneration(config)
@@ -74,8 +74,6 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 def rows_per_generate_call(config: str) -> int:
     """Rows one HF generate call holds on a device for a GRPO config (`train/configs/<config>`): TRL generates the
     whole generation batch at once, per-device batch x `steps_per_generation` (default: the accumulation steps)."""
-    import yaml
-
     cfg = yaml.safe_load((CONFIGS / config).read_text())
     steps = cfg.get("steps_per_generation") or cfg["gradient_accumulation_steps"]
     return int(cfg["per_device_train_batch_size"]) * int(steps)
