@@ -203,7 +203,8 @@ EVAL = (
     Setting("gold", "--gold", None, "", "the sft table holding the gold reports for --text-metrics (default: the "
             "one the predictions' manifest names)", Path, "DIR"),
     Setting("against", "--against", None, "", "an earlier evaluation (its folder or metrics.json): refused unless "
-            "made on the same rows, split and parser; its headline numbers printed beside these", Path, "DIR"),
+            "made on the same rows, split and parser; its headline numbers printed beside these (default: no "
+            "earlier evaluation)", Path, "DIR"),
 )
 
 DEMO = (
