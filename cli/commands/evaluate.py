@@ -18,7 +18,8 @@ def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
         parents=common,
         help="Table 1/2 (paper) with bootstrap CIs from predictions",
         description="Score reports against the truth and print Table 1 (detection) and Table 2 "
-        "(attributes) with 95 %% bootstrap intervals; writes metrics.md/json/png.",
+        "(attributes) with 95 % bootstrap intervals; several models: each one's paired differences from the "
+        "first; --text-metrics: BLEU, ROUGE-L, CIDEr-D. Writes metrics.md/json/png and the results card.",
     )
     p.add_argument(
         "predictions",
