@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from cli.prefect_env import PROJECT_ROOT
 from cli.settings import BUILD_RL_HARDSET, BUILD_SFT_SET, DEMO_FRAMES, demo_kwargs
+from emrl_data import PROJECT_ROOT
 
 
 def synth_atlas(out: Path, cases: int, seed: int, layout: str) -> Path:

@@ -23,9 +23,9 @@ from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 
 from cli.errors import UsageError
+from emrl_data import PROJECT_ROOT
 
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",  # no "Failed to send telemetry" offline
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",

@@ -32,9 +32,10 @@ import httpx
 import yaml
 
 from cli._procs import ProcessRecord, is_running, spawn, stop_process
+from emrl_data import PROJECT_ROOT
+from emrl_data.atomic_write import write_text_atomic
 
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout (this file is cli/server.py)
 POOL, HOST, STATE_NAME, ENV_NAME = "emrl-local", "127.0.0.1", "emrl-server.json", "env.sh"
 _DROPPED_ENV = ("PREFECT_API_KEY", "PREFECT_PROFILE", "PREFECT_PROFILES_PATH", "PREFECT_API_AUTH_STRING")
 _ACTIVE = ["RUNNING", "PENDING", "CANCELLING"]
@@ -100,8 +101,7 @@ def read_state(home: Path) -> ServerState | None:
 def _write_state(state: ServerState) -> None:
     path = state_path(Path(state.prefect_home))
     data = {**asdict(state), "api_url": state.api_url, "ui_url": state.ui_url}  # URLs: for other readers
-    path.with_suffix(".tmp").write_text(json.dumps(data, indent=2))
-    path.with_suffix(".tmp").replace(path)
+    write_text_atomic(json.dumps(data, indent=2), path)
 
 
 def require_api_url(environ: Mapping[str, str] | None = None, expected: str | None = None) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cli.prefect_env import PROJECT_ROOT
+from emrl_data import PROJECT_ROOT
 from emrl_data.config import HARD_SET_SIZE, FrameConfig, SftConfig
 
 

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,12 @@ def no_room_errno(err: BaseException) -> int | None:
     return None
 
 
+def temporary_path(path: Path) -> Path:
+    """The temporary name `path` is written under before its rename: hidden, beside it (the rename stays on one file
+    system), and unique to this process and thread (two writers of one path never share it)."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+
+
 @contextlib.contextmanager
 def writing(path: Path, *tmp_paths: Path) -> Iterator[None]:
     """Around the write of `path` through `tmp_paths`: on any failure the temporary files are removed, and a failure
@@ -88,7 +95,7 @@ def write_text_atomic(text: str, path: Path) -> None:
 def write_bytes_atomic(data: bytes, path: Path) -> None:
     """Write bytes through a temporary file and rename (`OutputWriteError` without room; no temporary file left)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temporary_path(path)
     with writing(path, tmp):
         with tmp.open("wb") as fh:
             fh.write(data)

@@ -6,16 +6,16 @@ import logging
 import subprocess
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 from prefect import get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.exceptions import MissingContextError
 
+from emrl_data import PROJECT_ROOT
+
 
 T = TypeVar("T")
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Prefect's UI cuts table cells off at the table's edge (no wrap, no visible scroll bar): artifact cells stay short.
 ARTIFACT_DETAIL_CHARS = 40  # the rejections table fits its 4 columns at 1024 px (looked at in Chromium)
 

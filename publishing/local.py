@@ -15,6 +15,7 @@ from pathlib import Path
 
 from huggingface_hub.utils import validate_repo_id
 
+from emrl_data.atomic_write import temporary_path, writing
 from emrl_data.tables.table_folder import (
     DATA_PATTERN,
     FileDigest,
@@ -67,10 +68,10 @@ def sync_local_main(table: TableFolder, root: Path) -> bool:
         if current.get(rel) == digest:
             continue
         target = root / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        write_release_file(table, rel, tmp)
-        os.replace(tmp, target)  # a new inode: tag snapshots hard-linked to the old file keep their content
+        tmp = temporary_path(target)
+        with writing(target, tmp):  # no room: `OutputWriteError` naming the file, no temporary file left
+            write_release_file(table, rel, tmp)
+            os.replace(tmp, target)  # a new inode: tag snapshots hard-linked to the old file keep their content
     for rel in current:
         if rel not in table.files and fnmatch(rel, DATA_PATTERN):
             (root / rel).unlink()

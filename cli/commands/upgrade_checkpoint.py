@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cli.prefect_env import PROJECT_ROOT
+from emrl_data import PROJECT_ROOT
 
 
 def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:

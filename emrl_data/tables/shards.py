@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from emrl_data.atomic_write import OutputWriteError, no_room_errno, writing
+from emrl_data.atomic_write import OutputWriteError, no_room_errno, temporary_path, writing
 
 
 MAX_SHARD_BYTES = 500 * 1024**2
@@ -86,7 +86,7 @@ def write_parquet_atomic(table: pa.Table, path: Path) -> None:
         OutputWriteError: the disk (or quota, or file-size limit) has no room; no temporary file is left.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temporary_path(path)
     rows_per_group = max(1, int(ROW_GROUP_BYTES // max(_row_bytes(table), 1)))
     with writing(path, tmp):
         pq.write_table(table, tmp, row_group_size=rows_per_group, **_column_options(table.schema))
@@ -193,7 +193,7 @@ def write_split_streaming(
     n_shards, shard_of = _shard_of_rows(row_bytes)
     data_dir.mkdir(parents=True, exist_ok=True)
     paths = [data_dir / shard_name(split, i, n_shards) for i in range(n_shards)]
-    tmp_paths = [p.with_name(f".{p.name}.tmp-{os.getpid()}") for p in paths]
+    tmp_paths = [temporary_path(p) for p in paths]
     options = _column_options(schema)
     writers: list[pq.ParquetWriter | None] = [None] * n_shards
     batch: list[Mapping[str, Any]] = []
