@@ -153,3 +153,21 @@ def test_eval_needs_sft_and_a_and_the_claim_check_works_without_b_or_c(tmp_path)
     }
     assert no_control["beats_more_sft"] is None  # neither (d) nor (e) ran
     assert no_control["claim_holds"] is False  # +0.05 < 0.10
+
+
+def test_reward_spread_counts_equal_rewards_as_no_signal_where_trl_counts_float32_noise():
+    import torch
+
+    from train.miniature.diagnose import SPREAD_TOL, group_spread, spread_per_step, weighted_rewards
+
+    flat = [0.8] * 8
+    assert torch.tensor(flat).std().item() > 0  # 6.4e-8: TRL's frac_reward_zero_std counts this group as spread
+    assert group_spread(flat + [0.8] * 7 + [0.8 + 10 * SPREAD_TOL], 8) == {"groups": 2, "without_signal": 1}
+    assert group_spread([0.1, float("nan"), 0.1, 0.3], 2) == {"groups": 2, "without_signal": 1}  # one reward left
+    with pytest.raises(ValueError, match="3 rewards do not make groups of 2"):
+        group_spread([0.1, 0.2, 0.3], 2)
+    # R as TRL sums it: a None (r_c on a true negative) is left out
+    assert weighted_rewards([[1.0, 0.0], [0.5, 0.5], [None, -0.3]], [0.3, 0.5, 0.2]) == [0.55, 0.25 - 0.06]
+    calls = [[[1.0, 1.0, 0.0, 1.0]], [[1.0, 1.0, 1.0, 1.0]]]  # one step, two reward functions, 2 groups of 2
+    assert spread_per_step(calls, [0.5, 0.5], 2) == {"tol": SPREAD_TOL, "groups": [2], "without_signal": [1],
+                                                     "total_groups": 2, "total_without_signal": 1}  # fmt: skip

@@ -11,8 +11,10 @@ from train.checks import TrainConfigError
 from train.miniature.config import load_config
 from train.miniature.study import Miniature, reward_options
 from train.miniature.suite import (
+    describe,
     exclusion_path,
     finished_seeds,
+    level_order,
     load_study,
     main,
     read_exclusions,
@@ -29,8 +31,10 @@ from train.miniature.suite import (
 
 
 MICRO = "train/configs/miniature_micro.yaml"
-CLEAN = ["sft", "grpo_a", "grpo_b", "grpo_f", "grpo_g", "more_sft_llm"]
+CLEAN = ["sft", "grpo_a", "grpo_b", "grpo_f", "grpo_g", "grpo_h", "more_sft_llm"]
 NOISY = ["sft", "grpo_a", "grpo_b", "grpo_f", "more_sft_llm"]
+KEY = "key-noise-0.50"
+METRICS3 = ("average_bacc", "k_hit", "exact_key")
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +75,27 @@ def test_every_run_finishes_and_noisy_runs_reuse_the_clean_warmup(micro_study):
     assert len(noise_log) == round(0.3 * 8)
     assert json.loads((run_dir(out, 0.0, 0) / "data" / "noise.json").read_text()) == []
     level = summary["levels"]["0.30"]
-    assert set(level["comparisons"]) == {f"{m}: (a) - ({x})" for m in ("average_bacc", "k_hit") for x in "efb"}
+    assert set(level["comparisons"]) == {f"{m}: (a) - ({x})" for m in METRICS3 for x in "efb"}
     clean = summary["levels"]["0.00"]["comparisons"]
-    assert set(clean) == {f"{m}: (a) - ({x})" for m in ("average_bacc", "k_hit") for x in "efbg"}
+    pairs = ["(a) - (e)", "(a) - (f)", "(a) - (b)", "(a) - (g)", "(g) - (f)", "(h) - (f)", "(h) - (b)"]
+    assert set(clean) == {f"{m}: {x}" for m in METRICS3 for x in pairs}
+    assert set(summary["levels"][KEY]["comparisons"]) == {
+        f"{m}: {x}" for m in METRICS3 for x in (pairs[1], pairs[3], pairs[4])
+    }
+    assert set(summary["trends"]) == {
+        f"{m}: {x}, {KEY} minus clean" for m in METRICS3 for x in ("(a) - (f)", "(g) - (f)")
+    }
+    for entry in [*level["comparisons"].values(), *summary["trends"].values()]:
+        assert entry["verdict"] in ("above", "below", "none") and entry["pooled_seeds"]["n_groups"] == 2
+    assert set(summary["levels"]["0.00"]["exact_key"]) == set(CLEAN)
+    spread = summary["levels"]["0.00"]["spread"]
+    assert list(spread) == ["grpo_a", "grpo_b", "grpo_f", "grpo_g", "grpo_h"]
+    assert spread["grpo_a"]["groups"] == 2 * 2 and spread["grpo_a"]["n_seeds"] == 2  # 1 step x 2 prompts, 2 seeds
+    key_log = json.loads((run_dir(out, KEY, 0) / "data" / "noise.json").read_text())
+    assert key_log and {e["field"] for e in key_log} == {"key_slice_frame"}
+    assert (run_dir(out, KEY, 0) / "warmup" / "model.safetensors").read_bytes() == (
+        run_dir(out, 0.0, 0) / "warmup" / "model.safetensors"
+    ).read_bytes()
     for seed in (0, 1):  # (f) scores no verifier answer, (g) asks about another row's frame: their own r_c
         assert (
             json.loads((run_dir(out, 0.0, seed) / "grpo_f" / "done.json").read_text())["cross_view"] == "distance_only"
@@ -84,7 +106,7 @@ def test_every_run_finishes_and_noisy_runs_reuse_the_clean_warmup(micro_study):
     comp = level["comparisons"]["average_bacc: (a) - (e)"]
     assert set(comp["per_seed"]) == {"0", "1"} and comp["pooled"]["n_groups"] == 2 and comp["pooled"]["n_rows"] == 8
     verifier = summary["levels"]["0.00"]["verifier"]
-    assert list(verifier) == ["sft", "grpo_a", "grpo_b", "grpo_f", "grpo_g"]  # (e) has no verifier query
+    assert list(verifier) == ["sft", "grpo_a", "grpo_b", "grpo_f", "grpo_g", "grpo_h"]  # (e) has no verifier query
     runs = [
         json.loads((run_dir(out, 0.0, s) / "results.json").read_text())["models"]["sft"]["verifier"] for s in (0, 1)
     ]
@@ -93,7 +115,9 @@ def test_every_run_finishes_and_noisy_runs_reuse_the_clean_warmup(micro_study):
         verifier["sft"]["seen"]["sensitivity"] == (runs[0]["seen"]["sensitivity"] + runs[1]["seen"]["sensitivity"]) / 2
     )
     md = (out / "study.md").read_text()
-    assert "## gold noise 0.30" in md and "| paired difference | seed 0 | seed 1 | pooled | interval above 0 |" in md
+    assert "## gold noise 0.30" in md and "## gold noise key-noise-0.50" in md and "## Conclusions" in md
+    assert "| paired difference | seed 0 | seed 1 | pooled, rows only | pooled, seeds and rows | verdict |" in md
+    assert "| model | exact key (d = 0) | K-Hit (d <= 1) |" in md and "without reward spread (std <= 1e-06)" in md
     assert "| model | sensitivity | specificity | location | attenuation | blind: sensitivity |" in md
     assert "claim (" not in md  # the miniature's claim check is not a question the study asks
     assert (out / "study.png").stat().st_size > 0
@@ -105,8 +129,8 @@ def test_runs_go_seed_by_seed_and_the_summary_covers_the_finished_ones(micro_stu
 
     out, _, lines = micro_study
     order = [line.split(": ")[0] for line in lines if line.startswith("=== ")]
-    assert order == ["=== gold noise 0.00, seed 0", "=== gold noise 0.30, seed 0",
-                     "=== gold noise 0.00, seed 1", "=== gold noise 0.30, seed 1"]  # fmt: skip
+    assert order == ["=== gold noise 0.00, seed 0", "=== gold noise 0.30, seed 0", f"=== {KEY}, seed 0",
+                     "=== gold noise 0.00, seed 1", "=== gold noise 0.30, seed 1", f"=== {KEY}, seed 1"]  # fmt: skip
     partial = tmp_path / "partial"
     shutil.copytree(out, partial)
     record_path(partial, 0.3, 1).unlink()  # seed 1's noisy run stopped before its record
@@ -130,8 +154,8 @@ def test_a_rerun_skips_every_recorded_run(micro_study):
     lines: list[str] = []
     again = run_study(cfg, seeds, levels, out, log=lines.append)
     runs = [line for line in lines if line.startswith("=== ")]
-    assert runs == [f"=== gold noise {level:.2f}, seed {seed}: recorded in {record_path(out, level, seed)}, skipped"
-                    for seed in (0, 1) for level in (0.0, 0.3)]  # fmt: skip
+    assert runs == [f"=== {describe(level)}, seed {seed}: recorded in {record_path(out, level, seed)}, skipped"
+                    for seed in (0, 1) for level in (0.0, 0.3, KEY)]  # fmt: skip
     assert not [line for line in lines if line.startswith("== ")]  # no stage was even looked at
     assert again == summary
 
@@ -178,10 +202,10 @@ def test_runs_in_two_processes_give_the_records_of_the_sequential_study(micro_st
     shutil.copy(record_path(out, 0.0, 1), record_path(tmp_path, 0.0, 1))  # seed 1's clean run: its record only
     lines: list[str] = []
     again = run_study(cfg, seeds, levels, tmp_path, log=lines.append, jobs=2, threads=1)
-    assert "=== 3 runs, 2 at a time, 1 torch thread(s) each" in lines
+    assert "=== 5 runs, 2 at a time, 1 torch thread(s) each" in lines
     assert (run_dir(tmp_path, 0.0, 1) / "warmup" / "done.json").exists()  # warmed up again for the noisy run
     assert not (run_dir(tmp_path, 0.0, 1) / "sft").exists()
-    for level, seed in ((0.0, 0), (0.3, 0), (0.3, 1)):
+    for level, seed in ((0.0, 0), (0.3, 0), (0.3, 1), (KEY, 1)):
         ours, theirs = read_record(record_path(tmp_path, level, seed)), read_record(record_path(out, level, seed))
         assert ours["scores"] == theirs["scores"] and ours["torch_threads"] == 1
     assert again == summary
@@ -204,9 +228,9 @@ def test_a_seed_whose_warmup_misses_its_gates_is_excluded_and_the_study_goes_on(
     assert md.startswith("Seed 0 is excluded: its warm-up missed its targets by its step cap") and "Seed 1 is" in md
     again: list[str] = []
     run_study(missing, seeds, levels, tmp_path, log=again.append, jobs=jobs, threads=1)
-    skipped = [line for line in again if line.startswith("=== gold noise")]
-    assert skipped == [f"=== gold noise {level:.2f}, seed {s}: excluded ({exclusion_path(tmp_path, s)}), skipped"
-                       for s in seeds for level in sorted(levels)]  # fmt: skip
+    skipped = [line for line in again if line.startswith("=== ") and "excluded" in line]
+    assert skipped == [f"=== {describe(level)}, seed {s}: excluded ({exclusion_path(tmp_path, s)}), skipped"
+                       for s in seeds for level in sorted(levels, key=level_order)]  # fmt: skip
 
 
 @pytest.mark.slow  # the micro study: about 35 s
@@ -224,10 +248,10 @@ def test_the_summary_pools_the_other_seeds_and_names_an_excluded_one(micro_study
     lines: list[str] = []
     summary = run_study(cfg, seeds, levels, tmp_path, log=lines.append)
     assert [line for line in lines if line.startswith("=== ") and "seed 1" in line] == [
-        f"=== gold noise {level:.2f}, seed 1: excluded ({exclusion_path(tmp_path, 1)}), skipped" for level in levels
+        f"=== {describe(level)}, seed 1: excluded ({exclusion_path(tmp_path, 1)}), skipped" for level in levels
     ]
     assert summary["excluded"] == {1: "LM warm-up: below its gates"}
-    assert [entry["finished"] for entry in summary["levels"].values()] == [[0], [0]]
+    assert [entry["finished"] for entry in summary["levels"].values()] == [[0], [0], [0]]
     md = (tmp_path / "study.md").read_text()
     assert (
         "Seed 1 is excluded: its warm-up missed its targets by its step cap, so it trained nothing further (LM " in md
@@ -339,7 +363,7 @@ def test_a_study_with_too_few_seeds_or_a_bad_section_is_one_line(tmp_path):
         main(["--config", MICRO, "--output_dir", str(tmp_path / "o")])
     path = tmp_path / "s.yaml"
     path.write_text("n_train: 8\nstudy: {seeds: [0]}\n")
-    with pytest.raises(TrainConfigError, match="exactly the keys seeds and noise"):
+    with pytest.raises(TrainConfigError, match="the keys seeds and noise"):
         load_study(path)
     path.write_text("n_train: 8\nstudy: {seeds: [0], noise: {0.15: [sft, grpo_a]}}\n")
     with pytest.raises(TrainConfigError, match="needs the clean level 0.0"):
@@ -348,11 +372,14 @@ def test_a_study_with_too_few_seeds_or_a_bad_section_is_one_line(tmp_path):
 
 def test_each_run_gets_its_r_c_options():
     got = {
-        stage: reward_options(stage, "skip")["scoring_config"] for stage in ("grpo_a", "grpo_b", "grpo_f", "grpo_g")
+        stage: reward_options(stage, "skip")["scoring_config"]
+        for stage in ("grpo_a", "grpo_b", "grpo_f", "grpo_g", "grpo_h")
     }
     assert {k: v.cross_view for k, v in got.items()} == {
-        "grpo_a": "full", "grpo_b": "full", "grpo_f": "distance_only", "grpo_g": "random_frame"
+        "grpo_a": "full", "grpo_b": "full", "grpo_f": "distance_only", "grpo_g": "random_frame", "grpo_h": "full"
     }  # fmt: skip
+    assert {k: v.iou_penalty for k, v in got.items()} == {"grpo_a": 0.3, "grpo_b": 0.3, "grpo_f": 0.3, "grpo_g": 0.3,
+                                                          "grpo_h": 0.0}  # fmt: skip
     assert reward_options("grpo_a", "query_named_slice")["scoring_config"].negative_rows == "query_named_slice"
     with pytest.raises(TrainConfigError, match=r"negative_rows='sometimes' must be one of skip \| query_named_slice"):
         load_config(None, {"negative_rows": "sometimes"})
@@ -382,8 +409,42 @@ def test_the_shipped_records_give_the_shipped_study_summary(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     shutil.copytree(root / "docs/records/miniature_study", tmp_path / "records")
-    cfg, seeds, levels = load_study(root / "train/configs/miniature_study.yaml")
+    cfg, seeds, levels = load_study(root / "train/configs/miniature_study_8_frames.yaml")
     summary = summarize_study(tmp_path, seeds, levels, cfg.n_bootstrap)
     shipped = json.loads((root / "docs/img/miniature_study.json").read_text())
     assert json.loads(json.dumps(summary)) == shipped
     assert study_markdown(summary) == (root / "docs/img/miniature_study.md").read_text()
+
+
+def test_an_effect_is_claimed_only_where_the_seeds_and_rows_interval_excludes_zero():
+    from train.miniature.suite import conclusions, seed_level_verdict
+
+    assert seed_level_verdict({"diff": 0.02, "ci_low": 0.001, "ci_high": 0.04}) == "above"
+    assert seed_level_verdict({"diff": -0.02, "ci_low": -0.04, "ci_high": -0.001}) == "below"
+    assert seed_level_verdict({"diff": 0.02, "ci_low": 0.0, "ci_high": 0.04}) == "none"  # touching 0 is no claim
+    assert seed_level_verdict({"diff": None, "ci_low": None, "ci_high": None}) == "none"
+
+    def comp(rows, seeds_rows, per_seed):
+        return {"per_seed": {s: {"diff": d} for s, d in per_seed.items()}, "n_above": 1,
+                "pooled": {"diff": rows[0], "ci_low": rows[1], "ci_high": rows[2]},
+                "pooled_seeds": {"diff": seeds_rows[0], "ci_low": seeds_rows[1], "ci_high": seeds_rows[2]}}  # fmt: skip
+
+    summary = {"levels": {
+        "0.15": {"comparisons": {"k_hit: (a) - (e)": comp((0.04, 0.013, 0.067), (0.04, -0.041, 0.141),
+                                                          {"0": -0.02, "2": 0.221})}},
+        "0.00": {"comparisons": {"average_bacc: (a) - (b)": comp((0.021, 0.015, 0.028), (0.021, 0.002, 0.053),
+                                                                 {"0": 0.01, "2": 0.03})}},
+    }}  # fmt: skip
+    got = conclusions(summary)
+    assert [(c["level"], c["comparison"], c["metric"], c["verdict"]) for c in got] == [
+        ("0.15", "(a) - (e)", "k_hit", "none"), ("0.00", "(a) - (b)", "average_bacc", "above")
+    ]  # fmt: skip
+    assert got[0]["text"] == (
+        "(a) - (e), K-Hit, 15 % noisy gold: +4.0 [-4.1, +14.1] points over 2 seeds and their rows: no effect claimed; "
+        "the interval rules out effects above +14.1 and below -4.1 points. The rows-only interval +4.0 [+1.3, +6.7] "
+        "excludes 0; the seeds-and-rows one does not (per seed: -2.0, +22.1)."
+    )
+    assert got[1]["text"] == (
+        "(a) - (b), average B-Acc, clean gold: +2.1 [+0.2, +5.3] points over 2 seeds and their rows: above 0: claimed."
+    )
+    assert got[1]["rows_only"] == [0.015, 0.028] and got[1]["seeds_rows"] == [0.002, 0.053]

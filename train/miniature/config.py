@@ -17,7 +17,7 @@ from train.checks import TrainConfigError
 
 
 # The runs a config's `models` may name (train.miniature.study.MODELS has their labels, in this order).
-MODEL_NAMES = ("sft", "grpo_a", "grpo_b", "grpo_c", "grpo_f", "grpo_g", "more_sft", "more_sft_llm")
+MODEL_NAMES = ("sft", "grpo_a", "grpo_b", "grpo_c", "grpo_f", "grpo_g", "grpo_h", "more_sft", "more_sft_llm")
 
 
 @dataclass
@@ -44,6 +44,8 @@ class MiniatureConfig:
     warmup_target_verifier_accuracy: float = 0.9  # presence sens/spec, location, attenuation gates (0 = report only)
     verifier_eval_frames: int = 48  # held-out frames per verifier check (half with the lesion, half without)
     gold_noise: float = 0.0  # fraction of TRAINING rows whose gold is corrupted (train/miniature/noise.py); in [0, 1)
+    key_frame_noise: float = 0.0  # fraction of positive TRAINING rows whose gold key frame moves 2-4 frames; in [0, 1)
+    warmup_pool_rows: int = 0  # rows of a pool of their own the warm-up reads (0: the clean training rows themselves)
     negative_rows: str = "skip"  # GRPO's r_c on negative rows (train/rewards.py): skip | query_named_slice
     models: list[str] = field(
         default_factory=lambda: ["sft", "grpo_a", "grpo_b", "grpo_c", "more_sft", "more_sft_llm"]
@@ -96,6 +98,13 @@ def config_from_dict(data: dict[str, Any], source: str | Path | None = None) -> 
     from train.miniature.noise import check_fraction  # noqa: PLC0415
 
     check_fraction(cfg.gold_noise)
+    check_fraction(cfg.key_frame_noise, "key_frame_noise")
+    if cfg.gold_noise > 0 and cfg.key_frame_noise > 0:
+        raise TrainConfigError(
+            f"{path}: gold_noise={cfg.gold_noise} and key_frame_noise={cfg.key_frame_noise}: one kind of noise a run"
+        )
+    if cfg.warmup_pool_rows < 0:
+        raise TrainConfigError(f"{path}: warmup_pool_rows={cfg.warmup_pool_rows} must be >= 0")
     from emrl_data.text.scoring import NEGATIVE_ROWS  # noqa: PLC0415
 
     if cfg.negative_rows not in NEGATIVE_ROWS:

@@ -19,7 +19,12 @@ the tables only when it moves the greedy report).
     python -m train.miniature --config train/configs/miniature.yaml --output_dir miniature-output --stages diagnose
     python -m train.miniature.diagnose --run_dir miniature-output --model grpo_a --split test  # any stage's model
 
-The computation (`group_summary`, `verifier_summary`) is pure and tested on constructed groups
+During GRPO itself, `record_rewards` keeps the weighted reward R of every completion the trainer scores, and
+`spread_per_step` counts the groups without signal with our own tolerance: a group carries a signal only where the
+float64 standard deviation of its R exceeds `SPREAD_TOL` (TRL's `frac_reward_zero_std` counts eight equal rewards of
+0.8, float32 std 6.4e-8, as spread).
+
+The computation (`group_summary`, `verifier_summary`, `group_spread`) is pure and tested on constructed groups
 (`tests/train/test_miniature_diagnose.py`); `sample_groups` does the sampling.
 """
 
@@ -28,12 +33,75 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from emrl_data.text import scoring as sc
 from emrl_data.text.parser import ParsedReport, parse_free_text, parse_report
+
+
+SPREAD_TOL = 1e-6
+
+
+def group_spread(rewards: Sequence[float], group_size: int, tol: float = SPREAD_TOL) -> dict[str, int]:
+    """Return {"groups", "without_signal"} of consecutive groups of `group_size` rewards: a group without signal has a
+    population standard deviation of at most `tol` (nan rewards are left out; a group with fewer than two left has
+    none).
+
+    >>> group_spread([0.8] * 4 + [0.8, 0.8, 0.8, 0.9], 4)
+    {'groups': 2, 'without_signal': 1}
+    """
+    if group_size < 1 or len(rewards) % group_size:
+        raise ValueError(f"group_spread: {len(rewards)} rewards do not make groups of {group_size}")
+    flat = 0
+    for start in range(0, len(rewards), group_size):
+        kept = [float(r) for r in rewards[start : start + group_size] if not math.isnan(float(r))]
+        if len(kept) < 2 or statistics.pstdev(kept) <= tol:
+            flat += 1
+    return {"groups": len(rewards) // group_size, "without_signal": flat}
+
+
+def weighted_rewards(per_func: Sequence[Sequence[float | None]], weights: Sequence[float]) -> list[float]:
+    """Return R per completion as TRL sums it: the weighted rewards, a None (or nan) reward left out."""
+    out = []
+    for values in zip(*per_func, strict=True):
+        terms = [w * float(v) for w, v in zip(weights, values, strict=True) if v is not None and not math.isnan(v)]
+        out.append(math.fsum(terms))
+    return out
+
+
+class _Recorded:
+    """A reward function that also hands what it returns to `sink` (its other attributes are the wrapped one's)."""
+
+    def __init__(self, inner: Any, sink: list[Any]):
+        self._inner, self._sink = inner, sink
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self._inner(*args, **kwargs)
+        self._sink.append(list(out))
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def record_rewards(trainer: Any) -> list[list[list[Any]]]:
+    """Wrap `trainer.reward_funcs` (after the trainer is built) so every call's rewards are kept; return the calls:
+    one list per reward function, each call's values in order."""
+    calls: list[list[list[Any]]] = [[] for _ in trainer.reward_funcs]
+    trainer.reward_funcs = [_Recorded(f, calls[i]) for i, f in enumerate(trainer.reward_funcs)]
+    return calls
+
+
+def spread_per_step(calls: list[list[list[Any]]], weights: Sequence[float], group_size: int) -> dict[str, Any]:
+    """Return, per recorded generation batch, the groups and the groups without signal, and their totals."""
+    steps = [group_spread(weighted_rewards([c[j] for c in calls], weights), group_size) for j in range(len(calls[0]))]
+    return {"tol": SPREAD_TOL, "groups": [s["groups"] for s in steps],
+            "without_signal": [s["without_signal"] for s in steps],
+            "total_groups": sum(s["groups"] for s in steps),
+            "total_without_signal": sum(s["without_signal"] for s in steps)}  # fmt: skip
 
 
 FINDINGS = ("existence", "attributes", "k_hit", "parse_ok")

@@ -12,6 +12,10 @@ rows not already picked) and get one field wrong, cycling size class, side, atte
 
 The report is re-rendered from the corrupted labels; the frames are untouched (the pixels still show the truth).
 Each change is listed in the returned log: `{"row", "case_id", "field", "from", "to"}`.
+
+`move_key_frames(rows, fraction, seed)` is key-frame-only noise: `round(fraction * positives)` positive rows (seeded,
+without replacement) get their key frame moved by 2 to 4 frames, as above; existence, size, side and attenuation stay
+clean. It asks what the verifier's reading adds when the gold's key frame, and so r_c's distance term, is wrong.
 """
 
 from __future__ import annotations
@@ -55,12 +59,39 @@ def _corrupt_field(row: dict[str, Any], name: str, rng: np.random.Generator, siz
     elif name == "attenuation":
         row["attenuation"] = str(rng.choice([a for a in VISIBLE_INTENSITY if a != row["attenuation"]]))
     else:
-        key, n = int(row["key_slice_frame"]), int(row["n_frames"])
-        moves = [key + s * d for d in (2, 3, 4) for s in (-1, 1) if 1 <= key + s * d <= n]
-        if not moves:
-            raise TrainConfigError(f"miniature: gold_noise cannot move key frame {key} of {n} frames by 2-4")
-        row["key_slice_frame"] = int(rng.choice(moves))
+        _move_key(row, rng)
     return row[name]
+
+
+def _move_key(row: dict[str, Any], rng: np.random.Generator) -> int:
+    """Move a positive row's key frame by 2 to 4 frames (a seeded choice among the moves inside 1..n_frames)."""
+    key, n = int(row["key_slice_frame"]), int(row["n_frames"])
+    moves = [key + s * d for d in (2, 3, 4) for s in (-1, 1) if 1 <= key + s * d <= n]
+    if not moves:
+        raise TrainConfigError(f"miniature: gold noise cannot move key frame {key} of {n} frames by 2-4")
+    row["key_slice_frame"] = int(rng.choice(moves))
+    return row["key_slice_frame"]
+
+
+def move_key_frames(
+    rows: Sequence[dict[str, Any]], fraction: float, seed: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Return (a copy of `rows` with the key frame of `round(fraction * positives)` positive rows moved by 2 to 4
+    frames, the log of changes); everything else, and `rows`, stay as they are. See the module doc."""
+    check_fraction(fraction, "key_frame_noise")
+    out = [copy.deepcopy(dict(r)) for r in rows]
+    positives = [i for i, r in enumerate(out) if r["has_lesion"]]
+    n = round(fraction * len(positives))
+    if n == 0:
+        return out, []
+    rng = np.random.default_rng(seed)
+    log = []
+    for i in sorted(int(j) for j in rng.choice(positives, size=n, replace=False)):
+        before = out[i]["key_slice_frame"]
+        log.append({"row": i, "case_id": out[i]["case_id"], "field": "key_slice_frame", "from": before,
+                    "to": _move_key(out[i], rng)})  # fmt: skip
+        _rerender(out[i])
+    return out, log
 
 
 def _flip_existence(row: dict[str, Any], rng: np.random.Generator, sizes_mm: Sequence[float]) -> bool:

@@ -8,7 +8,8 @@ The metrics are computed from per-row scored records (`emrl_data.text.evaluation
 
 * `average_bacc`: per organ (sensitivity + specificity) / 2 of `score_existence`, averaged over the organs that have
   both positive and negative rows;
-* `k_hit`: per organ the mean `score_k_hit` of positive rows, averaged over the organs that have one.
+* `k_hit`: per organ the mean `score_k_hit` of positive rows, averaged over the organs that have one;
+* `exact_key`: as `k_hit`, but a hit only where the report names the true key frame itself (d = 0).
 
 The bootstrap itself is `emrl_data.text.bootstrap` (re-exported here). Everything here is pure (tested in tests/train/test_miniature_power.py on constructed scores).
 """
@@ -26,6 +27,7 @@ __all__ = [
     "METRICS",
     "average_bacc",
     "check_power",
+    "exact_key",
     "hierarchical_paired_bootstrap",
     "k_hit",
     "paired_bootstrap",
@@ -57,7 +59,20 @@ def k_hit(rows: Records) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
+def exact_key(rows: Records) -> float:
+    """Return the organ-averaged share of positive rows (those K-Hit scores) whose report names the true key frame
+    itself (d = 0); the rows need the truth's `key_slice_frame` (nan without one)."""
+    values = []
+    for organ in sorted({r["organ"] for r in rows}):
+        hits = [float(r["pred_key_slice"] == r["key_slice_frame"]) for r in rows
+                if r["organ"] == organ and r["has_lesion"] and r["score_k_hit"] is not None]  # fmt: skip
+        if hits:
+            values.append(statistics.fmean(hits))
+    return statistics.fmean(values) if values else float("nan")
+
+
 METRICS: dict[str, Callable[[Records], float]] = {"average_bacc": average_bacc, "k_hit": k_hit}
+KEY_METRICS: dict[str, Callable[[Records], float]] = {"exact_key": exact_key}  # records with the truth's key frame
 
 
 def check_power(n_test: int, n_organs: int, min_rows_per_class: int, n_bootstrap: int, level: float = 0.95) -> None:

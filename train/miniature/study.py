@@ -40,9 +40,9 @@ from train.miniature.config import MiniatureConfig, load_config
 
 logger = logging.getLogger(__name__)
 
-ALL_STAGES = ("data", "warmup", "sft", "grpo_a", "grpo_b", "grpo_c", "grpo_f", "grpo_g", "more_sft", "more_sft_llm",
-              "eval")  # fmt: skip
-STAGES = tuple(s for s in ALL_STAGES if s not in ("grpo_f", "grpo_g"))  # the default `models`' stages
+ALL_STAGES = ("data", "warmup", "sft", "grpo_a", "grpo_b", "grpo_c", "grpo_f", "grpo_g", "grpo_h", "more_sft",
+              "more_sft_llm", "eval")  # fmt: skip
+STAGES = tuple(s for s in ALL_STAGES if s not in ("grpo_f", "grpo_g", "grpo_h"))  # the default `models`' stages
 DIAGNOSE = "diagnose"  # on request only (`--stages diagnose`): the reward signal at the SFT model (miniature_diagnose)
 MODELS = {
     "sft": "SFT",
@@ -51,6 +51,7 @@ MODELS = {
     "grpo_c": "(c) lr-0 control",
     "grpo_f": "(f) GRPO r_e+r_f+distance term",
     "grpo_g": "(g) GRPO r_c, random frame",
+    "grpo_h": "(h) GRPO r_e+r_f+attribute term",
     "more_sft": "(d) more SFT, ViT+projector",
     "more_sft_llm": "(e) more SFT, LLM+projector",
 }
@@ -59,15 +60,17 @@ MODELS = {
 MORE_SFT_RUNS = {"more_sft": "sft", "more_sft_llm": "grpo"}  # stage -> the freezing (train.freeze.STAGE_TRAINABLE)
 GRPO_RUNS = {"grpo_a": (["r_e", "r_f", "r_c"], False), "grpo_b": (["r_e", "r_f"], False),
              "grpo_c": (["r_e", "r_f", "r_c"], True), "grpo_f": (["r_e", "r_f", "r_c"], False),
-             "grpo_g": (["r_e", "r_f", "r_c"], False)}  # fmt: skip
+             "grpo_g": (["r_e", "r_f", "r_c"], False), "grpo_h": (["r_e", "r_f", "r_c"], False)}  # fmt: skip
 # r_c's cross-view option per run (train/rewards.py `cross_view`): (f) keeps only the key-frame window's distance term,
-# (g) shows the verifier a random frame of another row: is r_c's gain from reading the named slice?
+# (g) shows the verifier a random frame of another row: is r_c's gain from reading the named slice? (h) keeps the
+# verifier's reading of the named slice and drops the distance term (`reward_options`: lambda = 0).
 CROSS_VIEW = {
     "grpo_a": "full",
     "grpo_b": "full",
     "grpo_c": "full",
     "grpo_f": "distance_only",
     "grpo_g": "random_frame",
+    "grpo_h": "full",
 }
 # The configuration keys the warm-up's error lines name (`train.tooling.warmup.WarmupPlan.keys`).
 MINIATURE_WARMUP_KEYS = {"max_steps": "warmup_max_steps", "eval_every": "warmup_eval_every",
@@ -89,6 +92,14 @@ def check_split(rows: list[dict[str, Any]], cfg: MiniatureConfig) -> None:
                     f"miniature: the test split has {n} {kind} {organ} rows, fewer than min_test_rows_per_class="
                     f"{cfg.min_test_rows_per_class}, too few for its 95 % intervals; raise n_test (now {cfg.n_test})"
                 )
+
+
+WARMUP_POOL_SEED = 2000  # the warm-up pool's rows are drawn with seed + this (train: seed, test: seed + 1000)
+
+
+def warmup_pool_seed(seed: int) -> int:
+    """Return the seed of a run's warm-up pool: its rows (and case ids) differ from the train and test rows'."""
+    return seed + WARMUP_POOL_SEED
 
 
 def more_sft_steps(cfg: MiniatureConfig) -> int:
@@ -141,7 +152,7 @@ class Miniature:
         if not config_path.exists():
             raise TrainConfigError(f"--reuse_from {source}: no config.json there; pass a miniature output folder")
         theirs, ours = json.loads(config_path.read_text()), asdict(self.cfg)
-        free = GRPO_ONLY_KEYS | ({"gold_noise"} if stages == ("warmup",) else set())
+        free = GRPO_ONLY_KEYS | ({"gold_noise", "key_frame_noise"} if stages == ("warmup",) else set())
         differ = sorted(k for k in set(theirs) | set(ours) if k not in free and theirs.get(k) != ours.get(k))
         if differ:
             raise TrainConfigError(
@@ -213,7 +224,7 @@ class Miniature:
     # -- stages ----------------------------------------------------------------------------------------------------
 
     def _stage_data(self, stage: str) -> dict[str, Any]:
-        from train.miniature.noise import corrupt_gold  # noqa: PLC0415
+        from train.miniature.noise import corrupt_gold, move_key_frames  # noqa: PLC0415
         from train.tooling.synthetic import make_visible_rows, write_rows  # noqa: PLC0415
 
         cfg = self.cfg
@@ -223,8 +234,14 @@ class Miniature:
         test = make_visible_rows(cfg.n_test, split="test", seed=cfg.seed + 1000, **kw)
         check_split(test, cfg)
         train, noise_log = corrupt_gold(clean, cfg.gold_noise, cfg.seed, cfg.sizes_mm)
+        if cfg.key_frame_noise > 0:
+            train, noise_log = move_key_frames(clean, cfg.key_frame_noise, cfg.seed)
         write_rows(self.out / stage, {"train": train, "test": test})
-        write_rows(self.out / stage / "clean", {"train": clean})  # the warm-up's rows (its verifier reads the pixels)
+        if cfg.warmup_pool_rows > 0:  # the warm-up's own rows: no row SFT or GRPO trains on, so no clean label of one
+            pool = make_visible_rows(cfg.warmup_pool_rows, split="train", seed=warmup_pool_seed(cfg.seed), **kw)
+            write_rows(self.out / stage / "warmup_pool", {"train": pool})
+        else:  # the warm-up's rows are the clean training rows (its verifier reads the pixels)
+            write_rows(self.out / stage / "clean", {"train": clean})
         (self.out / stage / "noise.json").write_text(json.dumps(noise_log, indent=2) + "\n")
         pos = {s: sum(r["has_lesion"] for r in rows) for s, rows in (("train", train), ("test", test))}
         self.log(
@@ -234,10 +251,11 @@ class Miniature:
                 "corrupted": {f: sum(e["field"] == f for e in noise_log) for f in sorted({e["field"] for e in noise_log})}}  # fmt: skip
 
     def _rows(self, split: str, clean: bool = False) -> list[dict[str, Any]]:
-        """Return a split's rows (`clean`: the training rows before `gold_noise`)."""
+        """Return a split's rows (`clean`: the warm-up's rows, its pool or the training rows before any noise)."""
         from train.data import load_split  # noqa: PLC0415
 
-        return [dict(r) for r in load_split(self.out / "data" / ("clean" if clean else ""), split)]
+        folder = ("warmup_pool" if self.cfg.warmup_pool_rows > 0 else "clean") if clean else ""
+        return [dict(r) for r in load_split(self.out / "data" / folder, split)]
 
     def _stage_warmup(self, stage: str) -> dict[str, Any]:
         import torch  # noqa: PLC0415
@@ -308,6 +326,7 @@ class Miniature:
 
         from train.data import load_split  # noqa: PLC0415
         from train.grpo import build_grpo_trainer, reward_curve  # noqa: PLC0415
+        from train.miniature.diagnose import record_rewards, spread_per_step  # noqa: PLC0415
 
         cfg = self.cfg
         rewards, control = GRPO_RUNS[stage]
@@ -323,7 +342,11 @@ class Miniature:
                                      **reward_options(stage, cfg.negative_rows))  # fmt: skip
         bar_only(trainer)  # the per-step metrics stay in trainer_state.json and done.json
         trainer.add_callback(_progress_callback(self.log, every=10))
+        calls = record_rewards(trainer)
         trainer.train()
+        spread = spread_per_step(calls, [float(w) for w in trainer.reward_weights], cfg.num_generations)
+        self.log(f"   groups without reward spread (std <= {spread['tol']:g}): {spread['total_without_signal']} of "
+                 f"{spread['total_groups']}")  # fmt: skip
         trainer.save_model(str(self.out / stage))
         trainer.save_state()
         trainer.processing_class.save_pretrained(str(self.out / stage))
@@ -332,10 +355,10 @@ class Miniature:
         line = " ".join(f"{v:.2f}" for _, v in curve.get("reward", []))
         self.log(f"   reward per step: {line}")
         return {"rewards": rewards, "cross_view": CROSS_VIEW[stage], "learning_rate": args.learning_rate, "curve": curve,
-                "frac_reward_zero_std": [h["frac_reward_zero_std"] for h in logs],
+                "frac_reward_zero_std": [h["frac_reward_zero_std"] for h in logs], "spread": spread,
                 "kl": [h.get("kl") for h in logs]}  # fmt: skip
 
-    _stage_grpo_a = _stage_grpo_b = _stage_grpo_c = _stage_grpo_f = _stage_grpo_g = _grpo
+    _stage_grpo_a = _stage_grpo_b = _stage_grpo_c = _stage_grpo_f = _stage_grpo_g = _stage_grpo_h = _grpo
 
     def _stage_diagnose(self, stage: str) -> dict[str, Any]:
         """Sample `num_generations` completions of the SFT model on `diagnose_prompts` train prompts per temperature;
@@ -433,13 +456,16 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def reward_options(stage: str, negative_rows: str) -> dict[str, Any]:
     """Return one GRPO run's `build_grpo_trainer` keyword arguments for r_c's options: a `ScoringConfig` with its
-    `cross_view` (`CROSS_VIEW[stage]`) and `negative_rows` (emrl_data/text/scoring.py)."""
+    `cross_view` (`CROSS_VIEW[stage]`) and `negative_rows` (emrl_data/text/scoring.py). (h) sets r_c's lambda to 0:
+    r_c is then the verifier's attribute term alone (0 where no frame is read, a parse failure included)."""
     from emrl_data.text.scoring import ScoringConfig  # noqa: PLC0415
 
-    return {"scoring_config": ScoringConfig(cross_view=CROSS_VIEW[stage], negative_rows=negative_rows)}
+    extra = {"iou_penalty": 0.0} if stage == "grpo_h" else {}
+    return {"scoring_config": ScoringConfig(cross_view=CROSS_VIEW[stage], negative_rows=negative_rows, **extra)}
 
 
 PAIRED = {"more_sft_llm": "(a) - (e)", "grpo_f": "(a) - (f)", "grpo_b": "(a) - (b)", "grpo_g": "(a) - (g)",
+          "grpo_h": "(a) - (h)",
           "sft": "(a) - SFT", "grpo_c": "(a) - (c)", "more_sft": "(a) - (d)"}  # fmt: skip
 
 

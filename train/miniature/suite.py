@@ -37,6 +37,7 @@ import gzip
 import json
 import math
 import os
+import statistics
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -49,32 +50,70 @@ from train.miniature.config import MiniatureConfig, config_from_dict
 from train.miniature.study import Miniature
 
 
-COMPARISONS = {"more_sft_llm": "(a) - (e)", "grpo_f": "(a) - (f)", "grpo_b": "(a) - (b)", "grpo_g": "(a) - (g)"}
+# The paired differences the study reports: (first run, second run) -> its name; each where a level has both runs.
+COMPARISONS = {("grpo_a", "more_sft_llm"): "(a) - (e)", ("grpo_a", "grpo_f"): "(a) - (f)",
+               ("grpo_a", "grpo_b"): "(a) - (b)", ("grpo_a", "grpo_g"): "(a) - (g)", ("grpo_g", "grpo_f"): "(g) - (f)",
+               ("grpo_h", "grpo_f"): "(h) - (f)", ("grpo_h", "grpo_b"): "(h) - (b)"}  # fmt: skip
+# Across key-frame-noise rates: how a difference at rate r moved from its value on clean gold (same seeds, same rows).
+TRENDS = {("grpo_a", "grpo_f"): "(a) - (f)", ("grpo_g", "grpo_f"): "(g) - (f)"}
 MIN_SEEDS = 5
+KEY_NOISE = "key-noise-"  # a key-frame-noise level's name: key-noise-<rate> (a float level is gold noise)
+Level = float | str
 
 
 def load_study(path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[MiniatureConfig, list[int], dict]:
     """Return (the miniature config, the seeds, {noise level: models}) of a study YAML; one-line errors."""
     data = yaml.safe_load(Path(path).read_text()) or {}
     study = data.pop("study", None)
-    if not isinstance(study, dict) or set(study) != {"seeds", "noise"}:
-        raise TrainConfigError(f"{path}: needs a `study:` section with exactly the keys seeds and noise")
+    if not isinstance(study, dict) or not {"seeds", "noise"} <= set(study) <= {"seeds", "noise", "key_noise"}:
+        raise TrainConfigError(f"{path}: needs a `study:` section with the keys seeds and noise (and key_noise)")
     cfg = config_from_dict(data | (overrides or {}), path)
     seeds = [int(s) for s in study["seeds"]]
-    levels = {float(k): list(v) for k, v in study["noise"].items()}
+    levels: dict[Level, list[str]] = {float(k): list(v) for k, v in study["noise"].items()}
     if 0.0 not in levels:
         raise TrainConfigError(f"{path}: study.noise needs the clean level 0.0 (the noisy runs reuse its warm-up)")
+    for rate, models in (study.get("key_noise") or {}).items():
+        if not 0 < float(rate) < 1:
+            raise TrainConfigError(f"{path}: study.key_noise rate {rate} must be in (0, 1); rate 0 is the clean level")
+        levels[f"{KEY_NOISE}{float(rate):.2f}"] = list(models)
     for level, models in levels.items():
-        config_from_dict(data | {"gold_noise": level, "models": models}, path)  # each level's config is valid
+        config_from_dict(data | overrides_of(level) | {"models": models}, path)  # each level's config is valid
     return cfg, seeds, levels
 
 
-def run_dir(output_dir: str | Path, level: float, seed: int) -> Path:
+def overrides_of(level: Level) -> dict[str, float]:
+    """Return the config keys a level sets: `gold_noise` (a float level) or `key_frame_noise` (`key-noise-<rate>`)."""
+    if isinstance(level, str):
+        return {"gold_noise": 0.0, "key_frame_noise": float(level.removeprefix(KEY_NOISE))}
+    return {"gold_noise": level, "key_frame_noise": 0.0}
+
+
+def level_name(level: Level) -> str:
+    """Return a level's folder and record name: noise-<level> for gold noise, key-noise-<rate> for key-frame noise."""
+    return level if isinstance(level, str) else f"noise-{level:.2f}"
+
+
+def level_key(level: Level) -> str:
+    """Return a level's key in the summary: "0.15" for gold noise, "key-noise-0.25" for key-frame noise."""
+    return level if isinstance(level, str) else f"{level:.2f}"
+
+
+def describe(level: Level) -> str:
+    """Return a level as the progress lines name it."""
+    return level if isinstance(level, str) else f"gold noise {level:.2f}"
+
+
+def level_order(level: Level) -> tuple[int, float]:
+    """Sort key: the gold-noise levels (clean first), then the key-frame-noise levels by rate."""
+    return (1, overrides_of(level)["key_frame_noise"]) if isinstance(level, str) else (0, level)
+
+
+def run_dir(output_dir: str | Path, level: Level, seed: int) -> Path:
     """Return one run's folder."""
-    return Path(output_dir) / f"noise-{level:.2f}" / f"seed-{seed}"
+    return Path(output_dir) / level_name(level) / f"seed-{seed}"
 
 
-def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[float, list[str]], output_dir: str | Path,
+def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[Level, list[str]], output_dir: str | Path,
               log: Any = None, jobs: int = 1, threads: int | None = None) -> dict[str, Any]:  # fmt: skip
     """Run (or resume) every run of the study, rewriting the summary after each; return the last summary.
 
@@ -83,6 +122,12 @@ def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[float, list[s
     With one job, `threads` (when given) sets this process's torch threads.
     """
     log = log or (lambda line: print(line, flush=True))
+    noisy = sorted(level_name(level) for level in levels if level != 0.0)
+    if noisy and cfg.warmup_pool_rows == 0:
+        raise TrainConfigError(
+            f"miniature study: the noisy levels {noisy} need warmup_pool_rows > 0: a warm-up on the clean training rows "
+            "would show each noisy run the clean labels of its own rows"
+        )
     if jobs == 1 and threads is not None:
         import torch  # noqa: PLC0415
 
@@ -90,11 +135,11 @@ def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[float, list[s
     tasks = []
     excluded = read_exclusions(output_dir, seeds)
     for seed in seeds:  # seed by seed, every level (the clean one first: the noisy runs copy its warm-up)
-        for level in sorted(levels):
+        for level in sorted(levels, key=level_order):
             if seed in excluded and not finished_seeds(output_dir, level, [seed], levels[level]):
-                log(f"=== gold noise {level:.2f}, seed {seed}: excluded ({exclusion_path(output_dir, seed)}), skipped")
+                log(f"=== {describe(level)}, seed {seed}: excluded ({exclusion_path(output_dir, seed)}), skipped")
             elif finished_seeds(output_dir, level, [seed], levels[level]):
-                log(f"=== gold noise {level:.2f}, seed {seed}: recorded in {record_path(output_dir, level, seed)}, "
+                log(f"=== {describe(level)}, seed {seed}: recorded in {record_path(output_dir, level, seed)}, "
                     "skipped")  # fmt: skip
             else:
                 tasks.append((level, seed))
@@ -102,7 +147,7 @@ def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[float, list[s
     if jobs == 1:
         for level, seed in tasks:
             if exclusion_path(output_dir, seed).exists():  # its clean run's warm-up missed its targets just now
-                log(f"=== gold noise {level:.2f}, seed {seed}: excluded, skipped")
+                log(f"=== {describe(level)}, seed {seed}: excluded, skipped")
                 continue
             threads_used = _run_one(cfg, levels, output_dir, level, seed, log)
             summary = None if threads_used is None else _record_and_summarize(
@@ -117,7 +162,7 @@ def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[float, list[s
     return summary
 
 
-def _run_one(cfg: MiniatureConfig, levels: dict[float, list[str]], output_dir: str | Path, level: float, seed: int,
+def _run_one(cfg: MiniatureConfig, levels: dict[Level, list[str]], output_dir: str | Path, level: Level, seed: int,
              log: Any, warmup_only: bool = False) -> int | None:  # fmt: skip
     """Run (or resume) one run of the study, or with `warmup_only` the data and warm-up of its seed's clean run;
     return the torch threads it ran with, or None when the seed's warm-up missed its targets by its step cap: the seed
@@ -126,15 +171,16 @@ def _run_one(cfg: MiniatureConfig, levels: dict[float, list[str]], output_dir: s
 
     from train.tooling.warmup import WarmupMissed  # noqa: PLC0415
 
-    clean, clean_cfg = run_dir(output_dir, 0.0, seed), replace(cfg, seed=seed, gold_noise=0.0, models=levels[0.0])
+    clean = run_dir(output_dir, 0.0, seed)
+    clean_cfg = replace(cfg, seed=seed, models=levels[0.0], **overrides_of(0.0))
     try:
         if warmup_only:
             Miniature(clean_cfg, clean, log=log).run(stages=("data", "warmup"))
             return torch.get_num_threads()
         folder = run_dir(output_dir, level, seed)
-        log(f"=== gold noise {level:.2f}, seed {seed}: {folder}")
-        miniature = Miniature(replace(cfg, seed=seed, gold_noise=level, models=levels[level]), folder, log=log)
-        if level > 0:
+        log(f"=== {describe(level)}, seed {seed}: {folder}")
+        miniature = Miniature(replace(cfg, seed=seed, models=levels[level], **overrides_of(level)), folder, log=log)
+        if level != 0.0:
             if not (clean / "warmup" / "done.json").exists():  # only the clean run's record is left: warm up again
                 log(f"   the clean run's warm-up is not in {clean}: running it there first")
                 Miniature(clean_cfg, clean, log=log).run(stages=("data", "warmup"))
@@ -147,23 +193,23 @@ def _run_one(cfg: MiniatureConfig, levels: dict[float, list[str]], output_dir: s
     return torch.get_num_threads()
 
 
-def _record_and_summarize(cfg: MiniatureConfig, seeds: list[int], levels: dict[float, list[str]],
-                          output_dir: str | Path, level: float, seed: int, threads: int) -> dict[str, Any]:  # fmt: skip
+def _record_and_summarize(cfg: MiniatureConfig, seeds: list[int], levels: dict[Level, list[str]],
+                          output_dir: str | Path, level: Level, seed: int, threads: int) -> dict[str, Any]:  # fmt: skip
     write_record(output_dir, level, seed, levels[level], torch_threads=threads)
     return write_summary(output_dir, seeds, levels, cfg.n_bootstrap)  # the finished runs so far
 
 
-def _worker(threads: int, cfg: MiniatureConfig, levels: dict[float, list[str]], output_dir: str, level: float,
+def _worker(threads: int, cfg: MiniatureConfig, levels: dict[Level, list[str]], output_dir: str, level: Level,
             seed: int, warmup_only: bool) -> int | None:  # fmt: skip
     import torch  # noqa: PLC0415
 
     torch.set_num_threads(threads)
-    prefix = f"[noise {level:.2f} seed {seed}] "
+    prefix = f"[{describe(level)}, seed {seed}] "
     log = lambda line: print(prefix + line, flush=True)  # noqa: E731
     return _run_one(cfg, levels, output_dir, level, seed, log, warmup_only=warmup_only)
 
 
-def _run_in_processes(cfg: MiniatureConfig, levels: dict[float, list[str]], output_dir: str | Path,
+def _run_in_processes(cfg: MiniatureConfig, levels: dict[Level, list[str]], output_dir: str | Path,
                       tasks: list[tuple[float, int]], jobs: int, threads: int | None, log: Any
                       ) -> Iterator[tuple[float, int, int | None]]:  # fmt: skip
     """Run `tasks` (level, seed) in `jobs` spawned processes; yield each (level, seed, threads) as it finishes, with
@@ -184,7 +230,7 @@ def _run_in_processes(cfg: MiniatureConfig, levels: dict[float, list[str]], outp
     pending = []  # (level, seed, warmup_only), in the sequential order
     for level, seed in tasks:
         clean_runs = (0.0, seed) in tasks
-        if level > 0 and not clean_runs and not warmed_up(seed) and (0.0, seed, True) not in pending:
+        if level != 0.0 and not clean_runs and not warmed_up(seed) and (0.0, seed, True) not in pending:
             pending.append((0.0, seed, True))
         pending.append((level, seed, False))
     log(f"=== {len(tasks)} runs, {jobs} at a time, {threads} torch thread(s) each")
@@ -226,7 +272,7 @@ def exit_with_parent(parent_pid: int, interval_s: float = 2.0) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def write_summary(output_dir: str | Path, seeds: list[int], levels: dict[float, list[str]], n_bootstrap: int
+def write_summary(output_dir: str | Path, seeds: list[int], levels: dict[Level, list[str]], n_bootstrap: int
                   ) -> dict[str, Any]:  # fmt: skip
     """Write `study.json`, `study.md` and `study.png` of the runs finished so far; return the summary."""
     summary = summarize_study(output_dir, seeds, levels, n_bootstrap)
@@ -237,12 +283,12 @@ def write_summary(output_dir: str | Path, seeds: list[int], levels: dict[float, 
     return summary
 
 
-def record_path(output_dir: str | Path, level: float, seed: int) -> Path:
+def record_path(output_dir: str | Path, level: Level, seed: int) -> Path:
     """Return one run's record: what the summary reads of it."""
-    return Path(output_dir) / "records" / f"noise-{level:.2f}-seed-{seed}.json.gz"
+    return Path(output_dir) / "records" / f"{level_name(level)}-seed-{seed}.json.gz"
 
 
-def write_record(output_dir: str | Path, level: float, seed: int, models: list[str], torch_threads: int) -> Path:
+def write_record(output_dir: str | Path, level: Level, seed: int, models: list[str], torch_threads: int) -> Path:
     """Keep a finished run's `results.json` and each model's per-row scores in its record; return the record's path.
 
     `torch_threads`: the threads the run trained with (the numbers depend on it). The bytes depend on the run only
@@ -254,7 +300,11 @@ def write_record(output_dir: str | Path, level: float, seed: int, models: list[s
     scores = {}
     for name in models:
         lines = (folder / "eval" / name / "predictions.jsonl").read_text().splitlines()
-        scores[name] = score_predictions([json.loads(line) for line in lines])
+        rows = [json.loads(line) for line in lines]
+        scores[name] = [  # the truth's key frame beside each score: exact-key accuracy (d = 0) reads it
+            s | {"key_slice_frame": r.get("key_slice_frame")}
+            for s, r in zip(score_predictions(rows), rows, strict=True)
+        ]
     record = {"gold_noise": level, "seed": seed, "models": models, "torch_threads": torch_threads,
               "results": json.loads((folder / "results.json").read_text()), "scores": scores}  # fmt: skip
     path = record_path(output_dir, level, seed)
@@ -310,7 +360,7 @@ def read_exclusions(output_dir: str | Path, seeds: list[int]) -> dict[int, str]:
     return out
 
 
-def finished_seeds(output_dir: str | Path, level: float, seeds: list[int], models: list[str]) -> list[int]:
+def finished_seeds(output_dir: str | Path, level: Level, seeds: list[int], models: list[str]) -> list[int]:
     """Return the seeds whose run at `level` has a record holding every one of `models`."""
     done = []
     for seed in seeds:
@@ -320,7 +370,7 @@ def finished_seeds(output_dir: str | Path, level: float, seeds: list[int], model
     return done
 
 
-POOLABLE_KEYS = {"seed", "gold_noise", "models"}  # what may differ between the runs a study pools
+POOLABLE_KEYS = {"seed", "gold_noise", "key_frame_noise", "models"}  # what may differ between the runs a study pools
 
 
 def _check_poolable(records: dict[Path, dict[str, Any]]) -> None:
@@ -338,43 +388,190 @@ def _clean(value: dict[str, Any]) -> dict[str, Any]:
     return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in value.items()}
 
 
-def summarize_study(output_dir: str | Path, seeds: list[int], levels: dict[float, list[str]], n_bootstrap: int
+def summarize_study(output_dir: str | Path, seeds: list[int], levels: dict[Level, list[str]], n_bootstrap: int
                     ) -> dict[str, Any]:  # fmt: skip
     """Return per level: each seed's results, and each comparison's paired differences per seed and pooled."""
-    from train.miniature.power import METRICS, paired_bootstrap  # noqa: PLC0415
+    from train.miniature.power import (  # noqa: PLC0415
+        KEY_METRICS,
+        METRICS,
+        exact_key,
+        hierarchical_paired_bootstrap,
+        paired_bootstrap,
+    )
     from train.miniature.seeds import summarize_seeds  # noqa: PLC0415
 
     summary: dict[str, Any] = {"seeds": seeds, "excluded": read_exclusions(output_dir, seeds), "levels": {}}
     finished = {level: finished_seeds(output_dir, level, seeds, models) for level, models in levels.items()}
-    kept = [record_path(output_dir, level, s) for level, done in sorted(finished.items()) for s in done]
+    kept = [record_path(output_dir, level, s) for level in sorted(finished, key=level_order) for s in finished[level]]
     if kept:
         _check_poolable({path: read_record(path) for path in kept})
-    for level, models in sorted(levels.items()):
-        done = finished[level]
+    for level in sorted(levels, key=level_order):
+        models, done = levels[level], finished[level]
         if not done:
             continue
         runs = {s: read_record(record_path(output_dir, level, s)) for s in done}
         results = {s: runs[s]["results"] for s in done}
         records = {s: runs[s]["scores"] for s in done}
         comparisons: dict[str, Any] = {}
-        for name, key in COMPARISONS.items():
-            if name not in models:
+        metrics = dict(METRICS) | (dict(KEY_METRICS) if _has_key_truth(records) else {})
+        for (first, name), key in COMPARISONS.items():
+            if first not in models or name not in models:
                 continue
-            for metric, statistic in METRICS.items():
-                per_seed = {str(s): _clean(paired_bootstrap([(records[s]["grpo_a"], records[s][name])], statistic,
+            for metric, statistic in metrics.items():
+                per_seed = {str(s): _clean(paired_bootstrap([(records[s][first], records[s][name])], statistic,
                                                             n_bootstrap=n_bootstrap, seed=s)) for s in done}  # fmt: skip
-                pooled = paired_bootstrap([(records[s]["grpo_a"], records[s][name]) for s in done], statistic,
-                                          n_bootstrap=n_bootstrap, seed=0)  # fmt: skip
+                groups = [(records[s][first], records[s][name]) for s in done]
+                pooled = paired_bootstrap(groups, statistic, n_bootstrap=n_bootstrap, seed=0)
+                seeds_rows = _clean(hierarchical_paired_bootstrap(groups, statistic, n_bootstrap=n_bootstrap, seed=0))
                 above = sum(1 for v in per_seed.values() if v["ci_low"] is not None and v["ci_low"] > 0)
-                comparisons[f"{metric}: {key}"] = {"per_seed": per_seed, "pooled": _clean(pooled), "n_above": above}
-        summary["levels"][f"{level:.2f}"] = {
+                comparisons[f"{metric}: {key}"] = {"per_seed": per_seed, "pooled": _clean(pooled),
+                                                   "pooled_seeds": seeds_rows, "n_above": above,
+                                                   "verdict": seed_level_verdict(seeds_rows)}  # fmt: skip
+        summary["levels"][level_key(level)] = {
             "models": models,
             "finished": done,
             "seeds_table": summarize_seeds(results),
             "comparisons": comparisons,
             "verifier": verifier_over_seeds(results, models),
         }
+        if _has_key_truth(records):  # exact key (d = 0) beside K-Hit, per model and seed
+            summary["levels"][level_key(level)]["exact_key"] = {
+                name: {str(s): _nan_none(exact_key(records[s][name])) for s in done} for name in models
+            }
+        spread = spread_over_seeds(results, models)
+        if spread:
+            summary["levels"][level_key(level)]["spread"] = spread
+    trends = key_noise_trends(output_dir, levels, finished, n_bootstrap)
+    if trends:
+        summary["trends"] = trends
+    summary["conclusions"] = conclusions(summary)
     return summary
+
+
+def _nan_none(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def _has_key_truth(records: dict[int, dict[str, list[dict[str, Any]]]]) -> bool:
+    """Return True when every score row of `records` carries the truth's key frame (records written since it does)."""
+    return all("key_slice_frame" in row for runs in records.values() for rows in runs.values() for row in rows)
+
+
+def spread_over_seeds(results: dict[int, dict[str, Any]], models: list[str]) -> dict[str, Any]:
+    """Return, per GRPO run of `models` whose records measured it, the groups summed over the seeds and those without
+    reward spread (`train.miniature.spread`), and TRL's mean `frac_reward_zero_std` beside them."""
+    out: dict[str, Any] = {}
+    for name in models:
+        stages = [r["stages"].get(name, {}) for r in results.values()]
+        measured = [st["spread"] for st in stages if st.get("spread")]
+        if not measured:
+            continue
+        trl = [v for st in stages for v in st.get("frac_reward_zero_std", [])]
+        out[name] = {"groups": sum(m["total_groups"] for m in measured),
+                     "without_signal": sum(m["total_without_signal"] for m in measured), "n_seeds": len(measured),
+                     "tol": measured[0]["tol"], "trl_frac_zero_std": statistics.fmean(trl) if trl else None}  # fmt: skip
+    return out
+
+
+def key_noise_trends(output_dir: str | Path, levels: dict[Level, list[str]], finished: dict[Level, list[int]],
+                     n_bootstrap: int) -> dict[str, Any]:  # fmt: skip
+    """Return, per key-frame-noise level and `TRENDS` pair, the paired difference at that rate minus the same
+    difference on clean gold, over the seeds finished at both (the same test rows: the test split depends on the seed
+    alone), with both intervals and the verdict."""
+    from train.miniature.power import (  # noqa: PLC0415
+        KEY_METRICS,
+        METRICS,
+        hierarchical_paired_bootstrap,
+        paired_bootstrap,
+    )
+
+    out: dict[str, Any] = {}
+    for level in sorted((lv for lv in levels if isinstance(lv, str)), key=level_order):
+        done = [s for s in finished[level] if s in finished.get(0.0, [])]
+        if not done:
+            continue
+        noisy = {s: read_record(record_path(output_dir, level, s))["scores"] for s in done}
+        clean = {s: read_record(record_path(output_dir, 0.0, s))["scores"] for s in done}
+        metrics = dict(METRICS) | (dict(KEY_METRICS) if _has_key_truth(noisy) and _has_key_truth(clean) else {})
+        for (first, second), name in TRENDS.items():
+            if not all(m in levels[level] and m in levels[0.0] for m in (first, second)):
+                continue
+            groups = [(list(zip(noisy[s][first], noisy[s][second], strict=True)),
+                       list(zip(clean[s][first], clean[s][second], strict=True))) for s in done]  # fmt: skip
+            for metric, statistic in metrics.items():
+
+                def gap(rows: Any, statistic: Any = statistic) -> float:
+                    return statistic([a for a, _ in rows]) - statistic([b for _, b in rows])
+
+                rows_only = _clean(paired_bootstrap(groups, gap, n_bootstrap=n_bootstrap, seed=0))
+                seeds_rows = _clean(hierarchical_paired_bootstrap(groups, gap, n_bootstrap=n_bootstrap, seed=0))
+                per_seed = {str(s): _clean(paired_bootstrap([g], gap, n_bootstrap=n_bootstrap, seed=s))
+                            for s, g in zip(done, groups, strict=True)}  # fmt: skip
+                out[f"{metric}: {name}, {level} minus clean"] = {
+                    "level": level, "per_seed": per_seed, "pooled": rows_only, "pooled_seeds": seeds_rows,
+                    "verdict": seed_level_verdict(seeds_rows)}  # fmt: skip
+    return out
+
+
+VERDICTS = {"above": "above 0: claimed", "below": "below 0: claimed", "none": "no effect claimed"}
+METRIC_LABELS = {"average_bacc": "average B-Acc", "k_hit": "K-Hit", "exact_key": "exact key (d = 0)"}
+
+
+def seed_level_verdict(interval: dict[str, Any]) -> str:
+    """Return the study's rule on one pooled difference: "above" or "below" where its seeds-and-rows interval
+    (`hierarchical_paired_bootstrap`) excludes 0 on that side, else "none" (no effect is claimed)."""
+    low, high = interval.get("ci_low"), interval.get("ci_high")
+    if low is not None and low > 0:
+        return "above"
+    if high is not None and high < 0:
+        return "below"
+    return "none"
+
+
+def level_label(level: str | float) -> str:
+    """Return "clean gold" for 0, "<percent> % noisy gold" for gold noise, "key frame moved on <percent> % of
+    positives" for key-frame noise."""
+    if isinstance(level, str) and level.startswith(KEY_NOISE):
+        return f"key frame moved on {100 * float(level.removeprefix(KEY_NOISE)):g} % of positives"
+    value = float(level)
+    return "clean gold" if value == 0 else f"{100 * value:g} % noisy gold"
+
+
+def conclusions(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Return one conclusion per level and pooled difference, each decided by `seed_level_verdict` alone.
+
+    Each has the level, the comparison, the metric, the pooled difference with both intervals, the verdict and a
+    sentence: a claimed effect with its seeds-and-rows interval; otherwise no effect, with the effects that interval
+    rules out (its power), and a note where the rows-only interval alone would have claimed one.
+    """
+    out = []
+    entries = [(level, key, comp) for level, entry in summary["levels"].items()
+               for key, comp in entry["comparisons"].items()]  # fmt: skip
+    entries += [(comp["level"], key, comp) for key, comp in summary.get("trends", {}).items()]
+    for level, key, comp in entries:
+        metric, comparison = key.split(": ", 1)
+        if "trends" in summary and key in summary["trends"]:
+            comparison = comparison.split(", ")[0] + " at this rate minus on clean gold"
+        seeds_rows, rows = comp.get("pooled_seeds"), comp["pooled"]
+        if not seeds_rows or seeds_rows["diff"] is None or seeds_rows["ci_low"] is None:
+            continue
+        verdict = seed_level_verdict(seeds_rows)
+        where = f"{comparison}, {METRIC_LABELS.get(metric, metric)}, {level_label(level)}"
+        n = len(comp["per_seed"])
+        text = f"{where}: {_interval(seeds_rows)} points over {n} seeds and their rows: "
+        if verdict != "none":
+            text += f"{VERDICTS[verdict]}."
+        else:
+            text += (f"no effect claimed; the interval rules out effects above {100 * seeds_rows['ci_high']:+.1f} "
+                     f"and below {100 * seeds_rows['ci_low']:+.1f} points.")  # fmt: skip
+            if seed_level_verdict(rows) != "none":
+                gaps = ", ".join(f"{100 * comp['per_seed'][s]['diff']:+.1f}" for s in comp["per_seed"])
+                text += (f" The rows-only interval {_interval(rows)} excludes 0; the seeds-and-rows one does not "
+                         f"(per seed: {gaps}).")  # fmt: skip
+        out.append({"level": level, "comparison": comparison, "metric": metric, "diff": seeds_rows["diff"],
+                    "seeds_rows": [seeds_rows["ci_low"], seeds_rows["ci_high"]],
+                    "rows_only": [rows["ci_low"], rows["ci_high"]], "verdict": verdict, "text": text})  # fmt: skip
+    return out
 
 
 def verifier_over_seeds(results: dict[int, dict[str, Any]], models: list[str]) -> dict[str, Any]:
@@ -403,6 +600,13 @@ def _interval(v: dict[str, Any]) -> str:
     return f"{100 * v['diff']:+.1f} [{100 * v['ci_low']:+.1f}, {100 * v['ci_high']:+.1f}]"
 
 
+CONCLUSION_RULE = (
+    "Each pooled difference (points, (a) minus the other run, on the test rows) has two 95 % paired bootstrap "
+    "intervals: rows only (every seed kept, its rows redrawn) and seeds and rows (the seeds drawn with replacement, "
+    "then each drawn seed's rows). An effect is claimed only where the seeds-and-rows interval excludes 0."
+)
+
+
 def study_markdown(summary: dict[str, Any]) -> str:
     """Return the study's tables (points): per level the seeds table and the paired differences, and the verdict."""
     from train.miniature.seeds import seeds_markdown  # noqa: PLC0415
@@ -413,21 +617,66 @@ def study_markdown(summary: dict[str, Any]) -> str:
                   f"further ({reason}).", ""]  # fmt: skip
     if not summary["levels"]:
         lines += ["No run of the study has finished yet.", ""]
+    if summary.get("conclusions"):
+        lines += ["## Conclusions", "", CONCLUSION_RULE, ""]
+        lines += [f"- {c['text']}" for c in summary["conclusions"]] + [""]
     for level, entry in summary["levels"].items():
         seeds = entry["finished"]
         finished = f"Finished: {len(seeds)} of {len(summary['seeds'])} seeds ({', '.join(map(str, seeds))})."
         table = seeds_markdown(entry["seeds_table"], claims=False).rstrip()
         lines += [f"## gold noise {level}", "", finished, "", table, ""]
         head = " | ".join(f"seed {s}" for s in seeds)
-        lines += [f"| paired difference | {head} | pooled | interval above 0 |",
-                  "| --- |" + " --- |" * (len(seeds) + 2)]  # fmt: skip
+        lines += [f"| paired difference | {head} | pooled, rows only | pooled, seeds and rows | verdict | "
+                  "seed interval above 0 |", "| --- |" + " --- |" * (len(seeds) + 4)]  # fmt: skip
         for key, comp in entry["comparisons"].items():
             cells = " | ".join(_interval(comp["per_seed"][str(s)]) for s in seeds)
-            lines.append(
-                f"| {key} | {cells} | {_interval(comp['pooled'])} | {comp['n_above']} of {len(seeds)} seeds |"
-            )
-        lines += ["", *verifier_markdown(entry.get("verifier", {}))]
+            seeds_rows = comp.get("pooled_seeds")
+            verdict = VERDICTS[comp["verdict"]] if "verdict" in comp else "n/a"
+            lines.append(f"| {key} | {cells} | {_interval(comp['pooled'])} | "
+                         f"{'n/a' if seeds_rows is None else _interval(seeds_rows)} | {verdict} | "
+                         f"{comp['n_above']} of {len(seeds)} seeds |")  # fmt: skip
+        lines += ["", *exact_key_markdown(entry), *spread_markdown(entry.get("spread", {}))]
+        lines += verifier_markdown(entry.get("verifier", {}))
+    if summary.get("trends"):
+        lines += [
+            "## Key-frame noise: each difference at a rate minus on clean gold",
+            "",
+            "| difference | pooled, rows only | pooled, seeds and rows | verdict |",
+            "| --- | --- | --- | --- |",
+        ]
+        for key, comp in summary["trends"].items():
+            lines.append(f"| {key} | {_interval(comp['pooled'])} | {_interval(comp['pooled_seeds'])} | "
+                         f"{VERDICTS[comp['verdict']]} |")  # fmt: skip
+        lines.append("")
     return "\n".join(lines)
+
+
+def exact_key_markdown(entry: dict[str, Any]) -> list[str]:
+    """Return the lines of exact-key accuracy (d = 0) beside K-Hit per model, means over the seeds (none without it)."""
+    if "exact_key" not in entry:
+        return []
+    values = entry["seeds_table"]["values"]
+    lines = ["| model | exact key (d = 0) | K-Hit (d <= 1) |", "| --- | --- | --- |"]
+    for name, per_seed in entry["exact_key"].items():
+        exact = [v for v in per_seed.values() if v is not None]
+        hits = [v for v in values.get(name, {}).get("k_hit", {}).values() if v is not None]
+        cells = [f"{100 * statistics.fmean(v):.1f}" if v else "n/a" for v in (exact, hits)]
+        lines.append(f"| {entry['seeds_table']['labels'].get(name, name)} | {cells[0]} | {cells[1]} |")
+    return [*lines, ""]
+
+
+def spread_markdown(spread: dict[str, Any]) -> list[str]:
+    """Return the lines of the reward-spread table: groups without signal (ours) and TRL's frac_reward_zero_std."""
+    if not spread:
+        return []
+    tol = next(iter(spread.values()))["tol"]
+    lines = [f"| GRPO run | groups | without reward spread (std <= {tol:g}) | TRL frac_reward_zero_std, mean |",
+             "| --- | --- | --- | --- |"]  # fmt: skip
+    for name, entry in spread.items():
+        trl = "n/a" if entry["trl_frac_zero_std"] is None else f"{entry['trl_frac_zero_std']:.3f}"
+        share = entry["without_signal"] / entry["groups"] if entry["groups"] else 0.0
+        lines.append(f"| {name} | {entry['groups']} | {entry['without_signal']} ({share:.0%}) | {trl} |")
+    return [*lines, ""]
 
 
 def verifier_markdown(verifier: dict[str, Any]) -> list[str]:
@@ -451,29 +700,37 @@ def verifier_markdown(verifier: dict[str, Any]) -> list[str]:
 
 
 def save_study_png(summary: dict[str, Any], path: Path) -> Path:
-    """Plot each pooled paired difference with its 95 % interval, one marker colour per gold-noise level."""
+    """Plot each pooled paired difference with its two 95 % intervals, one colour per gold-noise level: a filled
+    marker and thick bar for seeds and rows (what the verdict reads), an open marker and thin bar for rows only."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     keys = list(dict.fromkeys(k for e in summary["levels"].values() for k in e["comparisons"]))
-    fig, ax = plt.subplots(figsize=(10, 4))
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    n_levels = max(1, len(summary["levels"]))
     for j, (level, entry) in enumerate(summary["levels"].items()):
         for i, key in enumerate(keys):
-            pooled = entry["comparisons"].get(key, {}).get("pooled")
-            if not pooled or pooled["diff"] is None or pooled["ci_low"] is None:
-                continue
-            y = 100 * pooled["diff"]
-            err = [[y - 100 * pooled["ci_low"]], [100 * pooled["ci_high"] - y]]
-            ax.errorbar([i + 0.15 * j], [y], yerr=err, fmt="o", capsize=3, color=f"C{j}",
-                        label=f"gold noise {level}" if i == 0 else None)  # fmt: skip
+            comp = entry["comparisons"].get(key, {})
+            x = i + 0.3 * (j - (n_levels - 1) / 2) / n_levels * 2
+            for name, dx, style in (("pooled_seeds", -0.04, {"fmt": "o", "lw": 2.2}),
+                                    ("pooled", 0.04, {"fmt": "o", "lw": 0.9, "mfc": "white"})):  # fmt: skip
+                got = comp.get(name)
+                if not got or got["diff"] is None or got["ci_low"] is None:
+                    continue
+                y = 100 * got["diff"]
+                err = [[y - 100 * got["ci_low"]], [100 * got["ci_high"] - y]]
+                label = None
+                if i == 0:
+                    label = f"{level_label(level)}, " + ("seeds and rows" if name == "pooled_seeds" else "rows only")
+                ax.errorbar([x + dx], [y], yerr=err, capsize=3, color=f"C{j}", label=label, **style)
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xticks(range(len(keys)))
     ax.set_xticklabels(keys, fontsize=7, rotation=20)
-    ax.set_ylabel("points (pooled over seeds, 95 % paired interval)")
+    ax.set_ylabel("points, pooled over seeds (95 % paired intervals)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
