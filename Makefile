@@ -109,7 +109,7 @@ bench: venv
 # curate, against `build-sft-set hf://...`; end-to-end time and peak scratch, both ratios in one run.
 .PHONY: bench-hub
 bench-hub: venv
-	PREFECT_LOGGING_LEVEL=WARNING $(BIN)/python bench/hub_curate.py --cases 8 --part-cases 4 --bandwidth-mbps 5
+	PREFECT_LOGGING_LEVEL=WARNING $(BIN)/python bench/hub_curate.py --cases 8 --part-cases 4 --bandwidth-mbps 0.05
 
 # Mining rows/s: the local transformers backend vs vLLM (CPU build) on the same rows and checkpoint, ratio in one run.
 .PHONY: bench-vllm

@@ -112,7 +112,8 @@ class HubState:
     corrupt: dict[str, int] = field(default_factory=dict)  # file path -> downloads still served with a flipped byte
     served: dict[str, int] = field(default_factory=dict)  # file path -> bytes served by resolve/
     ranges: list[tuple[str, int]] = field(default_factory=list)  # (file path, first byte) of each Range request
-    bandwidth_bps: float | None = None  # resolve/ sends file bytes at this rate (None: as fast as it can)
+    bandwidth_bps: float | None = None  # file bytes go out at this total rate, both hosts together (None: no limit)
+    link_free_at: float = 0.0  # when the shared link is free again (time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def put_dataset(
@@ -602,7 +603,7 @@ def _body(
     if cut is not None:
         return StreamingResponse(_cut_after(sent), status_code=status, headers=headers)
     if state.bandwidth_bps:
-        return StreamingResponse(_throttled(data, state.bandwidth_bps), status_code=status, headers=headers)
+        return StreamingResponse(_throttled(state, data, state.bandwidth_bps), status_code=status, headers=headers)
     return Response(data, status_code=status, headers=headers)
 
 
@@ -615,12 +616,17 @@ async def _cut_after(sent: bytes) -> Any:
     raise _ConnectionCut("fakehub: connection cut mid-body")
 
 
-async def _throttled(data: bytes, bandwidth_bps: float, chunk: int = 1 << 16) -> Any:
-    """`data` in chunks, paced to `bandwidth_bps` bytes per second."""
-    started = time.monotonic()
+async def _throttled(state: HubState, data: bytes, bandwidth_bps: float, chunk: int = 1 << 16) -> Any:
+    """`data` in chunks, paced so that every response of both hosts together gets `bandwidth_bps` bytes per second
+    (one shared link: two downloads at once each get half)."""
     for i in range(0, len(data), chunk):
-        await asyncio.sleep(max(0.0, started + i / bandwidth_bps - time.monotonic()))
-        yield data[i : i + chunk]
+        piece = data[i : i + chunk]
+        with state.lock:
+            start = max(time.monotonic(), state.link_free_at)
+            state.link_free_at = start + len(piece) / bandwidth_bps
+            sent_at = state.link_free_at
+        await asyncio.sleep(max(0.0, sent_at - time.monotonic()))
+        yield piece
 
 
 @dataclass
