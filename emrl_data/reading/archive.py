@@ -12,7 +12,7 @@ outside `dest` whatever the archive says. What is refused, and how it is reporte
 | a size larger than the scratch allowance left | `unsafe_archive_member` rejection of its case; its bytes are skipped, never read into memory |
 | a file that cannot be written (any `OSError` but a full disk) | `unsafe_archive_member` rejection of its case |
 | a second CT of a case (`ct.nii` beside `ct.nii.gz`) | `duplicate_ct` rejection of the case |
-| data longer than its header claims, a truncated tar or gzip stream, a bad header | `corrupt_archive`: the case being read and every case of the part not finished yet |
+| data longer than its header claims, a truncated tar or gzip stream, a bad header or a negative size | `corrupt_archive`: the case being read and every case of the part not finished yet |
 | a case outside the part's range, an entry outside the case layout, a non-case folder | a warning (counted per kind), skipped |
 | a mask name over `MAX_NAME_BYTES` or with characters outside `[A-Za-z0-9._-]` | a warning, skipped (checked before any write) |
 | a case folder whose name is not `BDMAP_` + 8 digits | `invalid_case_id`, as on disk |
@@ -250,6 +250,8 @@ def read_part(
                 tar.members.clear()  # type: ignore[attr-defined]  # stream mode keeps every TarInfo otherwise
                 if count > limit:
                     raise ArchiveCorruptError(f"more than {limit} members")
+                if info.size < 0:
+                    raise ArchiveCorruptError(f"{info.name[:200]!r} declares a negative size ({info.size})")
                 if info.size > min(inflate_left, MAX_MEMBER_BYTES):  # reading on would inflate it, even to skip
                     raise ArchiveCorruptError(
                         f"{info.name[:200]!r} declares {info.size} bytes, more than the {min(inflate_left, MAX_MEMBER_BYTES)} "
@@ -270,7 +272,7 @@ def read_part(
                         on_file(current, path)
                 current = None
             _check_trailer(tar)
-    except (ArchiveCorruptError, tarfile.ReadError, EOFError, zlib.error, OSError, RecursionError) as err:
+    except (ArchiveCorruptError, tarfile.TarError, EOFError, zlib.error, OSError, RecursionError, UnicodeError) as err:
         if isinstance(err, OSError) and not _is_stream_error(err):
             raise
         reading.broken = f"the archive cannot be read on ({err}); unfinished cases are corrupt_archive rejections"

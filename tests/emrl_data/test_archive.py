@@ -258,3 +258,21 @@ def test_the_default_inflate_cap_follows_the_part_size_on_disk(tmp_path: Path) -
         f"the archive cannot be read on ('BDMAP_00000001/README' declares {zeros} bytes, more than the {cap} the part "
         "may still inflate); unfinished cases are corrupt_archive rejections"
     )
+
+
+def test_a_negative_member_size_is_corrupt_archive(tmp_path: Path) -> None:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        tar.addfile(_member("BDMAP_00000001/ct.nii.gz", len(CT)), io.BytesIO(CT))
+    body = raw.getvalue().rstrip(b"\0")
+    body += b"\0" * (-len(body) % 512)
+    header = bytearray(_member("BDMAP_00000002/ct.nii.gz", 0).tobuf(tarfile.USTAR_FORMAT))
+    header[124:136] = b"\xff" * 12  # base-256 size field: -1
+    header[148:156] = b" " * 8
+    header[148:155] = b"%06o\0" % sum(header)  # the checksum of the edited header
+    reading, files = _read(gzip.compress(body + bytes(header) + b"\0" * 1024), tmp_path)
+    assert files == [("BDMAP_00000001", "image_only/BDMAP_00000001/ct.nii.gz")]
+    assert reading.broken == (
+        "the archive cannot be read on ('BDMAP_00000002/ct.nii.gz' declares a negative size (-1)); unfinished cases "
+        "are corrupt_archive rejections"
+    )
