@@ -25,9 +25,8 @@ from transformers.models.auto.image_processing_auto import AutoImageProcessor  #
 from transformers.models.auto.processing_auto import AutoProcessor
 
 from tests import torchvision_side
-from train.checkpoint import BASE_IMAGE_PROCESSOR, BASE_VIDEO_PROCESSOR, CT_VIDEO_SIZE
+from train.checkpoint import BASE_IMAGE_PROCESSOR, BASE_VIDEO_PROCESSOR, CT_VIDEO_SIZE, VIDEO_TRIPLE
 from train.data import (
-    VIDEO_TRIPLE,
     CTQwen3VLProcessor,
     encode_ct_video,
     load_model_and_processor,
