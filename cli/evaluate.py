@@ -97,7 +97,9 @@ def with_gold_reports(frame: Any, gold: Path | None, sources: Sequence[dict[str,
         raise UsageError(
             "--text-metrics needs the gold reports: the predictions carry none and name no sft table", fix
         )
-    shards = sorted((folder / "data").glob("*.parquet"))
+    from emrl_data.tables.shards import split_shards
+
+    shards = split_shards(folder / "data")
     if not shards:
         raise UsageError(f"--text-metrics: no gold reports in {folder / 'data'} (no .parquet shards)", fix)
     if "case_id" not in frame.columns:

@@ -32,9 +32,10 @@ def shard_name(split: str, index: int, n_shards: int) -> str:
     return f"{split}-{index:05d}-of-{n_shards:05d}.parquet"
 
 
-def split_shards(data_dir: Path, split: str) -> list[Path]:
-    """The shards of `split` in a table's `data/` folder, in shard order (`shard_name`; other files are not shards)."""
-    return sorted(data_dir.glob(f"{split}-*-of-*.parquet"))
+def split_shards(data_dir: Path, split: str | None = None) -> list[Path]:
+    """The shards of `split` (None: of every split) in a table's `data/` folder, by split and in shard order
+    (`shard_name`; other files are not shards)."""
+    return sorted(data_dir.glob(f"{split or '*'}-*-of-*.parquet"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,6 +90,13 @@ def test_split_shards_lists_one_splits_shards_in_order(tmp_path: Path) -> None:
         "train-00010-of-00012.parquet",
     ]
     assert [p.name for p in split_shards(data, "test")] == ["test-00000-of-00001.parquet"]
+    assert [p.name for p in split_shards(data)] == [
+        "test-00000-of-00001.parquet",
+        "train-00000-of-00012.parquet",
+        "train-00002-of-00012.parquet",
+        "train-00010-of-00012.parquet",
+        "train_extra-00000-of-00001.parquet",
+    ]
     assert split_shards(data, "validation") == [] and split_shards(tmp_path / "absent", "train") == []
 
 
