@@ -13,8 +13,8 @@ Conventions:
 * A cell with no rows of its kind (no negatives, no lesion <= 2 cm, ...) is NaN: "n/a" in markdown, null in JSON,
   never 0. Averages run over the organs whose value is defined.
 * Intervals: percentile bootstrap (2.5 %, 97.5 %) over `n_bootstrap` replicates that resample rows **within each
-  organ** (`emrl_data.text.bootstrap.resampled_sums`, seeded with `seed`, organs in `Organ` order: the one draw of the
-  project's bootstraps), so the result is deterministic for a seed. Averages are bootstrapped from the same replicates. Replicates
+  organ** (counts drawn as multinomial weights, seeded with `numpy.random.default_rng(seed)`, organs in `Organ`
+  order), so the result is deterministic for a seed. Averages are bootstrapped from the same replicates. Replicates
   where a cell is undefined are left out of that cell's interval.
 
 Input rows (predictions): `organ`, `has_lesion` (truth), `long_axis_mm` (truth; None on negatives) and the
@@ -38,7 +38,6 @@ from typing import Any
 
 import numpy as np
 
-from emrl_data.text.bootstrap import resampled_sums
 from emrl_data.text.scoring import DEFAULT_CONFIG, ScoringConfig, score_report, truth_from_row
 from emrl_data.types import Organ
 
@@ -64,6 +63,7 @@ AVERAGE = "average"
 SMALL_LESION_MAX_CM = 2.0
 _RATIO_METRICS = ("sen", "sen_le2", "sen_gt2", "spec", *TABLE2_METRICS)  # each a sum(num) / sum(den)
 _COUNT_KEYS = ("rows", "positives", "negatives", "positives_le2", "positives_gt2")
+_MAX_WEIGHTS = 4_000_000  # bootstrap weight-matrix entries per chunk (int64: 32 MB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +288,19 @@ def _with_bacc(ratios: np.ndarray) -> np.ndarray:
     return np.concatenate([ratios, bacc[..., None]], axis=-1)
 
 
+def _bootstrap_ratios(arrays: _OrganArrays, n_bootstrap: int, rng: np.random.Generator) -> np.ndarray:
+    """Return `(n_bootstrap, len(_RATIO_METRICS) + 1)` replicate values (ratios, then B-Acc) of one organ."""
+    n = arrays.num.shape[0]
+    out = np.empty((n_bootstrap, len(_RATIO_METRICS)), dtype=np.float64)
+    chunk = max(1, _MAX_WEIGHTS // max(n, 1))
+    probabilities = np.full(n, 1.0 / n)
+    for start in range(0, n_bootstrap, chunk):
+        size = min(chunk, n_bootstrap - start)
+        weights = rng.multinomial(n, probabilities, size=size).astype(np.float64)  # (size, n) resample counts
+        out[start : start + size] = _ratio(weights @ arrays.num, weights @ arrays.den)
+    return _with_bacc(out)
+
+
 def _interval(replicates: np.ndarray) -> tuple[float, float]:
     """Return the 2.5 / 97.5 percentiles of the finite replicates, NaN when there are none."""
     finite = replicates[np.isfinite(replicates)]
@@ -379,8 +392,7 @@ class _Estimates:
 def _estimate(rows: Sequence[Mapping[str, Any]], n_bootstrap: int, seed: int) -> _Estimates:
     """Group the rows by organ and compute each organ's point estimates and bootstrap replicates.
 
-    Every replicate redraws each organ's rows (`resampled_sums`, seeded with `seed`): reproducible, and the draw the
-    paired differences of `emrl_data.text.comparison` make for the same seed.
+    One generator seeded with `seed` draws every organ's replicates in `Organ` order, so results are reproducible.
 
     Raises:
         ValueError: on an unknown organ.
@@ -389,21 +401,18 @@ def _estimate(rows: Sequence[Mapping[str, Any]], n_bootstrap: int, seed: int) ->
     for row in rows:
         by_organ.setdefault(Organ(row["organ"]), []).append(row)
     organs = tuple(o for o in Organ if o in by_organ)
+    rng = np.random.default_rng(seed)
     points = np.full((len(organs), len(_METRIC_NAMES)), np.nan)
     replicates = np.full((len(organs), n_bootstrap, len(_METRIC_NAMES)), np.nan)
     counts: dict[str, dict[str, int]] = {}
     denominators: dict[str, np.ndarray] = {}
-    stacked = []
     for k, organ in enumerate(organs):
         arrays = _organ_arrays(by_organ[organ])
         counts[str(organ)] = arrays.counts
         denominators[str(organ)] = arrays.den.sum(axis=0)
         points[k] = _with_bacc(_ratio(arrays.num.sum(axis=0), arrays.den.sum(axis=0)))
-        stacked.append(np.hstack([arrays.num, arrays.den]))
-    if n_bootstrap and organs:
-        m = len(_RATIO_METRICS)
-        for k, sums in enumerate(resampled_sums(stacked, n_bootstrap=n_bootstrap, seed=seed)):
-            replicates[k] = _with_bacc(_ratio(sums[:, :m], sums[:, m:]))
+        if n_bootstrap:
+            replicates[k] = _bootstrap_ratios(arrays, n_bootstrap, rng)
     return _Estimates(organs, points, replicates, counts, denominators, n_bootstrap)
 
 
