@@ -110,8 +110,12 @@ def download_file(
     expected: HubFile,
     *,
     on_bytes: Callable[[int], None] | None = None,
+    on_start: Callable[[bool], None] | None = None,
 ) -> Download:
     """Download `path` of the release's commit to `dest`, resuming a `dest.incomplete`; verify it; see the module.
+
+    `on_start(sequential)` is called before the first byte is written: False when Xet will write the file out of
+    order (a reader of the growing file must then wait for the end).
 
     Raises:
         ChecksumMismatchError: the bytes do not match (`dest.incomplete` is removed, so the next try starts over).
@@ -137,7 +141,11 @@ def download_file(
         partial.unlink()
     resumed_from = partial.stat().st_size if partial.exists() else 0
     read = 0
-    if meta.xet_file_data is not None and is_xet_available() and not constants.HF_HUB_DISABLE_XET:
+    xet = meta.xet_file_data is not None and is_xet_available() and not constants.HF_HUB_DISABLE_XET
+    if on_start is not None:
+        on_start(not xet)
+    if xet:
+        assert meta.xet_file_data is not None
         xet_get(incomplete_path=partial, xet_file_data=meta.xet_file_data, headers=headers,
                 expected_size=expected.size, displayed_filename=path)  # fmt: skip
         read = expected.size - resumed_from
@@ -218,12 +226,17 @@ class GrowingFile(io.RawIOBase):
         self.offset = 0
         self._ended = threading.Event()
         self._error: BaseException | None = None
+        self._stopped: str | None = None
         self._fh: IO[bytes] | None = None
 
     def finish(self, error: BaseException | None) -> None:
         """The download ended (with `error`, or None)."""
         self._error = error
         self._ended.set()
+
+    def stop(self, reason: str) -> None:
+        """The reader must not go on (the download writes out of order): its next read raises."""
+        self._stopped = reason
 
     def readable(self) -> bool:
         return True
@@ -238,6 +251,8 @@ class GrowingFile(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int:
         while True:
+            if self._stopped is not None:
+                raise DownloadStoppedError(self._stopped)
             if self._ended.is_set() and self._error is not None:
                 raise DownloadStoppedError(f"the download stopped: {self._error}") from self._error
             if self._fh is None:

@@ -152,3 +152,37 @@ def test_call_with_retry_waits_retry_after_then_backs_off_and_stops() -> None:
     with pytest.raises(HfHubHTTPError):  # not transient: raised at once
         call_with_retry(flaky, "x", sleep=waits.append)
     assert waits == [7.0, 2.0, 4.0, 8.0, 1.0, 2.0]
+
+
+def test_a_growing_file_reads_a_download_as_it_lands_and_stops_when_told(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    from hub.download import DownloadStoppedError, GrowingFile
+
+    partial, dest = tmp_path / "p.tar.gz.incomplete", tmp_path / "p.tar.gz"
+    growing = GrowingFile(partial, dest, len(DATA), poll_s=0.005)
+
+    def write() -> None:
+        with partial.open("ab") as fh:
+            for i in range(0, len(DATA), 1 << 16):
+                fh.write(DATA[i : i + (1 << 16)])
+                fh.flush()
+                time.sleep(0.002)
+        partial.replace(dest)  # verified and renamed, as download_file does
+        growing.finish(None)
+
+    threading.Thread(target=write).start()
+    assert growing.read() == DATA and growing.offset == len(DATA)
+
+    stopped = GrowingFile(tmp_path / "q.incomplete", tmp_path / "q", 10, poll_s=0.005)
+    stopped.stop("the part is downloaded through Xet, out of order")
+    with pytest.raises(DownloadStoppedError, match="out of order"):
+        stopped.read(4)
+
+    (tmp_path / "r.incomplete").write_bytes(b"abcdef")
+    rewritten = GrowingFile(tmp_path / "r.incomplete", tmp_path / "r", 10, poll_s=0.005)
+    assert rewritten.read(6) == b"abcdef"
+    (tmp_path / "r.incomplete").write_bytes(b"ab")  # truncated under the reader (a Range answered by the whole file)
+    with pytest.raises(DownloadStoppedError, match="rewritten under the reader"):
+        rewritten.read(4)
