@@ -152,10 +152,11 @@ def evaluate_predictions(
         raise UsageError(str(exc), "evaluate predictions made on the same sft table together") from None
     if against is not None:
         _check_against(card | {"evaluations": {n: r.to_json() for n, r in zip(names, results, strict=True)}}, against)
-    for index, ((model, _), name, result) in enumerate(zip(groups, names, results, strict=True), start=1):
+    for index, ((model, _), name, result, rows) in enumerate(zip(groups, names, results, scored, strict=True), 1):
         folder = Path(out) if len(groups) == 1 else Path(out) / f"model-{index}"
         appendix = texts[name].to_markdown() if name in texts else ""
-        own_card = card | {"models": [name], "text_metrics": {name: texts[name].to_json()} if name in texts else {}}
+        own_card = make_card(models=[name], split=split, sources=sources, rows=rows, evaluations={})
+        own_card["text_metrics"] = {name: texts[name].to_json()} if name in texts else {}
         paths = write_evaluation(result, folder, model=model, card=own_card, appendix=appendix)
         if model is not None:
             print(f"# Model: {model}\n")

@@ -87,6 +87,7 @@ def test_eval_of_two_models_prints_and_writes_their_paired_differences_and_text_
     assert (out / "model-1" / "metrics.json").is_file() and (out / "model-2" / "metrics.png").is_file()
     assert "| grpo | model-2 | 24 |" in (out / "metrics.md").read_text()
     check_comparable(card, read_card(out / "model-1" / "metrics.json"))  # the same rows: comparable
+    assert read_card(out / "model-2")["models"] == ["grpo"]
     (text_paired,) = card["text_paired_differences"]
     assert text_paired["difference"] == "grpo − sft"
     assert text_paired["sections"]["findings"]["liver"]["bleu4"]["ci_high"] < 0
