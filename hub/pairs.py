@@ -8,16 +8,16 @@ deleting it after (docs/decisions.md#hub-parts-streamed-not-unpacked). The image
 verified; a part that fails verification read that way is read again from a verified download, its earlier cases
 discarded. A part that fails its sha256 twice turns its cases into `part_checksum_mismatch` rejections.
 
-Scratch is named by content: each verified part is kept as `SCRATCH/archives/<sha256>.tar.gz` until every case of the
-pair is in the store (a crash while reading it never downloads it again), and the pair unpacks into
-`SCRATCH/pair-<hash of both parts' sha256>/`.
+Scratch is named by content: the pair works in `SCRATCH/pair-<hash of both parts' sha256>/` (its own folder: pairs
+running at once never touch each other's), each verified part is kept there as `<sha256>.tar.gz` until every case of
+the pair is in the store (a crash while reading it never downloads it again), and the parts unpack into its
+`image_only/` and `mask_only/`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import threading
 import time
@@ -102,9 +102,15 @@ def pair_folder(scratch: Path, pair: PartPair) -> Path:
     return scratch / f"pair-{hashlib.sha256('/'.join(names).encode()).hexdigest()[:24]}"
 
 
-def archive_path(scratch: Path, part: HubFile) -> Path:
-    """`SCRATCH/archives/<sha256>.tar.gz`: a verified part, kept until its pair's cases are in the store."""
-    return scratch / "archives" / f"{content_name(part)}.tar.gz"
+def archive_path(scratch: Path, pair: PartPair, part: HubFile) -> Path:
+    """`SCRATCH/pair-<hash>/<sha256>.tar.gz`: a verified part, kept until its pair's cases are in the store."""
+    return pair_folder(scratch, pair) / f"{content_name(part)}.tar.gz"
+
+
+def _clear_unpacked(work: Path) -> None:
+    """Remove what a pair unpacked (an interrupted run's too); its verified archives stay."""
+    for kind in (IMAGE_KIND, MASK_KIND):
+        shutil.rmtree(work / kind, ignore_errors=True)
 
 
 @dataclass
@@ -156,7 +162,7 @@ def read_pair(
         return PartOutcome(job.pair.name, done, list(entry["warnings"]), from_ledger=True)
     scratch = Path(job.scratch_dir)
     work = pair_folder(scratch, job.pair)
-    shutil.rmtree(work, ignore_errors=True)  # what an interrupted run unpacked; its verified archives stay
+    _clear_unpacked(work)
     reader = _PairReader(job, key, work, ScratchMeter(job.allowance_bytes), store, curate_one, on_bytes, on_case)
     peak = 0
     try:
@@ -165,27 +171,21 @@ def read_pair(
         except _ReadAgainError as again:  # the part read while downloading failed verification: from disk now
             if log is not None:
                 log(f"{job.pair.name}: {again}; read again from a verified download")
-            shutil.rmtree(work, ignore_errors=True)
+            _clear_unpacked(work)
             read, peak = reader.outcome.bytes_read, reader.meter.peak_bytes
             meter = ScratchMeter(job.allowance_bytes)
             reader = _PairReader(job, key, work, meter, store, curate_one, on_bytes, on_case, tries=again.tries)
             reader.outcome.bytes_read = read
             reader.run(stream=False)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        _clear_unpacked(work)
     outcome = reader.outcome
     outcome.seconds, outcome.peak_scratch_bytes = time.perf_counter() - started, max(peak, reader.meter.peak_bytes)
     if outcome.verified and not any(k.startswith("timeout-") for _, k, _ in outcome.done):
         ledger.put(
             key, {"part": job.pair.name, "cases": [[c, k] for c, k, _ in outcome.done], "warnings": outcome.warnings}
         )
-    for part in (job.pair.image, job.pair.mask):  # every case is in the store: the archives have served
-        if part is not None:
-            archive_path(scratch, part).unlink(missing_ok=True)
-    try:
-        os.rmdir(scratch / "archives")
-    except OSError:  # another pair's archive is there, or it is gone already
-        pass
+    shutil.rmtree(work, ignore_errors=True)  # every case is in the store: the archives have served
     return outcome
 
 
@@ -277,14 +277,14 @@ class _PairReader:
 
     def verified_on_disk(self, part: HubFile) -> bool:
         """A verified copy of the part is in the scratch folder (renamed there only once verified)."""
-        dest = archive_path(Path(self.job.scratch_dir), part)
+        dest = archive_path(Path(self.job.scratch_dir), self.job.pair, part)
         return dest.is_file() and dest.stat().st_size == part.size
 
     def read_while_downloading(self, kind: str, part: HubFile, on_file: Callable[[str, Path], None]) -> None:
         """Download the part in a thread and read it as it lands; raise `_ReadAgainError` unless it ends verified and
         read to its last byte."""
         self.meter.reserve(part.size, part.path)
-        dest = archive_path(Path(self.job.scratch_dir), part)
+        dest = archive_path(Path(self.job.scratch_dir), self.job.pair, part)
         partial = dest.with_name(dest.name + ".incomplete")
         dest.parent.mkdir(parents=True, exist_ok=True)
         if partial.exists() and partial.stat().st_size > part.size:
@@ -330,7 +330,7 @@ class _PairReader:
         """The verified part in the scratch folder (downloaded unless a verified copy is there already; its bytes
         reserved first); None when it failed verification (`tries` downloads)."""
         self.meter.reserve(part.size, part.path)
-        dest = archive_path(Path(self.job.scratch_dir), part)
+        dest = archive_path(Path(self.job.scratch_dir), self.job.pair, part)
         if self.verified_on_disk(part):
             return dest
         done, read, mismatch = download_verified(

@@ -289,7 +289,7 @@ def test_a_run_killed_mid_part_resumes_that_part_and_reads_no_finished_one(
     )
     env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
     args = [ROOT, str(out), json.dumps(FRAMES), str(scratch), budget]
-    archive = archive_path(scratch, second.image)
+    archive = archive_path(scratch, second, second.image)
     partial = archive.with_name(archive.name + ".incomplete")
     log = open(tmp_path / "killed.log", "wb")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen([sys.executable, "-c", run, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -312,7 +312,7 @@ def test_a_run_killed_mid_part_resumes_that_part_and_reads_no_finished_one(
     summary = _build(out, scratch_dir=str(scratch), scratch_budget=budget)
     assert (summary["hub"]["parts_from_ledger"], summary["hub"]["parts_read"]) == (1, 1)
     assert hub.state.ranges[-1] == (image, left)
-    mask = archive_path(scratch, second.mask)  # verified before the kill, kept: never downloaded again
+    mask = archive_path(scratch, second, second.mask)  # verified before the kill, kept: never downloaded again
     assert summary["hub"]["bytes_read"] == len(files[image]) - left and not mask.exists()
     assert summary["cases"] == on_disk["cases"] == N_CASES
     assert _shards(out) == _shards(tmp_path / "disk")

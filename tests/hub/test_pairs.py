@@ -78,7 +78,7 @@ def test_a_crash_mid_pair_keeps_the_verified_archives_and_the_rerun_downloads_no
 
     with pytest.raises(KeyboardInterrupt):
         read_pair(job, crash_on_case_2)
-    kept = [archive_path(tmp_path / "scratch", p) for p in (job.pair.image, job.pair.mask)]
+    kept = [archive_path(tmp_path / "scratch", job.pair, p) for p in (job.pair.image, job.pair.mask)]
     assert all(p.is_file() for p in kept)  # both verified parts, named by their sha256
     served = dict(hub.state.served)
     rerun = read_pair(job, curate_bounded)
@@ -93,7 +93,7 @@ def test_the_image_part_is_curated_while_it_downloads(
     monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 1 << 16)  # huggingface_hub writes 10 MiB at a time
     hub.state.put_dataset(REPO, files)
     job = _job(tmp_path)
-    image = archive_path(tmp_path / "scratch", job.pair.image)
+    image = archive_path(tmp_path / "scratch", job.pair, job.pair.image)
     hub.state.bandwidth_bps = job.pair.image.size / 2.0  # about 2 s for the image part
     still_downloading: list[bool] = []
 
