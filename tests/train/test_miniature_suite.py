@@ -448,3 +448,15 @@ def test_an_effect_is_claimed_only_where_the_seeds_and_rows_interval_excludes_ze
         "(a) - (b), average B-Acc, clean gold: +2.1 [+0.2, +5.3] points over 2 seeds and their rows: above 0: claimed."
     )
     assert got[1]["rows_only"] == [0.015, 0.028] and got[1]["seeds_rows"] == [0.002, 0.053]
+
+
+def test_a_stage_runs_only_its_seeds_and_a_seed_outside_the_config_is_one_line(tmp_path):
+    cfg, seeds, levels = load_study(MICRO)
+    missing = replace(cfg, warmup_target_verifier_accuracy=1.0)  # each run ends at its warm-up: quick
+    lines: list[str] = []
+    run_study(missing, seeds, levels, tmp_path, log=lines.append, only=[1])
+    assert sorted(read_exclusions(tmp_path, seeds)) == [1] and not run_dir(tmp_path, 0.0, 0).exists()
+    with pytest.raises(
+        TrainConfigError, match=r"--seeds \[7\]: each must be one of the config's study.seeds \[0, 1\]"
+    ):
+        main(["--config", MICRO, "--output_dir", str(tmp_path / "o"), "--min_seeds", "2", "--seeds", "7"])

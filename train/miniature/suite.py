@@ -114,12 +114,13 @@ def run_dir(output_dir: str | Path, level: Level, seed: int) -> Path:
 
 
 def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[Level, list[str]], output_dir: str | Path,
-              log: Any = None, jobs: int = 1, threads: int | None = None) -> dict[str, Any]:  # fmt: skip
+              log: Any = None, jobs: int = 1, threads: int | None = None, only: list[int] | None = None
+              ) -> dict[str, Any]:  # fmt: skip
     """Run (or resume) every run of the study, rewriting the summary after each; return the last summary.
 
     With `jobs` > 1 that many runs go at once, each in its own process with `threads` torch threads (default: the
     cores shared out); the runs start in the sequential order, a noisy one once its seed's clean warm-up is there.
-    With one job, `threads` (when given) sets this process's torch threads.
+    With one job, `threads` (when given) sets this process's torch threads. `only`: run these of `seeds` now.
     """
     log = log or (lambda line: print(line, flush=True))
     noisy = sorted(level_name(level) for level in levels if level != 0.0)
@@ -134,7 +135,8 @@ def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[Level, list[s
         torch.set_num_threads(threads)
     tasks = []
     excluded = read_exclusions(output_dir, seeds)
-    for seed in seeds:  # seed by seed, every level (the clean one first: the noisy runs copy its warm-up)
+    for seed in seeds if only is None else [s for s in seeds if s in only]:  # seed by seed, every level (the clean
+        # one first: the noisy runs copy its warm-up); `only`: a stage of the study, the summary still over `seeds`
         for level in sorted(levels, key=level_order):
             if seed in excluded and not finished_seeds(output_dir, level, [seed], levels[level]):
                 log(f"=== {describe(level)}, seed {seed}: excluded ({exclusion_path(output_dir, seed)}), skipped")
@@ -744,6 +746,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     parser.add_argument("--min_seeds", type=int, default=MIN_SEEDS, help="refuse a study with fewer seeds")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, metavar="SEED",
+                        help="run only these of the config's seeds now (a stage); the report covers every seed of "
+                        "the config finished so far")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, each its own process (default 1)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per run (default: the cores "
                         "shared out among the jobs)")  # fmt: skip
@@ -756,7 +761,10 @@ def main(argv: list[str] | None = None) -> None:
         raise TrainConfigError(
             f"{args.config}: study.seeds has {len(seeds)} seeds, fewer than --min_seeds={args.min_seeds}"
         )
-    run_study(cfg, seeds, levels, args.output_dir, jobs=args.jobs, threads=args.threads)
+    stage = seeds if args.seeds is None else args.seeds
+    if not set(stage) <= set(seeds):
+        raise TrainConfigError(f"--seeds {stage}: each must be one of the config's study.seeds {seeds}")
+    run_study(cfg, seeds, levels, args.output_dir, jobs=args.jobs, threads=args.threads, only=stage)
 
 
 if __name__ == "__main__":
