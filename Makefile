@@ -145,16 +145,17 @@ miniature: venv
 miniature-seeds: venv
 	$(BIN)/python -m train.miniature --config train/configs/miniature.yaml --output_dir miniature-seeds --seeds 0 1 2
 
-# The decomposition study of r_c (docs/miniature.md): (a) r_e+r_f+r_c, (b) r_e+r_f, (f) distance term only, (g) random
-# frame, (e) more SFT with the LLM trainable, at gold noise 0, 0.15, 0.30, 5 seeds, 360 test rows, paired bootstrap
-# intervals (miniature-study/study.md, study.png). JOBS runs at once, THREADS torch threads each (the shipped records
-# ran so): about 3.6 hours on 2 cores (43 min a seed, measured); JOBS=1 THREADS=2 about 5 hours. Resumable: a rerun
-# skips every recorded run and every finished stage. miniature-study-micro: the same plumbing on a micro config.
+# The key-frame study of r_c (docs/miniature.md): 20 frames, (a) r_e+r_f+r_c, (b), (f) distance term only, (g) random
+# frame, (h) attribute term only on clean gold; (a), (f), (g) with the key frame moved on 25 and 50 % of positives; 12
+# seeds, seed-level intervals (miniature-study/study.md). JOBS runs at once, THREADS torch threads each. Estimated
+# 27 hours on 2 cores: run it in stages, SEEDS="0 1 2", then "3 4 5", ...; a rerun skips every recorded run and
+# finished stage. miniature-study-micro: every setting at micro size.
 JOBS ?= 2
 THREADS ?= 1
+SEEDS ?=
 miniature-study: venv
 	$(BIN)/python -m train.miniature.suite --config train/configs/miniature_study.yaml --output_dir miniature-study \
-		--jobs $(JOBS) --threads $(THREADS)
+		--jobs $(JOBS) --threads $(THREADS) $(if $(SEEDS),--seeds $(SEEDS))
 
 miniature-study-micro: venv
 	$(BIN)/python -m train.miniature.suite --config train/configs/miniature_micro.yaml --output_dir miniature-study-micro --min_seeds 2
