@@ -76,6 +76,8 @@ def _explain(exc: BaseException) -> tuple[str, str]:
         return text, getattr(exc, "fix", "free space and rerun")
     if name in ("AtlasError", "NoCasesError"):
         return text, "fix the atlas folder or the file named above, then rerun (docs/decisions.md: atlas robustness)"
+    if name == "HubAccessError":  # the line names the repository and what access it needs
+        return text, "give HF_TOKEN the access the line above names, then rerun (nothing was downloaded)"
     if name == "EndpointAuthError":
         return text, "export OPENAI_API_KEY=<a key the endpoint accepts>, then rerun (finished rows are kept)"
     if name == "FailedPredictionsError":  # the fix says what a rerun does with the failed rows

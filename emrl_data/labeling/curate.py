@@ -16,7 +16,6 @@ import math
 import os
 import shutil
 import struct
-import threading
 import traceback
 import zlib
 from collections.abc import Mapping
@@ -29,7 +28,7 @@ import pyarrow as pa
 import xxhash
 
 from emrl_data import __version__
-from emrl_data.atomic_write import writing
+from emrl_data.atomic_write import write_bytes_atomic
 from emrl_data.config import CurateConfig
 from emrl_data.labeling.frames import build_frames
 from emrl_data.labeling.labels import OrganLabels, label_organ
@@ -639,8 +638,4 @@ def _write_atomic(data: bytes, path: Path) -> None:
     if path.is_dir() and not path.is_symlink():  # something planted where an entry belongs: replace it
         logger.warning("case store: %s is a folder where an entry belongs; replaced", path)
         shutil.rmtree(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    with writing(path, tmp):  # no room: `OutputWriteError` naming the entry, no temporary file left
-        with tmp.open("wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
+    write_bytes_atomic(data, path)  # no room: `OutputWriteError` naming the entry, no temporary file left

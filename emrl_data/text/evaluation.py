@@ -28,8 +28,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -38,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from emrl_data.atomic_write import write_bytes_atomic
 from emrl_data.text.scoring import DEFAULT_CONFIG, ScoringConfig, score_report, truth_from_row
 from emrl_data.types import Organ
 
@@ -482,16 +481,9 @@ NA_LABEL = "n/a"
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` (mode 0644) through a temporary file in the same folder and a rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, OUTPUT_FILE_MODE)  # mkstemp creates 0600; outputs are world-readable like the other tables
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write `data` to `path` through `emrl_data.atomic_write`, world-readable (mode 0644) like the tables."""
+    write_bytes_atomic(data, path)
+    path.chmod(OUTPUT_FILE_MODE)
 
 
 def _draw_bars(ax: Any, x: np.ndarray, width: float, cells: Sequence[Metric], label: str, color: str) -> None:

@@ -467,3 +467,14 @@ def test_an_interrupted_process_ends_even_when_a_thread_holds_shutdown(debug: bo
 
 def _stored_predictions(out: Path) -> int:
     return sum(len(p.read_text().splitlines()) for p in (out / ".work").glob("predictions-*.jsonl"))
+
+
+def test_a_hub_that_refuses_the_repository_is_one_problem_line_and_its_fix() -> None:
+    from cli.main import _explain
+    from hub.listing import HubAccessError
+
+    err = HubAccessError("hf://datasets/o/n is gated and no Hugging Face token is set: set HF_TOKEN")
+    assert _explain(err) == (
+        "hf://datasets/o/n is gated and no Hugging Face token is set: set HF_TOKEN",
+        "give HF_TOKEN the access the line above names, then rerun (nothing was downloaded)",
+    )
