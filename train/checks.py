@@ -4,6 +4,9 @@ Precision rule (docs/contract.md#training-recipe, docs/training.md#precision-fp3
 bf16 is used only for compute (`bf16: true` = autocast / DeepSpeed bf16 with fp32 masters) and, in the LoRA path, for
 frozen weights. AdamW at lr 5e-6 on bf16 weights rounds most updates away (bf16 keeps 8 significant bits, a relative
 step of 2^-9 ≈ 0.2 %), so a bf16 model with a bf16 optimizer state is refused, not trained.
+
+`python -m train.checks ACCEL_YAML TRAINING_YAML` runs before every launch: at import this module loads the standard
+library and `emrl_data` only; torch, transformers, pyarrow and yaml are imported by the checks that use them.
 """
 
 from __future__ import annotations

@@ -32,6 +32,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+from transformers import TrainerCallback
+
 from train.checks import TrainConfigError, check_launch_settings
 
 
@@ -73,8 +77,6 @@ def launch_settings_from_env(env: Mapping[str, str] | None = None) -> dict[str, 
 
 def training_settings(stage: str, script_args: Any, training_args: Any) -> dict[str, Any]:
     """Return the keys of the parsed training config that the launch rules read (`use_cpu` is true without CUDA)."""
-    import torch
-
     train = {
         "bf16": bool(training_args.bf16),
         "use_cpu": bool(training_args.use_cpu) or not torch.cuda.is_available(),
@@ -128,11 +130,9 @@ def prepare_deepspeed_cpu(env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
     if not _truthy(env.get("ACCELERATE_USE_DEEPSPEED")) or importlib.util.find_spec("deepspeed") is None:
         return False
-    import torch
-
     if torch.cuda.is_available():
         return False
-    import deepspeed.ops
+    import deepspeed.ops  # the optional `deepspeed` extra
 
     ops = dict(deepspeed.ops.__compatible_ops__)  # probed lazily by the module's __getattr__
     ops["deepspeed_shm_comm"] = False
@@ -146,8 +146,6 @@ def policy_load_kwargs(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     `{"device_map": {"": "cuda:<LOCAL_RANK>"}}` with CUDA, except under ZeRO-3 (`zero.Init` shards the weights at
     load and refuses a device map); `{}` on CPU. Host memory per node per path: `train.tools.memory_plan.host_plan`.
     """
-    import torch
-
     env = os.environ if env is None else env
     if not torch.cuda.is_available():
         return {}
@@ -157,8 +155,6 @@ def policy_load_kwargs(env: Mapping[str, str] | None = None) -> dict[str, Any]:
 
 
 def _rank() -> tuple[int, int]:
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -169,12 +165,10 @@ def trainable_checksum(model: Any) -> tuple[str, int]:
 
     Under ZeRO-3 the partitioned parameters are gathered first (a collective: call it on every rank).
     """
-    import torch
-
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     gather: Any = contextlib.nullcontext()
     if any(hasattr(p, "ds_id") for _, p in named):
-        import deepspeed
+        import deepspeed  # the optional `deepspeed` extra (a ZeRO-3 model means it is installed)
 
         gather = deepspeed.zero.GatheredParameters([p for _, p in named], modifier_rank=None)
     digest, count = hashlib.sha256(), 0
@@ -196,8 +190,6 @@ def _verifier_counts(trainer: Any) -> dict[str, int] | None:
 
 
 def _make_rank_report() -> Any:
-    from transformers import TrainerCallback
-
     class RankReport(TrainerCallback):
         """Write `rank<r>.step<n>` when step n begins and `rank<r>.json` at the end (see the module docstring)."""
 
@@ -256,8 +248,6 @@ def prompt_seed(seed: int, step: int, prompt_ids: Sequence[Sequence[int]]) -> in
 @contextlib.contextmanager
 def prompt_seeded_rng(seed: int, step: int, prompt_ids: Sequence[Sequence[int]]) -> Iterator[int]:
     """Seed torch's generators (CPU and this process's GPU) by `prompt_seed` inside the block, restored after."""
-    import torch
-
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     value = prompt_seed(seed, step, prompt_ids)
     with torch.random.fork_rng(devices=devices):
