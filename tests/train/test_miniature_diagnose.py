@@ -171,3 +171,40 @@ def test_reward_spread_counts_equal_rewards_as_no_signal_where_trl_counts_float3
     calls = [[[1.0, 1.0, 0.0, 1.0]], [[1.0, 1.0, 1.0, 1.0]]]  # one step, two reward functions, 2 groups of 2
     assert spread_per_step(calls, [0.5, 0.5], 2) == {"tol": SPREAD_TOL, "groups": [2], "without_signal": [1],
                                                      "total_groups": 2, "total_without_signal": 1}  # fmt: skip
+
+
+def test_the_verifier_by_distance_reads_size_at_the_key_frame_against_the_slice_and_the_key():
+    from emrl_data.text.report import NEGATIVE_FINDINGS, render_findings
+    from emrl_data.types import Organ
+    from train.miniature.diagnose import distance_frames, score_by_distance
+    from train.tooling.synthetic import make_visible_rows
+
+    rows = make_visible_rows(12, n_frames=20, size_px=64, organs=("kidney",), sizes_mm=(56.0,), span=3, seed=1)
+    row = next(r for r in rows if r["has_lesion"] and r["key_slice_frame"] <= 16)
+    key = row["key_slice_frame"]
+    # radius 12 px at the key frame, 9 / 6 / 3 px at d = 1 / 2 / 3, none at d = 4: frames key .. key + 4
+    assert distance_frames(row, 3) == [(0, key - 1, 56.0), (1, key, 42.0), (2, key + 1, 28.0), (3, key + 2, 14.0),
+                                       (4, key + 3, None)]  # fmt: skip
+
+    def says(mm):
+        return render_findings(Organ.KIDNEY, has_lesion=True, lesion_count=1, long_axis_mm=mm,
+                               short_axis_mm=round(mm * 0.7, 1), volume_mm3=round(mm**3 * 0.3),
+                               location=tuple(row["location"]), attenuation=row["attenuation"])  # fmt: skip
+
+    asked = [(row, d, mm) for d, _, mm in distance_frames(row, 3)]
+    # a verifier that reads each slice right, then one that names the key frame's size everywhere the lesion shows
+    right = [says(mm) if mm else NEGATIVE_FINDINGS[Organ.KIDNEY] for _, _, mm in asked]
+    key_size = [says(56.0) if mm else says(56.0) for _, _, mm in asked]
+    got = score_by_distance(asked + asked, right + key_size)
+    assert got["0"] == {"presence": 1.0, "location": 1.0, "attenuation": 1.0, "size_slice": 1.0, "size_key": 1.0,
+                        "n": 2}  # fmt: skip
+    assert got["1"] == {"presence": 1.0, "location": 1.0, "attenuation": 1.0, "size_slice": 0.5, "size_key": 0.5,
+                        "n": 2}  # fmt: skip
+    assert got["4"] == {
+        "presence": 0.5,
+        "location": None,
+        "attenuation": None,
+        "size_slice": None,
+        "size_key": None,
+        "n": 2,
+    }  # a lesion claimed where the frame shows none is wrong

@@ -65,7 +65,7 @@ def test_every_run_finishes_and_noisy_runs_reuse_the_clean_warmup(micro_study):
             )
             results = json.loads((folder / "results.json").read_text())
             assert results["config"]["gold_noise"] == level and results["config"]["seed"] == seed
-            assert set(results["models"]["grpo_a"]["verifier"]) == {"seen", "blind"}
+            assert set(results["models"]["grpo_a"]["verifier"]) == {"seen", "blind", "by_distance"}
             assert set(results["paired"]) >= {"average_bacc: (a) - (e)", "k_hit: (a) - (b)"}
         noisy = run_dir(out, 0.3, 0)
         assert (noisy / "warmup" / "model.safetensors").read_bytes() == (
@@ -107,6 +107,8 @@ def test_every_run_finishes_and_noisy_runs_reuse_the_clean_warmup(micro_study):
     assert set(comp["per_seed"]) == {"0", "1"} and comp["pooled"]["n_groups"] == 2 and comp["pooled"]["n_rows"] == 8
     verifier = summary["levels"]["0.00"]["verifier"]
     assert list(verifier) == ["sft", "grpo_a", "grpo_b", "grpo_f", "grpo_g", "grpo_h"]  # (e) has no verifier query
+    assert list(verifier["grpo_a"]["by_distance"]) == ["0", "1", "2"]  # span 1: d = 2 shows no lesion
+    assert verifier["grpo_a"]["by_distance"]["2"]["size_key"] is None
     runs = [
         json.loads((run_dir(out, 0.0, s) / "results.json").read_text())["models"]["sft"]["verifier"] for s in (0, 1)
     ]
@@ -117,7 +119,11 @@ def test_every_run_finishes_and_noisy_runs_reuse_the_clean_warmup(micro_study):
     md = (out / "study.md").read_text()
     assert "## gold noise 0.30" in md and "## gold noise key-noise-0.50" in md and "## Conclusions" in md
     assert "| paired difference | seed 0 | seed 1 | pooled, rows only | pooled, seeds and rows | verdict |" in md
-    assert "| model | exact key (d = 0) | K-Hit (d <= 1) |" in md and "without reward spread (std <= 1e-06)" in md
+    assert (
+        "| model | exact key (d = 0) | K-Hit (d <= 1) |" in md
+        and "| model | d | presence | location |" in md
+        and "without reward spread (std <= 1e-06)" in md
+    )
     assert "| model | sensitivity | specificity | location | attenuation | blind: sensitivity |" in md
     assert "claim (" not in md  # the miniature's claim check is not a question the study asks
     assert (out / "study.png").stat().st_size > 0

@@ -43,6 +43,7 @@ class MiniatureConfig:
     warmup_val_rows: int = 12
     warmup_target_verifier_accuracy: float = 0.9  # presence sens/spec, location, attenuation gates (0 = report only)
     verifier_eval_frames: int = 48  # held-out frames per verifier check (half with the lesion, half without)
+    verifier_distance_rows: int = 0  # eval: positive test rows whose frames at d = 0..span+1 from the key are asked
     gold_noise: float = 0.0  # fraction of TRAINING rows whose gold is corrupted (train/miniature/noise.py); in [0, 1)
     key_frame_noise: float = 0.0  # fraction of positive TRAINING rows whose gold key frame moves 2-4 frames; in [0, 1)
     warmup_pool_rows: int = 0  # rows of a pool of their own the warm-up reads (0: the clean training rows themselves)

@@ -40,6 +40,7 @@ from typing import Any
 
 from emrl_data.text import scoring as sc
 from emrl_data.text.parser import ParsedReport, parse_free_text, parse_report
+from emrl_data.types import Organ
 
 
 SPREAD_TOL = 1e-6
@@ -473,3 +474,80 @@ if __name__ == "__main__":
     from train.checks import run_cli
 
     run_cli(main)
+
+
+# -- the verifier by distance from the key frame ----------------------------------------------------------------------
+
+
+def distance_frames(row: Mapping[str, Any], span: int) -> list[tuple[int, int, float | None]]:
+    """Return `(d, frame index (0-based), slice long axis in mm or None)` for d = 0 .. span + 1 on a positive row.
+
+    The frame at distance d is key + d where it exists, else key - d; a d with neither is left out. The slice's long
+    axis is what the frame shows (`visible_slice_long_mm`), None beyond the lesion (d > span: the frame shows none).
+    """
+    from train.data import frames_to_array  # noqa: PLC0415
+    from train.tooling.synthetic import visible_lesion_radii_px, visible_slice_long_mm  # noqa: PLC0415
+
+    key, n = int(row["key_slice_frame"]), int(row["n_frames"])
+    size_px = frames_to_array(row["frames"][:1]).shape[-1]
+    radii = visible_lesion_radii_px(n, size_px, key, float(row["long_axis_mm"]), span)
+    out = []
+    for d in range(span + 2):
+        frame = key + d if key + d <= n else key - d
+        if frame < 1:
+            continue
+        r = radii[frame - 1]
+        out.append((d, frame - 1, visible_slice_long_mm(float(row["long_axis_mm"]), r, radii[key - 1]) if r else None))
+    return out
+
+
+BY_DISTANCE = ("presence", "location", "attenuation", "size_slice", "size_key")
+
+
+def score_by_distance(
+    asked: Sequence[tuple[Mapping[str, Any], int, float | None]], texts: Sequence[str]
+) -> dict[str, dict[str, float | int | None]]:
+    """Return, per distance d from the key frame, the verifier's rates on the frames `asked` (`(row, d, slice long
+    axis mm or None)` each, answers `texts`):
+
+    * presence: the answer claims a lesion where the frame shows one, none where it does not (unreadable: wrong);
+    * location, attenuation: the answer names the row's (frames showing the lesion only);
+    * size_slice: the answer's long axis matches the slice's within the size tolerance (it reads the slice);
+    * size_key: it matches the key frame's, what r_c credits: where the two differ beyond the tolerance, only this
+      term of r_c tells the key frame from that neighbour.
+    """
+    hits: dict[int, dict[str, list[bool]]] = {}
+    for (row, d, slice_mm), text in zip(asked, texts, strict=True):
+        organ = Organ(row["organ"])
+        parsed = parse_free_text(text, organ)
+        claims = isinstance(parsed, ParsedReport) and parsed.has_lesion
+        got = hits.setdefault(d, {k: [] for k in BY_DISTANCE})
+        got["presence"].append(claims == (slice_mm is not None) and isinstance(parsed, ParsedReport))
+        if slice_mm is None:
+            continue
+        location, attenuation = tuple(sorted(row["location"])), str(row["attenuation"])
+        got["location"].append(claims and set(parsed.location or ()) == set(location))  # type: ignore[union-attr]
+        got["attenuation"].append(claims and parsed.attenuation == attenuation)  # type: ignore[union-attr]
+        for key, mm in (("size_slice", slice_mm), ("size_key", float(row["long_axis_mm"]))):
+            truth = sc.Truth(organ, True, round(mm / 10, 1), location, attenuation, int(row["key_slice_frame"]))
+            got[key].append(claims and sc.size_score(parsed, truth) == 1.0)  # type: ignore[arg-type]
+    return {str(d): {k: (sum(v) / len(v) if v else None) for k, v in got.items()} | {"n": len(got["presence"])}
+            for d, got in sorted(hits.items())}  # fmt: skip
+
+
+def verifier_by_distance(
+    model: Any, processor: Any, rows: Sequence[Mapping[str, Any]], span: int, max_rows: int, max_new_tokens: int
+) -> dict[str, dict[str, float | int | None]]:
+    """Ask the greedy verifier about the frames at each distance from the key frame of the first `max_rows` positive
+    `rows`; return `score_by_distance`'s rates."""
+    from emrl_data.text.report import VERIFIER_PROMPT  # noqa: PLC0415
+    from train.data import frames_to_array, verifier_messages  # noqa: PLC0415
+    from train.tooling.warmup import generate_texts  # noqa: PLC0415
+
+    asked, msgs = [], []
+    for row in [r for r in rows if r["has_lesion"] and r.get("key_slice_frame")][:max_rows]:
+        frames = frames_to_array(row["frames"])
+        for d, index, slice_mm in distance_frames(row, span):
+            asked.append((row, d, slice_mm))
+            msgs.append(verifier_messages(frames[index], VERIFIER_PROMPT))
+    return score_by_distance(asked, generate_texts(model, processor, msgs, max_new_tokens) if msgs else [])

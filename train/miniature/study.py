@@ -428,6 +428,11 @@ class Miniature:
             kw = {"max_frames": cfg.verifier_eval_frames, "max_new_tokens": cfg.verifier_max_new_tokens}
             verifier = {"seen": verifier_accuracy(model, processor, rows, cfg.lesion_span, **kw),
                         "blind": verifier_accuracy(model, processor, rows, cfg.lesion_span, blind=True, **kw)}  # fmt: skip
+            if cfg.verifier_distance_rows > 0:  # by distance from the key frame, size included (diagnose)
+                from train.miniature.diagnose import verifier_by_distance  # noqa: PLC0415
+
+                verifier["by_distance"] = verifier_by_distance(model, processor, rows, cfg.lesion_span,
+                                                               cfg.verifier_distance_rows, cfg.verifier_max_new_tokens)  # fmt: skip
             _write_atomic(kept_verifier, json.dumps(verifier, indent=2) + "\n")
         scored = score_predictions(preds)
         result = evaluate(scored, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)

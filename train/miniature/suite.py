@@ -1,31 +1,31 @@
-"""The decomposition study of r_c in the miniature: settings x gold noise x seeds, with paired intervals.
+"""The miniature's studies of r_c: settings x noise levels x seeds, with paired intervals and a seed-level verdict.
 
 One YAML (`train/configs/miniature_study.yaml`): the miniature's keys plus a `study:` section:
 
     study:
-      seeds: [0, 1, 2, 3, 4]
-      noise: {0.0: [sft, grpo_a, grpo_b, grpo_f, grpo_g, more_sft_llm], 0.15: [sft, grpo_a, grpo_b, grpo_f, more_sft_llm]}
+      seeds: [0, 1, 2, 3, 4, 5, 6, 7]
+      noise: {0.0: [sft, grpo_a, grpo_b, grpo_f, grpo_g, grpo_h]}        # gold noise: the fraction of rows corrupted
+      key_noise: {0.25: [sft, grpo_a, grpo_f, grpo_g]}                   # key frame moved on a fraction of positives
 
-For each gold-noise level and seed a miniature run goes to `OUTPUT_DIR/noise-<level>/seed-<seed>` with those models
-(`train.miniature.study.Miniature`; each stage writes its `done.json` and is skipped on a rerun). The runs go seed by
-seed, each seed over every level, so a study stopped part-way has whole seeds. A noisy run copies the warm-up of the
-clean run of its seed (the warm-up reads the clean rows; its SFT and GRPO read the noisy ones); the clean level
-therefore runs first within a seed. After every run, `OUTPUT_DIR/study.json`, `study.md` (per level: its finished
-seeds, the seeds table, the paired bootstrap differences a-e, a-f, a-b, a-g per seed and pooled over the seeds, the
-verdict: in how many seeds each difference's interval lies above 0, and the verifier's accuracy after SFT and after
-each GRPO run) and `study.png` (the pooled differences with
-their intervals) are rewritten over the runs finished so far.
+For each level and seed a miniature run goes to `OUTPUT_DIR/<level>/seed-<seed>` (`noise-0.15`, `key-noise-0.25`)
+with those models (`train.miniature.study.Miniature`; each stage writes its `done.json` and is skipped on a rerun).
+The runs go seed by seed, each seed over every level, so a study stopped part-way has whole seeds; `--seeds` runs a
+stage of them. A noisy run copies the warm-up of the clean run of its seed, which reads a pool of rows of its own
+(`warmup_pool_rows`, required for a noisy level): no noisy run sees the clean labels of its rows. After every run,
+`OUTPUT_DIR/study.json`, `study.md` and `study.png` are rewritten over the runs finished so far: per level the seeds
+table, every paired difference per seed and pooled with a rows-only and a seeds-and-rows interval, the verdict
+(`seed_level_verdict`: an effect only where the seeds-and-rows interval excludes 0), exact-key accuracy, reward spread
+and the verifier; across key-noise rates each difference minus its clean value; and the conclusions, written by the
+rule.
 
-Each finished run also leaves a record, `OUTPUT_DIR/records/noise-<level>-seed-<seed>.json.gz` (its `results.json`
-and the per-row scores of every model, about 30 kB): the summary reads the records only, and a run whose record is
-there is not run again, even when its folder is gone. Records copied in from another machine's study of the same
-configuration are pooled with this one's, so the seeds can run on several machines (the summary refuses records whose
-configurations differ outside seed, gold noise and models).
+Each finished run also leaves a record, `OUTPUT_DIR/records/<level>-seed-<seed>.json.gz` (its `results.json` and the
+per-row scores of every model): the summary reads the records only, and a run whose record is there is not run again,
+even when its folder is gone. Records copied in from another machine's study of the same configuration are pooled
+with this one's (the summary refuses records whose configurations differ outside seed, noise and models).
 
-A seed whose warm-up reaches its step cap before its targets (the verifier's gates among them) is excluded, not
-trained: its clean run leaves `OUTPUT_DIR/records/seed-<seed>-excluded.json` with the reason, its noisy runs do not
-start, the study goes on with the other seeds, and study.md names it. The exclusion is decided before any GRPO or
-eval, from the warm-up alone, so it cannot favour one model over another.
+A seed whose warm-up reaches its step cap before its targets is excluded, not trained: its clean run leaves
+`OUTPUT_DIR/records/seed-<seed>-excluded.json` with the reason, its other runs do not start, and study.md names it. The
+exclusion is decided from the warm-up alone, so it cannot favour one model over another.
 
     python -m train.miniature.suite --config train/configs/miniature_study.yaml --output_dir miniature-study
 """
@@ -579,6 +579,7 @@ def conclusions(summary: dict[str, Any]) -> list[dict[str, Any]]:
 def verifier_over_seeds(results: dict[int, dict[str, Any]], models: list[str]) -> dict[str, Any]:
     """Return, per model of `models` that has a verifier (SFT and the GRPO runs), in that order, its accuracy on the
     test split's frames, seen and blind, each rate the mean over the seeds that measured it (None where none did)."""
+    from train.miniature.diagnose import BY_DISTANCE  # noqa: PLC0415
     from train.tooling.warmup import VERIFIER_GATES  # noqa: PLC0415
 
     out: dict[str, Any] = {}
@@ -591,7 +592,17 @@ def verifier_over_seeds(results: dict[int, dict[str, Any]], models: list[str]) -
         for view in ("seen", "blind"):
             rates = {k: [v[view][k] for v in runs if v[view].get(k) is not None] for k in VERIFIER_GATES}
             out[name][view] = {k: (sum(v) / len(v) if v else None) for k, v in rates.items()}
+        by_distance = [v["by_distance"] for v in runs if v.get("by_distance")]
+        if by_distance:  # per distance from the key frame, each rate the mean over the seeds that measured it
+            out[name]["by_distance"] = {
+                d: {k: _mean([b[d][k] for b in by_distance if d in b and b[d][k] is not None]) for k in BY_DISTANCE}
+                for d in sorted({d for b in by_distance for d in b}, key=int)
+            }
     return out
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def _interval(v: dict[str, Any]) -> str:
@@ -698,7 +709,20 @@ def verifier_markdown(verifier: dict[str, Any]) -> list[str]:
         seen = " | ".join(pct(entry["seen"][k]) for k in VERIFIER_GATES)
         blind = " | ".join(pct(entry["blind"][k]) for k in VERIFIER_GATES)
         lines.append(f"| {entry['label']} | {seen} | {blind} |")
-    return [*lines, ""]
+    lines.append("")
+    distance = {name: e["by_distance"] for name, e in verifier.items() if e.get("by_distance")}
+    if distance:
+        lines += ["Verifier by distance d from the key frame (%, mean over the seeds; d = span + 1 shows no lesion; "
+                  "size_key: the answer's size matches the key frame's, what r_c credits):", "",
+                  "| model | d | presence | location | attenuation | size_slice | size_key |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        for name, per_d in distance.items():
+            for d, rates in per_d.items():
+                cells = " | ".join(pct(rates[k]) for k in ("presence", "location", "attenuation", "size_slice",
+                                                             "size_key"))  # fmt: skip
+                lines.append(f"| {verifier[name]['label']} | {d} | {cells} |")
+        lines.append("")
+    return lines
 
 
 def save_study_png(summary: dict[str, Any], path: Path) -> Path:
