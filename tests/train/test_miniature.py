@@ -86,7 +86,11 @@ def test_every_stage_finishes_and_results_hold_every_model(toy_run):
     out, _ = toy_run
     assert all((out / s / "done.json").exists() for s in STAGES)
     results = json.loads((out / "results.json").read_text())
-    assert list(results["models"]) == MiniatureConfig().models == [m for m in MODELS if m not in ("grpo_f", "grpo_g", "grpo_h")]
+    assert (
+        list(results["models"])
+        == MiniatureConfig().models
+        == [m for m in MODELS if m not in ("grpo_f", "grpo_g", "grpo_h")]
+    )
     assert set(results["claim"]) >= {"k_hit: (a) - more_sft", "k_hit: (a) - more_sft_llm", "beats_more_sft"}
     assert isinstance(results["claim"]["beats_more_sft"], bool)
     assert "(e) more SFT, LLM+projector" in (out / "results.md").read_text()
