@@ -466,3 +466,21 @@ def test_a_stage_runs_only_its_seeds_and_a_seed_outside_the_config_is_one_line(t
         TrainConfigError, match=r"--seeds \[7\]: each must be one of the config's study.seeds \[0, 1\]"
     ):
         main(["--config", MICRO, "--output_dir", str(tmp_path / "o"), "--min_seeds", "2", "--seeds", "7"])
+
+
+def test_a_record_without_the_truths_key_frame_gets_it_from_its_redrawn_test_split():
+    from train.miniature.suite import with_key_truth
+    from train.tooling.synthetic import make_visible_rows
+
+    cfg = {"n_test": 6, "seed": 3, "n_frames": 8, "size_px": 32, "organs": ["kidney"], "sizes_mm": [31.0, 90.0],
+           "lesion_span": 2}  # fmt: skip
+    test = make_visible_rows(6, split="test", seed=1003, n_frames=8, size_px=32, organs=("kidney",),
+                             sizes_mm=(31.0, 90.0), span=2)  # fmt: skip
+    scores = [{"organ": r["organ"], "has_lesion": r["has_lesion"], "pred_key_slice": 4} for r in test]
+    record = {"results": {"config": cfg}, "scores": {"sft": scores, "grpo_a": scores}}
+    got = with_key_truth(record)
+    assert [r["key_slice_frame"] for r in got["scores"]["grpo_a"]] == [r["key_slice_frame"] for r in test]
+    assert "key_slice_frame" not in record["scores"]["sft"][0]  # the record read is left as it was
+    assert with_key_truth(got) is got  # a record that carries it is returned as it is
+    flipped = [dict(scores[0], has_lesion=not scores[0]["has_lesion"]), *scores[1:]]
+    assert with_key_truth({"results": {"config": cfg}, "scores": {"sft": flipped}})["scores"]["sft"] == flipped

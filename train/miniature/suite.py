@@ -411,7 +411,7 @@ def summarize_study(output_dir: str | Path, seeds: list[int], levels: dict[Level
         models, done = levels[level], finished[level]
         if not done:
             continue
-        runs = {s: read_record(record_path(output_dir, level, s)) for s in done}
+        runs = {s: with_key_truth(read_record(record_path(output_dir, level, s))) for s in done}
         results = {s: runs[s]["results"] for s in done}
         records = {s: runs[s]["scores"] for s in done}
         comparisons: dict[str, Any] = {}
@@ -448,6 +448,32 @@ def summarize_study(output_dir: str | Path, seeds: list[int], levels: dict[Level
         summary["trends"] = trends
     summary["conclusions"] = conclusions(summary)
     return summary
+
+
+def with_key_truth(record: dict[str, Any]) -> dict[str, Any]:
+    """Return `record` with the truth's key frame beside every score row.
+
+    Records written before the scores carried it get it from their test split, drawn again from the record's
+    configuration exactly as the data stage drew it (`make_visible_rows`, seed + 1000); a split whose rows do not match
+    the scores (organ, presence) is left without it.
+    """
+    scores = record["scores"]
+    if all("key_slice_frame" in row for rows in scores.values() for row in rows):
+        return record
+    from train.tooling.synthetic import make_visible_rows  # noqa: PLC0415
+
+    cfg = record["results"]["config"]
+    test = make_visible_rows(cfg["n_test"], split="test", seed=cfg["seed"] + 1000, n_frames=cfg["n_frames"],
+                             size_px=cfg["size_px"], organs=tuple(cfg["organs"]),
+                             sizes_mm=tuple(float(v) for v in cfg["sizes_mm"]), span=cfg["lesion_span"])  # fmt: skip
+    truth = [(r["organ"], bool(r["has_lesion"]), r["key_slice_frame"]) for r in test]
+    for rows in scores.values():
+        if len(rows) != len(truth) or any(
+            (r["organ"], bool(r["has_lesion"])) != t[:2] for r, t in zip(rows, truth, strict=True)
+        ):
+            return record
+    return record | {"scores": {name: [r | {"key_slice_frame": t[2]} for r, t in zip(rows, truth, strict=True)]
+                                for name, rows in scores.items()}}  # fmt: skip
 
 
 def _nan_none(value: float) -> float | None:
@@ -492,8 +518,8 @@ def key_noise_trends(output_dir: str | Path, levels: dict[Level, list[str]], fin
         done = [s for s in finished[level] if s in finished.get(0.0, [])]
         if not done:
             continue
-        noisy = {s: read_record(record_path(output_dir, level, s))["scores"] for s in done}
-        clean = {s: read_record(record_path(output_dir, 0.0, s))["scores"] for s in done}
+        noisy = {s: with_key_truth(read_record(record_path(output_dir, level, s)))["scores"] for s in done}
+        clean = {s: with_key_truth(read_record(record_path(output_dir, 0.0, s)))["scores"] for s in done}
         metrics = dict(METRICS) | (dict(KEY_METRICS) if _has_key_truth(noisy) and _has_key_truth(clean) else {})
         for (first, second), name in TRENDS.items():
             if not all(m in levels[level] and m in levels[0.0] for m in (first, second)):
