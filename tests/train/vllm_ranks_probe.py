@@ -125,10 +125,11 @@ def _inject_fault(fault: str, rank: int) -> None:
     """Make rank 1 fail the way FAULT names (see the module docstring)."""
     if rank != 1 or not fault:
         return
+    import train.grpo_trainer as gt
     import train.vllm_rollout as vr
 
     if fault == "other-vllm":
-        vr.vllm_version = lambda: "0.32.1+cpu"
+        gt.vllm_version = lambda: "0.32.1+cpu"  # the name the trainer calls
     elif fault == "die-building":
         import vllm
 
