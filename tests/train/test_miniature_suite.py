@@ -108,6 +108,15 @@ def test_every_run_finishes_and_noisy_runs_reuse_the_clean_warmup(micro_study):
     verifier = summary["levels"]["0.00"]["verifier"]
     assert list(verifier) == ["sft", "grpo_a", "grpo_b", "grpo_f", "grpo_g", "grpo_h"]  # (e) has no verifier query
     assert list(verifier["grpo_a"]["by_distance"]) == ["0", "1", "2"]  # span 1: d = 2 shows no lesion
+    from train.data import load_split
+    from train.tooling.warmup import held_out_indices
+
+    pool = list(load_split(run_dir(out, 0.0, 0) / "data" / "warmup_pool", "train"))
+    held_out = [pool[i] for i in held_out_indices(len(pool), 2)]
+    warmup = json.loads((run_dir(out, 0.0, 0) / "warmup" / "done.json").read_text())
+    positives = sum(r["has_lesion"] for r in held_out)
+    assert list(warmup["verifier_by_distance"]) == (["0", "1", "2"] if positives else [])
+    assert [v["n"] for v in warmup["verifier_by_distance"].values()] == [positives] * (3 if positives else 0)
     assert verifier["grpo_a"]["by_distance"]["2"]["size_key"] is None
     runs = [
         json.loads((run_dir(out, 0.0, s) / "results.json").read_text())["models"]["sft"]["verifier"] for s in (0, 1)

@@ -282,10 +282,19 @@ class Miniature:
         blind = verifier_accuracy(model, processor, [rows[i] for i in sorted(val)], cfg.lesion_span, blind=True,
                                   max_frames=cfg.verifier_eval_frames, max_new_tokens=cfg.verifier_max_new_tokens)  # fmt: skip
         self.log(f"   verifier, blind control (a frame of another row): {format_verifier(blind)}")
+        record = {"steps": result.steps, "parse_rates": result.parse_rates, "verifier_accuracy": result.verifier_accuracy,
+                  "verifier_blind": blind}  # fmt: skip
+        if cfg.verifier_distance_rows > 0:  # the held-out rows' frames by distance from the key frame, size included
+            from train.miniature.diagnose import verifier_by_distance  # noqa: PLC0415
+
+            record["verifier_by_distance"] = verifier_by_distance(model, processor, [rows[i] for i in sorted(val)],
+                                                                  cfg.lesion_span, cfg.verifier_distance_rows,
+                                                                  cfg.verifier_max_new_tokens)  # fmt: skip
+            self.log("   verifier by distance from the key frame (presence / size of the key): " + ", ".join(
+                f"d={d} {_pct(r['presence'])}/{_pct(r['size_key'])}" for d, r in record["verifier_by_distance"].items()))  # fmt: skip
         model.save_pretrained(self.out / stage)
         processor.save_pretrained(self.out / stage)
-        return {"steps": result.steps, "parse_rates": result.parse_rates, "verifier_accuracy": result.verifier_accuracy,
-                "verifier_blind": blind}  # fmt: skip
+        return record
 
     def _stage_sft(self, stage: str) -> dict[str, Any]:
         return self._sft(stage, start="warmup", freezing="sft", steps=self.cfg.sft_steps)
@@ -451,6 +460,10 @@ class Miniature:
     def finished_models(self) -> list[str]:
         """Return the models (`MODELS` keys, in order) whose stage finished."""
         return [name for name in MODELS if self.done(name) is not None]
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
 
 
 def _write_atomic(path: Path, text: str) -> None:
