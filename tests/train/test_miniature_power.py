@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from train.checks import TrainConfigError
@@ -72,3 +74,16 @@ def test_a_split_too_small_for_its_intervals_is_one_line_before_training():
     with pytest.raises(TrainConfigError, match="n_bootstrap=30 is too few"):
         check_power(n_test=60, n_organs=3, min_rows_per_class=10, n_bootstrap=30)
     check_power(n_test=60, n_organs=3, min_rows_per_class=10, n_bootstrap=40)
+
+
+def test_exact_key_counts_only_the_true_key_frame_itself_per_organ():
+    from train.miniature.power import exact_key, k_hit
+
+    def row(organ, pred, key, hit):
+        return {"organ": organ, "has_lesion": True, "pred_key_slice": pred, "key_slice_frame": key, "score_k_hit": hit}
+
+    rows = [row("liver", 5, 5, 1.0), row("liver", 6, 5, 1.0), row("kidney", 3, 4, 1.0), row("kidney", 9, 4, 0.0),
+            {"organ": "kidney", "has_lesion": False, "pred_key_slice": None, "key_slice_frame": None,
+             "score_k_hit": None}]  # fmt: skip
+    assert exact_key(rows) == (0.5 + 0.0) / 2 and k_hit(rows) == (1.0 + 0.5) / 2
+    assert math.isnan(exact_key(rows[-1:]))
