@@ -493,3 +493,30 @@ def test_a_record_without_the_truths_key_frame_gets_it_from_its_redrawn_test_spl
     assert with_key_truth(got) is got  # a record that carries it is returned as it is
     flipped = [dict(scores[0], has_lesion=not scores[0]["has_lesion"]), *scores[1:]]
     assert with_key_truth({"results": {"config": cfg}, "scores": {"sft": flipped}})["scores"]["sft"] == flipped
+
+
+def test_a_key_noise_trend_is_the_difference_at_the_rate_minus_the_same_difference_on_clean_gold(tmp_path):
+    import gzip
+
+    from train.miniature.suite import key_noise_trends
+
+    def rows(hits):
+        return [{"organ": "kidney", "has_lesion": True, "score_existence": 1.0, "score_k_hit": h,
+                 "pred_key_slice": 5 if h else 9, "key_slice_frame": 5} for h in hits]  # fmt: skip
+
+    levels = {0.0: ["sft", "grpo_a", "grpo_f"], "key-noise-0.50": ["sft", "grpo_a", "grpo_f"]}
+    scores = {0.0: {"grpo_a": [1, 1, 0, 0], "grpo_f": [1, 0, 0, 0]},
+              "key-noise-0.50": {"grpo_a": [1, 1, 1, 0], "grpo_f": [1, 0, 0, 0]}}  # fmt: skip
+    for level, models in scores.items():
+        for seed in (0, 1):
+            record = {"gold_noise": level, "seed": seed, "models": levels[level], "results": {"config": {}},
+                      "scores": {name: rows(hits) for name, hits in models.items()}}  # fmt: skip
+            path = record_path(tmp_path, level, seed)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(gzip.compress(json.dumps(record).encode()))
+    got = key_noise_trends(tmp_path, levels, {0.0: [0, 1], "key-noise-0.50": [0, 1]}, n_bootstrap=200)
+    assert set(got) == {f"{m}: (a) - (f), key-noise-0.50 minus clean" for m in ("average_bacc", "k_hit", "exact_key")}
+    trend = got["k_hit: (a) - (f), key-noise-0.50 minus clean"]  # (0.75 - 0.25) - (0.5 - 0.25) in both seeds
+    assert trend["pooled"]["diff"] == trend["pooled_seeds"]["diff"] == 0.25
+    assert [v["diff"] for v in trend["per_seed"].values()] == [0.25, 0.25] and trend["pooled_seeds"]["n_groups"] == 2
+    assert got["exact_key: (a) - (f), key-noise-0.50 minus clean"]["pooled"]["diff"] == 0.25  # hits named frame 5
