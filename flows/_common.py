@@ -6,7 +6,8 @@ import logging
 import subprocess
 import time
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
+from uuid import UUID
 
 from prefect import get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
@@ -65,6 +66,11 @@ def batched(items: Sequence[T], size: int) -> list[list[T]]:
     return [list(items[i : i + size]) for i in range(0, len(items), size)]
 
 
+def new_progress_artifact(description: str) -> UUID:
+    """A progress artifact at 0 %, its id (Prefect's creator is sync-compatible: in a flow or task it returns the id)."""
+    return cast(UUID, create_progress_artifact(progress=0.0, description=description))
+
+
 class Progress:
     """A Prefect progress artifact (0-100 %) plus a log line every `every_pct` % with the rate and the ETA.
 
@@ -81,7 +87,7 @@ class Progress:
         self._counted = 0  # units done in this run (not resumed): the rate's numerator
         self._started = time.perf_counter()
         self._next_pct = every_pct
-        self.artifact_id = create_progress_artifact(progress=0.0, description=description)
+        self.artifact_id = new_progress_artifact(description)
 
     def advance(self, n: int = 1, *, resumed: int = 0) -> None:
         """Mark `n` more units done, `resumed` of them found finished already (they do not count in the rate)."""

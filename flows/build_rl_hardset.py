@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyarrow.parquet as pq
 from prefect import flow, get_run_logger, task
@@ -41,7 +41,7 @@ from emrl_data.tables.shards import digest_file, split_shards
 from emrl_data.types import row_id
 from flows._common import Progress, git_sha
 from inference import ResultStore, request_from_row, run_inference
-from inference.factory import make_backend
+from inference.factory import FailFastOnAuth, make_backend
 from inference.openai_client import DIALECTS, MAX_TOKENS_FIELDS
 
 
@@ -68,7 +68,7 @@ def probe_task(sft_dir: str, split: str, backend_kwargs: dict[str, Any]) -> dict
     if row is None:
         logger.warning("probe skipped: the %s split has no rows", split)
         return {}
-    backend = make_backend(**backend_kwargs).backend  # the endpoint inside FailFastOnAuth
+    backend = cast(FailFastOnAuth, make_backend(**backend_kwargs)).backend  # the endpoint inside FailFastOnAuth
     try:
         report = backend.probe(request_from_row(row))
     finally:

@@ -212,8 +212,8 @@ def _summary(
     provenance: dict[str, Any],
     read: AtlasRead,
     out: Path,
-    rows: list[dict[str, Any]],
-    sft_rows: list[dict[str, Any]],
+    rows: Sequence[Mapping[str, Any]],
+    sft_rows: Sequence[Mapping[str, Any]],
     rejections: list[Rejection],
     qa: Any,
     warnings: Sequence[str],
@@ -397,7 +397,9 @@ def _curate_cases(
                 progress.advance(len(done), resumed=sum(cached for _, _, cached in done))
             pending = again
     if lost_runs:  # Dask also recomputes finished batches whose results were on the lost worker: same task run ids
-        done_runs = {run: Completed(message="finished (a worker was lost in this run)") for run in consumed}
+        done_runs: dict[Any, Any] = {
+            run: Completed(message="finished (a worker was lost in this run)") for run in consumed
+        }
         _record_lost_batches({**done_runs, **lost_runs})
     return keys, n_cached, len(lost_runs)
 
@@ -435,6 +437,8 @@ def _contact_sheet_artifact(path: Path, thumbnail_width_px: int = 720) -> None:
     a glance; the PNG at `path` is for reading.
     """
     image = cv2.imdecode(np.frombuffer(path.read_bytes(), np.uint8), cv2.IMREAD_COLOR)
+    if image is None:
+        raise RuntimeError(f"could not decode {path} as an image")
     if image.shape[1] > thumbnail_width_px:
         scale = thumbnail_width_px / image.shape[1]
         size = (thumbnail_width_px, round(image.shape[0] * scale))

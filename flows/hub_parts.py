@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.artifacts import create_table_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
@@ -23,7 +23,7 @@ from emrl_data.outcome import Rejection
 from emrl_data.reading.atlas import AtlasOrganMeta, AtlasPlan, plan_metadata, read_split_files
 from emrl_data.reading.release import PartPair, format_size, plan_concurrency, side_files
 from emrl_data.types import Organ, is_valid_case_id
-from flows._common import Progress
+from flows._common import Progress, new_progress_artifact
 from flows.runners import check_cluster, make_task_runner
 from hub.download import download_verified
 from hub.listing import HubRelease, resolve_release
@@ -39,8 +39,8 @@ class PartProgress:
         self.bytes = self.cases = 0
         self._marks = [0.0, 0.0]
         self._ids = [
-            create_progress_artifact(0.0, description=f"{job.pair.name}: bytes downloaded"),
-            create_progress_artifact(0.0, description=f"{job.pair.name}: cases curated"),
+            new_progress_artifact(f"{job.pair.name}: bytes downloaded"),
+            new_progress_artifact(f"{job.pair.name}: cases curated"),
         ]
 
     def add_bytes(self, n: int) -> None:

@@ -86,6 +86,11 @@ class TaskRunnerUnavailableError(ImportError):
     """The chosen task runner's integration package is not installed."""
 
 
+def _reuse_heap_in_worker() -> None:
+    """The process pool's initializer: `reuse_heap` with its defaults (an initializer returns nothing)."""
+    reuse_heap()
+
+
 def reuse_heap(single_arena: bool = True) -> bool:
     """Make this process's malloc keep and reuse its freed memory (glibc `mallopt`); call it at worker start.
 
@@ -153,7 +158,7 @@ def make_task_runner(kind: str, max_workers: int, *, address: str | None = None)
     if kind == "thread":
         return HeapReuseThreadPoolTaskRunner(max_workers=max_workers)
     if kind == "process":
-        return ProcessPoolTaskRunner(max_workers=max_workers, initializer=reuse_heap)
+        return ProcessPoolTaskRunner(max_workers=max_workers, initializer=_reuse_heap_in_worker)
     if kind == "dask":
         return _dask_runner_class()(**dask_runner_kwargs(max_workers, address))
     return _runner_class(kind)(**ray_runner_kwargs(max_workers, address))

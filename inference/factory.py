@@ -77,8 +77,8 @@ def make_backend(
             endpoint_model,
             max_concurrency=max_concurrency,
             max_tokens=max_new_tokens,
-            dialect=dialect,  # type: ignore[arg-type] (OpenAIBackend checks it against DIALECTS)
-            max_tokens_field=max_tokens_field,  # type: ignore[arg-type] (checked against MAX_TOKENS_FIELDS)
+            dialect=dialect,  # type: ignore[arg-type]  # OpenAIBackend checks it against DIALECTS
+            max_tokens_field=max_tokens_field,  # type: ignore[arg-type]  # checked against MAX_TOKENS_FIELDS
             deadlines=Deadlines(connect_timeout_s, first_byte_timeout_s, answer_timeout_s),
         )
         return FailFastOnAuth(endpoint)

@@ -367,7 +367,8 @@ def trainer_rollout_groups(model_dir: str | Path, rows: Sequence[Mapping[str, An
         texts: list[str] = []
         for start in range(0, len(rows), prompts_per_call):
             stop = min(start + prompts_per_call, len(rows))
-            batch = [dict(trainer.train_dataset[i]) for i in range(start, stop) for _ in range(num_generations)]
+            dataset: Any = trainer.train_dataset
+            batch = [dict(dataset[i]) for i in range(start, stop) for _ in range(num_generations)]
             out = trainer._generate_and_score_completions(batch)
             ids = [c[m.bool()].tolist() for c, m in zip(out["completion_ids"], out["completion_mask"], strict=True)]
             texts += proc.batch_decode(ids, skip_special_tokens=True)
@@ -404,7 +405,7 @@ def compare_rollouts(model_dir: str | Path, rows: Sequence[Mapping[str, Any]], c
     (out / f"rollouts_T{temperature}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     if log:
         for name in ("trainer", "own"):
-            s = result[name]
+            s: Any = result[name]
             log(f"   {name} sampling at T {temperature}, {s['n_groups']} x {s['group_size']}: existence "
                 f"{s['sampled_rate']['existence']:.3f}, K-Hit {s['sampled_rate']['k_hit'] or 0:.3f}, parses "
                 f"{s['sampled_rate']['parse_ok']:.3f}; groups with spread r_e {s['spread']['r_e'] or 0:.2f}, "

@@ -93,7 +93,9 @@ def save_seeds_png(results: dict[int, dict[str, Any]], path: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, (metric, title) in zip(axes, METRICS.items(), strict=True):
         for j, seed in enumerate(seeds):
-            xs, ys, err = [], [], [[], []]
+            xs: list[float] = []
+            ys: list[float] = []
+            err: list[list[float]] = [[], []]
             for i, name in enumerate(names):
                 m = results[seed]["models"].get(name, {}).get(metric, {})
                 if m.get("value") is None:

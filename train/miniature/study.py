@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from emrl_data.atomic_write import write_text_atomic
 from train.checks import TrainConfigError, bar_only
 from train.miniature.config import MiniatureConfig, load_config
 
@@ -228,7 +229,7 @@ class Miniature:
         from train.tooling.synthetic import make_visible_rows, write_rows  # noqa: PLC0415
 
         cfg = self.cfg
-        kw = {"n_frames": cfg.n_frames, "size_px": cfg.size_px, "organs": tuple(cfg.organs),
+        kw: dict[str, Any] = {"n_frames": cfg.n_frames, "size_px": cfg.size_px, "organs": tuple(cfg.organs),
               "sizes_mm": tuple(float(v) for v in cfg.sizes_mm), "span": cfg.lesion_span}  # fmt: skip
         clean = make_visible_rows(cfg.n_train, split="train", seed=cfg.seed, **kw)
         test = make_visible_rows(cfg.n_test, split="test", seed=cfg.seed + 1000, **kw)
@@ -287,11 +288,11 @@ class Miniature:
         if cfg.verifier_distance_rows > 0:  # the held-out rows' frames by distance from the key frame, size included
             from train.miniature.diagnose import verifier_by_distance  # noqa: PLC0415
 
-            record["verifier_by_distance"] = verifier_by_distance(model, processor, [rows[i] for i in sorted(val)],
+            record["verifier_by_distance"] = distances = verifier_by_distance(model, processor, [rows[i] for i in sorted(val)],
                                                                   cfg.lesion_span, cfg.verifier_distance_rows,
                                                                   cfg.verifier_max_new_tokens)  # fmt: skip
             self.log("   verifier by distance from the key frame (presence / size of the key): " + ", ".join(
-                f"d={d} {_pct(r['presence'])}/{_pct(r['size_key'])}" for d, r in record["verifier_by_distance"].items()))  # fmt: skip
+                f"d={d} {_pct(r['presence'])}/{_pct(r['size_key'])}" for d, r in distances.items()))  # fmt: skip
         model.save_pretrained(self.out / stage)
         processor.save_pretrained(self.out / stage)
         return record
@@ -423,6 +424,7 @@ class Miniature:
         if kept.exists():  # an earlier eval of this finished model (a stage never reruns in its folder)
             texts = [json.loads(line)["prediction"] for line in kept.read_text().splitlines()]
         else:
+            assert processor is not None  # loaded above: the predictions file is missing
             texts = generate_texts(model, processor, [user_messages(r["prompt"], r["frames"]) for r in rows],
                                    cfg.eval_max_new_tokens)  # fmt: skip
         preds = [
@@ -434,7 +436,11 @@ class Miniature:
         if wants_verifier and kept_verifier.exists():
             verifier = json.loads(kept_verifier.read_text())
         elif wants_verifier:
-            kw = {"max_frames": cfg.verifier_eval_frames, "max_new_tokens": cfg.verifier_max_new_tokens}
+            assert processor is not None  # loaded above: the verifier file is missing
+            kw: dict[str, Any] = {
+                "max_frames": cfg.verifier_eval_frames,
+                "max_new_tokens": cfg.verifier_max_new_tokens,
+            }
             verifier = {"seen": verifier_accuracy(model, processor, rows, cfg.lesion_span, **kw),
                         "blind": verifier_accuracy(model, processor, rows, cfg.lesion_span, blind=True, **kw)}  # fmt: skip
             if cfg.verifier_distance_rows > 0:  # by distance from the key frame, size included (diagnose)
@@ -467,9 +473,7 @@ def _pct(value: float | None) -> str:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    write_text_atomic(text, path)
 
 
 def reward_options(stage: str, negative_rows: str) -> dict[str, Any]:
@@ -478,7 +482,7 @@ def reward_options(stage: str, negative_rows: str) -> dict[str, Any]:
     r_c is then the verifier's attribute term alone (0 where no frame is read, a parse failure included)."""
     from emrl_data.text.scoring import ScoringConfig  # noqa: PLC0415
 
-    extra = {"iou_penalty": 0.0} if stage == "grpo_h" else {}
+    extra: dict[str, Any] = {"iou_penalty": 0.0} if stage == "grpo_h" else {}
     return {"scoring_config": ScoringConfig(cross_view=CROSS_VIEW[stage], negative_rows=negative_rows, **extra)}
 
 

@@ -81,7 +81,7 @@ def load_study(path: str | Path, overrides: dict[str, Any] | None = None) -> tup
     return cfg, seeds, levels
 
 
-def overrides_of(level: Level) -> dict[str, float]:
+def overrides_of(level: Level) -> dict[str, Any]:
     """Return the config keys a level sets: `gold_noise` (a float level) or `key_frame_noise` (`key-noise-<rate>`)."""
     if isinstance(level, str):
         return {"gold_noise": 0.0, "key_frame_noise": float(level.removeprefix(KEY_NOISE))}
@@ -212,8 +212,8 @@ def _worker(threads: int, cfg: MiniatureConfig, levels: dict[Level, list[str]], 
 
 
 def _run_in_processes(cfg: MiniatureConfig, levels: dict[Level, list[str]], output_dir: str | Path,
-                      tasks: list[tuple[float, int]], jobs: int, threads: int | None, log: Any
-                      ) -> Iterator[tuple[float, int, int | None]]:  # fmt: skip
+                      tasks: list[tuple[Level, int]], jobs: int, threads: int | None, log: Any
+                      ) -> Iterator[tuple[Level, int, int | None]]:  # fmt: skip
     """Run `tasks` (level, seed) in `jobs` spawned processes; yield each (level, seed, threads) as it finishes, with
     threads None where the seed's warm-up missed its targets (its other runs then do not start).
 
@@ -229,14 +229,14 @@ def _run_in_processes(cfg: MiniatureConfig, levels: dict[Level, list[str]], outp
         return (run_dir(output_dir, 0.0, seed) / "warmup" / "done.json").exists()
 
     threads = threads or max(1, (os.cpu_count() or 1) // jobs)
-    pending = []  # (level, seed, warmup_only), in the sequential order
+    pending: list[tuple[Level, int, bool]] = []  # (level, seed, warmup_only), in the sequential order
     for level, seed in tasks:
         clean_runs = (0.0, seed) in tasks
         if level != 0.0 and not clean_runs and not warmed_up(seed) and (0.0, seed, True) not in pending:
             pending.append((0.0, seed, True))
         pending.append((level, seed, False))
     log(f"=== {len(tasks)} runs, {jobs} at a time, {threads} torch thread(s) each")
-    running: dict[Any, tuple[float, int, bool]] = {}
+    running: dict[Any, tuple[Level, int, bool]] = {}
     failure: BaseException | None = None
     spawn = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
@@ -766,8 +766,11 @@ def save_study_png(summary: dict[str, Any], path: Path) -> Path:
         for i, key in enumerate(keys):
             comp = entry["comparisons"].get(key, {})
             x = i + 0.3 * (j - (n_levels - 1) / 2) / n_levels * 2
-            for name, dx, style in (("pooled_seeds", -0.04, {"fmt": "o", "lw": 2.2}),
-                                    ("pooled", 0.04, {"fmt": "o", "lw": 0.9, "mfc": "white"})):  # fmt: skip
+            styles: tuple[tuple[str, float, dict[str, Any]], ...] = (
+                ("pooled_seeds", -0.04, {"fmt": "o", "lw": 2.2}),
+                ("pooled", 0.04, {"fmt": "o", "lw": 0.9, "mfc": "white"}),
+            )
+            for name, dx, style in styles:
                 got = comp.get(name)
                 if not got or got["diff"] is None or got["ci_low"] is None:
                     continue
