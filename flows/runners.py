@@ -86,7 +86,7 @@ class TaskRunnerUnavailableError(ImportError):
     """The chosen task runner's integration package is not installed."""
 
 
-def _reuse_heap_in_worker() -> None:
+def reuse_heap_in_worker() -> None:
     """The process pool's initializer: `reuse_heap` with its defaults (an initializer returns nothing)."""
     reuse_heap()
 
@@ -158,7 +158,7 @@ def make_task_runner(kind: str, max_workers: int, *, address: str | None = None)
     if kind == "thread":
         return HeapReuseThreadPoolTaskRunner(max_workers=max_workers)
     if kind == "process":
-        return ProcessPoolTaskRunner(max_workers=max_workers, initializer=_reuse_heap_in_worker)
+        return ProcessPoolTaskRunner(max_workers=max_workers, initializer=reuse_heap_in_worker)
     if kind == "dask":
         return _dask_runner_class()(**dask_runner_kwargs(max_workers, address))
     return _runner_class(kind)(**ray_runner_kwargs(max_workers, address))

@@ -318,7 +318,7 @@ def test_every_artifact_of_a_build_sft_set_run_fits(built: tuple[Path, dict[str,
 @pytest.fixture
 def negative_model() -> Iterator[str]:
     """A loopback OpenAI-compatible endpoint that never sees a lesion (the deployment tests' stub); yields …/v1."""
-    from tests.flows.test_deployments import _NegativeReportHandler
+    from tests.cli.test_deployments import _NegativeReportHandler
 
     with loopback_http(_NegativeReportHandler) as base:
         yield f"{base}/v1"

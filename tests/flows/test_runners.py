@@ -25,6 +25,7 @@ from flows.runners import (
     make_task_runner,
     ray_runner_kwargs,
     reuse_heap,
+    reuse_heap_in_worker,
     runner_smoke_flow,
 )
 
@@ -57,8 +58,9 @@ def test_core_runners(kind: str, max_workers: int, expected: type) -> None:
     assert isinstance(runner, expected)
     assert runner._max_workers == max_workers
     if kind == "process":
-        assert runner._initializer is reuse_heap  # every worker process reuses its heap from the start
-        assert type(runner.duplicate()) is ProcessPoolTaskRunner and runner.duplicate()._initializer is reuse_heap
+        assert runner._initializer is reuse_heap_in_worker  # every worker process reuses its heap from the start
+        assert type(runner.duplicate()) is ProcessPoolTaskRunner
+        assert runner.duplicate()._initializer is reuse_heap_in_worker
 
 
 def test_cluster_runner_arguments_carry_the_heap_settings() -> None:
