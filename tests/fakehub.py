@@ -672,6 +672,23 @@ def serve_fake_hub(
         yield FakeHub(stack.enter_context(_serving(make_app(state), "127.0.0.1")), state)
 
 
+@contextmanager
+def client_on_fake_hub(monkeypatch: Any, hf_home: Any) -> Iterator[FakeHub]:
+    """A fresh fake Hub (`serve_fake_hub`) that this process's huggingface_hub client talks to: `HF_ENDPOINT` and the
+    library's cached endpoint point at it, no token (`HF_TOKEN` unset, the token file under `hf_home`), no telemetry.
+    `monkeypatch` is pytest's; every setting is undone with it."""
+    import huggingface_hub.constants as hub_constants  # the client library only where a test asks for it
+
+    with serve_fake_hub() as fake:
+        monkeypatch.setenv("HF_ENDPOINT", fake.url)
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        monkeypatch.setenv("HF_HOME", str(hf_home))
+        monkeypatch.setattr(hub_constants, "HF_TOKEN_PATH", str(hf_home / "token"))
+        monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+        monkeypatch.setattr(hub_constants, "ENDPOINT", fake.url)
+        yield fake
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8765)

@@ -12,15 +12,13 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import huggingface_hub
 import pytest
-from huggingface_hub import constants
 
 from emrl_data.reading.release import part_name
 from emrl_data.synthetic import demo_specs, write_atlas
 from emrl_data.synthetic.release import tar_gz, write_release
 from flows.build_sft_set import build_sft_set_flow
-from tests.fakehub import FakeHub, serve_fake_hub
+from tests.fakehub import FakeHub, client_on_fake_hub
 from tests.flows.helpers import rejection_rows
 
 
@@ -39,13 +37,7 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, b
 
 @pytest.fixture
 def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeHub]:
-    with serve_fake_hub() as fake:
-        monkeypatch.setenv("HF_ENDPOINT", fake.url)
-        monkeypatch.delenv("HF_TOKEN", raising=False)
-        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-        monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))
-        monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-        monkeypatch.setattr(constants, "ENDPOINT", fake.url)
+    with client_on_fake_hub(monkeypatch, tmp_path / "hf") as fake:
         yield fake
 
 

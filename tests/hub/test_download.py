@@ -8,7 +8,6 @@ import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
-import huggingface_hub
 import pytest
 from huggingface_hub import constants
 
@@ -16,7 +15,7 @@ from emrl_data.reading.release import part_name
 from hub.download import download_file, download_verified
 from hub.listing import HubAccessError, HubRelease, resolve_release
 from hub.retry import call_with_retry
-from tests.fakehub import FakeHub, git_blob_sha1, serve_fake_hub
+from tests.fakehub import FakeHub, client_on_fake_hub, git_blob_sha1
 
 
 REPO = "AbdomenAtlas/AbdomenAtlas3.0Mini"
@@ -28,13 +27,7 @@ FILES = {IMAGE: DATA, MASK: DATA[::-1], CSV: b"BDMAP ID,sex\nBDMAP_00000001,F\n"
 
 @pytest.fixture
 def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeHub]:
-    with serve_fake_hub() as fake:
-        monkeypatch.setenv("HF_ENDPOINT", fake.url)
-        monkeypatch.delenv("HF_TOKEN", raising=False)
-        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-        monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))
-        monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-        monkeypatch.setattr(constants, "ENDPOINT", fake.url)
+    with client_on_fake_hub(monkeypatch, tmp_path / "hf") as fake:
         yield fake
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import huggingface_hub
 import pytest
 from huggingface_hub import constants
 
@@ -17,7 +16,7 @@ from emrl_data.synthetic.release import write_release
 from flows.build_sft_set import curate_bounded
 from hub.listing import resolve_release
 from hub.pairs import PartJob, archive_path, read_pair
-from tests.fakehub import FakeHub, serve_fake_hub
+from tests.fakehub import FakeHub, client_on_fake_hub
 
 
 REPO = "AbdomenAtlas/AbdomenAtlas3.0Mini"
@@ -33,12 +32,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
 
 @pytest.fixture
 def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeHub]:
-    with serve_fake_hub() as fake:
-        monkeypatch.setenv("HF_ENDPOINT", fake.url)
-        monkeypatch.delenv("HF_TOKEN", raising=False)
-        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-        monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))
-        monkeypatch.setattr(constants, "ENDPOINT", fake.url)
+    with client_on_fake_hub(monkeypatch, tmp_path / "hf") as fake:
         yield fake
 
 
