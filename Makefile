@@ -132,7 +132,7 @@ bench-grpo-vllm-ranks: vllm-env
 # A tiny Qwen3-VL (built locally from a config) trained for a few dozen SFT steps on the demo SFT set (CPU).
 train-smoke: venv
 	test -d demo-output/sft || $(MAKE) demo
-	$(BIN)/python -m train.tooling.tiny --output_dir demo-output/tiny_model
+	$(BIN)/python -m train.tiny.model --output_dir demo-output/tiny_model
 	$(BIN)/python -m train.sft --config train/configs/sft_tiny.yaml --dataset_dir demo-output/sft --model_name_or_path demo-output/tiny_model --output_dir demo-output/smoke_model
 	bash train/tools/device_check.sh --tiny demo-output/device_check.json
 

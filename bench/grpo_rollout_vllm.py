@@ -120,8 +120,8 @@ SHARED_DIR = "EMRL_BENCH_SHARED_DIR"  # the ranks' common folder: one checkpoint
 
 def _inputs(tmp: Path, args: argparse.Namespace, rank: int, world: int) -> tuple[Path, Path]:
     """Rank 0 writes the tiny checkpoint and the rows into the shared folder; the other ranks wait for them."""
-    from train.tooling.synthetic import write_sft_table  # noqa: PLC0415
-    from train.tooling.tiny import save_tiny  # noqa: PLC0415
+    from train.tiny.model import save_tiny  # noqa: PLC0415
+    from train.tiny.synthetic import write_sft_table  # noqa: PLC0415
 
     tiny, table, done = tmp / "tiny", tmp / "sft", tmp / "inputs.done"
     if rank == 0:

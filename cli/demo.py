@@ -1,7 +1,7 @@
 """`emrl demo`: synthetic atlas -> build-sft-set -> tiny SFT -> build-rl-hardset -> tiny GRPO, on CPU.
 
 The production path at the demo's smaller shapes (`cli.settings`: `demo` values, `DEMO_FRAMES`); training runs as
-`python -m train.tooling.demo_sft` (tiny model, LM warm-up, the paper's SFT) and `python -m train.grpo` subprocesses
+`python -m train.tiny.demo_sft` (tiny model, LM warm-up, the paper's SFT) and `python -m train.grpo` subprocesses
 (the CLI, like the flows, never imports train). Rerunning resumes.
 """
 
@@ -62,7 +62,7 @@ def run_demo(out: Path, cases: int, skip_training: bool = False) -> None:
         return print_outputs(out, started)
 
     print(f"== 3/5  tiny Qwen3-VL: LM warm-up on the reports, then the paper's SFT freezing -> {out / 'sft_model'}")
-    _run_train("train.tooling.demo_sft", "--config", "train/configs/sft_demo.yaml", "--dataset_dir", str(out / "sft"),
+    _run_train("train.tiny.demo_sft", "--config", "train/configs/sft_demo.yaml", "--dataset_dir", str(out / "sft"),
                "--output_dir", str(out / "sft_model"))  # fmt: skip
 
     print(f"\n== 4/5  build-rl-hardset (Prefect flow) with the tiny SFT model -> {out / 'rl_hardset'}")

@@ -2,12 +2,12 @@
 
 An `OrganSpec` holds an organ's mask files, its sub-structures and location vocabulary, its report wording, the words
 the parser reads, its metadata-CSV columns and its synthetic anatomy. `atlas`, `labels`, `report`, `parser`,
-`synthetic`, `records`, `card`, `curate` and `train.tooling.synthetic` look values up here; none of them branches on a particular
+`synthetic`, `records`, `card`, `curate` and `train.tiny.synthetic` look values up here; none of them branches on a particular
 organ.
 
 Adding an organ is one `register_organ(OrganSpec(...))` call (a permanent one goes in `_BUILT_IN` below); its
 `anatomy` field (an `OrganAnatomy`: HU, ellipsoids, sub-structure regions) is how the synthetic atlas
-(`emrl_data.synthetic`) and the synthetic training rows (`train.tooling.synthetic`) draw it. `tests/emrl_data/test_organs.py`
+(`emrl_data.synthetic`) and the synthetic training rows (`train.tiny.synthetic`) draw it. `tests/emrl_data/test_organs.py`
 registers a spleen and runs the synthetic pipeline end to end for it; `tests/test_architecture.py` checks that no other
 module names an organ (what a synthetic defect breaks is the entry's `anatomy.defect_files` too).
 
@@ -156,7 +156,7 @@ class PartRegion:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OrganAnatomy:
-    """How synthetic data draws one organ: the atlas phantom (`emrl_data.synthetic`), training rows (`train.tooling.synthetic`).
+    """How synthetic data draws one organ: the atlas phantom (`emrl_data.synthetic`), training rows (`train.tiny.synthetic`).
 
     Attributes:
         hu: parenchyma HU.
@@ -165,7 +165,7 @@ class OrganAnatomy:
         parts: the regions that draw the sub-structure files inside the organ's first mask file; () when the organ
             has no sub-structures or its mask files are its parts (the kidney sides).
         side_locations: the location a synthetic training row names for a lesion drawn on the image's left / right
-            half (`train.tooling.synthetic`); None: the organ's first / last location name (`side_locations`).
+            half (`train.tiny.synthetic`); None: the organ's first / last location name (`side_locations`).
         defect_files: the synthetic atlas' defects and quirks (`emrl_data.synthetic.specs`: `DEFECTS`, `QUIRKS`)
             that act on one of this organ's files, each with that file's stem (an organ mask or the lesion mask;
             `bad_metadata_row` breaks the organ's metadata-CSV count instead). Each belongs to one organ.

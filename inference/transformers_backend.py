@@ -1,6 +1,6 @@
 """The local backend: greedy Qwen3-VL generation from a checkpoint directory, the frames fed as one video.
 
-`TransformersBackend` loads a checkpoint written by `train.tooling.tiny`, `train.sft` or `train.grpo` with
+`TransformersBackend` loads a checkpoint written by `train.tiny.model`, `train.sft` or `train.grpo` with
 `train.data.load_model_and_processor`. The frames reach Qwen3-VL as one video through `train.data`'s CT encoder and
 chat layout (`render_prompt_text`), exactly as in training. Decoding is greedy, batched with left padding, and the four
 vision tokens are suppressed (docs/training.md#qwen3-vl-facts-the-code-relies-on); the text is decoded with

@@ -115,7 +115,7 @@ def check_checkpoint(checkpoint: str | Path, *, cpu: bool = True) -> None:
         raise VLLMServeError(
             f"{ckpt}: text head_dim {head_dim}, which vLLM's CPU attention does not support "
             f"(it supports {', '.join(map(str, CPU_HEAD_SIZES))})",
-            "serve it on a GPU, or train a checkpoint whose text head_dim is one of those (train.tooling.tiny: 32)",
+            "serve it on a GPU, or train a checkpoint whose text head_dim is one of those (train.tiny.model: 32)",
         )
 
 

@@ -31,7 +31,7 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Qwen3-VL checkpoint built locally from a config (seed 0; nothing downloaded), shared by every test of the run."""
-    from train.tooling.tiny import save_tiny  # torch and transformers: only for the tests that ask for it
+    from train.tiny.model import save_tiny  # torch and transformers: only for the tests that ask for it
 
     return save_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0)
 

@@ -68,7 +68,7 @@ def test_committed_schemas_are_up_to_date() -> None:
 
 
 def test_training_library_contract_names_every_module_directly_in_train() -> None:
-    """The contract that keeps the training library free of tooling, the miniature and tools lists its source
+    """The contract that keeps the training library free of tiny models, the miniature and tools lists its source
     modules by name; a new module directly in `train/` must join that list (or move into a subpackage)."""
     import tomllib
 
@@ -102,8 +102,8 @@ def test_no_function_is_over_80_lines() -> None:
 ORGAN_REGISTRY = "emrl_data/organs.py"
 ORGAN_NAME_EXCEPTIONS = {
     "emrl_data/synthetic/demo.py": "the demo atlas's and the benchmark's case specs: which organ each lesion is in",
-    "train/tooling/tiny.py": "example locations in the tiny tokenizer's corpus (registry-derived ones change it)",
-    "train/tooling/synthetic.py": "the miniature's 2-D organ outlines, one per organ: data, no branch on a name",
+    "train/tiny/model.py": "example locations in the tiny tokenizer's corpus (registry-derived ones change it)",
+    "train/tiny/synthetic.py": "the miniature's 2-D organ outlines, one per organ: data, no branch on a name",
 }
 
 

@@ -12,7 +12,7 @@ Owns:
   chat template, then `report + "<|im_end|>"` as the only supervised tokens (`SFTCollator`).
 * Reading the shards (`load_split`) and turning rows into TRL conversational rows (`to_grpo_dataset`).
 
-Called by `train.sft`, `train.grpo`, `train.tooling.tiny`, the device check and the mining backend (`load_model_and_processor`).
+Called by `train.sft`, `train.grpo`, `train.tiny.model`, the device check and the mining backend (`load_model_and_processor`).
 """
 
 from __future__ import annotations
@@ -284,7 +284,7 @@ class CTQwen3VLProcessor(Qwen3VLProcessor):
 
         The base class writes our class name and no video processor; `train.checkpoint` then rewrites the processor
         files to the form transformers writes for a real `Qwen3VLProcessor`, so `AutoProcessor`, vLLM and
-        `transformers serve` see Qwen3-VL. Every save path (`train.sft`, `train.grpo`, `train.tooling.tiny`, the trainers'
+        `transformers serve` see Qwen3-VL. Every save path (`train.sft`, `train.grpo`, `train.tiny.model`, the trainers'
         intermediate checkpoints) goes through here.
         """
         if push_to_hub:
@@ -310,7 +310,7 @@ class CTQwen3VLProcessor(Qwen3VLProcessor):
 def load_model_and_processor(
     path: str | Path, *, dtype: torch.dtype | str = "auto", device_map: str | None = None
 ) -> tuple[Qwen3VLForConditionalGeneration, CTQwen3VLProcessor]:
-    """Load a checkpoint written by `train.sft`, `train.grpo` or `train.tooling.tiny` (what the mining backend calls).
+    """Load a checkpoint written by `train.sft`, `train.grpo` or `train.tiny.model` (what the mining backend calls).
 
     Args:
         path: a local directory (or a Hub id where the machine has access) with the model and processor files.

@@ -119,7 +119,7 @@ def check_launch(stage: str, script_args: Any, training_args: Any, env: Mapping[
     if stage == "sft" and acc.get("deepspeed_config", {}).get("zero_stage") == 3:
         if acc["deepspeed_config"].get("zero3_init_flag") and script_args.model_name_or_path is None:
             raise TrainConfigError("ZeRO-3 with zero3_init_flag builds the weights sharded from a checkpoint; pass "
-                                   "--model_name_or_path (python -m train.tooling.tiny --output_dir D writes a tiny one).")  # fmt: skip
+                                   "--model_name_or_path (python -m train.tiny.model --output_dir D writes a tiny one).")  # fmt: skip
 
 
 def prepare_deepspeed_cpu(env: Mapping[str, str] | None = None) -> bool:

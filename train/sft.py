@@ -178,7 +178,7 @@ def run_sft(script_args: SftScriptArguments, training_args: SFTConfig) -> Path:
     if script_args.model_name_or_path is None:
         raise TrainConfigError(
             "--model_name_or_path is required (a Qwen3-VL checkpoint folder or Hub id; "
-            "python -m train.tooling.tiny --output_dir D writes a tiny one for a try on CPU)."
+            "python -m train.tiny.model --output_dir D writes a tiny one for a try on CPU)."
         )
     model, processor = load_policy(script_args.model_name_or_path, dtype=script_args.dtype)
     return train_sft(model, processor, dataset, training_args, step_logs=script_args.step_logs)

@@ -41,7 +41,7 @@ from emrl_data.tables.records import TABLE_COLUMNS
 from emrl_data.text.parser import ParsedReport, ParseFailure, parse_free_text, parse_report
 from emrl_data.text.report import NEGATIVE_FINDINGS, format_location, render_prompt
 from emrl_data.text.scoring import score_report, truth_from_row
-from train.tooling.synthetic import make_visible_rows
+from train.tiny.synthetic import make_visible_rows
 
 
 SPLEEN = OrganSpec(
@@ -227,7 +227,7 @@ def test_an_organ_without_anatomy_is_refused_by_the_synthetic_atlas_naming_the_f
 
 
 def test_one_registry_entry_gives_anatomy_card_prose_and_training_locations(tmp_path: Path) -> None:
-    """A poled spleen, registered here and nowhere else: drawn, truthed, named in the card, used by train.tooling.synthetic."""
+    """A poled spleen, registered here and nowhere else: drawn, truthed, named in the card, used by train.tiny.synthetic."""
     organ = register_organ(POLED_SPLEEN)
     try:
         upper = LesionSpec(organ, "upper", (4.0, 4.0, 4.0), "hypo")

@@ -13,7 +13,7 @@ from emrl_data.tables.records import SCHEMAS
 from emrl_data.types import Organ, Split
 from flows.build_rl_hardset import build_rl_hardset_flow
 from flows.build_sft_set import build_sft_set_flow
-from train.tooling.tiny import save_tiny
+from train.tiny.model import save_tiny
 
 
 @pytest.fixture(scope="module")

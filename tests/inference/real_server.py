@@ -1,5 +1,5 @@
 """A real OpenAI-compatible server for the tests: `transformers serve` (transformers 5.17) on loopback, serving a tiny
-Qwen3-VL checkpoint as `train.tooling.tiny.save_tiny` writes it (standard form: `processor_class: Qwen3VLProcessor`).
+Qwen3-VL checkpoint as `train.tiny.model.save_tiny` writes it (standard form: `processor_class: Qwen3VLProcessor`).
 
 `ServerProcess(model_dir, workdir)` starts it through `serve_launcher.py` (why a launcher: its docstring) on a free
 127.0.0.1 port without waiting (a test can prepare its data meanwhile), `wait()` returns the base URL (…/v1) once

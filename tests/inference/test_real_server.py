@@ -20,7 +20,7 @@ from inference.probe import EndpointProbeError
 from inference.requests import request_from_row
 from tests.inference.helpers import first_train_row, serve_beside_sft_set
 from tests.inference.real_server import ServerProcess
-from train.tooling.tiny import save_tiny
+from train.tiny.model import save_tiny
 
 
 pytestmark = pytest.mark.side_env  # transformers serve needs torchvision (.cache/torchvision)

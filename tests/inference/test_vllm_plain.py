@@ -13,7 +13,7 @@ import pytest
 from cli.main import main
 from inference.vllm_server import VLLMServer
 from tests.inference.helpers import build_small_sft_set
-from train.tooling.tiny import save_tiny
+from train.tiny.model import save_tiny
 
 
 FRAME_PX = 64

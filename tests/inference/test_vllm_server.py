@@ -34,7 +34,7 @@ from inference.vllm_server import VLLMServeError, VLLMServer, check_checkpoint, 
 from inference.vllm_server import main as serve_main
 from tests.inference.helpers import first_train_row, make_requests, serve_beside_sft_set
 from train.data import encode_ct_video, frames_to_array, render_prompt_text
-from train.tooling.tiny import save_tiny
+from train.tiny.model import save_tiny
 
 
 FRAME_PX = 64

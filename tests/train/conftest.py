@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from train.tooling.synthetic import write_sft_table
-from train.tooling.tiny import build_processor
+from train.tiny.model import build_processor
+from train.tiny.synthetic import write_sft_table
 
 
 @pytest.fixture(scope="session")

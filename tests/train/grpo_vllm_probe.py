@@ -37,8 +37,8 @@ from train.checks import RunStopped
 from train.data import frames_to_array, load_split, user_messages, verifier_messages
 from train.grpo import build_grpo_trainer
 from train.rewards import Verifier, r_e, r_f
-from train.tooling.synthetic import write_sft_table
-from train.tooling.tiny import save_tiny
+from train.tiny.model import save_tiny
+from train.tiny.synthetic import write_sft_table
 from train.vllm_rollout import policy_weights, sampling_params, served_prompt_ids, video_input
 
 

@@ -13,7 +13,7 @@ from train.grpo import GrpoScriptArguments
 from train.miniature.config import load_config
 from train.miniature.suite import load_study
 from train.sft import SftScriptArguments
-from train.tooling.demo_sft import DemoSftArguments
+from train.tiny.demo_sft import DemoSftArguments
 
 
 CONFIGS = sorted(Path("train/configs").glob("*.yaml"))

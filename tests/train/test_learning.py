@@ -4,9 +4,9 @@ by at least 3 standard errors and at least `MIN_GAIN`; the same run with the gra
 the same norm, does not.
 
 The frames carry what the reward depends on: kidney rows with a bright lesion (present in some rows' frames, absent in
-others; `train.tooling.synthetic.make_visible_rows`), and a prompt that gives nothing away. The policy starts with partial
-skill: its warm-up (`train.tooling.warmup`) stops as soon as its greedy reports parse and half of its sampled ones do
-(checked every 30 steps), so it has the report language and only a partial link between the frames and the claim. The measure is `train.tooling.learning.existence_margins`: per
+others; `train.tiny.synthetic.make_visible_rows`), and a prompt that gives nothing away. The policy starts with partial
+skill: its warm-up (`train.tiny.warmup`) stops as soon as its greedy reports parse and half of its sampled ones do
+(checked every 30 steps), so it has the report language and only a partial link between the frames and the claim. The measure is `train.tiny.learning.existence_margins`: per
 held-out row, log p(right claim) - log p(wrong claim) at the report's decision token, frames shown, no sampling; the
 held-out rows are half positive and half negative, so a mere shift toward "lesion" or "no lesion" cancels out and only
 reading the frames counts. Runs at fixed seeds; the asserts are on rewards, margins and gradients, never on time.
@@ -20,10 +20,10 @@ from trl import GRPOConfig
 
 from train.grpo import build_grpo_trainer
 from train.grpo_report import reward_curve
-from train.tooling.learning import GradientTamper, existence_margins, logprob_shift_correlation
-from train.tooling.synthetic import make_visible_rows, write_rows
-from train.tooling.tiny import build_model, build_processor
-from train.tooling.warmup import lm_warmup
+from train.tiny.learning import GradientTamper, existence_margins, logprob_shift_correlation
+from train.tiny.model import build_model, build_processor
+from train.tiny.synthetic import make_visible_rows, write_rows
+from train.tiny.warmup import lm_warmup
 
 
 # The setting the measured numbers below come from: one organ drawn as a disc, uniform warm-up draws.

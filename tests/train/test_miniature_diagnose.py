@@ -177,7 +177,7 @@ def test_the_verifier_by_distance_reads_size_at_the_key_frame_against_the_slice_
     from emrl_data.text.report import NEGATIVE_FINDINGS, render_findings
     from emrl_data.types import Organ
     from train.miniature.diagnose import distance_frames, score_by_distance
-    from train.tooling.synthetic import make_visible_rows
+    from train.tiny.synthetic import make_visible_rows
 
     rows = make_visible_rows(12, n_frames=20, size_px=64, organs=("kidney",), sizes_mm=(56.0,), span=3, seed=1)
     row = next(r for r in rows if r["has_lesion"] and r["key_slice_frame"] <= 16)

@@ -10,7 +10,7 @@ from emrl_data.text.parser import parse_report
 from train.checks import TrainConfigError
 from train.miniature.config import load_config
 from train.miniature.noise import FIELDS, check_fraction, corrupt_gold
-from train.tooling.synthetic import make_visible_rows
+from train.tiny.synthetic import make_visible_rows
 
 
 SIZES = (31.0, 48.0, 90.0)
@@ -91,7 +91,7 @@ def test_too_few_positive_rows_for_the_fraction_is_one_line():
 
 def _positive(case: int, key: int, n_frames: int = 10) -> dict:
     from emrl_data.types import Organ
-    from train.tooling.synthetic import row_report
+    from train.tiny.synthetic import row_report
 
     row = {"case_id": f"c{case}", "organ": "kidney", "has_lesion": True, "lesion_count": 1, "n_frames": n_frames,
            "long_axis_mm": 31.0, "short_axis_mm": 21.7, "volume_mm3": 8937, "location": ["left"],

@@ -109,7 +109,7 @@ def test_every_run_finishes_and_noisy_runs_reuse_the_clean_warmup(micro_study):
     assert list(verifier) == ["sft", "grpo_a", "grpo_b", "grpo_f", "grpo_g", "grpo_h"]  # (e) has no verifier query
     assert list(verifier["grpo_a"]["by_distance"]) == ["0", "1", "2"]  # span 1: d = 2 shows no lesion
     from train.data import load_split
-    from train.tooling.warmup import held_out_indices
+    from train.tiny.warmup import held_out_indices
 
     pool = list(load_split(run_dir(out, 0.0, 0) / "data" / "warmup_pool", "train"))
     held_out = [pool[i] for i in held_out_indices(len(pool), 2)]
@@ -479,7 +479,7 @@ def test_a_stage_runs_only_its_seeds_and_a_seed_outside_the_config_is_one_line(t
 
 def test_a_record_without_the_truths_key_frame_gets_it_from_its_redrawn_test_split():
     from train.miniature.suite import with_key_truth
-    from train.tooling.synthetic import make_visible_rows
+    from train.tiny.synthetic import make_visible_rows
 
     cfg = {"n_test": 6, "seed": 3, "n_frames": 8, "size_px": 32, "organs": ["kidney"], "sizes_mm": [31.0, 90.0],
            "lesion_span": 2}  # fmt: skip

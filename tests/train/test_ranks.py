@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from train.checkpoint import check_checkpoint_dir
-from train.tooling.synthetic import make_rows, write_rows
+from train.tiny.synthetic import make_rows, write_rows
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.side_env]  # DeepSpeed

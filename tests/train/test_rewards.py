@@ -11,7 +11,7 @@ from emrl_data.text.report import render_evidence, render_findings, render_impre
 from emrl_data.text.scoring import ScoringConfig, score_report, truth_from_row
 from emrl_data.types import Organ
 from train.rewards import DEFAULT_REWARD_WEIGHTS, make_reward_funcs, r_e, r_f, reward_weights_for
-from train.tooling.synthetic import make_rows
+from train.tiny.synthetic import make_rows
 
 
 class _StubVerifier:

@@ -341,7 +341,7 @@ lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
 lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
 import torchvision
 from train.tools.device_check import auto_processor_check
-from train.tooling.tiny import build_config, build_processor
+from train.tiny.model import build_config, build_processor
 p = build_processor()
 n, px = int(sys.argv[2]), int(sys.argv[3])
 frames = np.random.default_rng(0).integers(0, 256, (n, px, px), dtype=np.uint8)

@@ -37,7 +37,7 @@ GIB = 2**30
 
 @pytest.fixture(scope="module")
 def setup(tiny_dir, tmp_path_factory) -> dict:
-    from train.tooling.synthetic import write_sft_table
+    from train.tiny.synthetic import write_sft_table
 
     assert (SIDE_BIN / "python").is_file(), f"no vLLM side environment at {SIDE_BIN}; run `make vllm-env`"
     assert (DEEPSPEED_DIR / "deepspeed").is_dir(), "no DeepSpeed for the side environment; run `make vllm-deepspeed`"

@@ -14,9 +14,9 @@ from train.checks import TrainConfigError
 from train.data import frames_to_array
 from train.miniature.config import MiniatureConfig, load_config
 from train.miniature.study import MINIATURE_WARMUP_KEYS, Miniature, check_split, claim_check
-from train.tooling.synthetic import VISIBLE_INTENSITY, make_visible_rows
-from train.tooling.tiny import build_model, build_processor
-from train.tooling.warmup import (
+from train.tiny.model import build_model, build_processor
+from train.tiny.synthetic import VISIBLE_INTENSITY, make_visible_rows
+from train.tiny.warmup import (
     BalancedPairs,
     FrameTarget,
     VerifierCollator,
@@ -264,7 +264,7 @@ def test_claim_check_compares_gaps_with_interval_half_widths():
 @pytest.mark.slow
 def test_sft_cli_warmup_cap_is_a_one_line_error(sft_table, tmp_path, capsys):
     from train.checks import run_cli
-    from train.tooling.demo_sft import main as sft_main
+    from train.tiny.demo_sft import main as sft_main
 
     argv = ["--config", "train/configs/sft_demo.yaml", "--dataset_dir", str(sft_table), "--output_dir",
             str(tmp_path / "sft"), "--lm_warmup_steps", "2", "--lm_warmup_target_parse_rate", "0.95",
@@ -289,7 +289,7 @@ def test_balanced_rows_draw_half_positive():
 @pytest.mark.slow
 def test_demo_sft_that_misses_both_classes_within_its_rounds_fails_in_one_line(sft_table, tmp_path, capsys):
     from train.checks import run_cli
-    from train.tooling.demo_sft import main as sft_main
+    from train.tiny.demo_sft import main as sft_main
 
     # No warm-up: the random tiny model writes nothing parse_report reads, so sensitivity is 0 after each round.
     argv = ["--config", "train/configs/sft_demo.yaml", "--dataset_dir", str(sft_table), "--output_dir",
@@ -334,7 +334,7 @@ def test_warmup_that_never_claims_both_classes_fails_in_one_line():
 @pytest.mark.parametrize(("target_parse_rate", "class_rows_generated"), [(0.0, 1), (2.0, 0)])
 def test_warmup_reads_both_classes_on_its_class_rows_once_the_rest_is_met(monkeypatch, target_parse_rate,
                                                                           class_rows_generated):  # fmt: skip
-    import train.tooling.warmup as warmup
+    import train.tiny.warmup as warmup
 
     rows = make_visible_rows(8, n_frames=4, size_px=32, seed=0, organs=("kidney",))
     train_rows, val_rows, class_rows = rows[:4], rows[4:5], rows[5:8]
@@ -358,7 +358,7 @@ def test_warmup_reads_both_classes_on_its_class_rows_once_the_rest_is_met(monkey
 
 
 def test_held_out_frames_go_round_robin_over_rows_and_the_blind_partner_shares_the_organ() -> None:
-    from train.tooling.warmup import _blind_partner, _eval_frames
+    from train.tiny.warmup import _blind_partner, _eval_frames
 
     negatives = [{"organ": "liver", "n_frames": 8, "has_lesion": False} for _ in range(3)]
     asked = _eval_frames(negatives, lesion_span=3, max_frames=4)

@@ -253,7 +253,7 @@ def sample_groups(model: Any, processor: Any, rows: Sequence[Mapping[str, Any]],
 
     from emrl_data.text.report import VERIFIER_PROMPT  # noqa: PLC0415
     from train.data import frames_to_array, user_messages, verifier_messages  # noqa: PLC0415
-    from train.tooling.warmup import generate_texts  # noqa: PLC0415
+    from train.tiny.warmup import generate_texts  # noqa: PLC0415
 
     model.eval()
     groups, verifier_records, greedy, examples = [], [], [], []
@@ -487,7 +487,7 @@ def distance_frames(row: Mapping[str, Any], span: int) -> list[tuple[int, int, f
     axis is what the frame shows (`visible_slice_long_mm`), None beyond the lesion (d > span: the frame shows none).
     """
     from train.data import frames_to_array  # noqa: PLC0415
-    from train.tooling.synthetic import visible_lesion_radii_px, visible_slice_long_mm  # noqa: PLC0415
+    from train.tiny.synthetic import visible_lesion_radii_px, visible_slice_long_mm  # noqa: PLC0415
 
     key, n = int(row["key_slice_frame"]), int(row["n_frames"])
     size_px = frames_to_array(row["frames"][:1]).shape[-1]
@@ -543,7 +543,7 @@ def verifier_by_distance(
     `rows`; return `score_by_distance`'s rates."""
     from emrl_data.text.report import VERIFIER_PROMPT  # noqa: PLC0415
     from train.data import frames_to_array, verifier_messages  # noqa: PLC0415
-    from train.tooling.warmup import generate_texts  # noqa: PLC0415
+    from train.tiny.warmup import generate_texts  # noqa: PLC0415
 
     asked, msgs = [], []
     for row in [r for r in rows if r["has_lesion"] and r.get("key_slice_frame")][:max_rows]:

@@ -30,7 +30,7 @@ from emrl_data.organs import side_locations
 from emrl_data.text.report import render_evidence
 from emrl_data.types import Organ
 from train.checks import TrainConfigError
-from train.tooling.synthetic import VISIBLE_INTENSITY, row_report
+from train.tiny.synthetic import VISIBLE_INTENSITY, row_report
 
 
 FIELDS = ("long_axis_mm", "location", "attenuation", "key_slice_frame")

@@ -2,10 +2,10 @@
 
 Stages (each writes its folder under `output_dir` and a `<stage>/done.json`; a rerun skips finished stages):
 
-1. `data`: a synthetic sft table (`train.tooling.synthetic.make_visible_rows`) whose findings are visible only in the frames:
+1. `data`: a synthetic sft table (`train.tiny.synthetic.make_visible_rows`) whose findings are visible only in the frames:
    presence, size class (disc radius), location (left/right half), attenuation (disc intensity), key frame (largest
    disc). The prompt names the organ and the frame count only.
-2. `warmup` (not the paper): a tiny Qwen3-VL learns the report and verifier languages (`train.tooling.warmup`); it stops on
+2. `warmup` (not the paper): a tiny Qwen3-VL learns the report and verifier languages (`train.tiny.warmup`); it stops on
    the held-out parse-rate criterion, or fails in one line at its cap.
 3. `sft`: the paper's SFT freezing (ViT + projector train, LLM frozen) for a few steps: partial skill.
 4. `grpo_a` (r_e + r_f + r_c, verifier on), `grpo_b` (r_e + r_f), `grpo_c` (r_e + r_f + r_c at learning rate 0:
@@ -73,7 +73,7 @@ CROSS_VIEW = {
     "grpo_g": "random_frame",
     "grpo_h": "full",
 }
-# The configuration keys the warm-up's error lines name (`train.tooling.warmup.WarmupPlan.keys`).
+# The configuration keys the warm-up's error lines name (`train.tiny.warmup.WarmupPlan.keys`).
 MINIATURE_WARMUP_KEYS = {"max_steps": "warmup_max_steps", "eval_every": "warmup_eval_every",
                          "learning_rate": "warmup_learning_rate"}  # fmt: skip
 SHARED_STAGES = ("data", "warmup", "sft")  # what `--reuse_from` copies: the stages before GRPO
@@ -226,7 +226,7 @@ class Miniature:
 
     def _stage_data(self, stage: str) -> dict[str, Any]:
         from train.miniature.noise import corrupt_gold, move_key_frames  # noqa: PLC0415
-        from train.tooling.synthetic import make_visible_rows, write_rows  # noqa: PLC0415
+        from train.tiny.synthetic import make_visible_rows, write_rows  # noqa: PLC0415
 
         cfg = self.cfg
         kw: dict[str, Any] = {"n_frames": cfg.n_frames, "size_px": cfg.size_px, "organs": tuple(cfg.organs),
@@ -261,8 +261,8 @@ class Miniature:
     def _stage_warmup(self, stage: str) -> dict[str, Any]:
         import torch  # noqa: PLC0415
 
-        from train.tooling.tiny import build_model, build_processor  # noqa: PLC0415
-        from train.tooling.warmup import format_verifier, held_out_indices, lm_warmup, verifier_accuracy  # noqa: PLC0415
+        from train.tiny.model import build_model, build_processor  # noqa: PLC0415
+        from train.tiny.warmup import format_verifier, held_out_indices, lm_warmup, verifier_accuracy  # noqa: PLC0415
 
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
@@ -413,7 +413,7 @@ class Miniature:
 
         from emrl_data.text.evaluation import evaluate, score_predictions, write_evaluation  # noqa: PLC0415
         from train.data import load_model_and_processor, user_messages  # noqa: PLC0415
-        from train.tooling.warmup import format_verifier, generate_texts, verifier_accuracy  # noqa: PLC0415
+        from train.tiny.warmup import format_verifier, generate_texts, verifier_accuracy  # noqa: PLC0415
 
         cfg, label, folder = self.cfg, MODELS[name], self.out / stage / name
         kept, kept_verifier = folder / "predictions.jsonl", folder / "verifier.json"
@@ -613,7 +613,7 @@ def _paired_lines(paired: dict[str, Any]) -> list[str]:
 
 def _verifier_lines(results: dict[str, Any]) -> list[str]:
     """Return the verifier-accuracy lines (the models that have one)."""
-    from train.tooling.warmup import format_verifier  # noqa: PLC0415
+    from train.tiny.warmup import format_verifier  # noqa: PLC0415
 
     lines = [f"- verifier of {r['label']}: {format_verifier(r['verifier']['seen'])}; blind control "
              f"{format_verifier(r['verifier']['blind'])}" for r in results.values() if r.get("verifier")]  # fmt: skip

@@ -51,8 +51,8 @@ from train.grpo import _apply_lora, make_grpo_config
 from train.grpo_trainer import VideoGRPOTrainer
 from train.rewards import REWARD_NAMES, Verifier, completion_text, make_reward_funcs, reward_weights_for
 from train.sft import build_sft_trainer, make_sft_config
-from train.tooling.synthetic import write_sft_table
-from train.tooling.tiny import build_model, build_processor
+from train.tiny.model import build_model, build_processor
+from train.tiny.synthetic import write_sft_table
 from train.tools.memory_plan import parameter_counts, plan
 
 

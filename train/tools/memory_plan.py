@@ -2,7 +2,7 @@
 
 Shape (docs/contract.md#training-recipe): Qwen3-VL-8B, 32 frames of 448² (16 frame pairs x 196 tokens = 3,136 video tokens, ≈3.5k prompt
 tokens), 512-token completions, G = 8, verifier on, per-device micro-batch 1, bf16 compute with fp32 master weights.
-Parameter counts come from instantiating the model on the meta device from `train.tooling.tiny.build_config(..., "8b")`.
+Parameter counts come from instantiating the model on the meta device from `train.tiny.model.build_config(..., "8b")`.
 
 Per GPU, in GiB: weights (bf16 compute copy and/or fp32 masters), gradients, AdamW state (fp32 m and v), the β > 0
 reference model, activations of one micro-batch with activation checkpointing, and generation as it runs: the KV cache
@@ -31,7 +31,7 @@ from transformers import Qwen3VLForConditionalGeneration
 
 from emrl_data.config import FrameConfig
 from train.freeze import parameter_group
-from train.tooling.tiny import build_config, build_tokenizer
+from train.tiny.model import build_config, build_tokenizer
 
 
 GIB = 2**30

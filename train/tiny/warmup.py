@@ -5,7 +5,7 @@ neither. The warm-up trains every part of it on two tasks at once, each step one
 
 * the report task: the row's frames as a video + its prompt -> its report (what SFT and GRPO use);
 * the verifier task: one frame as an image + `VERIFIER_PROMPT` -> a description of that frame. On rows of
-  `train.tooling.synthetic.make_visible_rows` (`lesion_span` given) EVERY frame is an example (`frame_targets`): a
+  `train.tiny.synthetic.make_visible_rows` (`lesion_span` given) EVERY frame is an example (`frame_targets`): a
   frame whose slice shows the lesion gets the lesion as that slice shows it (side, attenuation, the long axis there),
   every other frame the organ's negative sentence; each step's verifier batch is half of each (`BalancedPairs`).
   Without a span (rows whose per-slice truth is unknown) a positive row's key frame gets the report's findings
@@ -38,7 +38,7 @@ from emrl_data.types import Organ
 from train.checks import TrainConfigError
 from train.data import CTQwen3VLProcessor, SFTCollator, frames_to_array, user_messages, verifier_messages
 from train.freeze import set_stage_trainable
-from train.tooling.synthetic import visible_lesion_radii_px, visible_slice_long_mm
+from train.tiny.synthetic import visible_lesion_radii_px, visible_slice_long_mm
 
 
 logger = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ class FrameTarget:
 def frame_targets(row: Mapping[str, Any], lesion_span: int) -> list[FrameTarget]:
     """Return the verifier target of EVERY frame of a `make_visible_rows` row (frames drawn with `lesion_span`).
 
-    A frame shows the lesion when `train.tooling.synthetic.visible_lesion_radii_px` gives it a radius (the disc drawn
+    A frame shows the lesion when `train.tiny.synthetic.visible_lesion_radii_px` gives it a radius (the disc drawn
     there); its target is the lesion as that slice shows it: side (location), attenuation, and the long axis at that
     slice (`visible_slice_long_mm`). Every other frame, and each frame of a negative row, gets the organ's negative
     sentence.
@@ -369,7 +369,7 @@ def format_verifier(accuracy: Mapping[str, Any]) -> str:
     return f"{', '.join(cells)} ({accuracy['n_lesion_frames']} + {accuracy['n_clear_frames']} frames)"
 
 
-# The demo's configuration keys (`train.tooling.demo_sft`) for `WarmupPlan.keys`; the miniature passes its own.
+# The demo's configuration keys (`train.tiny.demo_sft`) for `WarmupPlan.keys`; the miniature passes its own.
 DEMO_WARMUP_KEYS = {"max_steps": "lm_warmup_steps", "eval_every": "lm_warmup_eval_every",
                     "learning_rate": "lm_warmup_learning_rate"}  # fmt: skip
 

@@ -5,7 +5,7 @@ Used by the tests (a ~0.3 M parameter model), by the demo (`make train-smoke`, `
 plus Qwen's 14 special tokens, so token ids of the vision placeholders are the tokenizer's, and the model config is
 built to agree with them (docs/training.md#qwen3-vl-facts-the-code-relies-on).
 
-    python -m train.tooling.tiny --output_dir runs/tiny-base            # writes model + processor, loadable by from_pretrained
+    python -m train.tiny.model --output_dir runs/tiny-base       # writes model + processor, loadable by from_pretrained
 """
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ def save_tiny(output_dir: str | Path, *, seed: int = 0) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """CLI: `python -m train.tooling.tiny --output_dir DIR [--seed N]`."""
+    """CLI: `python -m train.tiny.model --output_dir DIR [--seed N]`."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--seed", type=int, default=0)

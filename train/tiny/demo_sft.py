@@ -2,10 +2,10 @@
 
 A randomly initialised tiny LLM cannot write a report, so before the paper's SFT (vision encoder + projector, LLM
 frozen) every part trains on the reports and on the verifier task until held-out reports parse
-(`train.tooling.warmup`). Qwen3-VL-8B-Instruct already writes and describes images and skips this: production SFT is
+(`train.tiny.warmup`). Qwen3-VL-8B-Instruct already writes and describes images and skips this: production SFT is
 `python -m train.sft`, which takes none of these options.
 
-    python -m train.tooling.demo_sft --config train/configs/sft_demo.yaml --dataset_dir <out>/sft --output_dir <dir>
+    python -m train.tiny.demo_sft --config train/configs/sft_demo.yaml --dataset_dir <out>/sft --output_dir <dir>
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from train.checks import TrainConfigError, run_cli
 from train.data import load_split, user_messages
 from train.entry import train_main
 from train.sft import SftScriptArguments, load_policy, load_sft_rows, train_sft
-from train.tooling.tiny import build_model, build_processor
-from train.tooling.warmup import generate_texts, held_out_indices, lm_warmup, report_parse_rate
+from train.tiny.model import build_model, build_processor
+from train.tiny.warmup import generate_texts, held_out_indices, lm_warmup, report_parse_rate
 
 
 @dataclass
@@ -173,7 +173,7 @@ def run_demo_sft(args: DemoSftArguments, training_args: SFTConfig) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """CLI entry: `python -m train.tooling.demo_sft --config YAML [--dataset_dir D] [--output_dir O] [overrides]`."""
+    """CLI entry: `python -m train.tiny.demo_sft --config YAML [--dataset_dir D] [--output_dir O] [overrides]`."""
     train_main("sft", DemoSftArguments, SFTConfig, run_demo_sft, argv)
 
 
