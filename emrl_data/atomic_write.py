@@ -2,7 +2,7 @@
 
 Every output of a run (case-store entries, shards, manifests, summaries) goes through `writing`: a failed write leaves
 no temporary file, and a failure for lack of room (ENOSPC, EDQUOT, EFBIG) becomes an `OutputWriteError` naming the
-file and the fix. Shared by the case store (`labeling.curate`) and the tables (`tables.*`).
+file and the fix. Shared by the case store (`labeling.case_store`) and the tables (`tables.*`).
 """
 
 from __future__ import annotations

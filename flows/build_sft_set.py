@@ -31,7 +31,9 @@ from tqdm import tqdm
 
 from emrl_data.atomic_write import write_json_atomic, write_text_atomic
 from emrl_data.config import CurateConfig, SftConfig
-from emrl_data.labeling.curate import PLAUSIBLE_ORGAN_VOLUME_CM3, CaseResult, CaseStore, case_cache_key, curate_case
+from emrl_data.labeling.case_store import CaseStore
+from emrl_data.labeling.checksums import case_cache_key
+from emrl_data.labeling.curate import PLAUSIBLE_ORGAN_VOLUME_CM3, CaseResult, curate_case
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.reading.atlas import AtlasOrganMeta, AtlasPlan, CaseRef, plan_atlas
 from emrl_data.reading.release import parse_size

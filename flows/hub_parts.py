@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
 from emrl_data.config import CurateConfig
-from emrl_data.labeling.curate import CaseStore
+from emrl_data.labeling.case_store import CaseStore
 from emrl_data.outcome import Rejection
 from emrl_data.reading.atlas import AtlasOrganMeta, AtlasPlan, plan_metadata, read_split_files
 from emrl_data.reading.release import PartPair, format_size, plan_concurrency, side_files

@@ -28,7 +28,8 @@ from typing import IO, Any, cast
 
 from emrl_data import __version__
 from emrl_data.config import CurateConfig
-from emrl_data.labeling.curate import CaseResult, CaseStore
+from emrl_data.labeling.case_store import CaseStore
+from emrl_data.labeling.curate import CaseResult
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.reading.archive import (
     IMAGE_KIND,

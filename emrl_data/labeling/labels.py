@@ -17,7 +17,6 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import cc3d
 import cv2
@@ -26,6 +25,20 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from emrl_data.config import LabelConfig
+from emrl_data.labeling.crops import (
+    Boxed,
+    MaskCache,
+    MaskGetter,
+    MaskSource,
+    as_bool,
+    box_finder,
+    box_xyzxyz,
+    copy_like,
+    crop_getter,
+    dilate_cube,
+    union_box,
+    union_crop,
+)
 from emrl_data.organs import LOCATION_NAMES, ORGAN_STRUCTURES, organ_spec
 from emrl_data.outcome import CaseDataError, RejectReason
 from emrl_data.reading.placement import organ_hu_window
@@ -35,50 +48,7 @@ from emrl_data.types import Attenuation, Box3, Organ, column
 logger = logging.getLogger(__name__)
 
 
-class _MaskGetter(Protocol):
-    """Returns a full `(X, Y, Z)` mask by structure name, or None when the file is absent.
-
-    With `keep=False` a mask not fetched before is not kept for later calls, so the caller can drop it.
-    """
-
-    def __call__(self, structure: str, *, keep: bool = True) -> np.ndarray | None: ...
-
-
 _INT_LIST = pa.list_(pa.int32())
-
-
-class MaskSource(Protocol):
-    """The CT and structure masks of one case, in canonical RAS voxel order `(x, y, z)` on the CT grid.
-
-    The two attributes are declared as read-only properties so that plain attributes, frozen dataclasses and
-    properties all satisfy the protocol.
-    """
-
-    @property
-    def ct_hu(self) -> np.ndarray:
-        """The CT in HU.
-
-        Shape `(X, Y, Z)`, int16, canonical RAS (z grows inferior -> superior); may be a non-contiguous view
-        (Fortran order, flipped axes).
-        """
-        ...
-
-    @property
-    def spacing_mm(self) -> tuple[float, float, float]:
-        """Voxel size along `(x, y, z)` in mm."""
-        ...
-
-    def mask(self, structure: str) -> np.ndarray | None:
-        """Return the mask of `structure`.
-
-        Args:
-            structure: file stem as released, e.g. `"liver"`, `"liver_lesion"`, `"liver_segment_5"`.
-
-        Returns:
-            Bool array of shape `(X, Y, Z)` on the CT grid (canonical RAS; may be a non-contiguous view), or None
-            when the file is absent.
-        """
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,8 +198,8 @@ def label_organ(
     ct, spacing = _checked_ct(source)
     voxel_mm3 = spacing[0] * spacing[1] * spacing[2]
     structures = ORGAN_STRUCTURES[organ]
-    get = _MaskCache(source, ct.shape)
-    box = _box_finder(source)
+    get = MaskCache(source, ct.shape)
+    box = box_finder(source)
     region = _organ_region(get, box, organ, structures.organ_masks, ct, voxel_mm3)
 
     # The lesion mask gets its own box on the full mask first, so voxels outside the organ box are seen.
@@ -247,7 +217,7 @@ def label_organ(
         organ_volume_mm3=region.volume_mm3,
         parenchyma_mean_hu=parenchyma_mean_hu,
         parenchyma_sd_hu=parenchyma_sd_hu,
-        organ_box_xyzxyz_vox=_box_xyzxyz(region.box),
+        organ_box_xyzxyz_vox=box_xyzxyz(region.box),
     )
     lesion_file, organ_masks = lesion_mask is not None, region.masks
     del region, lesion_mask  # the organ crops and the full lesion mask are not needed for the lesion attributes
@@ -256,7 +226,7 @@ def label_organ(
     if largest is None:
         logger.debug("%s: negative row (lesion file present: %s)", organ, lesion_file)
         return _negative_labels(organ_facts)
-    labels = _lesion_labels(organ_facts, largest, counts, ct, spacing, _crop_getter(source, get), organ_masks, cfg)
+    labels = _lesion_labels(organ_facts, largest, counts, ct, spacing, crop_getter(source, get), organ_masks, cfg)
     logger.debug("%s: %d lesion(s), largest %d voxels", organ, labels.lesion_count, largest.voxel_count)
     return labels
 
@@ -276,29 +246,6 @@ def _checked_ct(source: MaskSource) -> tuple[np.ndarray, tuple[float, float, flo
     return ct, (spacing[0], spacing[1], spacing[2])
 
 
-class _MaskCache:
-    """A `_MaskGetter` over a `MaskSource`: each file is read once per `label_organ` call, checked against the CT grid.
-
-    A source may re-read its file on every `mask()`; part masks fetched with `keep=False` are not kept.
-    """
-
-    def __init__(self, source: MaskSource, ct_shape: tuple[int, ...]) -> None:
-        self._source = source
-        self._ct_shape = ct_shape
-        self._cache: dict[str, np.ndarray | None] = {}
-
-    def __call__(self, structure: str, *, keep: bool = True) -> np.ndarray | None:
-        """Return the full mask of `structure` or None when absent; ValueError when it is not on the CT grid."""
-        if structure in self._cache:
-            return self._cache[structure]
-        arr = self._source.mask(structure)
-        if arr is not None and arr.shape != self._ct_shape:
-            raise ValueError(f"mask {structure!r} is not on the CT grid: {arr.shape=} != ct.shape={self._ct_shape}.")
-        if keep:
-            self._cache[structure] = arr
-        return arr
-
-
 @dataclass(frozen=True, slots=True)
 class _OrganRegion:
     """The organ's masks and their joint box, with the CT and the organ mask cropped to that box (internal).
@@ -306,7 +253,7 @@ class _OrganRegion:
     The two crops share one memory layout, so `ravel('K')` gathers of one by the other line up.
     """
 
-    masks: dict[str, _Boxed]  # the organ's files that exist, each kept inside its own box
+    masks: dict[str, Boxed]  # the organ's files that exist, each kept inside its own box
     box: Box3  # the union of the per-file boxes, volume frame
     ct_crop: np.ndarray  # CT HU inside `box`
     mask_crop: NDArray[np.bool_]  # union of `masks` inside `box`
@@ -314,7 +261,7 @@ class _OrganRegion:
 
 
 def _organ_region(
-    get: _MaskGetter,
+    get: MaskGetter,
     box: Callable[[str, np.ndarray], Box3 | None],
     organ: Organ,
     files: tuple[str, ...],
@@ -329,23 +276,23 @@ def _organ_region(
     Raises:
         CaseDataError: `MISSING_ORGAN_MASK` when none of `files` exists, `EMPTY_ORGAN_MASK` when they have no voxel.
     """
-    masks: dict[str, _Boxed] = {}
+    masks: dict[str, Boxed] = {}
     for structure in files:
         full = get(structure, keep=False)
         if full is not None:
-            masks[structure] = _Boxed.of(full, box(structure, full))
+            masks[structure] = Boxed.of(full, box(structure, full))
         del full
     if not masks:
         raise CaseDataError(
             RejectReason.MISSING_ORGAN_MASK, f"no organ mask file among {list(files)}", organ=str(organ)
         )
-    joint = _union_box([b.box for b in masks.values()])
+    joint = union_box([b.box for b in masks.values()])
     if joint is None:
         raise CaseDataError(
             RejectReason.EMPTY_ORGAN_MASK, f"organ mask(s) {list(files)} have no voxel", organ=str(organ)
         )
-    ct_crop = _copy_like(ct[joint], ct[joint])
-    mask_crop = _union_crop(list(masks.values()), joint, like=ct_crop)
+    ct_crop = copy_like(ct[joint], ct[joint])
+    mask_crop = union_crop(list(masks.values()), joint, like=ct_crop)
     return _OrganRegion(masks, joint, ct_crop, mask_crop, int(np.count_nonzero(mask_crop)) * voxel_mm3)
 
 
@@ -365,7 +312,7 @@ def _find_lesions(
     Raises:
         CaseDataError: `LESION_OUTSIDE_ORGAN` (`_check_inside_organ`).
     """
-    lesion_crop = _as_bool(lesion_mask[lesion_box], like=lesion_mask[lesion_box])
+    lesion_crop = as_bool(lesion_mask[lesion_box], like=lesion_mask[lesion_box])
     _check_inside_organ(lesion_crop, lesion_box, list(region.masks.values()), lesion_mask.shape, organ, cfg)
     return _components(lesion_crop, lesion_box, voxel_mm3, cfg)
 
@@ -380,7 +327,7 @@ def _parenchyma_hu(region: _OrganRegion, lesion_mask: np.ndarray | None, organ: 
         CaseDataError: `EMPTY_ORGAN_MASK` when no organ voxel lies outside the lesion mask.
     """
     if lesion_mask is not None:
-        parenchyma = region.mask_crop & ~_as_bool(lesion_mask[region.box], like=region.ct_crop)
+        parenchyma = region.mask_crop & ~as_bool(lesion_mask[region.box], like=region.ct_crop)
     else:
         parenchyma = region.mask_crop
     if int(np.count_nonzero(parenchyma)) == 0:
@@ -421,7 +368,7 @@ def _lesion_labels(
     ct: np.ndarray,
     spacing: tuple[float, float, float],
     crop_of: Callable[[str, Box3], np.ndarray | None],
-    organ_masks: dict[str, _Boxed],
+    organ_masks: dict[str, Boxed],
     cfg: LabelConfig,
 ) -> OrganLabels:
     """Return the labels of a positive row: key slice, diameters, HU, attenuation and location of the largest lesion.
@@ -437,8 +384,8 @@ def _lesion_labels(
     key_z, (bx0, by0, bx1, by1) = _key_slice(largest.comp)
     long_axis_mm, short_axis_mm, diameter_z = _axial_diameters(largest.comp, spacing[0], spacing[1])
 
-    ct_lesion = _copy_like(ct[largest.box_vox], ct[largest.box_vox])
-    comp_k = _as_bool(largest.comp, like=ct_lesion)
+    ct_lesion = copy_like(ct[largest.box_vox], ct[largest.box_vox])
+    comp_k = as_bool(largest.comp, like=ct_lesion)
     lesion_mean_hu, _ = _hu_stats(ct_lesion.ravel("K")[comp_k.ravel("K")])
     attenuation = _attenuation(lesion_mean_hu, facts.parenchyma_mean_hu, facts.parenchyma_sd_hu, cfg.iso_sd_fraction)
 
@@ -459,7 +406,7 @@ def _lesion_labels(
         key_slice_z_vox=z0 + key_z,
         max_diameter_z_vox=z0 + diameter_z,
         bbox_xyxy_vox=(x0 + bx0, y0 + by0, x0 + bx1, y0 + by1),
-        lesion_box_xyzxyz_vox=_box_xyzxyz(largest.box_vox),
+        lesion_box_xyzxyz_vox=box_xyzxyz(largest.box_vox),
         organ_box_xyzxyz_vox=facts.organ_box_xyzxyz_vox,
     )
 
@@ -487,180 +434,10 @@ def _check_organ_hu(source: MaskSource, organ: Organ, files: tuple[str, ...], pa
     )
 
 
-def _mask_box(mask: np.ndarray) -> Box3 | None:
-    """Return the tight half-open box of the nonzero voxels of a full volume, or None when it is empty.
-
-    Works on any strides without copying: axes stored reversed (negative strides, e.g. a flipped nibabel view)
-    are read forwards and the bounds mapped back, because reductions over negative strides are ~10x slower. One
-    full pass projects along the axis that is slowest in memory; a second pass covers only the box found in the
-    other two axes.
-
-    Args:
-        mask: shape `(X, Y, Z)`, bool (or integer, nonzero = inside), any memory layout.
-
-    Returns:
-        `(x, y, z)` slices in the volume frame, half-open, or None.
-    """
-    flipped = [axis for axis in range(3) if mask.strides[axis] < 0]
-    view: np.ndarray = mask[tuple(slice(None, None, -1) if axis in flipped else slice(None) for axis in range(3))]
-    outer = int(np.argmax(np.abs(view.strides)))
-    inner = [axis for axis in range(3) if axis != outer]
-    proj = np.logical_or.reduce(view, axis=outer)  # any() over the outer axis: (inner[0], inner[1])
-    first = np.flatnonzero(proj.any(axis=1))
-    if first.size == 0:
-        return None
-    second = np.flatnonzero(proj.any(axis=0))
-    bounds: list[tuple[int, int]] = [(0, 0)] * 3
-    bounds[inner[0]] = (int(first[0]), int(first[-1]) + 1)
-    bounds[inner[1]] = (int(second[0]), int(second[-1]) + 1)
-    sub = view[tuple(slice(*bounds[axis]) if axis != outer else slice(None) for axis in range(3))]
-    along = np.flatnonzero(sub.any(axis=tuple(inner)))
-    bounds[outer] = (int(along[0]), int(along[-1]) + 1)
-    for axis in flipped:  # [a, b) on the reversed axis is [n - b, n - a) on the original one
-        n, (a, b) = mask.shape[axis], bounds[axis]
-        bounds[axis] = (n - b, n - a)
-    return slice(*bounds[0]), slice(*bounds[1]), slice(*bounds[2])
-
-
-def _union_box(boxes: list[Box3 | None]) -> Box3 | None:
-    """Return the smallest box holding every given box (None entries are empty), or None when all are empty."""
-    present = [b for b in boxes if b is not None]
-    if not present:
-        return None
-    return tuple(  # type: ignore[return-value]
-        slice(min(b[i].start for b in present), max(b[i].stop for b in present)) for i in range(3)
-    )
-
-
-def _box_xyzxyz(box: Box3) -> tuple[int, int, int, int, int, int]:
-    """Return a box of slices as `(x0, y0, z0, x1, y1, z1)`, half-open."""
-    return box[0].start, box[1].start, box[2].start, box[0].stop, box[1].stop, box[2].stop
-
-
-def _copy_like(view: np.ndarray, like: np.ndarray, dtype: type | None = None) -> np.ndarray:
-    """Copy `view` into a new array whose axis order in memory follows `like` (positive strides).
-
-    Two arrays made this way from the same `like` ravel in the same order with `ravel('K')`, which makes boolean
-    gathers on them fast whatever the source layout (Fortran order, flipped views).
-
-    Args:
-        view: source, shape `(x, y, z)`.
-        like: layout prototype of the same shape.
-        dtype: dtype of the copy (default `like.dtype`).
-
-    Returns:
-        A writable copy of `view` with the memory layout of `like`.
-    """
-    out = np.empty_like(like, dtype=dtype)
-    out[...] = view
-    return out
-
-
-def _as_bool(view: np.ndarray, like: np.ndarray) -> NDArray[np.bool_]:
-    """Copy a mask crop as bool (nonzero = inside) in the memory layout of `like`."""
-    return _copy_like(view if view.dtype == np.bool_ else view != 0, like, dtype=np.bool_)
-
-
-@dataclass(frozen=True, slots=True)
-class _Boxed:
-    """A mask kept as its tight box and the bool crop inside it: every voxel outside the box is 0 by definition.
-
-    Attributes:
-        box: the mask's tight half-open box in the volume frame, None when the mask is empty.
-        crop: bool copy of the mask inside `box` (the source's memory order), None when empty.
-    """
-
-    box: Box3 | None
-    crop: NDArray[np.bool_] | None
-
-    @classmethod
-    def of(cls, mask: np.ndarray, box: Box3 | None) -> _Boxed:
-        """Keep `mask` (a full volume) inside its tight `box` only."""
-        if box is None:
-            return cls(None, None)
-        return cls(box, _as_bool(mask[box], like=mask[box]))
-
-    def window(self, box: tuple[slice, ...]) -> NDArray[np.bool_]:
-        """Return the mask inside any `box` of the volume (zeros outside the mask's own box), bool."""
-        shape = tuple(s.stop - s.start for s in box)
-        fortran = self.crop is not None and self.crop.flags.f_contiguous and not self.crop.flags.c_contiguous
-        out = np.zeros(shape, dtype=np.bool_, order="F" if fortran else "C")
-        if self.box is None or self.crop is None:
-            return out
-        lo = [max(a.start, b.start) for a, b in zip(box, self.box, strict=True)]
-        hi = [min(a.stop, b.stop) for a, b in zip(box, self.box, strict=True)]
-        if any(low >= high for low, high in zip(lo, hi, strict=True)):
-            return out
-        dst = tuple(slice(low - a.start, high - a.start) for low, high, a in zip(lo, hi, box, strict=True))
-        src = tuple(slice(low - b.start, high - b.start) for low, high, b in zip(lo, hi, self.box, strict=True))
-        out[dst] = self.crop[src]
-        return out
-
-
-def _box_finder(source: MaskSource) -> Callable[[str, np.ndarray], Box3 | None]:
-    """Return `box(structure, mask)`: the box the source's reader found (`mask_box`, optional), else `_mask_box`."""
-    box_of = getattr(source, "mask_box", None)
-
-    def box(structure: str, mask: np.ndarray) -> Box3 | None:
-        known = box_of(structure) if box_of is not None else None
-        return _mask_box(mask) if known is None else known[0]
-
-    return box
-
-
-def _crop_getter(source: MaskSource, get: _MaskGetter) -> Callable[[str, Box3], np.ndarray | None]:
-    """Return `crop(structure, box)`: the mask of `structure` inside `box`, or None when the file is absent.
-
-    A source with `mask_crop(structure, box)` (optional; `CaseImages`) reads the file and checks its values only inside
-    the box, where they are used; otherwise the full mask comes from `get` (not kept) and is cropped.
-    """
-    crop_of = getattr(source, "mask_crop", None)
-
-    def crop(structure: str, box: Box3) -> np.ndarray | None:
-        if crop_of is None:
-            full = get(structure, keep=False)
-            return None if full is None else full[box]
-        out: np.ndarray | None = crop_of(structure, box)
-        want = tuple(s.stop - s.start for s in box)
-        if out is not None and out.shape != want:
-            raise ValueError(f"mask {structure!r} crop is not the box: {out.shape=} != {want}.")
-        return out
-
-    return crop
-
-
-def _union_crop(masks: list[_Boxed], box: Box3, like: np.ndarray) -> NDArray[np.bool_]:
-    """Return the union of the masks inside `box` as bool, in the memory layout of `like` (shape of the box)."""
-    out = _copy_like(masks[0].window(box), like, dtype=np.bool_)
-    for m in masks[1:]:
-        out |= m.window(box)
-    return out
-
-
-def _dilate_cube(mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
-    """Dilate by one voxel with the 3x3x3 cube (26-neighbourhood), as three separable 1-D passes.
-
-    Args:
-        mask: bool, shape `(x, y, z)`; voxels beyond the edges count as outside.
-
-    Returns:
-        The dilated mask, same shape.
-    """
-    out = mask.copy()
-    for axis in range(3):
-        src = out.copy()
-        lo = [slice(None)] * 3
-        hi = [slice(None)] * 3
-        lo[axis], hi[axis] = slice(None, -1), slice(1, None)
-        out[tuple(hi)] |= src[tuple(lo)]
-        out[tuple(lo)] |= src[tuple(hi)]
-    return out
-
-
 def _check_inside_organ(
     lesion: NDArray[np.bool_],
     lesion_box: Box3,
-    organ_masks: list[_Boxed],
+    organ_masks: list[Boxed],
     shape: tuple[int, ...],
     organ: Organ,
     cfg: LabelConfig,
@@ -686,7 +463,7 @@ def _check_inside_organ(
     for m in organ_masks:
         organ_grown |= m.window(grown)
     inner = tuple(slice(b.start - g.start, b.stop - g.start) for b, g in zip(lesion_box, grown, strict=True))
-    near_organ = _dilate_cube(organ_grown)[inner]
+    near_organ = dilate_cube(organ_grown)[inner]
     n_lesion = int(np.count_nonzero(lesion))
     fraction = int(np.count_nonzero(lesion & near_organ)) / n_lesion
     if fraction < cfg.min_lesion_inside_fraction:
@@ -847,7 +624,7 @@ def _location(
     organ: Organ,
     largest: _Largest,
     crop_of: Callable[[str, Box3], np.ndarray | None],
-    boxed: dict[str, _Boxed],
+    boxed: dict[str, Boxed],
     min_fraction: float,
 ) -> tuple[str, ...]:
     """Return the sub-structures holding more than `min_fraction` of the largest lesion's labelled voxels.
@@ -861,7 +638,7 @@ def _location(
     Args:
         organ: the organ row.
         largest: the largest lesion (its mask and box).
-        crop_of: returns a part mask cropped to a box (`_crop_getter`), or None when the file is absent.
+        crop_of: returns a part mask cropped to a box (`crop_getter`), or None when the file is absent.
         boxed: masks already read, kept inside their boxes (kidney sides: the organ masks), by structure name.
         min_fraction: a part is kept when its share is strictly above this.
 

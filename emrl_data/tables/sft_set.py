@@ -21,7 +21,7 @@ from typing import Any
 from emrl_data import __version__
 from emrl_data.atomic_write import write_bytes_atomic
 from emrl_data.config import CurateConfig, SftConfig
-from emrl_data.labeling.curate import CaseStore
+from emrl_data.labeling.case_store import CaseStore
 from emrl_data.labeling.frames import draw_contact_sheet
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.reading.atlas import AtlasPlan

@@ -22,7 +22,9 @@ import pyarrow as pa
 import pytest
 
 from emrl_data.config import CurateConfig
-from emrl_data.labeling.curate import CaseResult, CaseStore, case_cache_key, curate_case, file_checksum
+from emrl_data.labeling.case_store import CaseStore
+from emrl_data.labeling.checksums import case_cache_key, file_checksum
+from emrl_data.labeling.curate import CaseResult, curate_case
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.reading.atlas import (
     AtlasError,
@@ -599,7 +601,7 @@ def test_a_damaged_case_store_entry_is_recomputed_with_a_warning(
         arrow_path.write_bytes(b"")
     else:
         arrow_path.unlink()
-    with caplog.at_level(logging.WARNING, logger="emrl_data.labeling.curate"):
+    with caplog.at_level(logging.WARNING, logger="emrl_data.labeling.case_store"):
         assert not store.has("k")
         assert store.load_rows("k") is None
     assert "is unusable" in caplog.text and "curated again" in caplog.text

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from emrl_data.config import CurateConfig
-from emrl_data.labeling.curate import CaseStore, case_cache_key, curate_case
+from emrl_data.labeling.curate import curate_case
 from emrl_data.outcome import ARCHIVE_REASONS, RejectReason
 from emrl_data.reading.atlas import plan_atlas
 from emrl_data.synthetic import DEFECTS, QUIRKS, AtlasTruth, CaseSpec, LesionSpec, demo_specs, write_atlas
@@ -133,34 +133,6 @@ def test_an_unexpected_error_is_recorded_not_raised(monkeypatch: pytest.MonkeyPa
         ("kidney", RejectReason.UNEXPECTED_ERROR),
     ]
     assert "ZeroDivisionError: bug" in result.rejections[0].detail
-
-
-def test_cache_key_follows_content_not_path(tmp_path: Path) -> None:
-    spec = CaseSpec("BDMAP_00000001", shape=(96, 80, 32), lesions=LESIONS)
-    write_atlas(tmp_path / "a", [spec])
-    write_atlas(tmp_path / "b", [spec])
-    (ref_a,), (ref_b,) = plan_atlas(tmp_path / "a").refs, plan_atlas(tmp_path / "b").refs
-    assert case_cache_key(ref_a, CFG, "train") == case_cache_key(ref_b, CFG, "train")
-    liver = ref_b.structure_path("liver")
-    liver.write_bytes(liver.read_bytes()[:-8] + b"\0" * 8)  # content change (gzip trailer)
-    assert case_cache_key(ref_a, CFG, "train") != case_cache_key(ref_b, CFG, "train")
-    assert case_cache_key(ref_a, CFG, "train") != case_cache_key(ref_a, CFG, "test")
-
-
-def test_case_store_round_trip(tmp_path: Path) -> None:
-    write_atlas(tmp_path / "atlas", [CaseSpec("BDMAP_00000001", shape=(96, 80, 32), lesions=LESIONS)])
-    (ref,) = plan_atlas(tmp_path / "atlas").refs
-    result = curate_case(ref, split="train", cfg=CFG)
-    store = CaseStore(tmp_path / "store")
-    assert not store.has("k")
-    store.save("k", result)
-    assert store.has("k")
-    light = store.load_rows("k")
-    assert [r["organ"] for r in light.rows] == ["liver", "pancreas", "kidney"]
-    assert all("frames" not in r for r in light.rows)
-    frames = store.load_frames("k")
-    assert frames["liver"] == result.rows[0]["frames"]
-    assert light.rows[0]["frames_bytes"] == sum(len(f["bytes"]) for f in frames["liver"])
 
 
 @pytest.mark.parametrize(

@@ -823,7 +823,7 @@ def test_check_mask_bytes_refuses_values_other_than_0_and_1(dtype: type, value: 
 
 
 def test_orientation_maps_a_box_like_the_array() -> None:
-    from emrl_data.labeling.labels import _mask_box
+    from emrl_data.labeling.crops import mask_box
     from emrl_data.reading.case_images import _Orientation
 
     affine = np.diag([-1.0, -1.0, 1.0, 1.0])[[1, 0, 2, 3]]  # stored i -> -A (y), stored j -> -R... (x), k -> S
@@ -831,5 +831,5 @@ def test_orientation_maps_a_box_like_the_array() -> None:
     stored[1:3, 2:5, 0:2] = True
     orientation = _Orientation.from_affine(affine, stored.shape)
     box = orientation.box((slice(1, 3), slice(2, 5), slice(0, 2)))
-    assert box == _mask_box(orientation.apply(stored))
+    assert box == mask_box(orientation.apply(stored))
     assert box == (slice(0, 3), slice(3, 5), slice(0, 2))

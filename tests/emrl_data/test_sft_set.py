@@ -8,7 +8,8 @@ import pytest
 
 from emrl_data import __version__
 from emrl_data.config import CurateConfig, SftConfig
-from emrl_data.labeling.curate import CaseResult, CaseStore
+from emrl_data.labeling.case_store import CaseStore
+from emrl_data.labeling.curate import CaseResult
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.reading.atlas import AtlasPlan
 from emrl_data.tables.sft_set import (

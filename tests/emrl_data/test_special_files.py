@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 from emrl_data.config import CurateConfig
-from emrl_data.labeling.curate import CaseResult, CaseStore, case_cache_key, curate_case, file_checksum
+from emrl_data.labeling.case_store import CaseStore
+from emrl_data.labeling.checksums import case_cache_key, file_checksum
+from emrl_data.labeling.curate import CaseResult, curate_case
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.reading import inflate
 from emrl_data.reading.atlas import AtlasError, CaseRef, plan_atlas, special_entries

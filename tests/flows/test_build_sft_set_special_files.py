@@ -192,7 +192,8 @@ def test_a_full_disk_fails_in_one_line_naming_the_shard_and_leaves_no_temporary_
 _EFBIG_STORE_SCRIPT = """
 import resource, signal, sys
 from pathlib import Path
-from emrl_data.labeling.curate import CaseResult, CaseStore
+from emrl_data.labeling.case_store import CaseStore
+from emrl_data.labeling.curate import CaseResult
 from emrl_data.atomic_write import OutputWriteError
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
