@@ -16,18 +16,14 @@ from train.miniature.config import MiniatureConfig, load_config
 from train.miniature.study import MINIATURE_WARMUP_KEYS, Miniature, check_split, claim_check
 from train.tiny.model import build_model, build_processor
 from train.tiny.synthetic import VISIBLE_INTENSITY, make_visible_rows
-from train.tiny.warmup import (
-    BalancedPairs,
-    FrameTarget,
-    VerifierCollator,
-    balanced_rows,
+from train.tiny.verifier_data import BalancedPairs, FrameTarget, VerifierCollator, frame_targets, verifier_examples
+from train.tiny.warmup import balanced_rows, held_out_indices, lm_warmup
+from train.tiny.warmup_checks import (
+    _blind_partner,
+    _eval_frames,
     format_verifier,
-    frame_targets,
-    held_out_indices,
-    lm_warmup,
     reports_claim_both_classes,
     score_verifier,
-    verifier_examples,
     verifier_gaps,
 )
 
@@ -358,8 +354,6 @@ def test_warmup_reads_both_classes_on_its_class_rows_once_the_rest_is_met(monkey
 
 
 def test_held_out_frames_go_round_robin_over_rows_and_the_blind_partner_shares_the_organ() -> None:
-    from train.tiny.warmup import _blind_partner, _eval_frames
-
     negatives = [{"organ": "liver", "n_frames": 8, "has_lesion": False} for _ in range(3)]
     asked = _eval_frames(negatives, lesion_span=3, max_frames=4)
     assert [(i, t.frame) for i, t in asked] == [(0, 0), (1, 0), (2, 0), (0, 1)]

@@ -253,7 +253,7 @@ def sample_groups(model: Any, processor: Any, rows: Sequence[Mapping[str, Any]],
 
     from emrl_data.text.report import VERIFIER_PROMPT  # noqa: PLC0415
     from train.data import frames_to_array, user_messages, verifier_messages  # noqa: PLC0415
-    from train.tiny.warmup import generate_texts  # noqa: PLC0415
+    from train.tiny.warmup_checks import generate_texts  # loads torch: waits until a model runs
 
     model.eval()
     groups, verifier_records, greedy, examples = [], [], [], []
@@ -543,7 +543,7 @@ def verifier_by_distance(
     `rows`; return `score_by_distance`'s rates."""
     from emrl_data.text.report import VERIFIER_PROMPT  # noqa: PLC0415
     from train.data import frames_to_array, verifier_messages  # noqa: PLC0415
-    from train.tiny.warmup import generate_texts  # noqa: PLC0415
+    from train.tiny.warmup_checks import generate_texts  # loads torch: waits until a model runs
 
     asked, msgs = [], []
     for row in [r for r in rows if r["has_lesion"] and r.get("key_slice_frame")][:max_rows]:

@@ -262,7 +262,8 @@ class Miniature:
         import torch  # noqa: PLC0415
 
         from train.tiny.model import build_model, build_processor  # noqa: PLC0415
-        from train.tiny.warmup import format_verifier, held_out_indices, lm_warmup, verifier_accuracy  # noqa: PLC0415
+        from train.tiny.warmup import held_out_indices, lm_warmup  # noqa: PLC0415
+        from train.tiny.warmup_checks import format_verifier, verifier_accuracy  # noqa: PLC0415
 
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
@@ -413,7 +414,7 @@ class Miniature:
 
         from emrl_data.text.evaluation import evaluate, score_predictions, write_evaluation  # noqa: PLC0415
         from train.data import load_model_and_processor, user_messages  # noqa: PLC0415
-        from train.tiny.warmup import format_verifier, generate_texts, verifier_accuracy  # noqa: PLC0415
+        from train.tiny.warmup_checks import format_verifier, generate_texts, verifier_accuracy  # noqa: PLC0415
 
         cfg, label, folder = self.cfg, MODELS[name], self.out / stage / name
         kept, kept_verifier = folder / "predictions.jsonl", folder / "verifier.json"
@@ -613,7 +614,7 @@ def _paired_lines(paired: dict[str, Any]) -> list[str]:
 
 def _verifier_lines(results: dict[str, Any]) -> list[str]:
     """Return the verifier-accuracy lines (the models that have one)."""
-    from train.tiny.warmup import format_verifier  # noqa: PLC0415
+    from train.tiny.warmup_checks import format_verifier  # noqa: PLC0415
 
     lines = [f"- verifier of {r['label']}: {format_verifier(r['verifier']['seen'])}; blind control "
              f"{format_verifier(r['verifier']['blind'])}" for r in results.values() if r.get("verifier")]  # fmt: skip

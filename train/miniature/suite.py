@@ -171,7 +171,7 @@ def _run_one(cfg: MiniatureConfig, levels: dict[Level, list[str]], output_dir: s
     is then excluded (`write_exclusion`)."""
     import torch  # noqa: PLC0415
 
-    from train.tiny.warmup import WarmupMissed  # noqa: PLC0415
+    from train.tiny.warmup import WarmupMissed  # loads torch: waits until a seed runs
 
     clean = run_dir(output_dir, 0.0, seed)
     clean_cfg = replace(cfg, seed=seed, models=levels[0.0], **overrides_of(0.0))
@@ -606,7 +606,7 @@ def verifier_over_seeds(results: dict[int, dict[str, Any]], models: list[str]) -
     """Return, per model of `models` that has a verifier (SFT and the GRPO runs), in that order, its accuracy on the
     test split's frames, seen and blind, each rate the mean over the seeds that measured it (None where none did)."""
     from train.miniature.diagnose import BY_DISTANCE  # noqa: PLC0415
-    from train.tiny.warmup import VERIFIER_GATES  # noqa: PLC0415
+    from train.tiny.warmup_checks import VERIFIER_GATES  # loads torch: waits until a verifier table is made
 
     out: dict[str, Any] = {}
     for name in models:
@@ -720,7 +720,7 @@ def spread_markdown(spread: dict[str, Any]) -> list[str]:
 
 def verifier_markdown(verifier: dict[str, Any]) -> list[str]:
     """Return the lines of the verifier table of one level (none when no model has a verifier)."""
-    from train.tiny.warmup import VERIFIER_GATES  # noqa: PLC0415
+    from train.tiny.warmup_checks import VERIFIER_GATES  # loads torch: waits until a verifier table is made
 
     if not verifier:
         return []

@@ -22,7 +22,8 @@ from train.data import load_split, user_messages
 from train.entry import train_main
 from train.sft import SftScriptArguments, load_policy, load_sft_rows, train_sft
 from train.tiny.model import build_model, build_processor
-from train.tiny.warmup import generate_texts, held_out_indices, lm_warmup, report_parse_rate
+from train.tiny.warmup import held_out_indices, lm_warmup
+from train.tiny.warmup_checks import generate_texts, report_parse_rate
 
 
 @dataclass

@@ -17,12 +17,13 @@ on) are parsed, and, with a span, the verifier is asked about held-out frames (`
 sensitivity and specificity, location and attenuation on lesion frames). The warm-up ends once the parse rates reach
 their targets and every verifier accuracy reaches `target_verifier_accuracy`. Reaching the step cap first is a
 `TrainConfigError` (one line: what was reached, the cap, the fix).
+
+The verifier task's data: `train.tiny.verifier_data`; the held-out checks: `train.tiny.warmup_checks`.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,20 +31,24 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import BatchFeature
 
-from emrl_data.text.parser import ParseFailure, parse_free_text, parse_report
-from emrl_data.text.report import NEGATIVE_FINDINGS, VERIFIER_PROMPT, render_findings
-from emrl_data.types import Organ
+from emrl_data.text.parser import parse_report
 from train.checks import TrainConfigError
-from train.data import CTQwen3VLProcessor, SFTCollator, frames_to_array, user_messages, verifier_messages
+from train.data import CTQwen3VLProcessor, SFTCollator
 from train.freeze import set_stage_trainable
-from train.tiny.synthetic import visible_lesion_radii_px, visible_slice_long_mm
+from train.tiny.verifier_data import BalancedPairs, VerifierCollator
+from train.tiny.warmup_checks import (
+    fails_to_parse,
+    format_verifier,
+    report_parse_rate,
+    reports_claim_both_classes,
+    verifier_accuracy,
+    verifier_claim_rate,
+    verifier_gaps,
+)
 
 
 logger = logging.getLogger(__name__)
-
-_FINDINGS_RE = re.compile(r"<findings>(.*?)</findings>", re.S)
 
 
 class WarmupMissed(TrainConfigError):
@@ -84,291 +89,6 @@ def held_out_indices(n_rows: int, n_val: int) -> list[int]:
     return [int((i + 0.5) * n_rows / n_val) for i in range(n_val)]
 
 
-def findings_sentence(report: str, organ: str) -> str:
-    """Return the findings text of a report (`<findings>F</findings>` -> F); the organ's negative sentence if none."""
-    found = _FINDINGS_RE.search(report)
-    return found.group(1).strip() if found else NEGATIVE_FINDINGS[Organ(organ)]
-
-
-@dataclass(frozen=True)
-class FrameTarget:
-    """One frame of a row and what the verifier should say about it.
-
-    `frame` is 0-based; `present` whether the lesion shows on that slice; `answer` the description of that slice
-    (the lesion as it appears there, or the organ's negative sentence); `location` and `attenuation` the lesion's
-    (None on a frame without it).
-    """
-
-    frame: int
-    answer: str
-    present: bool
-    location: tuple[str, ...] | None = None
-    attenuation: str | None = None
-
-
-def frame_targets(row: Mapping[str, Any], lesion_span: int) -> list[FrameTarget]:
-    """Return the verifier target of EVERY frame of a `make_visible_rows` row (frames drawn with `lesion_span`).
-
-    A frame shows the lesion when `train.tiny.synthetic.visible_lesion_radii_px` gives it a radius (the disc drawn
-    there); its target is the lesion as that slice shows it: side (location), attenuation, and the long axis at that
-    slice (`visible_slice_long_mm`). Every other frame, and each frame of a negative row, gets the organ's negative
-    sentence.
-    """
-    organ = Organ(row["organ"])
-    n_frames = int(row["n_frames"])
-    negative = NEGATIVE_FINDINGS[organ]
-    key = row.get("key_slice_frame")
-    if not row["has_lesion"] or key is None:
-        return [FrameTarget(i, negative, False) for i in range(n_frames)]
-    size_px = frames_to_array(row["frames"][:1]).shape[-1]
-    radii = visible_lesion_radii_px(n_frames, size_px, int(key), float(row["long_axis_mm"]), lesion_span)
-    location, attenuation = tuple(row["location"]), str(row["attenuation"])
-    out = []
-    for i, radius in enumerate(radii):
-        if radius == 0:
-            out.append(FrameTarget(i, negative, False))
-            continue
-        long_mm = visible_slice_long_mm(float(row["long_axis_mm"]), radius, radii[int(key) - 1])
-        answer = render_findings(organ, has_lesion=True, lesion_count=1, long_axis_mm=long_mm,
-                                 short_axis_mm=round(long_mm * 0.7, 1), volume_mm3=round(long_mm**3 * 0.3),
-                                 location=location, attenuation=attenuation)  # fmt: skip
-        out.append(FrameTarget(i, answer, True, location, attenuation))
-    return out
-
-
-def verifier_examples(
-    row: Mapping[str, Any], rng: np.random.Generator, lesion_span: int | None = None
-) -> list[tuple[np.ndarray, str]]:
-    """Return the verifier-task examples of one row: `[(frame (H, W) uint8, answer), ...]`.
-
-    With `lesion_span` (rows of `make_visible_rows`, whose pixels the span fixes): every frame with its
-    `frame_targets` answer. Without it (rows whose per-slice truth is unknown, such as the demo's): a positive row's
-    key frame with its findings sentence and, when it has a frame at least 3 away from the key frame, one such frame
-    with the negative sentence; a negative row one random frame with the negative sentence.
-    """
-    frames = frames_to_array(row["frames"])
-    if lesion_span is not None:
-        return [(frames[t.frame], t.answer) for t in frame_targets(row, lesion_span)]
-    negative = NEGATIVE_FINDINGS[Organ(row["organ"])]
-    key = row.get("key_slice_frame")
-    if not row["has_lesion"] or key is None:
-        return [(frames[int(rng.integers(len(frames)))], negative)]
-    out = [(frames[int(key) - 1], findings_sentence(row["report"], row["organ"]))]
-    far = [i for i in range(len(frames)) if abs(i + 1 - int(key)) >= 3]
-    if far:
-        out.append((frames[int(rng.choice(far))], negative))
-    return out
-
-
-class BalancedPairs:
-    """Draw verifier pairs half from frames that show a lesion, half from frames that do not (seeded)."""
-
-    def __init__(self, rows: Sequence[Mapping[str, Any]], rng: np.random.Generator, lesion_span: int | None,
-                 balanced: bool = True):  # fmt: skip
-        self.rng, self.balanced = rng, balanced
-        self.all: list[tuple[np.ndarray, str]] = []
-        self.present: list[tuple[np.ndarray, str]] = []
-        self.absent: list[tuple[np.ndarray, str]] = []
-        negatives = set(NEGATIVE_FINDINGS.values())
-        for row in rows:
-            for pair in verifier_examples(row, rng, lesion_span):
-                self.all.append(pair)
-                (self.absent if pair[1] in negatives else self.present).append(pair)
-
-    def __len__(self) -> int:
-        return len(self.present) + len(self.absent)
-
-    def draw(self, n: int) -> list[tuple[np.ndarray, str]]:
-        """Return `n` pairs: `n // 2` with a lesion and the rest without (all from one pool when the other is empty)."""
-        if not self.balanced:  # uniform over every pair, in row order
-            return [self.all[int(i)] for i in self.rng.integers(len(self.all), size=n)]
-        n_present = n // 2 if self.present and self.absent else (n if self.present else 0)
-        pick = (
-            [self.present[int(i)] for i in self.rng.integers(len(self.present), size=n_present)] if n_present else []
-        )
-        rest = n - n_present
-        return pick + ([self.absent[int(i)] for i in self.rng.integers(len(self.absent), size=rest)] if rest else [])
-
-
-class VerifierCollator:
-    """Batch `(frame, answer)` pairs into Qwen3-VL inputs: image + `VERIFIER_PROMPT` -> answer, loss on the answer."""
-
-    def __init__(self, processor: CTQwen3VLProcessor, prompt: str = VERIFIER_PROMPT):
-        self.processor = processor
-        self.prompt = prompt
-
-    def __call__(self, pairs: Sequence[tuple[np.ndarray, str]]) -> BatchFeature:
-        """Return `input_ids`, `attention_mask`, `pixel_values`, `image_grid_thw`, `mm_token_type_ids`, `labels`."""
-        proc = self.processor
-        msgs = [verifier_messages(frame, self.prompt) for frame, _ in pairs]
-        images = [m[0]["content"][0]["image"] for m in msgs]
-        prompts = [proc.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in msgs]
-        fulls = [p + answer + proc.tokenizer.eos_token for p, (_, answer) in zip(prompts, pairs, strict=True)]
-        batch = proc(text=fulls, images=images, padding=True, return_tensors="pt")
-        ids, mask = batch["input_ids"], batch["attention_mask"]
-        labels = ids.masked_fill(mask == 0, -100)
-        for i, (prompt, image) in enumerate(zip(prompts, images, strict=True)):
-            n_prompt = len(proc(text=[prompt], images=[image])["input_ids"][0])
-            labels[i, : int((mask[i] == 0).sum()) + n_prompt] = -100
-        batch["labels"] = labels
-        return batch
-
-
-def generate_texts(
-    model: Any,
-    processor: CTQwen3VLProcessor,
-    messages: list[list[dict]],
-    max_new_tokens: int,
-    sample_seed: int | None = None,
-) -> list:
-    """Return the answer to each conversation (vision tokens suppressed), one at a time (no padding effects).
-
-    Greedy when `sample_seed` is None, else sampled at temperature 1 from a generator seeded per conversation.
-    """
-    texts = []
-    was_training = model.training
-    model.eval()
-    for i, msg in enumerate(messages):
-        inputs: Any = processor.apply_chat_template([msg], add_generation_prompt=True, tokenize=True, return_dict=True,
-                                                    return_tensors="pt")  # fmt: skip
-        sampling: dict[str, Any] = {"do_sample": False}
-        if sample_seed is not None:
-            torch.manual_seed(sample_seed + i)
-            sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
-        with torch.no_grad():
-            out = model.generate(**inputs, max_new_tokens=max_new_tokens, suppress_tokens=processor.vision_token_ids,
-                                 **sampling)  # fmt: skip
-        texts.append(processor.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)[0])
-    model.train(was_training)
-    return texts
-
-
-def report_parse_rate(model: Any, processor: CTQwen3VLProcessor, rows: Sequence[Mapping[str, Any]],
-                      max_new_tokens: int = 128, sample_seed: int | None = None) -> tuple[float, list[str]]:  # fmt: skip
-    """Return (fraction of rows whose report parses, the reports): greedy, or sampled with `sample_seed`."""
-    msgs = [user_messages(r["prompt"], r["frames"]) for r in rows]
-    reports = generate_texts(model, processor, msgs, max_new_tokens, sample_seed)
-    ok = [not isinstance(parse_report(t, r["organ"]), ParseFailure) for t, r in zip(reports, rows, strict=True)]
-    return sum(ok) / max(1, len(ok)), reports
-
-
-def _fails(text: str, organ: str) -> bool:
-    return isinstance(parse_report(text, organ), ParseFailure)
-
-
-def verifier_claim_rate(model: Any, processor: CTQwen3VLProcessor, rows: Sequence[Mapping[str, Any]],
-                        max_new_tokens: int = 48) -> float | None:  # fmt: skip
-    """Return the fraction of positive rows' key frames on which the greedy verifier answer claims a lesion (None
-    without a positive row: no rate, rather than a NaN that strict JSON refuses)."""
-    pos = [r for r in rows if r["has_lesion"] and r.get("key_slice_frame")]
-    if not pos:
-        return None
-    msgs = [
-        verifier_messages(frames_to_array(r["frames"])[int(r["key_slice_frame"]) - 1], VERIFIER_PROMPT) for r in pos
-    ]
-    texts = generate_texts(model, processor, msgs, max_new_tokens)
-    claims = [parse_free_text(t, r["organ"]) for t, r in zip(texts, pos, strict=True)]
-    return sum(not isinstance(c, ParseFailure) and c.has_lesion for c in claims) / len(pos)
-
-
-VERIFIER_GATES = ("sensitivity", "specificity", "location", "attenuation")
-
-
-def _round_robin(lists: Sequence[Sequence[Any]]) -> list[Any]:
-    """Return the items of `lists` taken one from each list in turn (the first of each, then the second, ...)."""
-    depth = max((len(items) for items in lists), default=0)
-    return [items[k] for k in range(depth) for items in lists if k < len(items)]
-
-
-def _eval_frames(
-    rows: Sequence[Mapping[str, Any]], lesion_span: int, max_frames: int
-) -> list[tuple[int, FrameTarget]]:
-    """Return `(row index, target)` of at most `max_frames` frames, half with the lesion, half without, in a fixed
-    order (every check asks the same frames): round-robin over the rows (each row's first frame of a kind, then each
-    row's second, ...), so the frames come from as many rows as they can and one row's answers do not decide a gate."""
-    present_by_row: list[list[tuple[int, FrameTarget]]] = []
-    absent_by_row: list[list[tuple[int, FrameTarget]]] = []
-    for i, row in enumerate(rows):
-        targets = frame_targets(row, lesion_span)
-        present_by_row.append([(i, t) for t in targets if t.present])
-        absent_by_row.append([(i, t) for t in targets if not t.present])
-    present, absent = _round_robin(present_by_row), _round_robin(absent_by_row)
-    half = max_frames // 2
-    n_present = min(len(present), max(half, max_frames - len(absent)))
-    return present[:n_present] + absent[: max_frames - n_present]
-
-
-def _blind_partner(rows: Sequence[Mapping[str, Any]], i: int) -> int:
-    """Return the next row after row i (cyclic) of row i's organ; the next row when no other row has that organ."""
-    n = len(rows)
-    same = [j % n for j in range(i + 1, i + n) if rows[j % n]["organ"] == rows[i]["organ"]]
-    return same[0] if same else (i + 1) % n
-
-
-def verifier_accuracy(
-    model: Any,
-    processor: CTQwen3VLProcessor,
-    rows: Sequence[Mapping[str, Any]],
-    lesion_span: int,
-    *,
-    max_frames: int = 48,
-    max_new_tokens: int = 48,
-    blind: bool = False,
-) -> dict[str, float | int | None]:
-    """Return the greedy verifier's accuracy on held-out frames, each scored against its `frame_targets` target.
-
-    sensitivity: lesion frames whose answer claims a lesion; specificity: lesion-free frames whose answer claims none
-    (an unreadable answer is wrong either way); location, attenuation: lesion frames whose answer names the target's
-    (None without a lesion frame). `blind`: the verifier is shown the same frame of the next row of the same organ
-    instead (`_blind_partner`), scored against row i's target: the control, expected at chance (the organ matches, so
-    a wrong answer is about the lesion, not the organ).
-    """
-    asked = _eval_frames(rows, lesion_span, max_frames)
-    shown = [_blind_partner(rows, i) if blind else i for i, _ in asked]
-    msgs = [verifier_messages(frames_to_array(rows[j]["frames"])[t.frame], VERIFIER_PROMPT)
-            for j, (_, t) in zip(shown, asked, strict=True)]  # fmt: skip
-    return score_verifier(
-        [(rows[i]["organ"], t) for i, t in asked], generate_texts(model, processor, msgs, max_new_tokens)
-    )
-
-
-def score_verifier(asked: Sequence[tuple[str, FrameTarget]], texts: Sequence[str]) -> dict[str, float | int | None]:
-    """Return `verifier_accuracy`'s rates of answers `texts` to the frames `asked` (`(organ, target)` each)."""
-    hits: dict[str, list[bool]] = {k: [] for k in VERIFIER_GATES}
-    for (organ, target), text in zip(asked, texts, strict=True):
-        parsed = parse_free_text(text, organ)
-        claims = not isinstance(parsed, ParseFailure) and parsed.has_lesion
-        if not target.present:
-            hits["specificity"].append(not isinstance(parsed, ParseFailure) and not parsed.has_lesion)
-            continue
-        hits["sensitivity"].append(claims)
-        ok = not isinstance(parsed, ParseFailure) and claims
-        hits["location"].append(ok and set(parsed.location or ()) == set(target.location or ()))  # type: ignore[union-attr]
-        hits["attenuation"].append(ok and parsed.attenuation == target.attenuation)  # type: ignore[union-attr]
-    out: dict[str, float | int | None] = {k: (sum(v) / len(v) if v else None) for k, v in hits.items()}
-    out["n_lesion_frames"], out["n_clear_frames"] = len(hits["sensitivity"]), len(hits["specificity"])
-    return out
-
-
-def verifier_gaps(accuracy: Mapping[str, Any], gate: float) -> list[str]:
-    """Return the gates `accuracy` misses (`"specificity 75% < 90%"`); [] when the gate is 0 or all are met."""
-    if gate <= 0:
-        return []
-    missed = []
-    for key in VERIFIER_GATES:
-        value = accuracy.get(key)
-        if value is None or value < gate:
-            missed.append(f"{key} {'n/a' if value is None else f'{value:.0%}'} < {gate:.0%}")
-    return missed
-
-
-def format_verifier(accuracy: Mapping[str, Any]) -> str:
-    """Return one line: `sens 95%, spec 90%, location 88%, attenuation 92% (20 + 20 frames)`."""
-    cells = [f"{k[:4] if k in VERIFIER_GATES[:2] else k} "
-             f"{'n/a' if accuracy.get(k) is None else f'{accuracy[k]:.0%}'}" for k in VERIFIER_GATES]  # fmt: skip
-    return f"{', '.join(cells)} ({accuracy['n_lesion_frames']} + {accuracy['n_clear_frames']} frames)"
-
-
 # The demo's configuration keys (`train.tiny.demo_sft`) for `WarmupPlan.keys`; the miniature passes its own.
 DEMO_WARMUP_KEYS = {"max_steps": "lm_warmup_steps", "eval_every": "lm_warmup_eval_every",
                     "learning_rate": "lm_warmup_learning_rate"}  # fmt: skip
@@ -396,13 +116,6 @@ class WarmupPlan:
     balanced: bool = True
     # The caller's configuration keys for the step cap, the check interval and the rate, as the error lines name them.
     keys: Mapping[str, str] = field(default_factory=lambda: dict(DEMO_WARMUP_KEYS))
-
-
-def reports_claim_both_classes(rows: Sequence[Mapping[str, Any]], reports: Sequence[str]) -> bool:
-    """Whether the reports claim a lesion on some positive row and none on some negative row (unreadable: neither)."""
-    claims = [parse_report(t, r["organ"]) for r, t in zip(rows, reports, strict=True)]
-    said = [(bool(r["has_lesion"]), None if isinstance(c, ParseFailure) else c.has_lesion) for r, c in zip(rows, claims, strict=True)]  # fmt: skip
-    return (True, True) in said and (False, False) in said
 
 
 def balanced_rows(rows: Sequence[Mapping[str, Any]], rng: np.random.Generator, n: int) -> list[Mapping[str, Any]]:
@@ -475,7 +188,7 @@ def _check(model: Any, processor: Any, val_rows: Sequence[Mapping[str, Any]], pl
     line += f"; held-out parse rate {rate:.0%} (target {plan.target_parse_rate:.0%})"
     if plan.target_sampled_parse_rate > 0:
         line += f", sampled {result.sampled_parse_rate:.0%} (target {plan.target_sampled_parse_rate:.0%})"
-    failed = [(r, t) for r, t in zip(val_rows, reports, strict=True) if _fails(t, r["organ"])]
+    failed = [(r, t) for r, t in zip(val_rows, reports, strict=True) if fails_to_parse(t, r["organ"])]
     if failed:
         why = parse_report(failed[0][1], failed[0][0]["organ"])
         line += f"; e.g. {why.reason} on {failed[0][0]['organ']}: {failed[0][1][:90]!r}"  # type: ignore[union-attr]
