@@ -10,8 +10,10 @@ from safetensors.torch import load_file
 
 from train.freeze import parameter_group
 from train.miniature.config import MiniatureConfig
+from train.miniature.run_report import claim_check
+from train.miniature.runs import MODELS
 from train.miniature.seeds import seeds_markdown, summarize_seeds
-from train.miniature.study import MODELS, STAGES, Miniature, claim_check, main, more_sft_steps
+from train.miniature.study import STAGES, Miniature, main, more_sft_steps
 
 
 def _model(bacc, khit, half=(0.05, 0.1)):

@@ -17,6 +17,7 @@ from train.miniature.diagnose import (
     verifier_record,
     verifier_summary,
 )
+from train.miniature.run_report import claim_check
 from train.miniature.study import DIAGNOSE, Miniature
 
 
@@ -129,8 +130,6 @@ def test_diagnose_cli_refuses_a_folder_without_a_run_or_an_unfinished_model(tmp_
 
 
 def test_eval_needs_sft_and_a_and_the_claim_check_works_without_b_or_c(tmp_path):
-    from train.miniature.study import claim_check  # noqa: PLC0415
-
     mini = Miniature(MiniatureConfig(), tmp_path, log=lambda _: None)
     for stage in ("sft", "grpo_c"):
         (tmp_path / stage).mkdir(parents=True)

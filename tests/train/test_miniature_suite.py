@@ -410,7 +410,7 @@ def test_a_random_frame_run_without_another_row_fails_before_training(tmp_path):
 
 def test_the_config_knows_every_run_the_study_labels():
     from train.miniature.config import MODEL_NAMES
-    from train.miniature.study import MODELS
+    from train.miniature.runs import MODELS
 
     assert tuple(MODELS) == MODEL_NAMES
     with pytest.raises(TrainConfigError, match=r"models=\['sft', 'grpo_z'\]"):

@@ -13,7 +13,8 @@ from emrl_data.types import Organ
 from train.checks import TrainConfigError
 from train.data import frames_to_array
 from train.miniature.config import MiniatureConfig, load_config
-from train.miniature.study import MINIATURE_WARMUP_KEYS, Miniature, check_split, claim_check
+from train.miniature.run_report import claim_check
+from train.miniature.study import MINIATURE_WARMUP_KEYS, Miniature, check_split
 from train.tiny.model import build_model, build_processor
 from train.tiny.synthetic import VISIBLE_INTENSITY, make_visible_rows
 from train.tiny.verifier_data import BalancedPairs, FrameTarget, VerifierCollator, frame_targets, verifier_examples

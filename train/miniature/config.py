@@ -16,7 +16,7 @@ from emrl_data.organs import ORGANS
 from train.checks import TrainConfigError
 
 
-# The runs a config's `models` may name (train.miniature.study.MODELS has their labels, in this order).
+# The runs a config's `models` may name (train.miniature.runs.MODELS has their labels, in this order).
 MODEL_NAMES = ("sft", "grpo_a", "grpo_b", "grpo_c", "grpo_f", "grpo_g", "grpo_h", "more_sft", "more_sft_llm")
 
 
@@ -50,7 +50,7 @@ class MiniatureConfig:
     negative_rows: str = "skip"  # GRPO's r_c on negative rows (train/rewards.py): skip | query_named_slice
     models: list[str] = field(
         default_factory=lambda: ["sft", "grpo_a", "grpo_b", "grpo_c", "more_sft", "more_sft_llm"]
-    )  # the runs (train.miniature.study.MODELS keys); sft and grpo_a always
+    )  # the runs (train.miniature.runs.MODELS keys); sft and grpo_a always
     sft_steps: int = 100
     sft_learning_rate: float = 1.0e-3
     sft_batch_size: int = 4

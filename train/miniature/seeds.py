@@ -3,7 +3,7 @@
 `python -m train.miniature --config train/configs/miniature.yaml --output_dir DIR --seeds 0 1 2` runs
 `DIR/seed-<s>` for each seed (each resumable on its own) and writes `DIR/seeds.json` and `DIR/seeds.md`:
 each seed's B-Acc and K-Hit per model, each comparison's gap per seed with its mean, and in how many seeds the gap
-was beyond the intervals' half-width (the claim check of `train.miniature.study.claim_check`, seed by seed).
+was beyond the intervals' half-width (the claim check of `train.miniature.run_report.claim_check`, seed by seed).
 """
 
 from __future__ import annotations

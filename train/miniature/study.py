@@ -14,7 +14,7 @@ Stages (each writes its folder under `output_dir` and a `<stage>/done.json`; a r
    with the paper's SFT freezing (d) or GRPO's (e): is GRPO's gain more than further supervised training gives?
 6. `eval`: greedy reports of every finished model on the held-out test split, scored and tabulated with `emrl eval`'s
    machinery (`emrl_data.text.evaluation`: Table 1/2, 95 % bootstrap intervals); `results.json`, `results.md` and
-   `reward_curves.png` in `output_dir`.
+   `reward_curves.png` in `output_dir` (the claim check, tables and curves: `train.miniature.run_report`).
 
     python -m train.miniature --config train/configs/miniature.yaml --output_dir miniature-output
     python -m train.miniature --config train/configs/miniature.yaml --output_dir miniature-seeds --seeds 0 1 2
@@ -35,8 +35,17 @@ from typing import Any
 import yaml
 
 from emrl_data.atomic_write import write_text_atomic
+from emrl_data.text.evaluation import evaluate, score_predictions, write_evaluation
+from emrl_data.text.scoring import ScoringConfig
 from train.checks import TrainConfigError, bar_only
 from train.miniature.config import MiniatureConfig, load_config
+from train.miniature.diagnose import diagnose_checkpoint, record_rewards, spread_per_step, verifier_by_distance
+from train.miniature.noise import corrupt_gold, move_key_frames
+from train.miniature.power import check_power
+from train.miniature.run_report import claim_check, paired_against_a, pct, results_markdown, save_curves_png
+from train.miniature.runs import CROSS_VIEW, GRPO_RUNS, MODELS, MORE_SFT_RUNS
+from train.miniature.seeds import seed_dir, write_seeds_summary
+from train.tiny.synthetic import make_visible_rows, write_rows
 
 
 logger = logging.getLogger(__name__)
@@ -45,34 +54,6 @@ ALL_STAGES = ("data", "warmup", "sft", "grpo_a", "grpo_b", "grpo_c", "grpo_f", "
               "more_sft_llm", "eval")  # fmt: skip
 STAGES = tuple(s for s in ALL_STAGES if s not in ("grpo_f", "grpo_g", "grpo_h"))  # the default `models`' stages
 DIAGNOSE = "diagnose"  # on request only (`--stages diagnose`): the reward signal at the SFT model (miniature_diagnose)
-MODELS = {
-    "sft": "SFT",
-    "grpo_a": "(a) GRPO r_e+r_f+r_c",
-    "grpo_b": "(b) GRPO r_e+r_f",
-    "grpo_c": "(c) lr-0 control",
-    "grpo_f": "(f) GRPO r_e+r_f+distance term",
-    "grpo_g": "(g) GRPO r_c, random frame",
-    "grpo_h": "(h) GRPO r_e+r_f+attribute term",
-    "more_sft": "(d) more SFT, ViT+projector",
-    "more_sft_llm": "(e) more SFT, LLM+projector",
-}
-# (d), (e): SFT continued from the SFT checkpoint on as many train rows as GRPO's prompts (`more_sft_steps`), with the
-# paper's SFT freezing (d) or GRPO's (e): does GRPO beat plain supervised training given the same rows?
-MORE_SFT_RUNS = {"more_sft": "sft", "more_sft_llm": "grpo"}  # stage -> the freezing (train.freeze.STAGE_TRAINABLE)
-GRPO_RUNS = {"grpo_a": (["r_e", "r_f", "r_c"], False), "grpo_b": (["r_e", "r_f"], False),
-             "grpo_c": (["r_e", "r_f", "r_c"], True), "grpo_f": (["r_e", "r_f", "r_c"], False),
-             "grpo_g": (["r_e", "r_f", "r_c"], False), "grpo_h": (["r_e", "r_f", "r_c"], False)}  # fmt: skip
-# r_c's cross-view option per run (train/rewards.py `cross_view`): (f) keeps only the key-frame window's distance term,
-# (g) shows the verifier a random frame of another row: is r_c's gain from reading the named slice? (h) keeps the
-# verifier's reading of the named slice and drops the distance term (`reward_options`: lambda = 0).
-CROSS_VIEW = {
-    "grpo_a": "full",
-    "grpo_b": "full",
-    "grpo_c": "full",
-    "grpo_f": "distance_only",
-    "grpo_g": "random_frame",
-    "grpo_h": "full",
-}
 # The configuration keys the warm-up's error lines name (`train.tiny.warmup.WarmupPlan.keys`).
 MINIATURE_WARMUP_KEYS = {"max_steps": "warmup_max_steps", "eval_every": "warmup_eval_every",
                          "learning_rate": "warmup_learning_rate"}  # fmt: skip
@@ -122,11 +103,7 @@ class Miniature:
         return json.loads(path.read_text()) if path.exists() else None
 
     def _finish(self, stage: str, record: dict[str, Any]) -> dict[str, Any]:
-        path = self.out / stage / "done.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=2) + "\n")
-        tmp.replace(path)
+        write_text_atomic(json.dumps(record, indent=2) + "\n", self.out / stage / "done.json")
         return record
 
     def _claim_folder(self) -> None:
@@ -212,8 +189,6 @@ class Miniature:
     def _check_before_training(self, stages: tuple[str, ...]) -> None:
         """One-line errors before any stage runs: a test split too small for the intervals, a random-frame run
         without another row in its step."""
-        from train.miniature.power import check_power  # noqa: PLC0415
-
         cfg = self.cfg
         check_power(cfg.n_test, len(cfg.organs), cfg.min_test_rows_per_class, cfg.n_bootstrap)
         if "grpo_g" in stages and self.done("grpo_g") is None and cfg.grpo_prompts_per_step < 2:
@@ -225,9 +200,6 @@ class Miniature:
     # -- stages ----------------------------------------------------------------------------------------------------
 
     def _stage_data(self, stage: str) -> dict[str, Any]:
-        from train.miniature.noise import corrupt_gold, move_key_frames  # noqa: PLC0415
-        from train.tiny.synthetic import make_visible_rows, write_rows  # noqa: PLC0415
-
         cfg = self.cfg
         kw: dict[str, Any] = {"n_frames": cfg.n_frames, "size_px": cfg.size_px, "organs": tuple(cfg.organs),
               "sizes_mm": tuple(float(v) for v in cfg.sizes_mm), "span": cfg.lesion_span}  # fmt: skip
@@ -253,17 +225,18 @@ class Miniature:
 
     def _rows(self, split: str, clean: bool = False) -> list[dict[str, Any]]:
         """Return a split's rows (`clean`: the warm-up's rows, its pool or the training rows before any noise)."""
-        from train.data import load_split  # noqa: PLC0415
+        from train.data import load_split  # loads torch: waits until rows are read
 
         folder = ("warmup_pool" if self.cfg.warmup_pool_rows > 0 else "clean") if clean else ""
         return [dict(r) for r in load_split(self.out / "data" / folder, split)]
 
     def _stage_warmup(self, stage: str) -> dict[str, Any]:
-        import torch  # noqa: PLC0415
+        # torch, and the modules that load it, wait until a stage runs (this module stays light to import)
+        import torch
 
-        from train.tiny.model import build_model, build_processor  # noqa: PLC0415
-        from train.tiny.warmup import held_out_indices, lm_warmup  # noqa: PLC0415
-        from train.tiny.warmup_checks import format_verifier, verifier_accuracy  # noqa: PLC0415
+        from train.tiny.model import build_model, build_processor
+        from train.tiny.warmup import held_out_indices, lm_warmup
+        from train.tiny.warmup_checks import format_verifier, verifier_accuracy
 
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
@@ -287,13 +260,11 @@ class Miniature:
         record = {"steps": result.steps, "parse_rates": result.parse_rates, "verifier_accuracy": result.verifier_accuracy,
                   "verifier_blind": blind}  # fmt: skip
         if cfg.verifier_distance_rows > 0:  # the held-out rows' frames by distance from the key frame, size included
-            from train.miniature.diagnose import verifier_by_distance  # noqa: PLC0415
-
             record["verifier_by_distance"] = distances = verifier_by_distance(model, processor, [rows[i] for i in sorted(val)],
                                                                   cfg.lesion_span, cfg.verifier_distance_rows,
                                                                   cfg.verifier_max_new_tokens)  # fmt: skip
             self.log("   verifier by distance from the key frame (presence / size of the key): " + ", ".join(
-                f"d={d} {_pct(r['presence'])}/{_pct(r['size_key'])}" for d, r in distances.items()))  # fmt: skip
+                f"d={d} {pct(r['presence'])}/{pct(r['size_key'])}" for d, r in distances.items()))  # fmt: skip
         model.save_pretrained(self.out / stage)
         processor.save_pretrained(self.out / stage)
         return record
@@ -308,10 +279,11 @@ class Miniature:
 
     def _sft(self, stage: str, *, start: str, freezing: str, steps: int) -> dict[str, Any]:
         """Supervised steps from the `start` stage's checkpoint, training the parameter groups of `freezing`."""
-        import torch  # noqa: PLC0415
+        # torch, and the modules that load it, wait until a stage runs
+        import torch
 
-        from train.data import load_split  # noqa: PLC0415
-        from train.sft import build_sft_trainer, load_policy, make_sft_config  # noqa: PLC0415
+        from train.data import load_split
+        from train.sft import build_sft_trainer, load_policy, make_sft_config
 
         cfg = self.cfg
         if self.done(start) is None:
@@ -332,12 +304,12 @@ class Miniature:
         return {"steps": trainer.state.global_step, "losses": losses, "start": start, "freezing": freezing}
 
     def _grpo(self, stage: str) -> dict[str, Any]:
-        import torch  # noqa: PLC0415
-        from trl import GRPOConfig  # noqa: PLC0415
+        # torch, and the modules that load it, wait until a stage runs
+        import torch
+        from trl import GRPOConfig
 
-        from train.data import load_split  # noqa: PLC0415
-        from train.grpo import build_grpo_trainer, reward_curve  # noqa: PLC0415
-        from train.miniature.diagnose import record_rewards, spread_per_step  # noqa: PLC0415
+        from train.data import load_split
+        from train.grpo import build_grpo_trainer, reward_curve
 
         cfg = self.cfg
         rewards, control = GRPO_RUNS[stage]
@@ -374,8 +346,6 @@ class Miniature:
     def _stage_diagnose(self, stage: str) -> dict[str, Any]:
         """Sample `num_generations` completions of the SFT model on `diagnose_prompts` train prompts per temperature;
         write `diagnose/diagnose.json` and `diagnose/diagnose.md` (see `train.miniature.diagnose`)."""
-        from train.miniature.diagnose import diagnose_checkpoint  # noqa: PLC0415
-
         cfg = self.cfg
         if self.done("sft") is None:
             raise TrainConfigError(f"miniature: stage diagnose needs the sft stage in {self.out}; run it first")
@@ -410,11 +380,11 @@ class Miniature:
     def _eval_model(self, stage: str, name: str, rows: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict]]:
         """Greedy reports of one finished model on the test rows (kept for reruns), scored; the verifier's accuracy
         for SFT and the GRPO runs. Returns (its results entry, the per-row scored records)."""
-        import torch  # noqa: PLC0415
+        # torch, and the modules that load it, wait until a model is evaluated
+        import torch
 
-        from emrl_data.text.evaluation import evaluate, score_predictions, write_evaluation  # noqa: PLC0415
-        from train.data import load_model_and_processor, user_messages  # noqa: PLC0415
-        from train.tiny.warmup_checks import format_verifier, generate_texts, verifier_accuracy  # noqa: PLC0415
+        from train.data import load_model_and_processor, user_messages
+        from train.tiny.warmup_checks import format_verifier, generate_texts, verifier_accuracy
 
         cfg, label, folder = self.cfg, MODELS[name], self.out / stage / name
         kept, kept_verifier = folder / "predictions.jsonl", folder / "verifier.json"
@@ -432,7 +402,7 @@ class Miniature:
             {k: v for k, v in r.items() if k != "frames"} | {"prediction": t} for r, t in zip(rows, texts, strict=True)
         ]
         folder.mkdir(parents=True, exist_ok=True)
-        _write_atomic(kept, "".join(json.dumps(p, default=str) + "\n" for p in preds))
+        write_text_atomic("".join(json.dumps(p, default=str) + "\n" for p in preds), kept)
         verifier = None
         if wants_verifier and kept_verifier.exists():
             verifier = json.loads(kept_verifier.read_text())
@@ -445,11 +415,9 @@ class Miniature:
             verifier = {"seen": verifier_accuracy(model, processor, rows, cfg.lesion_span, **kw),
                         "blind": verifier_accuracy(model, processor, rows, cfg.lesion_span, blind=True, **kw)}  # fmt: skip
             if cfg.verifier_distance_rows > 0:  # by distance from the key frame, size included (diagnose)
-                from train.miniature.diagnose import verifier_by_distance  # noqa: PLC0415
-
                 verifier["by_distance"] = verifier_by_distance(model, processor, rows, cfg.lesion_span,
                                                                cfg.verifier_distance_rows, cfg.verifier_max_new_tokens)  # fmt: skip
-            _write_atomic(kept_verifier, json.dumps(verifier, indent=2) + "\n")
+            write_text_atomic(json.dumps(verifier, indent=2) + "\n", kept_verifier)
         scored = score_predictions(preds)
         result = evaluate(scored, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
         write_evaluation(result, folder, model=label)
@@ -469,48 +437,17 @@ class Miniature:
         return [name for name in MODELS if self.done(name) is not None]
 
 
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.0%}"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    write_text_atomic(text, path)
-
-
 def reward_options(stage: str, negative_rows: str) -> dict[str, Any]:
     """Return one GRPO run's `build_grpo_trainer` keyword arguments for r_c's options: a `ScoringConfig` with its
     `cross_view` (`CROSS_VIEW[stage]`) and `negative_rows` (emrl_data/text/scoring.py). (h) sets r_c's lambda to 0:
     r_c is then the verifier's attribute term alone (0 where no frame is read, a parse failure included)."""
-    from emrl_data.text.scoring import ScoringConfig  # noqa: PLC0415
-
     extra: dict[str, Any] = {"iou_penalty": 0.0} if stage == "grpo_h" else {}
     return {"scoring_config": ScoringConfig(cross_view=CROSS_VIEW[stage], negative_rows=negative_rows, **extra)}
 
 
-PAIRED = {"more_sft_llm": "(a) - (e)", "grpo_f": "(a) - (f)", "grpo_b": "(a) - (b)", "grpo_g": "(a) - (g)",
-          "grpo_h": "(a) - (h)",
-          "sft": "(a) - SFT", "grpo_c": "(a) - (c)", "more_sft": "(a) - (d)"}  # fmt: skip
-
-
-def paired_against_a(records: dict[str, list[dict[str, Any]]], n_bootstrap: int, seed: int) -> dict[str, Any]:
-    """Return the paired bootstrap interval of (a) minus each other finished model, per metric (train.miniature.power)."""
-    from train.miniature.power import METRICS, paired_bootstrap  # noqa: PLC0415
-
-    out: dict[str, Any] = {}
-    for name, key in PAIRED.items():
-        if name not in records:
-            continue
-        for metric, statistic in METRICS.items():
-            got = paired_bootstrap([(records["grpo_a"], records[name])], statistic, n_bootstrap=n_bootstrap, seed=seed)
-            out[f"{metric}: {key}"] = {
-                k: None if isinstance(v, float) and math.isnan(v) else v for k, v in got.items()
-            }
-    return out
-
-
 def _progress_callback(log: Any, every: int) -> Any:
     """Return a callback that logs `step, R, KL, elapsed` every `every` optimizer steps (a long run shows progress)."""
-    from transformers import TrainerCallback  # noqa: PLC0415
+    from transformers import TrainerCallback  # heavy: waits until a GRPO stage runs
 
     start = time.perf_counter()
 
@@ -521,136 +458,6 @@ def _progress_callback(log: Any, every: int) -> Any:
                     f"{time.perf_counter() - start:.0f} s")  # fmt: skip
 
     return Progress()
-
-
-def _half_width(metric: dict[str, Any]) -> float:
-    low, high = metric.get("ci_low"), metric.get("ci_high")
-    return math.nan if low is None or high is None else (high - low) / 2
-
-
-def claim_check(results: dict[str, Any]) -> dict[str, Any]:
-    """Does (a) beat SFT and (c) on average B-Acc or K-Hit by more than the intervals' half-width? And (a) vs (b)?
-
-    The margin compared against is the larger half-width of the two models' 95 % intervals. `beats_more_sft`: does
-    (a) also beat (d) and (e), SFT continued on as many rows (None when neither ran)?
-    """
-    out: dict[str, Any] = {}
-    a = results["grpo_a"]
-    for metric in ("average_bacc", "k_hit"):
-        for other in [m for m in ("sft", "grpo_c", "grpo_b", *MORE_SFT_RUNS) if m in results]:  # any may be missing
-            b = results[other]
-            half = max(_half_width(a[metric]), _half_width(b[metric]))
-            if math.isnan(half):  # a metric without an interval (say K-Hit of a model that reports no lesion)
-                out[f"{metric}: (a) - {other}"] = {"gap": None, "half_width": None, "beyond_interval": False}
-                continue
-            gap = (a[metric]["value"] or 0.0) - (b[metric]["value"] or 0.0)
-            out[f"{metric}: (a) - {other}"] = {"gap": gap, "half_width": half, "beyond_interval": gap > half}
-    beats = [  # without a (c) run, against SFT alone (lr 0 reproduces SFT's weights, so its tables too)
-        out[f"{m}: (a) - sft"]["beyond_interval"]
-        and out.get(f"{m}: (a) - grpo_c", {"beyond_interval": True})["beyond_interval"]
-        for m in ("average_bacc", "k_hit")
-    ]
-    out["claim_holds"] = any(beats)
-    more = [m for m in MORE_SFT_RUNS if m in results]  # beyond the claim: does (a) beat supervised training too?
-    out["beats_more_sft"] = (
-        any(all(out[f"{metric}: (a) - {m}"]["beyond_interval"] for m in more) for metric in ("average_bacc", "k_hit"))
-        if more
-        else None
-    )
-    return out
-
-
-def _verdict(value: dict[str, Any]) -> str:
-    """Return "above the interval", "below the interval" or "within the interval" for a claim-check entry."""
-    if value["gap"] is None:
-        return "no interval to compare"
-    if value["gap"] > value["half_width"]:
-        return "above the interval"
-    return "below the interval" if value["gap"] < -value["half_width"] else "within the interval"
-
-
-def results_markdown(results: dict[str, Any], claim: dict[str, Any], paired: dict[str, Any] | None = None) -> str:
-    """Return the summary table (value and 95 % interval per model) and the claim lines."""
-
-    def cell(m: dict[str, Any]) -> str:
-        if m["value"] is None:
-            return "n/a"
-        low, high = m.get("ci_low"), m.get("ci_high")
-        return f"{100 * m['value']:.1f} [{100 * (low or 0):.1f}, {100 * (high or 0):.1f}]"
-
-    lines = ["| model | parse | average B-Acc (95 % CI) | K-Hit (95 % CI) | Table 2 overall (95 % CI) |",
-             "| --- | --- | --- | --- | --- |"]  # fmt: skip
-    for r in results.values():
-        lines.append(f"| {r['label']} | {r['parse_rate']:.0%} | {cell(r['average_bacc'])} | {cell(r['k_hit'])} | "
-                     f"{cell(r['table2_overall'])} |")  # fmt: skip
-    lines.append("")
-    for key, value in claim.items():
-        if isinstance(value, dict) and value["gap"] is None:
-            lines.append(f"- {key}: n/a: {_verdict(value)}")
-        elif isinstance(value, dict):
-            lines.append(f"- {key}: {100 * value['gap']:+.1f} points (half-width {100 * value['half_width']:.1f}): "
-                         f"{_verdict(value)}")  # fmt: skip
-    lines.append(f"- claim ((a) beats SFT and (c) beyond the intervals on B-Acc or K-Hit): {claim['claim_holds']}")
-    lines.append(f"- verdict: the claim held in {int(claim['claim_holds'])} of 1 seeds (this run; across seeds: "
-                 "`--seeds`, `make miniature-seeds`, `make miniature-study`)")  # fmt: skip
-    if claim.get("beats_more_sft") is not None:
-        lines.append("- beyond the claim ((a) beats more SFT on the same rows, (d) and (e), beyond the intervals on "
-                     f"B-Acc or K-Hit): {claim['beats_more_sft']}")  # fmt: skip
-    lines += _paired_lines(paired or {}) + _verifier_lines(results)
-    return "\n".join(lines) + "\n"
-
-
-def _paired_lines(paired: dict[str, Any]) -> list[str]:
-    """Return the paired-interval table lines (in points), [] without any."""
-    if not paired:
-        return []
-    lines = ["", "| paired difference (same test rows) | points | 95 % interval |", "| --- | --- | --- |"]
-    for key, value in paired.items():
-        low, high, diff = value["ci_low"], value["ci_high"], value["diff"]
-        interval = "n/a" if low is None else f"[{100 * low:+.1f}, {100 * high:+.1f}]"
-        lines.append(f"| {key} | {'n/a' if diff is None else f'{100 * diff:+.1f}'} | {interval} |")
-    return lines
-
-
-def _verifier_lines(results: dict[str, Any]) -> list[str]:
-    """Return the verifier-accuracy lines (the models that have one)."""
-    from train.tiny.warmup_checks import format_verifier  # noqa: PLC0415
-
-    lines = [f"- verifier of {r['label']}: {format_verifier(r['verifier']['seen'])}; blind control "
-             f"{format_verifier(r['verifier']['blind'])}" for r in results.values() if r.get("verifier")]  # fmt: skip
-    return ["", *lines] if lines else []
-
-
-def save_curves_png(curves: dict[str, dict[str, list]], path: Path) -> Path:
-    """Plot R and r_c per step for each GRPO run."""
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    colors = {name: f"C{i}" for i, name in enumerate(GRPO_RUNS)}  # one colour per run, both panels
-    for name, curve in curves.items():
-        for ax, key in zip(axes, ("reward", "rewards/r_c/mean"), strict=True):
-            points = curve.get(key, [])
-            if points:
-                ax.plot(
-                    [s for s, _ in points],
-                    [v for _, v in points],
-                    marker="o",
-                    ms=2,
-                    label=MODELS[name],
-                    color=colors.get(name),
-                )
-    for ax, title in zip(axes, ("R (weighted reward)", "r_c (verifier consistency)"), strict=True):
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("optimizer step")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -678,8 +485,6 @@ def main(argv: list[str] | None = None) -> None:
             miniature.reuse(args.reuse_from)
         miniature.run(None if args.stages is None else tuple(args.stages))
         return
-    from train.miniature.seeds import seed_dir, write_seeds_summary  # noqa: PLC0415
-
     for seed in args.seeds:  # one full run per seed, each in its own folder (and resumable there)
         print(f"=== seed {seed}: {seed_dir(args.output_dir, seed)}", flush=True)
         miniature = Miniature(replace(cfg, seed=seed), seed_dir(args.output_dir, seed))

@@ -39,12 +39,13 @@ import math
 import os
 import statistics
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from emrl_data.atomic_write import write_bytes_atomic, write_text_atomic
 from train.checks import TrainConfigError, run_cli
 from train.miniature.config import MiniatureConfig, config_from_dict
 from train.miniature.study import Miniature
@@ -310,10 +311,7 @@ def write_record(output_dir: str | Path, level: Level, seed: int, models: list[s
     record = {"gold_noise": level, "seed": seed, "models": models, "torch_threads": torch_threads,
               "results": json.loads((folder / "results.json").read_text()), "scores": scores}  # fmt: skip
     path = record_path(output_dir, level, seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(gzip.compress(json.dumps(record).encode(), mtime=0))
-    tmp.replace(path)
+    write_bytes_atomic(gzip.compress(json.dumps(record).encode(), mtime=0), path)
     return path
 
 
@@ -337,13 +335,8 @@ def exclusion_path(output_dir: str | Path, seed: int) -> Path:
 def write_exclusion(output_dir: str | Path, seed: int, reason: str, cfg: MiniatureConfig) -> Path:
     """Exclude `seed` from the study, for `reason`, with the configuration of the warm-up that missed; return the
     file's path."""
-    from dataclasses import asdict  # noqa: PLC0415
-
     path = exclusion_path(output_dir, seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"seed": seed, "reason": reason, "config": asdict(cfg)}, indent=2) + "\n")
-    tmp.replace(path)
+    write_text_atomic(json.dumps({"seed": seed, "reason": reason, "config": asdict(cfg)}, indent=2) + "\n", path)
     return path
 
 
