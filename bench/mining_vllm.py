@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
         ckpt = Path(args.checkpoint) if args.checkpoint else None
         if ckpt is None:
-            from train.tiny.model import save_tiny  # noqa: PLC0415
+            from train.tiny.model import save_tiny
 
             ckpt = save_tiny(Path(tmp) / "tiny")
         server = VLLMServer(ckpt, Path(tmp) / "serve", name="bench")

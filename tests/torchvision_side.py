@@ -34,7 +34,7 @@ def missing() -> str | None:
 
 def define_operator_schemas() -> None:
     """Define `torchvision::nms` and `torchvision::qnms` (schemas only) so that the CUDA-linked wheel imports on CPU."""
-    import torch  # noqa: PLC0415
+    import torch
 
     if _LIBRARY:
         return

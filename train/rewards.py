@@ -116,7 +116,7 @@ class Verifier:
         Args:
             frames: one key frame per completion, each `(H, W)` uint8 or a PIL image.
         """
-        from train.data import verifier_messages  # noqa: PLC0415 (keeps this module torch-free to import)
+        from train.data import verifier_messages  # keeps this module torch-free to import
 
         if self.trainer is None:
             raise RuntimeError("Verifier.trainer is not bound; build the trainer with VideoGRPOTrainer.")
@@ -144,7 +144,7 @@ class Verifier:
         """
         n_proc = getattr(getattr(self.trainer, "accelerator", None), "num_processes", 1)
         if n_proc > 1:
-            import numpy as np  # noqa: PLC0415
+            import numpy as np
 
             self([np.zeros((32, 32), dtype=np.uint8)])
             self.n_queries -= 1  # not an answered query
@@ -206,7 +206,7 @@ class ConsistencyReward:
         self, keys: list[int | None], n_frames: list[int], kwargs: Mapping[str, Any]
     ) -> tuple[list[str | None], list[tuple[int, int] | None]]:
         """Query the verifier once per distinct (row, k); return per completion its answer and (completion, frame) shown."""
-        from train.data import frames_to_array  # noqa: PLC0415 (keeps this module torch-free to import)
+        from train.data import frames_to_array  # keeps this module torch-free to import
 
         if self.scoring_config.cross_view == "distance_only":
             return [None] * len(keys), [None] * len(keys)

@@ -120,7 +120,7 @@ def test_miniature_grpo_temperature_is_a_grpo_only_key_and_diagnose_needs_sft(tm
 
 
 def test_diagnose_cli_refuses_a_folder_without_a_run_or_an_unfinished_model(tmp_path):
-    from train.miniature.diagnose import main  # noqa: PLC0415
+    from train.miniature.diagnose import main
 
     with pytest.raises(TrainConfigError, match="no config.json there"):
         main(["--run_dir", str(tmp_path)])

@@ -96,7 +96,7 @@ def config_from_dict(data: dict[str, Any], source: str | Path | None = None) -> 
         except ValueError:
             raise TrainConfigError(f"{path}: {key}={value!r}: expected a number ({types[key]})") from None
     cfg = MiniatureConfig(**data)
-    from train.miniature.noise import check_fraction  # noqa: PLC0415
+    from train.miniature.noise import check_fraction
 
     check_fraction(cfg.gold_noise)
     check_fraction(cfg.key_frame_noise, "key_frame_noise")
@@ -106,7 +106,7 @@ def config_from_dict(data: dict[str, Any], source: str | Path | None = None) -> 
         )
     if cfg.warmup_pool_rows < 0:
         raise TrainConfigError(f"{path}: warmup_pool_rows={cfg.warmup_pool_rows} must be >= 0")
-    from emrl_data.text.scoring import NEGATIVE_ROWS  # noqa: PLC0415
+    from emrl_data.text.scoring import NEGATIVE_ROWS
 
     if cfg.negative_rows not in NEGATIVE_ROWS:
         raise TrainConfigError(

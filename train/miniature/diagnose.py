@@ -249,10 +249,10 @@ def sample_groups(model: Any, processor: Any, rows: Sequence[Mapping[str, Any]],
     greedy report are greedy. Returns `group_summary`'s dict plus `verifier` (`verifier_summary`), `greedy_rate`
     (per finding, the greedy report's rate on the same rows) and `examples` (a few sampled reports per row).
     """
-    import torch  # noqa: PLC0415
+    import torch
 
-    from emrl_data.text.report import VERIFIER_PROMPT  # noqa: PLC0415
-    from train.data import frames_to_array, user_messages, verifier_messages  # noqa: PLC0415
+    from emrl_data.text.report import VERIFIER_PROMPT
+    from train.data import frames_to_array, user_messages, verifier_messages
     from train.tiny.warmup_checks import generate_texts  # loads torch: waits until a model runs
 
     model.eval()
@@ -347,13 +347,13 @@ def trainer_rollout_groups(model_dir: str | Path, rows: Sequence[Mapping[str, An
     GRPO step's batch: TRL's left-padded, batched `generate` with the trainer's sampling settings), at learning rate 0.
     Returns the groups (`completion_record`s, r_c left out) and the completion texts in row order.
     """
-    import tempfile  # noqa: PLC0415
+    import tempfile
 
-    import torch  # noqa: PLC0415
-    from datasets import Dataset  # noqa: PLC0415
-    from trl import GRPOConfig  # noqa: PLC0415
+    import torch
+    from datasets import Dataset
+    from trl import GRPOConfig
 
-    from train.grpo import build_grpo_trainer  # noqa: PLC0415
+    from train.grpo import build_grpo_trainer
 
     torch.manual_seed(seed)
     with tempfile.TemporaryDirectory() as tmp:
@@ -387,9 +387,9 @@ def compare_rollouts(model_dir: str | Path, rows: Sequence[Mapping[str, Any]], c
     (`trainer_rollout_groups`) and of per-prompt sampling (`sample_groups`), r_c aside (the verifier is not queried
     in the first). Returns that dict.
     """
-    import torch  # noqa: PLC0415
+    import torch
 
-    from train.data import load_model_and_processor  # noqa: PLC0415
+    from train.data import load_model_and_processor
 
     trainer_groups, _ = trainer_rollout_groups(model_dir, rows, num_generations=cfg.num_generations,
                                                temperature=temperature, max_new_tokens=cfg.max_completion_length,
@@ -417,9 +417,9 @@ def diagnose_checkpoint(model_dir: str | Path, rows: Sequence[Mapping[str, Any]]
                         log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """Run `sample_groups` at each of `cfg.diagnose_temperatures` (a `MiniatureConfig`) on the checkpoint in
     `model_dir`; write `diagnose.json` (with example reports) and `diagnose.md` to `out_dir`; return the summaries."""
-    import torch  # noqa: PLC0415
+    import torch
 
-    from train.data import load_model_and_processor  # noqa: PLC0415
+    from train.data import load_model_and_processor
 
     model, processor = load_model_and_processor(model_dir, dtype=torch.float32)
     summaries = [
@@ -440,9 +440,9 @@ def diagnose_checkpoint(model_dir: str | Path, rows: Sequence[Mapping[str, Any]]
 
 def main(argv: list[str] | None = None) -> None:
     """CLI: diagnose any finished stage's model of a miniature run (written to `<run_dir>/diagnose_<model>_<split>`)."""
-    from train.checks import TrainConfigError  # noqa: PLC0415
-    from train.data import load_split  # noqa: PLC0415
-    from train.miniature.config import load_config  # noqa: PLC0415
+    from train.checks import TrainConfigError
+    from train.data import load_split
+    from train.miniature.config import load_config
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run_dir", required=True, help="a miniature output folder (its config.json is read)")
@@ -486,8 +486,8 @@ def distance_frames(row: Mapping[str, Any], span: int) -> list[tuple[int, int, f
     The frame at distance d is key + d where it exists, else key - d; a d with neither is left out. The slice's long
     axis is what the frame shows (`visible_slice_long_mm`), None beyond the lesion (d > span: the frame shows none).
     """
-    from train.data import frames_to_array  # noqa: PLC0415
-    from train.tiny.synthetic import visible_lesion_radii_px, visible_slice_long_mm  # noqa: PLC0415
+    from train.data import frames_to_array
+    from train.tiny.synthetic import visible_lesion_radii_px, visible_slice_long_mm
 
     key, n = int(row["key_slice_frame"]), int(row["n_frames"])
     size_px = frames_to_array(row["frames"][:1]).shape[-1]
@@ -541,8 +541,8 @@ def verifier_by_distance(
 ) -> dict[str, dict[str, float | int | None]]:
     """Ask the greedy verifier about the frames at each distance from the key frame of the first `max_rows` positive
     `rows`; return `score_by_distance`'s rates."""
-    from emrl_data.text.report import VERIFIER_PROMPT  # noqa: PLC0415
-    from train.data import frames_to_array, verifier_messages  # noqa: PLC0415
+    from emrl_data.text.report import VERIFIER_PROMPT
+    from train.data import frames_to_array, verifier_messages
     from train.tiny.warmup_checks import generate_texts  # loads torch: waits until a model runs
 
     asked, msgs = [], []

@@ -81,7 +81,7 @@ def check_power(n_test: int, n_organs: int, min_rows_per_class: int, n_bootstrap
     Each organ needs `min_rows_per_class` positive and negative rows on average (n_test >= 2 x organs x that), and the
     percentile interval needs at least one resample in each tail.
     """
-    from train.checks import TrainConfigError  # noqa: PLC0415
+    from train.checks import TrainConfigError
 
     need = 2 * n_organs * min_rows_per_class
     if n_test < need:

@@ -83,10 +83,10 @@ def seeds_markdown(summary: dict[str, Any], claims: bool = True) -> str:
 
 def save_seeds_png(results: dict[int, dict[str, Any]], path: Path) -> Path:
     """Plot each model's B-Acc and K-Hit per seed with its 95 % interval (one colour per seed)."""
-    import matplotlib  # noqa: PLC0415
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     seeds = sorted(results)
     names = list(dict.fromkeys(n for s in seeds for n in results[s]["models"]))

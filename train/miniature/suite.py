@@ -131,7 +131,7 @@ def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[Level, list[s
             "would show each noisy run the clean labels of its own rows"
         )
     if jobs == 1 and threads is not None:
-        import torch  # noqa: PLC0415
+        import torch
 
         torch.set_num_threads(threads)
     tasks = []
@@ -170,7 +170,7 @@ def _run_one(cfg: MiniatureConfig, levels: dict[Level, list[str]], output_dir: s
     """Run (or resume) one run of the study, or with `warmup_only` the data and warm-up of its seed's clean run;
     return the torch threads it ran with, or None when the seed's warm-up missed its targets by its step cap: the seed
     is then excluded (`write_exclusion`)."""
-    import torch  # noqa: PLC0415
+    import torch
 
     from train.tiny.warmup import WarmupMissed  # loads torch: waits until a seed runs
 
@@ -204,7 +204,7 @@ def _record_and_summarize(cfg: MiniatureConfig, seeds: list[int], levels: dict[L
 
 def _worker(threads: int, cfg: MiniatureConfig, levels: dict[Level, list[str]], output_dir: str, level: Level,
             seed: int, warmup_only: bool) -> int | None:  # fmt: skip
-    import torch  # noqa: PLC0415
+    import torch
 
     torch.set_num_threads(threads)
     prefix = f"[{describe(level)}, seed {seed}] "
@@ -223,8 +223,8 @@ def _run_in_processes(cfg: MiniatureConfig, levels: dict[Level, list[str]], outp
     finish, and the failure is raised. A worker exits when the study's process is gone (stopped by a signal to it
     alone, or killed), so no run outlives its study.
     """
-    import multiprocessing  # noqa: PLC0415
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait  # noqa: PLC0415
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     def warmed_up(seed: int) -> bool:
         return (run_dir(output_dir, 0.0, seed) / "warmup" / "done.json").exists()
@@ -264,8 +264,8 @@ def _run_in_processes(cfg: MiniatureConfig, levels: dict[Level, list[str]], outp
 
 def exit_with_parent(parent_pid: int, interval_s: float = 2.0) -> None:
     """Start a daemon thread that ends this process once its parent `parent_pid` is gone (its parent changes)."""
-    import threading  # noqa: PLC0415
-    import time  # noqa: PLC0415
+    import threading
+    import time
 
     def watch() -> None:
         while os.getppid() == parent_pid:
@@ -297,7 +297,7 @@ def write_record(output_dir: str | Path, level: Level, seed: int, models: list[s
     `torch_threads`: the threads the run trained with (the numbers depend on it). The bytes depend on the run only
     (gzip without a timestamp), so a rerun that changes nothing rewrites them equal.
     """
-    from emrl_data.text.evaluation import score_predictions  # noqa: PLC0415
+    from emrl_data.text.evaluation import score_predictions
 
     folder = run_dir(output_dir, level, seed)
     scores = {}
@@ -386,14 +386,14 @@ def _clean(value: dict[str, Any]) -> dict[str, Any]:
 def summarize_study(output_dir: str | Path, seeds: list[int], levels: dict[Level, list[str]], n_bootstrap: int
                     ) -> dict[str, Any]:  # fmt: skip
     """Return per level: each seed's results, and each comparison's paired differences per seed and pooled."""
-    from train.miniature.power import (  # noqa: PLC0415
+    from train.miniature.power import (
         KEY_METRICS,
         METRICS,
         exact_key,
         hierarchical_paired_bootstrap,
         paired_bootstrap,
     )
-    from train.miniature.seeds import summarize_seeds  # noqa: PLC0415
+    from train.miniature.seeds import summarize_seeds
 
     summary: dict[str, Any] = {"seeds": seeds, "excluded": read_exclusions(output_dir, seeds), "levels": {}}
     finished = {level: finished_seeds(output_dir, level, seeds, models) for level, models in levels.items()}
@@ -453,7 +453,7 @@ def with_key_truth(record: dict[str, Any]) -> dict[str, Any]:
     scores = record["scores"]
     if all("key_slice_frame" in row for rows in scores.values() for row in rows):
         return record
-    from train.tiny.synthetic import make_visible_rows  # noqa: PLC0415
+    from train.tiny.synthetic import make_visible_rows
 
     cfg = record["results"]["config"]
     test = make_visible_rows(cfg["n_test"], split="test", seed=cfg["seed"] + 1000, n_frames=cfg["n_frames"],
@@ -499,7 +499,7 @@ def key_noise_trends(output_dir: str | Path, levels: dict[Level, list[str]], fin
     """Return, per key-frame-noise level and `TRENDS` pair, the paired difference at that rate minus the same
     difference on clean gold, over the seeds finished at both (the same test rows: the test split depends on the seed
     alone), with both intervals and the verdict."""
-    from train.miniature.power import (  # noqa: PLC0415
+    from train.miniature.power import (
         KEY_METRICS,
         METRICS,
         hierarchical_paired_bootstrap,
@@ -598,7 +598,7 @@ def conclusions(summary: dict[str, Any]) -> list[dict[str, Any]]:
 def verifier_over_seeds(results: dict[int, dict[str, Any]], models: list[str]) -> dict[str, Any]:
     """Return, per model of `models` that has a verifier (SFT and the GRPO runs), in that order, its accuracy on the
     test split's frames, seen and blind, each rate the mean over the seeds that measured it (None where none did)."""
-    from train.miniature.diagnose import BY_DISTANCE  # noqa: PLC0415
+    from train.miniature.diagnose import BY_DISTANCE
     from train.tiny.warmup_checks import VERIFIER_GATES  # loads torch: waits until a verifier table is made
 
     out: dict[str, Any] = {}
@@ -641,7 +641,7 @@ CONCLUSION_RULE = (
 
 def study_markdown(summary: dict[str, Any]) -> str:
     """Return the study's tables (points): per level the seeds table and the paired differences, and the verdict."""
-    from train.miniature.seeds import seeds_markdown  # noqa: PLC0415
+    from train.miniature.seeds import seeds_markdown
 
     lines = []
     for seed, reason in summary.get("excluded", {}).items():
@@ -747,10 +747,10 @@ def verifier_markdown(verifier: dict[str, Any]) -> list[str]:
 def save_study_png(summary: dict[str, Any], path: Path) -> Path:
     """Plot each pooled paired difference with its two 95 % intervals, one colour per gold-noise level: a filled
     marker and thick bar for seeds and rows (what the verdict reads), an open marker and thin bar for rows only."""
-    import matplotlib  # noqa: PLC0415
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     keys = list(dict.fromkeys(k for e in summary["levels"].values() for k in e["comparisons"]))
     fig, ax = plt.subplots(figsize=(11, 4.5))
