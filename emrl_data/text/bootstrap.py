@@ -16,6 +16,10 @@ Rows come in groups (one group per training seed, each with its own test rows, o
 Both return `diff`, `ci_low`, `ci_high`, `n_rows`, `n_groups`; resamples where the statistic is undefined (nan: a
 class missing from the draw) are left out of the interval. Deterministic for a seed (`numpy.random.default_rng`).
 
+A statistic that is a function of column sums of 0/1 values over its rows (an organ's sensitivity, K-Hit) may say so
+with a `counts(rows)` method (`CountedStatistic`): the bootstrap then sums the drawn rows' columns (one `bincount` and
+one product a resample) instead of building each resample's rows, and gives the same draws bit for bit.
+
 `resampled_sums` is the rows-only draw for many statistics at once: when every statistic is a function of column
 sums over the rows (a ratio of counts, a mean, corpus BLEU's n-gram counts), it returns those sums for every
 resample, drawn exactly as `paired_bootstrap` draws them (the same row indices for a seed). Put both models' columns
@@ -27,14 +31,36 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 
-__all__ = ["Groups", "hierarchical_paired_bootstrap", "interval", "paired_bootstrap", "resampled_sums"]
+__all__ = [
+    "CountedStatistic",
+    "Groups",
+    "hierarchical_paired_bootstrap",
+    "interval",
+    "paired_bootstrap",
+    "resampled_sums",
+]
 
 Groups = Sequence[tuple[Sequence[Any], Sequence[Any]]]
+
+
+@runtime_checkable
+class CountedStatistic(Protocol):
+    """A statistic of rows that is a function of column sums over them.
+
+    `counts(rows)` returns `(columns, of_sums)`: an `(n_rows, k)` array whose column sums are exact (0/1 values), and
+    the function that gives the statistic from a length-k list of those sums, equal, bit for bit, to the statistic of
+    the rows the sums were taken over; or None where the rows do not allow it (the bootstrap then calls the statistic
+    on the drawn rows).
+    """
+
+    def __call__(self, rows: Sequence[Any]) -> float: ...
+
+    def counts(self, rows: Sequence[Any]) -> tuple[np.ndarray, Callable[[list[float]], float]] | None: ...
 
 
 def _check(groups: Groups, n_bootstrap: int, level: float, name: str) -> float:
@@ -77,10 +103,23 @@ def _draw_rows(rng: np.random.Generator, sizes: Sequence[int]) -> list[np.ndarra
     return [rng.integers(n, size=n) for n in sizes]
 
 
-def _group_diff(
-    a: Sequence[Any], b: Sequence[Any], idx: np.ndarray, statistic: Callable[[Sequence[Any]], float]
-) -> float:
-    return statistic([a[i] for i in idx]) - statistic([b[i] for i in idx])
+def _group_diff(a: Sequence[Any], b: Sequence[Any], statistic: Callable[[Sequence[Any]], float]
+                ) -> Callable[[np.ndarray], float]:  # fmt: skip
+    """Return `idx -> statistic(a[idx]) - statistic(b[idx])` for one group: through column sums where the statistic
+    is a `CountedStatistic` whose `counts` accepts both sides, else on the drawn rows."""
+    form_a = form_b = None
+    if isinstance(statistic, CountedStatistic):
+        form_a, form_b = statistic.counts(a), statistic.counts(b)
+    if form_a is None or form_b is None:
+        return lambda idx: statistic([a[i] for i in idx]) - statistic([b[i] for i in idx])
+    (cols_a, of_a), (cols_b, of_b) = form_a, form_b
+    both, k, n = np.hstack([cols_a, cols_b]), cols_a.shape[1], len(a)
+
+    def diff(idx: np.ndarray) -> float:
+        sums = (np.bincount(idx, minlength=n) @ both).tolist()
+        return of_a(sums[:k]) - of_b(sums[k:])
+
+    return diff
 
 
 def paired_bootstrap(
@@ -108,11 +147,10 @@ def paired_bootstrap(
     rng = np.random.default_rng(seed)
     draws = []
     sizes = [len(a) for a, _ in groups]
+    diffs = [_group_diff(a, b, statistic) for a, b in groups]
     for _ in range(n_bootstrap):
         drawn = _draw_rows(rng, sizes)
-        draws.append(
-            statistics.fmean(_group_diff(a, b, idx, statistic) for (a, b), idx in zip(groups, drawn, strict=True))
-        )
+        draws.append(statistics.fmean(of(idx) for of, idx in zip(diffs, drawn, strict=True)))
     return _summary(diff, draws, tail, groups)
 
 
@@ -135,12 +173,12 @@ def hierarchical_paired_bootstrap(
     diff = statistics.fmean(statistic(a) - statistic(b) for a, b in groups)
     rng = np.random.default_rng(seed)
     draws = []
+    diffs = [_group_diff(a, b, statistic) for a, b in groups]
+    sizes = [len(a) for a, _ in groups]
     for _ in range(n_bootstrap):
-        chosen = [groups[g] for g in rng.integers(len(groups), size=len(groups))]
-        drawn = _draw_rows(rng, [len(a) for a, _ in chosen])
-        draws.append(
-            statistics.fmean(_group_diff(a, b, idx, statistic) for (a, b), idx in zip(chosen, drawn, strict=True))
-        )
+        chosen = rng.integers(len(groups), size=len(groups)).tolist()
+        drawn = _draw_rows(rng, [sizes[g] for g in chosen])
+        draws.append(statistics.fmean(diffs[g](idx) for g, idx in zip(chosen, drawn, strict=True)))
     return _summary(diff, draws, tail, groups)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from train.checks import TrainConfigError
@@ -87,3 +88,26 @@ def test_exact_key_counts_only_the_true_key_frame_itself_per_organ():
              "score_k_hit": None}]  # fmt: skip
     assert exact_key(rows) == (0.5 + 0.0) / 2 and k_hit(rows) == (1.0 + 0.5) / 2
     assert math.isnan(exact_key(rows[-1:]))
+
+
+def test_the_metrics_column_sums_give_the_bootstrap_of_the_drawn_rows_bit_for_bit():
+    from train.miniature.power import exact_key, hierarchical_paired_bootstrap
+
+    rng = np.random.default_rng(3)
+
+    def rows(n):
+        return [{"organ": ("liver", "kidney", "pancreas")[int(rng.integers(3))], "has_lesion": bool(rng.integers(2)),
+                 "score_existence": float(rng.integers(2)), "score_k_hit": (None, 0.0, 1.0)[int(rng.integers(3))],
+                 "pred_key_slice": int(rng.integers(1, 4)), "key_slice_frame": 2} for _ in range(n)]  # fmt: skip
+
+    groups = [(rows(n), rows(n)) for n in (30, 17, 9)]
+    for metric in (average_bacc, k_hit, exact_key):
+        assert metric.counts(groups[0][0]) is not None  # the column-sum path is the one taken
+
+        def plain(rs, metric=metric):  # the same statistic without `counts`: the bootstrap calls it on drawn rows
+            return metric(rs)
+
+        for boot in (paired_bootstrap, hierarchical_paired_bootstrap):
+            assert boot(groups, metric, n_bootstrap=200, seed=5) == boot(groups, plain, n_bootstrap=200, seed=5)
+    fractional = [{"organ": "liver", "has_lesion": True, "score_existence": 0.5, "score_k_hit": 1.0}]
+    assert average_bacc.counts(fractional) is None and k_hit.counts(fractional) is not None  # not exact: drawn rows

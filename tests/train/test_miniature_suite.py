@@ -86,7 +86,7 @@ def test_every_run_finishes_and_noisy_runs_reuse_the_clean_warmup(micro_study):
         f"{m}: {x}, {KEY} minus clean" for m in METRICS3 for x in ("(a) - (f)", "(g) - (f)")
     }
     for entry in [*level["comparisons"].values(), *summary["trends"].values()]:
-        assert entry["verdict"] in ("above", "below", "none") and entry["pooled_seeds"]["n_groups"] == 2
+        assert entry["verdict"] == "few" and entry["pooled_seeds"]["n_groups"] == 2  # 2 seeds: not decided
     assert set(summary["levels"]["0.00"]["exact_key"]) == set(CLEAN)
     spread = summary["levels"]["0.00"]["spread"]
     assert list(spread) == ["grpo_a", "grpo_b", "grpo_f", "grpo_g", "grpo_h"]
@@ -194,6 +194,9 @@ def test_the_records_alone_give_the_summary_and_resume_a_study_whose_folders_are
     for path in sorted((out / "records").iterdir()):
         shutil.copy(path, pooled / path.name)
     assert summarize_study(pooled.parent, seeds, levels, cfg.n_bootstrap) == summary
+    main(["--config", str(MICRO), "--output_dir", str(pooled.parent), "--report_only"])  # trains nothing, any seeds
+    assert sorted(p.name for p in pooled.parent.iterdir()) == ["records", "study.json", "study.md", "study.png"]
+    assert (pooled.parent / "study.md").read_text() == study_markdown(summary)
     # seed 1's noisy record lost, and every run folder: the clean warm-up runs again and the run comes out equal
     (pooled / record_path(out, 0.3, 1).name).unlink()
     lines: list[str] = []
@@ -417,7 +420,7 @@ def test_the_config_knows_every_run_the_study_labels():
         load_config(None, {"models": ["sft", "grpo_z"]})
 
 
-@pytest.mark.slow  # the paired bootstrap over every shipped record: about a minute
+@pytest.mark.slow  # the paired bootstrap over every shipped record: about 20 s
 def test_the_shipped_records_give_the_shipped_study_summary(tmp_path):
     import shutil
     from pathlib import Path
@@ -444,24 +447,33 @@ def test_an_effect_is_claimed_only_where_the_seeds_and_rows_interval_excludes_ze
                 "pooled": {"diff": rows[0], "ci_low": rows[1], "ci_high": rows[2]},
                 "pooled_seeds": {"diff": seeds_rows[0], "ci_low": seeds_rows[1], "ci_high": seeds_rows[2]}}  # fmt: skip
 
+    eight = {str(s): 0.01 for s in range(8)}
     summary = {"levels": {
         "0.15": {"comparisons": {"k_hit: (a) - (e)": comp((0.04, 0.013, 0.067), (0.04, -0.041, 0.141),
-                                                          {"0": -0.02, "2": 0.221})}},
-        "0.00": {"comparisons": {"average_bacc: (a) - (b)": comp((0.021, 0.015, 0.028), (0.021, 0.002, 0.053),
+                                                          eight | {"0": -0.02, "2": 0.221})}},
+        "0.00": {"comparisons": {"average_bacc: (a) - (b)": comp((0.021, 0.015, 0.028), (0.021, 0.002, 0.053), eight),
+                                 "average_bacc: (a) - (f)": comp((0.021, 0.015, 0.028), (0.021, 0.002, 0.053),
                                                                  {"0": 0.01, "2": 0.03})}},
     }}  # fmt: skip
     got = conclusions(summary)
     assert [(c["level"], c["comparison"], c["metric"], c["verdict"]) for c in got] == [
-        ("0.15", "(a) - (e)", "k_hit", "none"), ("0.00", "(a) - (b)", "average_bacc", "above")
+        ("0.15", "(a) - (e)", "k_hit", "none"), ("0.00", "(a) - (b)", "average_bacc", "above"),
+        ("0.00", "(a) - (f)", "average_bacc", "few"),
     ]  # fmt: skip
     assert got[0]["text"] == (
-        "(a) - (e), K-Hit, 15 % noisy gold: +4.0 [-4.1, +14.1] points over 2 seeds and their rows: no effect claimed; "
+        "(a) - (e), K-Hit, 15 % noisy gold: +4.0 [-4.1, +14.1] points over 8 seeds and their rows: no effect claimed; "
         "the interval rules out effects above +14.1 and below -4.1 points. The rows-only interval +4.0 [+1.3, +6.7] "
-        "excludes 0; the seeds-and-rows one does not (per seed: -2.0, +22.1)."
+        "excludes 0; the seeds-and-rows one does not (per seed: -2.0, +1.0, +22.1, +1.0, +1.0, +1.0, +1.0, +1.0)."
     )
     assert got[1]["text"] == (
-        "(a) - (b), average B-Acc, clean gold: +2.1 [+0.2, +5.3] points over 2 seeds and their rows: above 0: claimed."
+        "(a) - (b), average B-Acc, clean gold: +2.1 [+0.2, +5.3] points over 8 seeds and their rows: above 0: claimed."
     )
+    assert got[2]["text"] == (
+        "(a) - (f), average B-Acc, clean gold: +2.1 [+0.2, +5.3] points over 2 seeds and their rows: not decided, 2 "
+        "finished seeds where the rule needs 8 (the interval alone excludes 0)."
+    )
+    assert seed_level_verdict({"diff": 0.02, "ci_low": 0.001, "ci_high": 0.04}, n_seeds=7) == "few"
+    assert seed_level_verdict({"diff": 0.02, "ci_low": 0.001, "ci_high": 0.04}, n_seeds=8) == "above"
     assert got[1]["rows_only"] == [0.015, 0.028] and got[1]["seeds_rows"] == [0.002, 0.053]
 
 

@@ -73,6 +73,8 @@ def test_frame_targets_agree_with_the_drawn_mask_on_every_frame():
             xs = np.nonzero(mask[t.frame])[1]
             side = 0 if xs.mean() < 32 else 1
             assert set(parsed.location) == set(side_locations(row["organ"])[side]) == set(t.location)
+            assert round(t.long_axis_mm / 10, 1) == parsed.long_axis_cm  # the long axis the answer writes
+            assert t.distance == abs(t.frame + 1 - row["key_slice_frame"])
             key_radius = (mask[row["key_slice_frame"] - 1].any(axis=0).sum() + 1) // 2  # a disc of radius r spans 2r-1
             radius = (mask[t.frame].any(axis=0).sum() + 1) // 2
             assert parsed.long_axis_cm == pytest.approx(
@@ -127,11 +129,11 @@ def test_score_verifier_rates_and_gates():
              "No focal renal lesion.",  # missed
              "No focal renal lesion.", ""]  # right; unreadable = wrong  # fmt: skip
     acc = score_verifier(asked, texts)
-    assert acc == {"sensitivity": 0.75, "specificity": 0.5, "location": 0.5, "attenuation": 0.5,
-                   "n_lesion_frames": 4, "n_clear_frames": 2}  # fmt: skip
+    assert acc == {"sensitivity": 0.75, "specificity": 0.5, "location": 0.5, "attenuation": 0.5, "size": 0.0,
+                   "n_lesion_frames": 4, "n_clear_frames": 2, "n_key_frames": 0}  # fmt: skip
     assert verifier_gaps(acc, 0.6) == ["specificity 50% < 60%", "location 50% < 60%", "attenuation 50% < 60%"]
     assert verifier_gaps(acc, 0.0) == []
-    assert format_verifier(acc) == "sens 75%, spec 50%, location 50%, attenuation 50% (4 + 2 frames)"
+    assert format_verifier(acc) == "sens 75%, spec 50%, location 50%, attenuation 50%, size 0% (4 + 2 frames)"
 
 
 def test_warmup_that_misses_its_verifier_gates_fails_in_one_line():
@@ -352,6 +354,46 @@ def test_warmup_reads_both_classes_on_its_class_rows_once_the_rest_is_met(monkey
                   log=lines.append)  # fmt: skip
     assert asked == [1] + [3] * class_rows_generated  # the held-out row; the 3 class rows only when the rest is met
     assert lines[0].endswith("; not both classes claimed on the 3 class rows, 1 rows")
+
+
+def test_a_rows_lesion_frames_are_asked_key_frame_first_then_the_outermost() -> None:
+    rows = [r for r in make_visible_rows(8, n_frames=20, size_px=64, seed=1, organs=("liver",), span=3)
+            if r["has_lesion"] and 4 <= r["key_slice_frame"] <= 17][:2]  # fmt: skip
+    assert len(rows) == 2
+    asked = _eval_frames(rows, lesion_span=3, max_frames=28)  # half of them, 14, show the lesion
+    lesion = [(i, t.distance) for i, t in asked if t.present]
+    # round-robin over the 2 rows: each row's key frame, then its two frames 3 away, then 2 away, then 1 away
+    assert lesion == [(0, 0), (1, 0), (0, 3), (1, 3), (0, 3), (1, 3), (0, 2), (1, 2), (0, 2), (1, 2), (0, 1), (1, 1),
+                      (0, 1), (1, 1)]  # fmt: skip
+    first_row_frames = [t.frame + 1 - rows[0]["key_slice_frame"] for i, t in asked if i == 0 and t.present]
+    assert first_row_frames == [0, -3, 3, -2, 2, -1, 1]  # the earlier frame first at a tie
+
+
+def test_the_size_rate_reads_the_slice_and_gates_only_where_asked() -> None:
+    key = FrameTarget(9, "x", True, ("left",), "hypo", long_axis_mm=56.0, distance=0)
+    outer = FrameTarget(12, "y", True, ("left",), "hypo", long_axis_mm=20.0, distance=3)
+    asked = [("kidney", key), ("kidney", key), ("kidney", outer), ("kidney", outer)]
+    texts = ["A hypodense lesion in the left kidney measures 5.6 x 3.9 cm.",  # the key's size
+             "A hypodense lesion in the left kidney measures 4.0 x 2.8 cm.",  # 4.0 vs 5.6: beyond 20 %
+             "A hypodense lesion in the left kidney measures 2.3 x 1.6 cm.",  # 2.3 vs 2.0: within 0.5 cm / 20 %
+             "A hypodense lesion in the left kidney measures 5.6 x 3.9 cm."]  # the key's size on an outer slice  # fmt: skip
+    acc = score_verifier(asked, texts)
+    assert acc["size"] == 0.5 and acc["sensitivity"] == acc["location"] == acc["attenuation"] == 1.0
+    assert acc["n_key_frames"] == 2 and acc["specificity"] is None
+    assert verifier_gaps(acc, 0.9) == ["specificity n/a < 90%"]  # size is not a default gate
+    assert verifier_gaps(acc, 0.9, ("sensitivity", "size")) == ["size 50% < 90%"]
+    assert format_verifier(acc) == "sens 100%, spec n/a, location 100%, attenuation 100%, size 50% (4 + 0 frames)"
+
+
+def test_an_unknown_verifier_gate_is_one_line_naming_the_gates() -> None:
+    rows = make_visible_rows(2, n_frames=4, size_px=32, seed=0, organs=("kidney",))
+    with pytest.raises(TrainConfigError) as err:
+        lm_warmup(None, None, rows[:1], rows[1:], max_steps=2, learning_rate=1e-3, eval_every=1,
+                  verifier_gates=("sensitivity", "sizes"))  # fmt: skip
+    assert str(err.value) == (
+        "LM warm-up: unknown verifier gates ['sizes']; the gates are "
+        "['sensitivity', 'specificity', 'location', 'attenuation', 'size']"
+    )
 
 
 def test_held_out_frames_go_round_robin_over_rows_and_the_blind_partner_shares_the_organ() -> None:

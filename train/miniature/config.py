@@ -41,7 +41,11 @@ class MiniatureConfig:
     warmup_batch_size: int = 4
     warmup_verifier_batch_size: int = 2  # verifier frames a warm-up step (half with a lesion)
     warmup_val_rows: int = 12
-    warmup_target_verifier_accuracy: float = 0.9  # presence sens/spec, location, attenuation gates (0 = report only)
+    warmup_target_verifier_accuracy: float = 0.9  # the gates' accuracy (0 = report only)
+    # the rates the warm-up is gated on (train.tiny.warmup_checks.VERIFIER_RATES); "size" needs the slice's long axis
+    warmup_verifier_gates: list[str] = field(
+        default_factory=lambda: ["sensitivity", "specificity", "location", "attenuation"]
+    )
     verifier_eval_frames: int = 48  # held-out frames per verifier check (half with the lesion, half without)
     verifier_distance_rows: int = 0  # eval: positive test rows whose frames at d = 0..span+1 from the key are asked
     gold_noise: float = 0.0  # fraction of TRAINING rows whose gold is corrupted (train/miniature/noise.py); in [0, 1)

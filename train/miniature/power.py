@@ -16,9 +16,12 @@ The bootstrap itself is `emrl_data.text.bootstrap` (re-exported here). Everythin
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from emrl_data.text.bootstrap import hierarchical_paired_bootstrap, paired_bootstrap
 
@@ -36,39 +39,101 @@ __all__ = [
 Records = Sequence[Mapping[str, Any]]
 
 
-def average_bacc(rows: Records) -> float:
-    """Return the organ-averaged balanced accuracy of `score_existence` (nan when no organ has both classes)."""
-    values = []
-    for organ in sorted({r["organ"] for r in rows}):
-        pos = [r["score_existence"] for r in rows if r["organ"] == organ and r["has_lesion"]]
-        neg = [r["score_existence"] for r in rows if r["organ"] == organ and not r["has_lesion"]]
-        if pos and neg:
-            values.append((statistics.fmean(pos) + statistics.fmean(neg)) / 2)
-    return statistics.fmean(values) if values else float("nan")
+Cell = Callable[[Mapping[str, Any]], "tuple[int, Any] | None"]
 
 
-def k_hit(rows: Records) -> float:
-    """Return the organ-averaged mean `score_k_hit` over positive rows (nan without one)."""
-    values = []
-    for organ in sorted({r["organ"] for r in rows}):
-        hits = [
-            r["score_k_hit"] for r in rows if r["organ"] == organ and r["has_lesion"] and r["score_k_hit"] is not None
-        ]
-        if hits:
-            values.append(statistics.fmean(hits))
-    return statistics.fmean(values) if values else float("nan")
+class OrganRate:
+    """An organ-averaged rate of 0/1 scores, callable on rows, with the column sums the bootstrap draws
+    (`emrl_data.text.bootstrap.CountedStatistic`).
+
+    `cell(row)` gives the row's `(slot, score)` or None (the row does not count); `combine(per_slot)` one organ's value
+    from its slots' `(count, sum)` (None: the organ has no value). The statistic is the mean over the organs (sorted)
+    with a value, nan without one.
+    """
+
+    def __init__(self, name: str, cell: Cell, n_slots: int,
+                 combine: Callable[[list[tuple[float, float]]], float | None], doc: str) -> None:  # fmt: skip
+        self.__name__, self.__doc__ = name, doc
+        self._cell, self._slots, self._combine = cell, n_slots, combine
+
+    def __repr__(self) -> str:
+        return f"<metric {self.__name__}>"
+
+    def __call__(self, rows: Records) -> float:
+        by_organ: dict[str, list[list[float]]] = {}
+        for row in rows:
+            cell = self._cell(row)
+            slots = by_organ.setdefault(row["organ"], [[] for _ in range(self._slots)])
+            if cell is not None:
+                slots[cell[0]].append(cell[1])
+        values = [self._combine([(len(v), math.fsum(v)) for v in by_organ[o]]) for o in sorted(by_organ)]
+        kept = [v for v in values if v is not None]
+        return statistics.fmean(kept) if kept else float("nan")
+
+    def counts(self, rows: Records) -> tuple[np.ndarray, Callable[[list[float]], float]] | None:
+        """Return `(columns, of_sums)`: per organ and slot a count column and a score column; None where a score is
+        not 0 or 1 (its sums would not be exact)."""
+        organs = sorted({r["organ"] for r in rows})
+        where = {organ: i for i, organ in enumerate(organs)}
+        width = 2 * self._slots
+        columns = np.zeros((len(rows), width * len(organs)))
+        for i, row in enumerate(rows):
+            cell = self._cell(row)
+            if cell is None:
+                continue
+            if cell[1] not in (0, 1):
+                return None
+            j = where[row["organ"]] * width + 2 * cell[0]
+            columns[i, j], columns[i, j + 1] = 1.0, float(cell[1])
+
+        def of_sums(sums: list[float]) -> float:
+            values = []
+            for o in range(len(organs)):
+                part = sums[o * width : (o + 1) * width]
+                value = self._combine([(part[2 * k], part[2 * k + 1]) for k in range(self._slots)])
+                if value is not None:
+                    values.append(value)
+            return statistics.fmean(values) if values else float("nan")
+
+        return columns, of_sums
 
 
-def exact_key(rows: Records) -> float:
-    """Return the organ-averaged share of positive rows (those K-Hit scores) whose report names the true key frame
-    itself (d = 0); the rows need the truth's `key_slice_frame` (nan without one)."""
-    values = []
-    for organ in sorted({r["organ"] for r in rows}):
-        hits = [float(r["pred_key_slice"] == r["key_slice_frame"]) for r in rows
-                if r["organ"] == organ and r["has_lesion"] and r["score_k_hit"] is not None]  # fmt: skip
-        if hits:
-            values.append(statistics.fmean(hits))
-    return statistics.fmean(values) if values else float("nan")
+def _balanced(slots: list[tuple[float, float]]) -> float | None:
+    (n_pos, pos), (n_neg, neg) = slots
+    return (pos / n_pos + neg / n_neg) / 2 if n_pos and n_neg else None
+
+
+def _rate(slots: list[tuple[float, float]]) -> float | None:
+    ((n, hits),) = slots
+    return hits / n if n else None
+
+
+average_bacc = OrganRate(
+    "average_bacc",
+    lambda r: (0 if r["has_lesion"] else 1, r["score_existence"]),
+    2,
+    _balanced,
+    "Return the organ-averaged balanced accuracy of `score_existence` (nan when no organ has both classes).",
+)
+k_hit = OrganRate(
+    "k_hit",
+    lambda r: (0, r["score_k_hit"]) if r["has_lesion"] and r["score_k_hit"] is not None else None,
+    1,
+    _rate,
+    "Return the organ-averaged mean `score_k_hit` over positive rows (nan without one).",
+)
+exact_key = OrganRate(
+    "exact_key",
+    lambda r: (
+        (0, float(r["pred_key_slice"] == r["key_slice_frame"]))
+        if r["has_lesion"] and r["score_k_hit"] is not None
+        else None
+    ),
+    1,
+    _rate,
+    "Return the organ-averaged share of positive rows (those K-Hit scores) whose report names the true key frame "
+    "itself (d = 0); the rows need the truth's `key_slice_frame` (nan without one).",
+)
 
 
 METRICS: dict[str, Callable[[Records], float]] = {"average_bacc": average_bacc, "k_hit": k_hit}

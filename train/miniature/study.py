@@ -252,6 +252,7 @@ class Miniature:
                            max_new_tokens=cfg.eval_max_new_tokens, seed=cfg.seed, log=self.log,
                            target_sampled_parse_rate=cfg.warmup_target_sampled_parse_rate,
                            lesion_span=cfg.lesion_span, target_verifier_accuracy=cfg.warmup_target_verifier_accuracy,
+                           verifier_gates=tuple(cfg.warmup_verifier_gates),
                            verifier_eval_frames=cfg.verifier_eval_frames,
                            verifier_max_new_tokens=cfg.verifier_max_new_tokens, keys=MINIATURE_WARMUP_KEYS)  # fmt: skip
         blind = verifier_accuracy(model, processor, [rows[i] for i in sorted(val)], cfg.lesion_span, blind=True,

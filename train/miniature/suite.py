@@ -58,6 +58,7 @@ COMPARISONS = {("grpo_a", "more_sft_llm"): "(a) - (e)", ("grpo_a", "grpo_f"): "(
 # Across key-frame-noise rates: how a difference at rate r moved from its value on clean gold (same seeds, same rows).
 TRENDS = {("grpo_a", "grpo_f"): "(a) - (f)", ("grpo_g", "grpo_f"): "(g) - (f)"}
 MIN_SEEDS = 5
+MIN_FINISHED_SEEDS = 8  # the rule decides a difference only over at least this many finished seeds
 KEY_NOISE = "key-noise-"  # a key-frame-noise level's name: key-noise-<rate> (a float level is gold noise)
 Level = float | str
 
@@ -421,7 +422,7 @@ def summarize_study(output_dir: str | Path, seeds: list[int], levels: dict[Level
                 above = sum(1 for v in per_seed.values() if v["ci_low"] is not None and v["ci_low"] > 0)
                 comparisons[f"{metric}: {key}"] = {"per_seed": per_seed, "pooled": _clean(pooled),
                                                    "pooled_seeds": seeds_rows, "n_above": above,
-                                                   "verdict": seed_level_verdict(seeds_rows)}  # fmt: skip
+                                                   "verdict": seed_level_verdict(seeds_rows, len(done))}  # fmt: skip
         summary["levels"][level_key(level)] = {
             "models": models,
             "finished": done,
@@ -530,17 +531,21 @@ def key_noise_trends(output_dir: str | Path, levels: dict[Level, list[str]], fin
                             for s, g in zip(done, groups, strict=True)}  # fmt: skip
                 out[f"{metric}: {name}, {level} minus clean"] = {
                     "level": level, "per_seed": per_seed, "pooled": rows_only, "pooled_seeds": seeds_rows,
-                    "verdict": seed_level_verdict(seeds_rows)}  # fmt: skip
+                    "verdict": seed_level_verdict(seeds_rows, len(done))}  # fmt: skip
     return out
 
 
-VERDICTS = {"above": "above 0: claimed", "below": "below 0: claimed", "none": "no effect claimed"}
+VERDICTS = {"above": "above 0: claimed", "below": "below 0: claimed", "none": "no effect claimed",
+            "few": f"not decided: fewer than {MIN_FINISHED_SEEDS} seeds"}  # fmt: skip
 METRIC_LABELS = {"average_bacc": "average B-Acc", "k_hit": "K-Hit", "exact_key": "exact key (d = 0)"}
 
 
-def seed_level_verdict(interval: dict[str, Any]) -> str:
-    """Return the study's rule on one pooled difference: "above" or "below" where its seeds-and-rows interval
-    (`hierarchical_paired_bootstrap`) excludes 0 on that side, else "none" (no effect is claimed)."""
+def seed_level_verdict(interval: dict[str, Any], n_seeds: int | None = None) -> str:
+    """Return the study's rule on one pooled difference: "few" over fewer than `MIN_FINISHED_SEEDS` finished seeds
+    (`n_seeds`; None: not counted, for a rows-only interval), else "above" or "below" where its seeds-and-rows
+    interval (`hierarchical_paired_bootstrap`) excludes 0 on that side, else "none" (no effect is claimed)."""
+    if n_seeds is not None and n_seeds < MIN_FINISHED_SEEDS:
+        return "few"
     low, high = interval.get("ci_low"), interval.get("ci_high")
     if low is not None and low > 0:
         return "above"
@@ -576,11 +581,15 @@ def conclusions(summary: dict[str, Any]) -> list[dict[str, Any]]:
         seeds_rows, rows = comp.get("pooled_seeds"), comp["pooled"]
         if not seeds_rows or seeds_rows["diff"] is None or seeds_rows["ci_low"] is None:
             continue
-        verdict = seed_level_verdict(seeds_rows)
-        where = f"{comparison}, {METRIC_LABELS.get(metric, metric)}, {level_label(level)}"
         n = len(comp["per_seed"])
+        verdict = seed_level_verdict(seeds_rows, n)
+        where = f"{comparison}, {METRIC_LABELS.get(metric, metric)}, {level_label(level)}"
         text = f"{where}: {_interval(seeds_rows)} points over {n} seeds and their rows: "
-        if verdict != "none":
+        if verdict == "few":
+            alone = seed_level_verdict(seeds_rows) != "none"
+            text += (f"not decided, {n} finished seeds where the rule needs {MIN_FINISHED_SEEDS}"
+                     f"{' (the interval alone excludes 0)' if alone else ''}.")  # fmt: skip
+        elif verdict != "none":
             text += f"{VERDICTS[verdict]}."
         else:
             text += (f"no effect claimed; the interval rules out effects above {100 * seeds_rows['ci_high']:+.1f} "
@@ -635,7 +644,8 @@ def _interval(v: dict[str, Any]) -> str:
 CONCLUSION_RULE = (
     "Each pooled difference (points, (a) minus the other run, on the test rows) has two 95 % paired bootstrap "
     "intervals: rows only (every seed kept, its rows redrawn) and seeds and rows (the seeds drawn with replacement, "
-    "then each drawn seed's rows). An effect is claimed only where the seeds-and-rows interval excludes 0."
+    "then each drawn seed's rows). An effect is claimed only where the seeds-and-rows interval excludes 0, over at "
+    f"least {MIN_FINISHED_SEEDS} finished seeds."
 )
 
 
@@ -795,6 +805,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=None, metavar="SEED",
                         help="run only these of the config's seeds now (a stage); the report covers every seed of "
                         "the config finished so far")  # fmt: skip
+    parser.add_argument("--report_only", action="store_true", help="train nothing: write study.json, study.md and "
+                        "study.png of the runs recorded under --output_dir")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, each its own process (default 1)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per run (default: the cores "
                         "shared out among the jobs)")  # fmt: skip
@@ -803,6 +815,10 @@ def main(argv: list[str] | None = None) -> None:
         raise TrainConfigError(f"--jobs {args.jobs} --threads {args.threads}: both must be at least 1")
     overrides = {k: yaml.safe_load(v) for k, _, v in (item.partition("=") for item in args.set)}
     cfg, seeds, levels = load_study(args.config, overrides)
+    if args.report_only:
+        write_summary(args.output_dir, seeds, levels, cfg.n_bootstrap)
+        print(f"wrote {Path(args.output_dir) / 'study.md'} (.json, .png)", flush=True)
+        return
     if len(seeds) < args.min_seeds:
         raise TrainConfigError(
             f"{args.config}: study.seeds has {len(seeds)} seeds, fewer than --min_seeds={args.min_seeds}"

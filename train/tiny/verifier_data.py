@@ -33,7 +33,8 @@ class FrameTarget:
 
     `frame` is 0-based; `present` whether the lesion shows on that slice; `answer` the description of that slice
     (the lesion as it appears there, or the organ's negative sentence); `location` and `attenuation` the lesion's
-    (None on a frame without it).
+    and `long_axis_mm` its long axis as that slice shows it (None on a frame without it); `distance` the frame's
+    distance from the row's key frame (None on a negative row).
     """
 
     frame: int
@@ -41,6 +42,8 @@ class FrameTarget:
     present: bool
     location: tuple[str, ...] | None = None
     attenuation: str | None = None
+    long_axis_mm: float | None = None
+    distance: int | None = None
 
 
 def frame_targets(row: Mapping[str, Any], lesion_span: int) -> list[FrameTarget]:
@@ -62,14 +65,15 @@ def frame_targets(row: Mapping[str, Any], lesion_span: int) -> list[FrameTarget]
     location, attenuation = tuple(row["location"]), str(row["attenuation"])
     out = []
     for i, radius in enumerate(radii):
+        distance = abs(i - (int(key) - 1))
         if radius == 0:
-            out.append(FrameTarget(i, negative, False))
+            out.append(FrameTarget(i, negative, False, distance=distance))
             continue
         long_mm = visible_slice_long_mm(float(row["long_axis_mm"]), radius, radii[int(key) - 1])
         answer = render_findings(organ, has_lesion=True, lesion_count=1, long_axis_mm=long_mm,
                                  short_axis_mm=round(long_mm * 0.7, 1), volume_mm3=round(long_mm**3 * 0.3),
                                  location=location, attenuation=attenuation)  # fmt: skip
-        out.append(FrameTarget(i, answer, True, location, attenuation))
+        out.append(FrameTarget(i, answer, True, location, attenuation, long_mm, distance))
     return out
 
 

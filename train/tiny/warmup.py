@@ -38,6 +38,8 @@ from train.data import CTQwen3VLProcessor, SFTCollator
 from train.freeze import set_stage_trainable
 from train.tiny.verifier_data import BalancedPairs, VerifierCollator
 from train.tiny.warmup_checks import (
+    VERIFIER_GATES,
+    VERIFIER_RATES,
     fails_to_parse,
     format_verifier,
     report_parse_rate,
@@ -110,6 +112,7 @@ class WarmupPlan:
     verifier_task: bool = True
     lesion_span: int | None = None
     target_verifier_accuracy: float = 0.0
+    verifier_gates: tuple[str, ...] = VERIFIER_GATES
     verifier_eval_frames: int = 48
     verifier_max_new_tokens: int = 48
     require_both_classes: bool = False
@@ -138,6 +141,9 @@ def _check_plan(rows: Sequence[Any], val_rows: Sequence[Any], plan: WarmupPlan) 
         raise TrainConfigError(
             f"{plan.keys['eval_every']}={plan.eval_every} must be in 1..{plan.keys['max_steps']} ({plan.max_steps})."
         )
+    unknown = sorted(set(plan.verifier_gates) - set(VERIFIER_RATES))
+    if unknown:
+        raise TrainConfigError(f"LM warm-up: unknown verifier gates {unknown}; the gates are {list(VERIFIER_RATES)}")
     if plan.target_verifier_accuracy > 0 and (plan.lesion_span is None or not plan.verifier_task):
         raise TrainConfigError(
             "LM warm-up: target_verifier_accuracy needs the verifier task and a lesion_span (per-slice truth)"
@@ -177,7 +183,7 @@ def _check(model: Any, processor: Any, val_rows: Sequence[Mapping[str, Any]], pl
             acc = verifier_accuracy(model, processor, val_rows, plan.lesion_span, max_frames=plan.verifier_eval_frames,
                                     max_new_tokens=plan.verifier_max_new_tokens)  # fmt: skip
             result.verifier_accuracy.append((step, acc))
-            verifier_ok = not verifier_gaps(acc, plan.target_verifier_accuracy)
+            verifier_ok = not verifier_gaps(acc, plan.target_verifier_accuracy, plan.verifier_gates)
             line += f", verifier {format_verifier(acc)}"
         else:
             vrate = verifier_claim_rate(model, processor, val_rows)
@@ -222,7 +228,7 @@ def _raise_if_missed(result: WarmupResult, plan: WarmupPlan) -> None:
             "LM warm-up: the greedy reports (held-out or class rows) never claimed a lesion on a positive row and "
             f"none on a negative one by the step cap {cap}={plan.max_steps}; raise {cap}"
         )
-    gaps = verifier_gaps(result.verifier_accuracy[-1][1], plan.target_verifier_accuracy) if (
+    gaps = verifier_gaps(result.verifier_accuracy[-1][1], plan.target_verifier_accuracy, plan.verifier_gates) if (
         result.verifier_accuracy) else []  # fmt: skip
     if gaps:
         raise WarmupMissed(
@@ -259,7 +265,8 @@ def lm_warmup(
             checked); max_new_tokens: the report budget; seed: sampling and torch seed; verifier_task: train the
             verifier too; lesion_span: the rows' span (`make_visible_rows`): every frame becomes a verifier example
             (`frame_targets`), and the check measures `verifier_accuracy`; target_verifier_accuracy: its gates
-            (sensitivity, specificity, location, attenuation; 0 = reported, not required); verifier_eval_frames,
+            (0 = reported, not required) on the rates `verifier_gates` names (default `VERIFIER_GATES`: sensitivity,
+            specificity, location, attenuation; `VERIFIER_RATES` adds size); verifier_eval_frames,
             verifier_max_new_tokens: that measurement's frames and answer budget; keys: the caller's configuration
             keys of max_steps, eval_every and learning_rate, which the error lines name (default: the demo's).
 

@@ -1,6 +1,6 @@
 """The warm-up's held-out checks, also the miniature's eval: a model's greedy (or sampled) answers, the parse rate of
 its reports and whether they claim both classes, the verifier's claim rate on key frames, and its accuracy on held-out
-frames (sensitivity, specificity, location, attenuation) against the gates."""
+frames (sensitivity, specificity, location, attenuation, size) against the gates."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ from typing import Any
 
 import torch
 
+from emrl_data.text import scoring as sc
 from emrl_data.text.parser import ParseFailure, parse_free_text, parse_report
 from emrl_data.text.report import VERIFIER_PROMPT
+from emrl_data.types import Organ
 from train.data import CTQwen3VLProcessor, frames_to_array, user_messages, verifier_messages
 from train.tiny.verifier_data import FrameTarget, frame_targets
 
@@ -73,7 +75,11 @@ def verifier_claim_rate(model: Any, processor: CTQwen3VLProcessor, rows: Sequenc
     return sum(not isinstance(c, ParseFailure) and c.has_lesion for c in claims) / len(pos)
 
 
+# The rates `score_verifier` measures. The warm-up is gated on VERIFIER_GATES unless its plan names others; "size"
+# (the answer's long axis within the size tolerance of the slice's) is the one that tells a key frame from its
+# neighbours when only size differs between them.
 VERIFIER_GATES = ("sensitivity", "specificity", "location", "attenuation")
+VERIFIER_RATES = (*VERIFIER_GATES, "size")
 
 
 def _round_robin(lists: Sequence[Sequence[Any]]) -> list[Any]:
@@ -87,17 +93,25 @@ def _eval_frames(
 ) -> list[tuple[int, FrameTarget]]:
     """Return `(row index, target)` of at most `max_frames` frames, half with the lesion, half without, in a fixed
     order (every check asks the same frames): round-robin over the rows (each row's first frame of a kind, then each
-    row's second, ...), so the frames come from as many rows as they can and one row's answers do not decide a gate."""
+    row's second, ...), so the frames come from as many rows as they can and one row's answers do not decide a gate.
+    A row's lesion frames come key frame first, then its outermost ones, then inward (`_key_then_outer`): a gate
+    measures the frame r_c asks about and the frames that show the lesion least."""
     present_by_row: list[list[tuple[int, FrameTarget]]] = []
     absent_by_row: list[list[tuple[int, FrameTarget]]] = []
     for i, row in enumerate(rows):
         targets = frame_targets(row, lesion_span)
-        present_by_row.append([(i, t) for t in targets if t.present])
+        present_by_row.append([(i, t) for t in _key_then_outer([t for t in targets if t.present])])
         absent_by_row.append([(i, t) for t in targets if not t.present])
     present, absent = _round_robin(present_by_row), _round_robin(absent_by_row)
     half = max_frames // 2
     n_present = min(len(present), max(half, max_frames - len(absent)))
     return present[:n_present] + absent[: max_frames - n_present]
+
+
+def _key_then_outer(targets: Sequence[FrameTarget]) -> list[FrameTarget]:
+    """Order a row's lesion frames: the key frame (distance 0), then by distance from it, largest first (ties: the
+    earlier frame first)."""
+    return sorted(targets, key=lambda t: (t.distance != 0, -(t.distance or 0), t.frame))
 
 
 def _blind_partner(rows: Sequence[Mapping[str, Any]], i: int) -> int:
@@ -120,9 +134,10 @@ def verifier_accuracy(
     """Return the greedy verifier's accuracy on held-out frames, each scored against its `frame_targets` target.
 
     sensitivity: lesion frames whose answer claims a lesion; specificity: lesion-free frames whose answer claims none
-    (an unreadable answer is wrong either way); location, attenuation: lesion frames whose answer names the target's
-    (None without a lesion frame). `blind`: the verifier is shown the same frame of the next row of the same organ
-    instead (`_blind_partner`), scored against row i's target: the control, expected at chance (the organ matches, so
+    (an unreadable answer is wrong either way); location, attenuation: lesion frames whose answer names the target's;
+    size: lesion frames whose answer's long axis is within the scorer's size tolerance of the slice's (None without a
+    lesion frame); n_key_frames: the key frames among the lesion frames. `blind`: the verifier is shown the same
+    frame of the next row of the same organ instead (`_blind_partner`), scored against row i's target: the control, expected at chance (the organ matches, so
     a wrong answer is about the lesion, not the organ).
     """
     asked = _eval_frames(rows, lesion_span, max_frames)
@@ -136,7 +151,8 @@ def verifier_accuracy(
 
 def score_verifier(asked: Sequence[tuple[str, FrameTarget]], texts: Sequence[str]) -> dict[str, float | int | None]:
     """Return `verifier_accuracy`'s rates of answers `texts` to the frames `asked` (`(organ, target)` each)."""
-    hits: dict[str, list[bool]] = {k: [] for k in VERIFIER_GATES}
+    hits: dict[str, list[bool]] = {k: [] for k in VERIFIER_RATES}
+    n_key = 0
     for (organ, target), text in zip(asked, texts, strict=True):
         parsed = parse_free_text(text, organ)
         claims = not isinstance(parsed, ParseFailure) and parsed.has_lesion
@@ -147,17 +163,29 @@ def score_verifier(asked: Sequence[tuple[str, FrameTarget]], texts: Sequence[str
         ok = not isinstance(parsed, ParseFailure) and claims
         hits["location"].append(ok and set(parsed.location or ()) == set(target.location or ()))  # type: ignore[union-attr]
         hits["attenuation"].append(ok and parsed.attenuation == target.attenuation)  # type: ignore[union-attr]
+        hits["size"].append(ok and target.long_axis_mm is not None and _size_matches(parsed, organ, target))
+        n_key += target.distance == 0
     out: dict[str, float | int | None] = {k: (sum(v) / len(v) if v else None) for k, v in hits.items()}
     out["n_lesion_frames"], out["n_clear_frames"] = len(hits["sensitivity"]), len(hits["specificity"])
+    out["n_key_frames"] = n_key
     return out
 
 
-def verifier_gaps(accuracy: Mapping[str, Any], gate: float) -> list[str]:
-    """Return the gates `accuracy` misses (`"specificity 75% < 90%"`); [] when the gate is 0 or all are met."""
+def _size_matches(parsed: Any, organ: str, target: FrameTarget) -> bool:
+    """Whether a parsed answer's long axis is within the scorer's size tolerance of the slice's (`target`)."""
+    assert target.long_axis_mm is not None and target.distance is not None
+    truth = sc.Truth(Organ(organ), True, round(target.long_axis_mm / 10, 1), tuple(sorted(target.location or ())),
+                     target.attenuation, 1)  # fmt: skip
+    return sc.size_score(parsed, truth) == 1.0
+
+
+def verifier_gaps(accuracy: Mapping[str, Any], gate: float, gates: Sequence[str] = VERIFIER_GATES) -> list[str]:
+    """Return the `gates` (rates of `score_verifier`) `accuracy` misses (`"specificity 75% < 90%"`); [] when the gate
+    is 0 or all are met."""
     if gate <= 0:
         return []
     missed = []
-    for key in VERIFIER_GATES:
+    for key in gates:
         value = accuracy.get(key)
         if value is None or value < gate:
             missed.append(f"{key} {'n/a' if value is None else f'{value:.0%}'} < {gate:.0%}")
@@ -165,9 +193,11 @@ def verifier_gaps(accuracy: Mapping[str, Any], gate: float) -> list[str]:
 
 
 def format_verifier(accuracy: Mapping[str, Any]) -> str:
-    """Return one line: `sens 95%, spec 90%, location 88%, attenuation 92% (20 + 20 frames)`."""
+    """Return one line: `sens 95%, spec 90%, location 88%, attenuation 92%, size 80% (20 + 20 frames)` (size where
+    measured)."""
+    keys = [k for k in VERIFIER_RATES if k in VERIFIER_GATES or k in accuracy]
     cells = [f"{k[:4] if k in VERIFIER_GATES[:2] else k} "
-             f"{'n/a' if accuracy.get(k) is None else f'{accuracy[k]:.0%}'}" for k in VERIFIER_GATES]  # fmt: skip
+             f"{'n/a' if accuracy.get(k) is None else f'{accuracy[k]:.0%}'}" for k in keys]  # fmt: skip
     return f"{', '.join(cells)} ({accuracy['n_lesion_frames']} + {accuracy['n_clear_frames']} frames)"
 
 
