@@ -77,12 +77,22 @@ $(VLLM_DS)/.installed: $(VLLM_ENV)/.installed
 .PHONY: vllm-deepspeed
 vllm-deepspeed: $(VLLM_DS)/.installed
 
-test: venv $(SIDE_TV)/.installed $(VLLM_ENV)/.installed $(DEEPSPEED) $(VLLM_DS)/.installed
+# The environments `make test` needs: the venv chain and the vLLM chain are independent, so they install two at a time.
+.PHONY: test-envs
+test-envs: venv $(SIDE_TV)/.installed $(VLLM_ENV)/.installed $(DEEPSPEED) $(VLLM_DS)/.installed
+
+# pytest-xdist: TEST_WORKERS processes, each test file whole on one of them (--dist loadfile), so a module's fixtures
+# (a trained tiny model, a server) are built once. TEST_WORKERS=0 runs in this process.
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
+test:
+	$(MAKE) --no-print-directory -j2 test-envs
 	$(BIN)/ruff check emrl_data flows cli hub publishing train inference tests bench
 	$(BIN)/ruff format --check emrl_data flows cli hub publishing train inference tests bench
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(PYTEST_PARALLEL)
 
 # The inner loop: lint, import contracts, mypy and every test that needs no side environment (torchvision, vLLM,
 # DeepSpeed: marker `side_env`) and is not marked `slow`. `make test` stays the whole suite.
@@ -91,7 +101,7 @@ test-fast: venv
 	$(BIN)/ruff format --check emrl_data flows cli hub publishing train inference tests bench
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/pytest -q -m "not slow and not side_env"
+	$(BIN)/pytest -q $(PYTEST_PARALLEL) -m "not slow and not side_env"
 
 lint: venv
 	$(BIN)/ruff check emrl_data flows cli hub publishing train inference tests bench
