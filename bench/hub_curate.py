@@ -1,7 +1,7 @@
 """From a Hub-protocol server to shards in the network-bound regime: `build-sft-set hf://…` end to end against the
 download of the same files alone, over one throttled link.
 
-A synthetic atlas is packed as the release (`emrl_data.synthetic.release`) and served by the fake Hub of the tests
+A synthetic atlas is packed as the release (`emrl_data.synthetic.pack_release`) and served by the fake Hub of the tests
 (`tests/fakehub.py`, LFS bytes redirected to its second host) on loopback, every response of both hosts together
 throttled to `--bandwidth-mbps` (one shared link). In one process, one after the other: (a) every file of the release
 downloaded alone (`hub.download.download_file`, one at a time: the link is the bound either way); (b) the `hf://` path
@@ -30,7 +30,7 @@ from huggingface_hub import constants  # noqa: E402
 
 from emrl_data.reading.release import scratch_need  # noqa: E402
 from emrl_data.synthetic import demo_specs, write_atlas  # noqa: E402
-from emrl_data.synthetic.release import write_release  # noqa: E402
+from emrl_data.synthetic.pack_release import write_release  # noqa: E402
 from tests.fakehub import serve_fake_hub  # noqa: E402
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from emrl_data.reading.archive import ScratchMeter, read_part
-from emrl_data.synthetic.release import tar_gz
+from emrl_data.synthetic.pack_release import tar_gz
 
 
 CT = b"\x1f\x8b" + b"ct-bytes" * 8

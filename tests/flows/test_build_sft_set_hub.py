@@ -1,6 +1,6 @@
 """`build-sft-set hf://datasets/…`: the release read from a Hub-protocol server by the real huggingface_hub client.
 
-The fake Hub (tests/fakehub.py) serves a synthetic atlas packed as the release (`emrl_data.synthetic.release`):
+The fake Hub (tests/fakehub.py) serves a synthetic atlas packed as the release (`emrl_data.synthetic.pack_release`):
 parts of 3 cases under the released names, listed with their sha256 as LFS files.
 """
 
@@ -16,7 +16,7 @@ import pytest
 
 from emrl_data.reading.release import part_name
 from emrl_data.synthetic import demo_specs, write_atlas
-from emrl_data.synthetic.release import tar_gz, write_release
+from emrl_data.synthetic.pack_release import tar_gz, write_release
 from flows.build_sft_set import build_sft_set_flow
 from tests.fakehub import FakeHub, client_on_fake_hub
 from tests.flows.helpers import rejection_rows

@@ -12,7 +12,7 @@ from huggingface_hub import constants
 from emrl_data.config import CurateConfig
 from emrl_data.labeling.case_store import CaseStore
 from emrl_data.synthetic import demo_specs, write_atlas
-from emrl_data.synthetic.release import write_release
+from emrl_data.synthetic.pack_release import write_release
 from flows.build_sft_set import curate_bounded
 from hub.listing import resolve_release
 from hub.pairs import PartJob, archive_path, read_pair
