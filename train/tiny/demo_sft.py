@@ -69,9 +69,12 @@ class DemoSftArguments(SftScriptArguments):
         metadata={"help": "SFT runs max_steps a round until the greedy reports of this split have existence "
                   "sensitivity and specificity both above 0 (None = one round)."},
     )  # fmt: skip
-    sft_max_rounds: int = field(
-        default=1, metadata={"help": "The cap on those rounds: reaching it before the criterion is an error."}
-    )
+    sft_max_rounds: int = field(default=1, metadata={"help": "The cap on those rounds."})
+    sft_cap_is_error: bool = field(
+        default=True,
+        metadata={"help": "Reaching sft_max_rounds before the criterion is an error (false: a one-line note, and the "
+                  "last round's model is kept)."},
+    )  # fmt: skip
 
 
 def _criterion_warmup(model: Any, processor: Any, dataset: Any, args: DemoSftArguments, config: SFTConfig) -> None:
@@ -133,7 +136,8 @@ def sft_until_both_classes(
     positive row and "no lesion" on some negative one (both rates above 0); one round without `sft_stop_split`.
 
     Raises:
-        TrainConfigError: when `sft_max_rounds` rounds end before the criterion (one line).
+        TrainConfigError: when `sft_max_rounds` rounds end before the criterion (one line), unless
+            `sft_cap_is_error` is false: then a one-line note, and the last round's model is kept.
     """
     if args.sft_stop_split is None:
         return train_sft(model, processor, dataset, config, step_logs=args.step_logs)
@@ -147,10 +151,18 @@ def sft_until_both_classes(
         )
         if (sens or 0) > 0 and (spec or 0) > 0:
             return out
-    raise TrainConfigError(
+    missed = (
         f"demo SFT: the {args.sft_stop_split} split's existence {text} after sft_max_rounds={args.sft_max_rounds} "
-        f"rounds of {config.max_steps} steps (both must be above 0); raise sft_max_rounds"
+        f"rounds of {config.max_steps} steps"
     )
+    if args.sft_cap_is_error:
+        raise TrainConfigError(f"{missed} (both must be above 0); raise sft_max_rounds")
+    print(
+        f"note: {missed}: the model answers one class there, so GRPO's existence reward has little spread; the last "
+        "round's model goes on",
+        flush=True,
+    )
+    return out
 
 
 def _pct(value: float | None) -> str:
