@@ -421,17 +421,22 @@ def test_the_config_knows_every_run_the_study_labels():
 
 
 @pytest.mark.slow  # the paired bootstrap over every shipped record: about 20 s
-def test_the_shipped_records_give_the_shipped_study_summary(tmp_path):
+@pytest.mark.parametrize(
+    ("records", "config", "report"),
+    [("miniature_study", "miniature_study_8_frames.yaml", "miniature_study"),
+     ("miniature_key_study", "miniature_study.yaml", "miniature_key_study")],
+)  # fmt: skip
+def test_the_shipped_records_give_the_shipped_study_summary(tmp_path, records, config, report):
     import shutil
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    shutil.copytree(root / "docs/records/miniature_study", tmp_path / "records")
-    cfg, seeds, levels = load_study(root / "train/configs/miniature_study_8_frames.yaml")
+    shutil.copytree(root / "docs/records" / records, tmp_path / "records")
+    cfg, seeds, levels = load_study(root / "train/configs" / config)
     summary = summarize_study(tmp_path, seeds, levels, cfg.n_bootstrap)
-    shipped = json.loads((root / "docs/img/miniature_study.json").read_text())
+    shipped = json.loads((root / "docs/img" / f"{report}.json").read_text())
     assert json.loads(json.dumps(summary)) == shipped
-    assert study_markdown(summary) == (root / "docs/img/miniature_study.md").read_text()
+    assert study_markdown(summary) == (root / "docs/img" / f"{report}.md").read_text()
 
 
 def test_an_effect_is_claimed_only_where_the_seeds_and_rows_interval_excludes_zero():
