@@ -307,9 +307,8 @@ def run_grpo(script_args: GrpoScriptArguments, training_args: GRPOConfig) -> Pat
     start = time.perf_counter()
     trainer = _train_one(script_args, training_args, dataset)
     out = Path(str(training_args.output_dir))  # TrainingArguments always sets it
-    trainer.save_model(str(out))
+    trainer.save_model(str(out))  # the main process alone writes the weights and `processing_class.save_pretrained`
     trainer.save_state()
-    trainer.processing_class.save_pretrained(str(out))
     curve, steps = reward_curve(trainer.state.log_history), trainer.state.global_step
     logs = [h for h in trainer.state.log_history if "frac_reward_zero_std" in h]
     del trainer
@@ -323,6 +322,8 @@ def run_grpo(script_args: GrpoScriptArguments, training_args: GRPOConfig) -> Pat
         control = reward_curve(control_trainer.state.log_history)
         del control_trainer
         gc.collect()
+    if not training_args.should_save:  # one writer: ranks that write the same file at once can leave it truncated
+        return out
     png = save_reward_curve_png(curve, script_args.reward_curve_png or out / "reward_curve.png", control)
     print(f"GRPO done: {steps} steps in {time.perf_counter() - start:.1f} s; saved to {out}")
     for line in summary_lines(curve, control, logs):

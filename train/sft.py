@@ -156,9 +156,8 @@ def train_sft(
     add_rank_report(trainer)
     result = trainer.train()
     out = Path(str(training_args.output_dir))  # TrainingArguments always sets it
-    trainer.save_model(str(out))
+    trainer.save_model(str(out))  # the main process alone writes the weights and `processor.save_pretrained`
     trainer.save_state()
-    processor.save_pretrained(str(out))
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     print(  # console summary of a CLI script (house style allows print here)
         f"SFT done: {trainer.state.global_step} steps in {time.perf_counter() - start:.1f} s, "
