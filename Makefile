@@ -159,7 +159,7 @@ miniature-seeds: venv
 # frame, (h) attribute term only on clean gold; (a), (f), (g) with the key frame moved on 25 and 50 % of positives; 36
 # seeds listed, the first 8 to finish its results; seed-level intervals (miniature-study/study.md). JOBS runs at once,
 # THREADS torch threads each. Measured: about 75 core-minutes a seed that passes the warm-up's gates, 15 one that does
-# not; its 8 seeds took 22 tries, about 7 h on 2 cores: run it in stages, SEEDS="0 1", then "2 3", ...; a rerun skips
+# not; its 8 came from seeds 0-20, about 7 h on 2 cores: run it in stages, SEEDS="0 1", then "2 3", ...; a rerun skips
 # every recorded run and finished stage. The shipped records (its results) resume it:
 # mkdir -p miniature-study/records && cp docs/records/miniature_key_study/* miniature-study/records/.
 # miniature-study-micro: every setting at micro size.

@@ -437,6 +437,8 @@ def test_the_shipped_records_give_the_shipped_study_summary(tmp_path, records, c
     shipped = json.loads((root / "docs/img" / f"{report}.json").read_text())
     assert json.loads(json.dumps(summary)) == shipped
     assert study_markdown(summary) == (root / "docs/img" / f"{report}.md").read_text()
+    if records == "miniature_key_study":  # seeds 0-20 hold its 8 finished ones; seed 21 was excluded after them
+        assert (summary["seeds"], summary["beyond"]) == (list(range(21)), [21])
 
 
 def test_an_effect_is_claimed_only_where_the_seeds_and_rows_interval_excludes_zero():
@@ -537,3 +539,34 @@ def test_a_key_noise_trend_is_the_difference_at_the_rate_minus_the_same_differen
     assert trend["pooled"]["diff"] == trend["pooled_seeds"]["diff"] == 0.25
     assert [v["diff"] for v in trend["per_seed"].values()] == [0.25, 0.25] and trend["pooled_seeds"]["n_groups"] == 2
     assert got["exact_key: (a) - (f), key-noise-0.50 minus clean"]["pooled"]["diff"] == 0.25  # hits named frame 5
+
+
+def test_the_study_pools_the_first_seeds_in_list_order_to_finish_every_setting(tmp_path):
+    import gzip
+
+    from train.miniature.suite import study_seeds
+
+    levels = {0.0: ["sft", "grpo_a"], KEY: ["sft", "grpo_a"]}
+    rows = [{"organ": "kidney", "has_lesion": True, "score_existence": 1.0, "score_k_hit": 1, "pred_key_slice": 5,
+             "key_slice_frame": 5}]  # fmt: skip
+
+    def finish(seed: int, level) -> None:
+        record = {"gold_noise": level, "seed": seed, "models": levels[level], "results": {"config": {}},
+                  "scores": {name: rows for name in levels[level]}}  # fmt: skip
+        path = record_path(tmp_path, level, seed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(gzip.compress(json.dumps(record).encode()))
+
+    def exclude(seed: int) -> None:
+        exclusion_path(tmp_path, seed).write_text(json.dumps({"seed": seed, "reason": "gates missed"}))
+
+    seeds = [3, 1, 4, 0, 5, 9]
+    finish(3, 0.0), finish(3, KEY), exclude(1), finish(4, 0.0)
+    finish(5, 0.0), finish(5, KEY)  # seed 5 has finished every setting, seed 4 (before it) has not
+    assert study_seeds(tmp_path, seeds, levels, needed=2) == seeds  # undecided: every finished run is pooled
+    finish(4, KEY)
+    assert study_seeds(tmp_path, seeds, levels, needed=2) == [3, 1, 4]  # 3 and 4 decide; 0, 5 and 9 are after
+    assert study_seeds(tmp_path, seeds, levels, needed=4) == seeds  # seed 0 is still to run
+    exclude(0)
+    assert study_seeds(tmp_path, seeds, levels, needed=3) == [3, 1, 4, 0, 5]
+    assert study_seeds(tmp_path, seeds, levels) == seeds  # the rule's 8 are not there: all of them

@@ -148,16 +148,24 @@ def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[Level, list[s
             else:
                 tasks.append((level, seed))
     summary = None
+
+    def in_study(seed: int) -> bool:  # False once the study has its seeds and `seed` comes after them
+        return seed in study_seeds(output_dir, seeds, levels)
+
     if jobs == 1:
         for level, seed in tasks:
             if exclusion_path(output_dir, seed).exists():  # its clean run's warm-up missed its targets just now
                 log(f"=== {describe(level)}, seed {seed}: excluded, skipped")
                 continue
+            if not in_study(seed):
+                log(f"=== {describe(level)}, seed {seed}: after the study's seeds, skipped")
+                continue
             threads_used = _run_one(cfg, levels, output_dir, level, seed, log)
             summary = None if threads_used is None else _record_and_summarize(
                 cfg, seeds, levels, output_dir, level, seed, threads_used)  # fmt: skip
     else:
-        for level, seed, threads_used in _run_in_processes(cfg, levels, output_dir, tasks, jobs, threads, log):
+        for level, seed, threads_used in _run_in_processes(cfg, levels, output_dir, tasks, jobs, threads, log,
+                                                           in_study):  # fmt: skip
             summary = None if threads_used is None else _record_and_summarize(
                 cfg, seeds, levels, output_dir, level, seed, threads_used)  # fmt: skip
     if summary is None:  # every run was recorded before, or the last one was excluded
@@ -214,10 +222,11 @@ def _worker(threads: int, cfg: MiniatureConfig, levels: dict[Level, list[str]], 
 
 
 def _run_in_processes(cfg: MiniatureConfig, levels: dict[Level, list[str]], output_dir: str | Path,
-                      tasks: list[tuple[Level, int]], jobs: int, threads: int | None, log: Any
-                      ) -> Iterator[tuple[Level, int, int | None]]:  # fmt: skip
+                      tasks: list[tuple[Level, int]], jobs: int, threads: int | None, log: Any,
+                      in_study: Any = None) -> Iterator[tuple[Level, int, int | None]]:  # fmt: skip
     """Run `tasks` (level, seed) in `jobs` spawned processes; yield each (level, seed, threads) as it finishes, with
-    threads None where the seed's warm-up missed its targets (its other runs then do not start).
+    threads None where the seed's warm-up missed its targets (its other runs then do not start). `in_study(seed)`,
+    asked after each finished run: False drops the seed's runs not yet started (the study has its seeds).
 
     A noisy run starts once its seed's clean warm-up is there: made by the clean run, or, where only the clean run's
     record is left, by a warm-up of its own that runs first. The first failure stops new starts; the runs in flight
@@ -259,6 +268,11 @@ def _run_in_processes(cfg: MiniatureConfig, levels: dict[Level, list[str]], outp
                     yield level, seed, None
                 elif not warmup_only:
                     yield level, seed, future.result()
+            if finished and in_study is not None and pending:  # the caller has recorded what finished
+                dropped = sorted({t[1] for t in pending if not in_study(t[1])})
+                if dropped:
+                    log(f"=== the study has its {MIN_FINISHED_SEEDS} finished seeds: seeds {dropped} do not start")
+                    pending = [t for t in pending if t[1] not in dropped]
     if failure is not None:
         raise failure
 
@@ -366,6 +380,25 @@ def finished_seeds(output_dir: str | Path, level: Level, seeds: list[int], model
     return done
 
 
+def study_seeds(output_dir: str | Path, seeds: list[int], levels: dict[Level, list[str]],
+                needed: int = MIN_FINISHED_SEEDS) -> list[int]:  # fmt: skip
+    """Return the seeds the study pools: `seeds` up to the one with which `needed` of them have finished every setting,
+    each seed before it finished or excluded; all of `seeds` until then.
+
+    The study's results are the first `needed` seeds, in list order, to finish every setting: a seed finished later
+    does not enter them (nor starts, in `run_study`), so adding seeds after reading the report changes nothing.
+    """
+    excluded, finished = read_exclusions(output_dir, seeds), 0
+    for i, seed in enumerate(seeds):
+        if all(finished_seeds(output_dir, level, [seed], models) for level, models in levels.items()):
+            finished += 1
+            if finished == needed:
+                return seeds[: i + 1]
+        elif seed not in excluded:
+            return seeds  # a seed before the deciding one is still to run
+    return seeds
+
+
 POOLABLE_KEYS = {"seed", "gold_noise", "key_frame_noise", "models"}  # what may differ between the runs a study pools
 
 
@@ -396,7 +429,12 @@ def summarize_study(output_dir: str | Path, seeds: list[int], levels: dict[Level
     )
     from train.miniature.seeds import summarize_seeds
 
+    listed, seeds = seeds, study_seeds(output_dir, seeds, levels)
     summary: dict[str, Any] = {"seeds": seeds, "excluded": read_exclusions(output_dir, seeds), "levels": {}}
+    beyond = [s for s in listed[len(seeds) :] if exclusion_path(output_dir, s).exists()
+              or any(finished_seeds(output_dir, level, [s], levels[level]) for level in levels)]  # fmt: skip
+    if beyond:  # recorded after the study had its seeds: kept on disk, never pooled
+        summary["beyond"] = beyond
     finished = {level: finished_seeds(output_dir, level, seeds, models) for level, models in levels.items()}
     kept = [record_path(output_dir, level, s) for level in sorted(finished, key=level_order) for s in finished[level]]
     if kept:
@@ -659,6 +697,10 @@ def study_markdown(summary: dict[str, Any]) -> str:
                   f"further ({reason}).", ""]  # fmt: skip
     if not summary["levels"]:
         lines += ["No run of the study has finished yet.", ""]
+    if summary.get("beyond"):
+        lines += [f"Recorded after the study's {len(summary['seeds'])} seeds (up to seed {summary['seeds'][-1]}, "
+                  f"{MIN_FINISHED_SEEDS} of them finished), not pooled: seed {', '.join(map(str, summary['beyond']))}.",
+                  ""]  # fmt: skip
     if summary.get("conclusions"):
         lines += ["## Conclusions", "", CONCLUSION_RULE, ""]
         lines += [f"- {c['text']}" for c in summary["conclusions"]] + [""]
