@@ -561,8 +561,9 @@ def test_the_study_pools_the_first_seeds_in_list_order_to_finish_every_setting(t
         exclusion_path(tmp_path, seed).write_text(json.dumps({"seed": seed, "reason": "gates missed"}))
 
     seeds = [3, 1, 4, 0, 5, 9]
-    finish(3, 0.0), finish(3, KEY), exclude(1), finish(4, 0.0)
-    finish(5, 0.0), finish(5, KEY)  # seed 5 has finished every setting, seed 4 (before it) has not
+    for seed, level in ((3, 0.0), (3, KEY), (4, 0.0), (5, 0.0), (5, KEY)):  # seed 5 finished; 4, before it, has not
+        finish(seed, level)
+    exclude(1)
     assert study_seeds(tmp_path, seeds, levels, needed=2) == seeds  # undecided: every finished run is pooled
     finish(4, KEY)
     assert study_seeds(tmp_path, seeds, levels, needed=2) == [3, 1, 4]  # 3 and 4 decide; 0, 5 and 9 are after
