@@ -22,12 +22,23 @@ records every `Authorization` header it receives in `state.cdn_authorizations` (
 `status` with an optional `Retry-After`; `state.cut[path] = n` makes the next GET of a file send `n` bytes and drop the
 connection; a repository put with `gated=True` is listed to anyone but its files need a token (401 `GatedRepo`).
 
-What it does not do: validate cards like the Hub, run the viewer, speak Xet. Unknown routes are
-recorded in `state.unknown`, every request in `state.requests` and every `Authorization` header in
+Xet (`serve_fake_hub(xet=True)`, `--xet`): LFS files are also stored as Xet files (`tests/fakehub_xet.py`) and
+answered as the Hub answers a Xet file: the resolve HEAD carries `X-Xet-Hash` and the refresh route in `Link`
+(`rel="xet-auth"`) and redirects to a third host (`127.0.0.3`, the CAS: `state.cas_url`); the refresh route
+(`/api/datasets/NS/NAME/xet-read-token/REV`) hands out a Xet read token only to a request the repository accepts
+(a gated one: a token in `repo.granted`); the CAS serves reconstructions and xorb ranges to hf_xet with the same
+faults, cuts and bandwidth cap as the CDN. The tree listing gives each such file's `xetHash`.
+
+Every request on every host is logged (`state.log`, and one JSON line per request to `state.log_path` when set):
+host, method, path, status and the body bytes sent (counted as they go out, so a cut connection counts what left).
+`state.bandwidth_bps` caps the bytes of file bodies (CDN, CAS and `resolve/`) of every host together, one link.
+
+What it does not do: validate cards like the Hub, run the viewer, accept Xet uploads (uploads go through LFS "basic").
+Unknown routes are recorded in `state.unknown`, every request in `state.requests` and every `Authorization` header in
 `state.authorizations`.
 
 Use from tests: `with serve_fake_hub() as hub: ... hub.url ... hub.state.commit_count("datasets", "org/name")`.
-Run by hand: `python tests/fakehub.py --port 8765`, then `HF_ENDPOINT=http://127.0.0.1:8765 HF_TOKEN=hf_fake ...`.
+Run by hand: `python -m tests.fakehub --port 8765 [--xet] [--gated REPO_ID] [--log FILE] [--mb-per-s R]`, then `HF_ENDPOINT=http://127.0.0.1:8765 HF_TOKEN=hf_fake ...`.
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from tests.fakehub_xet import XetStore
 from tests.loopback import free_port
 
 
@@ -57,6 +69,7 @@ DEFAULT_TOKENS = {"hf_fake": "write", "hf_fake_read": "read"}
 # POST routes that only read; every other POST, PUT or DELETE writes.
 READ_ONLY_POSTS = ("/api/validate-yaml", "/paths-info/")
 CDN_HOST = "127.0.0.2"  # another loopback address: another host to the client, which must not send it the token
+CAS_HOST = "127.0.0.3"  # the Xet storage: a third host
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -87,6 +100,7 @@ class Repo:
     repo_id: str
     private: bool
     gated: bool = False
+    granted: set[str] | None = None  # tokens a gated repo accepts (None: every known token)
     commits: dict[str, Commit] = field(default_factory=dict)
     branches: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
@@ -105,15 +119,20 @@ class HubState:
     unknown: list[str] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
     authorizations: set[str] = field(default_factory=set)
-    faults: list[tuple[str, str, int, int | None]] = field(default_factory=list)
+    faults: list[tuple[str, str, int, dict[str, str]]] = field(default_factory=list)
     cut: dict[str, int] = field(default_factory=dict)  # file path -> bytes sent before the next GET drops the line
     cdn_url: str = ""  # the second host LFS downloads are redirected to ("" : no redirect)
     cdn_authorizations: list[str] = field(default_factory=list)  # the Authorization header of every CDN request
+    cas_authorizations: list[str] = field(default_factory=list)  # the same for every Xet storage request
     corrupt: dict[str, int] = field(default_factory=dict)  # file path -> downloads still served with a flipped byte
     served: dict[str, int] = field(default_factory=dict)  # file path -> bytes served by resolve/
     ranges: list[tuple[str, int]] = field(default_factory=list)  # (file path, first byte) of each Range request
     bandwidth_bps: float | None = None  # file bytes go out at this total rate, both hosts together (None: no limit)
     link_free_at: float = 0.0  # when the shared link is free again (time.monotonic)
+    xet: XetStore | None = None  # LFS files also stored and served as Xet files (None: LFS over HTTP only)
+    cas_url: str = ""  # the Xet storage host
+    log: list[dict[str, Any]] = field(default_factory=list)  # one entry per request, every host
+    log_path: str | None = None  # the same as JSON lines in this file
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def put_dataset(
@@ -124,13 +143,15 @@ class HubState:
         *,
         regular: tuple[str, ...] = (".csv",),
         gated: bool = False,
+        granted: set[str] | None = None,
     ) -> str:
         """Commit `files` (path -> bytes) on `main` of a public dataset repo, created when missing; files of the previous
         commit stay. Files ending in `regular` are git blobs (listed with their blob id), the others LFS objects
-        (listed with their sha256). `gated`: files need a token. Returns the commit oid."""
+        (listed with their sha256). `gated`: files need a token, one of `granted` when given. Returns the commit
+        oid."""
         with self.lock:
             repo = self.repos.setdefault(("dataset", repo_id), Repo("dataset", repo_id, False))
-            repo.gated = gated
+            repo.gated, repo.granted = gated, granted
             head = repo.commits[repo.branches["main"]].files if "main" in repo.branches else {}
             tree = dict(head)
             for path, data in files.items():
@@ -139,16 +160,59 @@ class HubState:
                 else:
                     oid = hashlib.sha256(data).hexdigest()
                     self.lfs_blobs.add(oid)
+                    if self.xet is not None:
+                        self.xet.add(oid, data)
                 self.blobs[oid] = data
                 tree[path] = oid
             commit = self.new_commit(repo, repo.branches.get("main"), tree, title)
             repo.branches["main"] = commit.oid
             return commit.oid
 
-    def fail_next(self, method: str, path_contains: str, status: int, retry_after: int | None = None) -> None:
-        """Make the next `method` request whose path contains `path_contains` answer `status` (once), with a
-        `Retry-After: retry_after` header when given."""
-        self.faults.append((method.upper(), path_contains, status, retry_after))
+    def record(self, entry: dict[str, Any]) -> None:
+        """Log one finished request."""
+        with self.lock:
+            self.log.append(entry)
+            if self.log_path:
+                with open(self.log_path, "a") as fh:
+                    fh.write(json.dumps(entry) + "\n")
+
+    def sent(self, host: str, path_contains: str = "") -> int:
+        """Body bytes sent by `host` (`hub`, `cdn`, `cas`) on requests whose path contains `path_contains`."""
+        with self.lock:
+            return sum(e["bytes"] for e in self.log if e["host"] == host and path_contains in e["path"])
+
+    def gate(self, repo: Repo, request: Request) -> JSONResponse | None:
+        """The Hub's answer to a request for a gated repo's file without access: 401 without a token, 403 with a
+        token the repo has not granted; None when allowed."""
+        if not repo.gated:
+            return None
+        token = _bearer(request) or ""
+        if self.tokens.get(token) is None:
+            msg = f"Access to dataset {repo.repo_id} is restricted. You must have access to it and be authenticated."
+            return _err(401, msg, code="GatedRepo")
+        if repo.granted is not None and token not in repo.granted:
+            msg = f"Access to dataset {repo.repo_id} is restricted and you are not in the authorized list."
+            return _err(403, msg, code="GatedRepo")
+        return None
+
+    def fail_next(
+        self,
+        method: str,
+        path_contains: str,
+        status: int,
+        retry_after: int | None = None,
+        *,
+        ratelimit_reset: int | None = None,
+    ) -> None:
+        """Make the next `method` request (any host) whose path contains `path_contains` answer `status` (once), with
+        a `Retry-After: retry_after` header, or the Hub's `RateLimit: "api";r=0;t=ratelimit_reset`, when given."""
+        headers = {}
+        if retry_after is not None:
+            headers["Retry-After"] = str(retry_after)
+        if ratelimit_reset is not None:
+            headers["RateLimit"] = f'"api";r=0;t={ratelimit_reset}'
+            headers["RateLimit-Policy"] = '"fixed window";"api";q=500;w=300'
+        self.faults.append((method.upper(), path_contains, status, headers))
 
     def repo(self, repo_type: str, repo_id: str) -> Repo | None:
         """Return a repository by type (`dataset` or `datasets`) and id, or None."""
@@ -189,13 +253,11 @@ class HubState:
         return None
 
 
-def _err(status: int, msg: str, code: str | None = None, retry_after: int | None = None) -> JSONResponse:
+def _err(status: int, msg: str, code: str | None = None, extra: dict[str, str] | None = None) -> JSONResponse:
     # huggingface_hub maps X-Error-Code to RepositoryNotFoundError / RevisionNotFoundError / EntryNotFoundError.
-    headers = {"X-Error-Message": msg}
+    headers = {"X-Error-Message": msg, **(extra or {})}
     if code:
         headers["X-Error-Code"] = code
-    if retry_after is not None:
-        headers["Retry-After"] = str(retry_after)
     return JSONResponse({"error": msg}, status_code=status, headers=headers)
 
 
@@ -279,7 +341,10 @@ def make_app(state: HubState) -> FastAPI:
         if key in state.lfs_blobs:
             pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{key}\nsize {len(data)}\n".encode()
             lfs = {"oid": key, "size": len(data), "pointerSize": len(pointer)}
-            return {"type": "file", "path": path, "size": len(data), "oid": git_blob_sha1(pointer), "lfs": lfs}
+            entry = {"type": "file", "path": path, "size": len(data), "oid": git_blob_sha1(pointer), "lfs": lfs}
+            if state.xet is not None:
+                entry["xetHash"] = state.xet.add(key, data).file_hash
+            return entry
         return {"type": "file", "path": path, "size": len(data), "oid": key}
 
     @app.get("/api/whoami-v2")
@@ -331,6 +396,15 @@ def make_app(state: HubState) -> FastAPI:
             if commit is None:
                 return _err(404, "Invalid rev id", code="RevisionNotFound")
             return info(repo, commit)
+
+        if verb == "xet-read-token" and method == "GET" and state.xet is not None:
+            refused = state.gate(repo, request)
+            if refused is not None:
+                return refused
+            token, expiry = state.xet.issue()
+            headers = {"X-Xet-Cas-Url": state.cas_url, "X-Xet-Access-Token": token}
+            headers["X-Xet-Token-Expiration"] = str(int(expiry))
+            return Response(b"{}", headers=headers, media_type="application/json")
 
         if verb == "refs":
 
@@ -518,10 +592,24 @@ def make_app(state: HubState) -> FastAPI:
         fpath = unquote(fpath)
         if fpath not in commit.files:
             return _err(404, "Entry not found", code="EntryNotFound")
-        if repo.gated and state.tokens.get(_bearer(request) or "") is None:
-            msg = f"Access to dataset {repo.repo_id} is restricted. You must have access to it and be authenticated."
-            return _err(401, msg, code="GatedRepo")
+        refused = state.gate(repo, request)
+        if refused is not None:
+            return refused
         key = commit.files[fpath]
+        if key in state.lfs_blobs and state.xet is not None:  # as on the Hub: Xet headers, a redirect to its bridge
+            xet = state.xet.add(key, state.blobs[key])
+            base = str(request.base_url).rstrip("/")
+            route = f"{base}/api/{rtype}/{repo.repo_id}/xet-read-token/{commit.oid}"
+            headers = {
+                "X-Repo-Commit": commit.oid,
+                "X-Linked-Etag": f'"{key}"',
+                "X-Linked-Size": str(xet.size),
+                "ETag": f'"{key}"',
+                "X-Xet-Hash": xet.file_hash,
+                "Link": f'<{route}>; rel="xet-auth"',
+                "Location": f"{state.cas_url}/bridge/{xet.file_hash}?signature=unused",
+            }
+            return Response(b"", status_code=302, headers=headers)
         if key in state.lfs_blobs and state.cdn_url:  # as on the Hub: a signed URL on another host
             signature = hashlib.sha256(f"{key}/{time.time_ns()}".encode()).hexdigest()[:16]
             headers = {
@@ -540,10 +628,10 @@ def make_app(state: HubState) -> FastAPI:
 def _injected(state: HubState, request: Request) -> JSONResponse | None:
     """The fault `fail_next` queued for this request, if any (taken off the queue)."""
     with state.lock:
-        for i, (method, needle, status, retry_after) in enumerate(state.faults):
+        for i, (method, needle, status, headers) in enumerate(state.faults):
             if request.method == method and needle in unquote(request.url.path):
                 del state.faults[i]
-                return _err(status, f"fakehub: injected {status}", retry_after=retry_after)
+                return _err(status, f"fakehub: injected {status}", extra=headers)
     return None
 
 
@@ -564,6 +652,81 @@ def make_cdn_app(state: HubState) -> FastAPI:
         return _serve_bytes(state, request, unquote(fpath), oid, {})
 
     return app
+
+
+def make_cas_app(state: HubState) -> FastAPI:
+    """The third host, Xet storage (`tests/fakehub_xet.py`): reconstructions for a valid Xet token, xorb ranges for
+    a valid signature."""
+    app = FastAPI()
+    xet = state.xet
+    assert xet is not None
+
+    @app.middleware("http")
+    async def record(request: Request, call_next: Any) -> Any:
+        state.requests.append(f"CAS {request.method} {request.url.path}")
+        state.cas_authorizations.append(request.headers.get("authorization", ""))
+        return _injected(state, request) or await call_next(request)
+
+    @app.get("/v2/reconstructions/{file_hash}")
+    async def reconstruction_v2(file_hash: str) -> Any:
+        return _err(404, "fakehub CAS: V1 only")
+
+    @app.get("/v1/reconstructions/{file_hash}")
+    async def reconstruction(file_hash: str, request: Request) -> Any:
+        if not xet.token_ok(request.headers.get("authorization", "")):
+            return _err(401, "fakehub CAS: no valid Xet token")
+        if file_hash not in xet.files:
+            return _err(404, "fakehub CAS: unknown file")
+        first, last = 0, xet.files[file_hash].size - 1
+        byte_range = request.headers.get("range", "")
+        if byte_range.startswith("bytes="):
+            a, _, b = byte_range[6:].partition("-")
+            first, last = int(a or 0), int(b) if b else last
+        body = xet.reconstruction(file_hash, first, last, str(request.base_url).rstrip("/"))
+        return _err(416, "fakehub CAS: range past the end") if body is None else JSONResponse(body)
+
+    @app.get("/xorb/{xorb}")
+    async def xorb(xorb: str, request: Request) -> Any:
+        query = request.query_params
+        if not xet.signed(xorb, query.get("expires", ""), query.get("signature", "")):
+            return _err(403, "fakehub CAS: the URL expired or is not signed")
+        data = xet.xorbs[xorb]
+        first, _, last = request.headers.get("range", "bytes=0-").removeprefix("bytes=").partition("-")
+        chunk = data[int(first or 0) : int(last) + 1 if last else len(data)]
+        headers = {
+            "Content-Length": str(len(chunk)),
+            "Content-Range": f"bytes {first}-{int(first or 0) + len(chunk) - 1}/{len(data)}",
+        }
+        return _body(state, request, f"xorb:{xorb}", chunk, state.cut.pop("xorb", None), headers, 206)
+
+    return app
+
+
+class _Logged:
+    """An ASGI app wrapped so that each request is logged once it ends: host, method, path (no query: no signature),
+    status and the body bytes handed to the connection."""
+
+    def __init__(self, app: Any, state: HubState, host: str) -> None:
+        self.app, self.state, self.host = app, state, host
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        entry: dict[str, Any] = {"host": self.host, "method": scope["method"], "path": scope["path"]}
+        entry.update(status=None, bytes=0, t=round(time.time(), 3))
+
+        async def counting(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                entry["status"] = message["status"]
+            elif message["type"] == "http.response.body":
+                entry["bytes"] += len(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting)
+        finally:
+            self.state.record(entry)
 
 
 def _serve_bytes(state: HubState, request: Request, fpath: str, key: str, extra: dict[str, str]) -> Any:
@@ -638,9 +801,9 @@ class FakeHub:
 
 
 @contextmanager
-def _serving(app: FastAPI, host: str) -> Iterator[str]:
-    """Run `app` on a free port of `host` in a thread; yield its base URL; stop it on exit."""
-    port = free_port()
+def _serving(app: Any, host: str, port: int | None = None) -> Iterator[str]:
+    """Run `app` on `port` (default: a free one) of `host` in a thread; yield its base URL; stop it on exit."""
+    port = port or free_port()
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="critical"))
     thread = threading.Thread(target=server.run, daemon=True, name=f"fakehub-{host}-{port}")
     thread.start()
@@ -658,28 +821,43 @@ def _serving(app: FastAPI, host: str) -> Iterator[str]:
 
 @contextmanager
 def serve_fake_hub(
-    lfs_suffixes: tuple[str, ...] = (), tokens: dict[str, str] | None = None, *, cdn: bool = True
+    lfs_suffixes: tuple[str, ...] = (),
+    tokens: dict[str, str] | None = None,
+    *,
+    cdn: bool = True,
+    xet: XetStore | bool = False,
+    port: int | None = None,
+    log_path: str | None = None,
+    mb_per_s: float | None = None,
 ) -> Iterator[FakeHub]:
-    """Run a fresh fake Hub on a free 127.0.0.1 port, and its CDN on 127.0.0.2 (`cdn=False`: none, LFS bytes served
-    by `resolve/` itself); stop both on exit, also when the body raises.
+    """Run a fresh fake Hub on 127.0.0.1 (`port`, default a free one), its CDN on 127.0.0.2 (`cdn=False`: none, LFS
+    bytes served by `resolve/` itself) and, with `xet` (True or a `XetStore` with its chunk sizes), its Xet storage on
+    127.0.0.3; stop them on exit, also when the body raises.
 
-    `tokens` maps the accepted tokens to their role (`write` or `read`); default `DEFAULT_TOKENS`.
+    `tokens` maps the accepted tokens to their role (`write` or `read`); default `DEFAULT_TOKENS`. `log_path`: one
+    JSON line per request; `mb_per_s`: the total bandwidth of file bodies, every host together.
     """
     state = HubState(lfs_suffixes=lfs_suffixes, tokens=dict(DEFAULT_TOKENS if tokens is None else tokens))
+    state.log_path, state.bandwidth_bps = log_path, mb_per_s * 1e6 if mb_per_s else None
+    if xet:
+        state.xet = xet if isinstance(xet, XetStore) else XetStore()
     with ExitStack() as stack:
         if cdn:
-            state.cdn_url = stack.enter_context(_serving(make_cdn_app(state), CDN_HOST))
-        yield FakeHub(stack.enter_context(_serving(make_app(state), "127.0.0.1")), state)
+            state.cdn_url = stack.enter_context(_serving(_Logged(make_cdn_app(state), state, "cdn"), CDN_HOST))
+        if state.xet is not None:
+            state.cas_url = stack.enter_context(_serving(_Logged(make_cas_app(state), state, "cas"), CAS_HOST))
+        url = stack.enter_context(_serving(_Logged(make_app(state), state, "hub"), "127.0.0.1", port))
+        yield FakeHub(url, state)
 
 
 @contextmanager
-def client_on_fake_hub(monkeypatch: Any, hf_home: Any) -> Iterator[FakeHub]:
+def client_on_fake_hub(monkeypatch: Any, hf_home: Any, **options: Any) -> Iterator[FakeHub]:
     """A fresh fake Hub (`serve_fake_hub`) that this process's huggingface_hub client talks to: `HF_ENDPOINT` and the
     library's cached endpoint point at it, no token (`HF_TOKEN` unset, the token file under `hf_home`), no telemetry.
-    `monkeypatch` is pytest's; every setting is undone with it."""
+    `monkeypatch` is pytest's; every setting is undone with it. `options` go to `serve_fake_hub`."""
     import huggingface_hub.constants as hub_constants  # the client library only where a test asks for it
 
-    with serve_fake_hub() as fake:
+    with serve_fake_hub(**options) as fake:
         monkeypatch.setenv("HF_ENDPOINT", fake.url)
         monkeypatch.delenv("HF_TOKEN", raising=False)
         monkeypatch.setenv("HF_HOME", str(hf_home))
@@ -692,14 +870,20 @@ def client_on_fake_hub(monkeypatch: Any, hf_home: Any) -> Iterator[FakeHub]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--log-level", default="warning")
     parser.add_argument(
-        "--lfs-suffix", action="append", default=[], help="e.g. .parquet (clients: HF_HUB_DISABLE_XET=1)"
+        "--lfs-suffix", action="append", default=[], help="uploads with these suffixes go through LFS (e.g. .parquet)"
     )
+    parser.add_argument("--xet", action="store_true", help="serve LFS files as Xet files from a CAS on 127.0.0.3")
+    parser.add_argument("--gated", action="append", default=[], help="REPO_ID: a dataset whose files need a token")
+    parser.add_argument("--log", help="one JSON line per request, every host")
+    parser.add_argument("--mb-per-s", type=float, help="total bandwidth of file bodies, every host together")
     args = parser.parse_args()
-    uvicorn.run(
-        make_app(HubState(lfs_suffixes=tuple(args.lfs_suffix))),
-        host="127.0.0.1",
-        port=args.port,
-        log_level=args.log_level,
-    )
+    with serve_fake_hub(
+        tuple(args.lfs_suffix), xet=args.xet, port=args.port, log_path=args.log, mb_per_s=args.mb_per_s
+    ) as hub:
+        for repo_id in args.gated:
+            hub.state.repos[("dataset", repo_id)] = Repo("dataset", repo_id, False, gated=True)
+            commit = hub.state.new_commit(hub.state.repos[("dataset", repo_id)], None, {}, "initial commit")
+            hub.state.repos[("dataset", repo_id)].branches["main"] = commit.oid
+        print(f"fake Hub on {hub.url} (CDN {hub.state.cdn_url or '-'}, Xet storage {hub.state.cas_url or '-'})")
+        threading.Event().wait()
