@@ -2,7 +2,8 @@
 
 The recipe and the entry point: the paper's hyperparameters (`GRPO_RECIPE`), the configuration the video trainer
 needs (`finalize_grpo_config`), the policy loaded and frozen for GRPO (projector and LLM train, the ViT is frozen; LoRA
-optional), the reward functions, and the run with its optional learning-rate-0 control. The trainer itself, TRL's
+optional), the reward terms the config names (`train.rewards` registry), and the run with its optional
+learning-rate-0 control. The trainer itself, TRL's
 `GRPOTrainer` with the CT video, is `train.grpo_trainer.VideoGRPOTrainer`; what a run reports, `train.grpo_report`.
 
     python -m train.grpo --config train/configs/grpo_tiny.yaml --dataset_dir <out>/rl_hardset \
@@ -44,7 +45,14 @@ from train.entry import train_main
 from train.freeze import set_stage_trainable
 from train.grpo_report import reward_curve, save_reward_curve_png, summary_lines
 from train.grpo_trainer import VideoGRPOTrainer
-from train.rewards import REWARD_NAMES, Verifier, make_reward_funcs, reward_weights_for
+from train.rewards import (
+    REWARD_NAMES,
+    Verifier,
+    check_reward_entries,
+    make_reward_funcs,
+    reward_weights_for,
+    weighable,
+)
 
 
 @dataclass
@@ -57,8 +65,10 @@ class GrpoScriptArguments:
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N rows."})
     rewards: list[str] = field(
         default_factory=lambda: ["r_e", "r_f", "r_c"],
-        metadata={"help": "Ablation: [r_e] | [r_e, r_f] | [r_e, r_f, r_c]; weights from ScoringConfig."},
-    )
+        metadata={"help": "GRPO's reward terms by name (train.rewards.REWARD_TERMS), each name or name=weight; the "
+                  "terms of R (r_e, r_f, r_c) weigh as ScoringConfig says; a training-only term needs its weight; "
+                  "package.module.name imports the module registering it. Ablations: [r_e] | [r_e, r_f]."},
+    )  # fmt: skip
     verifier_max_new_tokens: int = field(default=128, metadata={"help": "Greedy tokens of the verifier answer."})
     box_weight: float = field(default=0.0, metadata={"help": "r_c box term weight (ablation; 0 = paper's r_c)."})
     negative_rows: str = field(
@@ -100,6 +110,10 @@ class GrpoScriptArguments:
 
     def __post_init__(self) -> None:
         self.scoring_config()  # a bad r_c option is a one-line error at parse time
+        try:
+            check_reward_entries(self.rewards)  # so is an unknown reward term, or one without a weight
+        except ValueError as exc:
+            raise TrainConfigError(f"GRPO rewards: {exc}") from None
 
     def scoring_config(self) -> ScoringConfig:
         """Return the `ScoringConfig` of these options (weights and λ stay its defaults: the one table).
@@ -134,7 +148,8 @@ GRPO_RECIPE: Mapping[str, Any] = MappingProxyType(
 def make_grpo_config(processor: CTQwen3VLProcessor, rewards: list[str], **overrides: Any) -> GRPOConfig:
     """Return a `GRPOConfig` with the paper defaults (docs/contract.md#training-recipe), our required settings and `overrides`.
 
-    The reward weights come from `ScoringConfig` (`reward_weights_for`) unless `overrides` gives one per reward.
+    The reward weights are the entries' own (`name=weight`), else `ScoringConfig`'s (`reward_weights_for`), unless
+    `overrides` gives one per reward.
     """
     base: dict[str, Any] = {**GRPO_RECIPE, **overrides}
     base["reward_weights"] = reward_weights_for(rewards, base.get("reward_weights"))
@@ -146,6 +161,10 @@ def finalize_grpo_config(args: GRPOConfig, processor: CTQwen3VLProcessor, reward
     reference model when `bf16` compute is on (half the memory of TRL's default, the policy's fp32; bf16 autocast
     rounds the matmul weights to bf16 anyway).
 
+    `rewards` are reward entries (`train.rewards.make_reward_funcs`) or the names of explicit callables; when every
+    one has a known weight (its own, or ScoringConfig's for a term of R) the weights are `reward_weights_for`'s, else
+    `reward_weights` stays as given (None: TRL weighs each 1).
+
     Raises:
         ValueError: when `reward_weights` is given with a length other than the number of rewards.
     """
@@ -155,7 +174,7 @@ def finalize_grpo_config(args: GRPOConfig, processor: CTQwen3VLProcessor, reward
     gen = config_dict(args.generation_kwargs, "generation_kwargs")
     gen["suppress_tokens"] = sorted(set(gen.get("suppress_tokens", [])) | set(processor.vision_token_ids))
     args.generation_kwargs = gen
-    if all(r in REWARD_NAMES for r in rewards):
+    if all(weighable(r) for r in rewards):
         args.reward_weights = reward_weights_for(rewards, args.reward_weights)
     elif args.reward_weights is not None and len(args.reward_weights) != len(rewards):
         raise ValueError(
@@ -203,7 +222,8 @@ def build_grpo_trainer(
         model_path: SFT checkpoint directory (or Hub id) with model and processor files.
         train_dataset: a `datasets.Dataset` with the sft columns (the `prompt` column as a string or conversational).
         args: the GRPO configuration.
-        rewards: reward names (ablation switch); ignored when `reward_funcs` is given.
+        rewards: reward entries, `name` or `name=weight` of registered terms (`train.rewards.make_reward_funcs`);
+            ignored when `reward_funcs` is given.
         reward_funcs: explicit reward callables (tests).
         verifier_max_new_tokens: verifier answer budget.
         dtype: weight dtype (float32; bfloat16 only for the frozen base of the LoRA path).
@@ -244,11 +264,16 @@ def _reward_funcs(
     """Return the reward callables of `rewards` under `scoring_config`: a verifier only where r_c queries one.
 
     Raises:
-        TrainConfigError: `cross_view="random_frame"` with generation batches of a single prompt (no other row).
+        TrainConfigError: an unknown or repeated term, a training-only term without a weight, or
+            `cross_view="random_frame"` with generation batches of a single prompt (no other row).
     """
     cfg = scoring_config or ScoringConfig()
-    queries = "r_c" in rewards and cfg.cross_view != "distance_only"
-    if "r_c" in rewards and cfg.cross_view == "random_frame":
+    try:
+        names = [name for name, _ in check_reward_entries(rewards)]
+    except ValueError as exc:
+        raise TrainConfigError(f"GRPO rewards: {exc}") from None
+    queries = "r_c" in names and cfg.cross_view != "distance_only"
+    if "r_c" in names and cfg.cross_view == "random_frame":
         per_call = args.per_device_train_batch_size * (args.steps_per_generation or args.gradient_accumulation_steps)
         group = args.num_generations or 1  # GRPOConfig's default is 8; None never reaches here
         if per_call < 2 * group:

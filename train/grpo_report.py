@@ -13,28 +13,59 @@ from matplotlib.ticker import MaxNLocator
 
 Curve = dict[str, list[tuple[int, float]]]
 
-_CURVE_STYLE = {"reward": ("R", "black"), "rewards/r_e/mean": ("r_e", "tab:blue"),
-                "rewards/r_f/mean": ("r_f", "tab:orange"), "rewards/r_c/mean": ("r_c", "tab:green")}  # fmt: skip
+_TERM_COLORS = tuple(f"C{i}" for i in range(10))  # matplotlib's cycle: tab:blue, tab:orange, tab:green, ...
+
+
+def term_name(key: str) -> str | None:
+    """Return the reward term of a TRL log key `rewards/<name>/mean`, else None.
+
+    >>> term_name("rewards/r_c/mean"), term_name("reward")
+    ('r_c', None)
+    """
+    if key.startswith("rewards/") and key.endswith("/mean"):
+        return key[len("rewards/") : -len("/mean")]
+    return None
+
+
+def curve_styles(curve: Curve, control: Curve | None = None) -> dict[str, tuple[str, str]]:
+    """Return `{metric: (label, color)}` for every curve of the run and the control: R in black, each term that ran
+    named as it is registered, colored in the order TRL logged the terms (the config's order: r_e, r_f, r_c are
+    blue, orange, green)."""
+    styles = {}
+    keys = [*curve, *(k for k in control or {} if k not in curve)]
+    terms = [k for k in keys if term_name(k) is not None]
+    for key in keys:
+        name = term_name(key)
+        if key == "reward":
+            styles[key] = ("R", "black")
+        elif name is not None:
+            styles[key] = (name, _TERM_COLORS[terms.index(key) % len(_TERM_COLORS)])
+        else:
+            styles[key] = (key, "gray")
+    return styles
 
 
 def reward_curve(log_history: list[dict[str, Any]]) -> Curve:
-    """Return `{metric: [(step, value), ...]}` for `reward` and every `rewards/<name>/mean` logged by TRL."""
+    """Return `{metric: [(step, value), ...]}` for `reward` and every `rewards/<name>/mean` logged by TRL, in the order
+    TRL first logged them (its reward functions' order)."""
     curve: Curve = {}
     for entry in log_history:
         for key, value in entry.items():
-            if (key == "reward" or (key.startswith("rewards/") and key.endswith("/mean"))) and "step" in entry:
+            if (key == "reward" or term_name(key) is not None) and "step" in entry:
                 if isinstance(value, int | float) and not math.isnan(value):
                     curve.setdefault(key, []).append((int(entry["step"]), float(value)))
     return curve
 
 
 def save_reward_curve_png(curve: Curve, path: str | Path, control: Curve | None = None) -> Path:
-    """Plot r_e, r_f, r_c and R per step (solid: the run; dashed: the lr-0 control) to a PNG; return its path."""
+    """Plot R and every reward term that ran, per step (solid: the run; dashed: the lr-0 control) to a PNG; return its
+    path."""
     fig = Figure(figsize=(7, 4.2))
     ax = fig.add_subplot()
+    styles = curve_styles(curve, control)
     for source, style, suffix in ((curve, "-", "GRPO"), (control or {}, "--", "lr-0 control")):
         for key, points in sorted(source.items()):
-            label, color = _CURVE_STYLE.get(key, (key, None))
+            label, color = styles[key]
             ax.plot([s for s, _ in points], [v for _, v in points], style, marker="o", ms=3, color=color,
                     lw=2.2 if key == "reward" else 1.4, label=f"{label} ({suffix})")  # fmt: skip
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -1,11 +1,16 @@
-"""E-MRL reward functions for TRL's GRPOTrainer: r_e, r_f, r_c over `emrl_data.text.scoring` (docs/contract.md#scoring, docs/contract.md#training-recipe).
+"""E-MRL reward terms for TRL's GRPOTrainer, registered by name: r_e, r_f, r_c over `emrl_data.text.scoring` (docs/contract.md#scoring, docs/contract.md#training-recipe).
 
 TRL calls each reward as `f(prompts=..., completions=..., completion_ids=..., **columns, trainer_state=...,
 log_extra=..., log_metric=...)`, where `columns` are the dataset columns repeated per completion (`organ`, `has_lesion`,
 `long_axis_mm`, `location`, `attenuation`, `key_slice_frame`, `frames`, ...). Each returns `list[float | None]`;
 None (r_c on a true negative) is excluded by TRL.
 
-* `r_e`, `r_f` are plain functions, keyed by name in `REWARD_FUNCS`; each parses every completion once per call.
+* A reward term is registered under a name with `@reward_term(name)` (`REWARD_TERMS`): a plain function of the
+  completions and the dataset's columns, or with `factory=True` a function of `RewardOptions` that builds the callable
+  (a term that holds state). The GRPO config names its terms (`rewards: [r_e, r_f, r_c]`, an entry `name=weight`
+  sets a weight; `package.module.name` imports the module that registers `name`); `make_reward_funcs` builds them and
+  `reward_weights_for` weighs them.
+* `r_e`, `r_f` are plain functions; each parses every completion once per call.
 * `ConsistencyReward` (r_c) is the one class: it holds the verifier. The verifier re-queries the **current policy**
   with the verifier prompt on the predicted key frame alone, through the trainer's own generation backend
   (`VideoGRPOTrainer._generate_single_turn`: HF generate under ZeRO-3 gathering, or vLLM with this step's weights).
@@ -13,16 +18,25 @@ None (r_c on a true negative) is excluded by TRL.
   not on completions without a usable key frame), once per distinct (row, k) in the call; every value is
   `scoring.consistency_reward`, the r_c of mining and evaluation. Under several processes a rank with no query still
   makes one (discarded) call, so the collectives inside generation stay in lockstep.
-* The weights, λ and the r_c options come from `emrl_data.text.scoring.ScoringConfig`, the one table.
+* The weights of the terms of the score R (`SCORE_TERMS`: r_e, r_f, r_c), λ and the r_c options come from
+  `emrl_data.text.scoring.ScoringConfig`, the one table. A term outside R is training-only: the config gives its
+  weight, and it changes GRPO's reward list, never the score.
+* The score that mines hard cases and evaluates a model is its own function, `emrl_data.text.scoring.score_report`
+  (R = `scoring.total_reward` of r_e, r_f, r_c); this module's registry does not reach it.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
+import inspect
 import logging
+import math
 import random
+import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from emrl_data.text import scoring as sc
 from emrl_data.text.parser import parse_report
@@ -32,8 +46,88 @@ from emrl_data.text.report import VERIFIER_PROMPT
 logger = logging.getLogger(__name__)
 
 TRUTH_KEYS = sc.TRUTH_COLUMNS  # the truth columns a report is scored against, named once in emrl_data.text.scoring
-REWARD_NAMES = sc.REWARD_NAMES
+SCORE_TERMS = sc.REWARD_NAMES  # the terms of the score R, weighted by ScoringConfig
+REWARD_NAMES = SCORE_TERMS  # GRPO's default reward list: R's terms
 DEFAULT_REWARD_WEIGHTS = sc.DEFAULT_CONFIG.reward_weight_table()  # derived from ScoringConfig, never typed here
+
+RewardFunc = Callable[..., Sequence[float | None]]
+_F = TypeVar("_F", bound=Callable[..., Any])
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class RewardOptions:
+    """What a term built by a factory may read besides the rows (`reward_term(..., factory=True)`).
+
+    Attributes:
+        scoring_config: the score table and the r_c options; None: `ScoringConfig()`.
+        verifier: the policy re-queried on a key frame (r_c); None where no term queries it.
+        seed: the run's seed (r_c's `cross_view="random_frame"` draw).
+    """
+
+    scoring_config: sc.ScoringConfig | None = None
+    verifier: Verifier | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class RewardTerm:
+    """A registered reward term: `build(options)` returns the callable TRL calls, named `name`."""
+
+    name: str
+    source: Any  # the decorated function
+    build: Callable[[RewardOptions], RewardFunc]
+
+
+REWARD_TERMS: dict[str, RewardTerm] = {}  # name -> term, filled by `@reward_term`
+
+
+def reward_term(name: str, *, factory: bool = False) -> Callable[[_F], _F]:
+    """Register a reward term under `name`; returns the decorated function unchanged.
+
+    Without `factory` the function is the reward, TRL's convention `f(completions, **columns) -> list[float | None]`
+    (it also gets `scoring_config=` when its signature names it and the run sets one). With `factory=True` it is
+    `make(options: RewardOptions) -> reward callable`, for a term that holds state (r_c holds the verifier).
+
+        @reward_term("r_len")
+        def r_len(completions, **columns):
+            return [min(1.0, len(completion_text(c)) / 400) for c in completions]
+
+    Raises:
+        ValueError: on a name that is not an identifier, or one another function already holds.
+    """
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"Reward term name {name!r} must be an identifier (letters, digits, _).")
+
+    def register(func: _F) -> _F:
+        held = REWARD_TERMS.get(name)
+        if held is not None and _qualname(held.source) != _qualname(func):  # a module imported again re-registers
+            raise ValueError(
+                f"Reward term {name!r} is registered twice: {_qualname(held.source)} and {_qualname(func)}."
+            )
+        build = func if factory else functools.partial(_plain_term, func, name)
+        REWARD_TERMS[name] = RewardTerm(name, func, build)
+        return func
+
+    return register
+
+
+def _qualname(func: Any) -> str:
+    return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
+
+
+def _plain_term(func: Callable[..., Any], name: str, options: RewardOptions) -> RewardFunc:
+    """The callable of a plain term: `func` itself, or a copy bound to the run's `scoring_config`, named `name`."""
+    bound: Any = func
+    if options.scoring_config is not None and "scoring_config" in inspect.signature(func).parameters:
+        bound = functools.partial(func, scoring_config=options.scoring_config)
+    if bound is func and getattr(func, "__name__", None) == name:
+        return func
+    if bound is func:
+        bound = functools.partial(func)
+    wrapped = functools.update_wrapper(bound, func)
+    wrapped.__name__ = name  # TRL logs `rewards/<__name__>/mean`
+    return wrapped
 
 
 def completion_text(completion: Any) -> str:
@@ -66,6 +160,7 @@ def _scores(completions: Sequence[Any], kwargs: Mapping[str, Any], cfg: sc.Scori
     return texts, truths, [sc.score_report(t, tr, cfg=cfg) for t, tr in zip(texts, truths, strict=True)]
 
 
+@reward_term("r_e")
 def r_e(completions: Sequence[Any], scoring_config: sc.ScoringConfig | None = None, **kwargs: Any) -> list[float]:
     """r_e: 1 when the report's lesion claim matches the truth, else 0 (docs/contract.md#scoring). Logs parse failures."""
     _, _, scores = _scores(completions, kwargs, scoring_config)
@@ -77,13 +172,11 @@ def r_e(completions: Sequence[Any], scoring_config: sc.ScoringConfig | None = No
     return [float(s.r_e) for s in scores]
 
 
+@reward_term("r_f")
 def r_f(completions: Sequence[Any], scoring_config: sc.ScoringConfig | None = None, **kwargs: Any) -> list[float]:
     """r_f: weighted attribute accuracy of the whole report; 1 on a true negative that claims no lesion (docs/contract.md#scoring)."""
     _, _, scores = _scores(completions, kwargs, scoring_config)
     return [float(s.r_f) for s in scores]
-
-
-REWARD_FUNCS: dict[str, Callable[..., list[float]]] = {"r_e": r_e, "r_f": r_f}
 
 
 box_iou = sc.box_iou  # kept importable here; the box term is part of `scoring.consistency_reward`
@@ -283,17 +376,94 @@ def _row_key(kwargs: Mapping[str, Any], i: int) -> Any:
     return id(kwargs["frames"][i])
 
 
+@reward_term("r_c", factory=True)
+def _consistency_term(options: RewardOptions) -> ConsistencyReward:
+    """r_c: `ConsistencyReward` with the run's verifier, scoring config and seed."""
+    return ConsistencyReward(options.verifier, options.scoring_config, seed=options.seed)
+
+
+RewardEntry = str | Mapping[str, float]  # a config entry: "name", "name=weight" or {name: weight}
+
+
+def parse_reward_entry(entry: RewardEntry) -> tuple[str, float | None]:
+    """Return (name, weight) of a config entry (`"r_e"`, `"r_len=0.1"`, `{"r_len": 0.1}`); weight None when not given.
+
+    Raises:
+        ValueError: on an entry of another shape or a weight that is not a finite number.
+    """
+    raw: Any
+    if isinstance(entry, Mapping):
+        if len(entry) != 1:
+            raise ValueError(f"Reward entry {dict(entry)} must name one term: {{name: weight}}.")
+        ((name, raw),) = entry.items()
+    elif isinstance(entry, str):
+        name, _, text = entry.partition("=")
+        raw = text.strip() or None
+    else:
+        raise ValueError(f"Reward entry {entry!r} must be a name, name=weight or {{name: weight}}.")
+    name = str(name).strip()
+    if raw is None:
+        return name, None
+    try:
+        weight = float(raw)
+    except (TypeError, ValueError):
+        weight = math.nan
+    if not math.isfinite(weight):
+        raise ValueError(f"Reward entry {entry!r}: the weight {raw!r} is not a finite number.")
+    return name, weight
+
+
+def registered_term(name: str) -> RewardTerm:
+    """Return the term registered as `name`; `package.module.name` imports `package.module` first (it registers it).
+
+    Raises:
+        ValueError: one line naming the unknown term and the registered ones.
+    """
+    module, dot, short = name.rpartition(".")
+    if dot:  # the module registers `short` when imported (once: Python caches it)
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ValueError(f"Reward term {name!r}: cannot import {module!r} ({exc}).") from None
+    term = REWARD_TERMS.get(short)
+    if term is None:
+        raise ValueError(
+            f"Unknown reward term {name!r}; registered: {', '.join(sorted(REWARD_TERMS))} (a term of another module: "
+            "package.module.name, where the module registers it with @train.rewards.reward_term)."
+        )
+    return term
+
+
+def check_reward_entries(entries: Sequence[RewardEntry]) -> list[tuple[str, float | None]]:
+    """Return (registered name, weight) per config entry, after checking them as a whole.
+
+    Raises:
+        ValueError: one line, on an empty list, a malformed entry, an unknown or repeated term, or a training-only
+            term (outside `SCORE_TERMS`) without a weight.
+    """
+    named = _checked(entries)
+    unweighted = [n for n, w in named if w is None and n not in SCORE_TERMS]
+    if unweighted:
+        raise ValueError(
+            f"Reward term(s) {unweighted} are outside the score R ({', '.join(SCORE_TERMS)}), so ScoringConfig holds no "
+            f"weight for them; give one in the config, e.g. {unweighted[0]}=0.1."
+        )
+    return named
+
+
 def make_reward_funcs(
-    names: Sequence[str],
+    names: Sequence[RewardEntry],
     *,
     scoring_config: sc.ScoringConfig | None = None,
     verifier: Verifier | None = None,
     seed: int = 0,
-) -> list[Callable[..., Sequence[float | None]]]:
-    """Return the reward callables for an ablation: `["r_e"]`, `["r_e", "r_f"]` or `["r_e", "r_f", "r_c"]`.
+) -> list[RewardFunc]:
+    """Return GRPO's reward callables, one per entry in order, each named as its term (`rewards/<name>/mean` in TRL's log).
 
     Args:
-        names: reward names, a subset of `REWARD_NAMES` in any order (weights follow the same order).
+        names: config entries of registered terms (`REWARD_TERMS`): `"r_e"`, `"r_len=0.1"` (the weight is read by
+            `reward_weights_for`), `"package.module.r_len=0.1"`; the ablations `["r_e"]`, `["r_e", "r_f"]`,
+            `["r_e", "r_f", "r_c"]`.
         scoring_config: an `emrl_data.text.scoring.ScoringConfig` (weights, λ and the r_c options `negative_rows`,
             `cross_view`); its defaults when None.
         verifier: required when "r_c" is requested, except under `cross_view="distance_only"`.
@@ -302,35 +472,47 @@ def make_reward_funcs(
     Raises:
         ValueError: on an unknown or repeated name, or r_c without a verifier.
     """
-    unknown = [n for n in names if n not in REWARD_NAMES]
-    if unknown or len(set(names)) != len(names) or not names:
-        raise ValueError(f"Invalid rewards {list(names)}; choose distinct names from {list(REWARD_NAMES)}.")
-    funcs: list[Callable[..., Sequence[float | None]]] = []
-    for name in names:
-        if name == "r_c":
-            funcs.append(ConsistencyReward(verifier, scoring_config, seed=seed))
-        elif scoring_config is None:
-            funcs.append(REWARD_FUNCS[name])
-        else:
-            funcs.append(functools.update_wrapper(functools.partial(REWARD_FUNCS[name], scoring_config=scoring_config),
-                                                  REWARD_FUNCS[name]))  # fmt: skip
-    return funcs
+    options = RewardOptions(scoring_config=scoring_config, verifier=verifier, seed=seed)
+    return [REWARD_TERMS[name].build(options) for name, _ in _checked(names)]
+
+
+def _checked(entries: Sequence[RewardEntry]) -> list[tuple[str, float | None]]:
+    """`check_reward_entries` without the weight rule (weights are `reward_weights_for`'s)."""
+    parsed = [parse_reward_entry(e) for e in entries]
+    named = [(registered_term(n).name, w) for n, w in parsed]
+    names = [n for n, _ in named]
+    if not names or len(set(names)) != len(names):
+        raise ValueError(
+            f"Invalid rewards {list(entries)}; name distinct terms from {', '.join(sorted(REWARD_TERMS))}."
+        )
+    return named
+
+
+def weighable(entry: RewardEntry) -> bool:
+    """Whether an entry's weight is known without the trainer: it gives one, or it is a term of the score R."""
+    try:
+        name, weight = parse_reward_entry(entry)
+    except ValueError:
+        return False
+    return weight is not None or name in SCORE_TERMS
 
 
 def reward_weights_for(
-    names: Sequence[str],
+    names: Sequence[RewardEntry],
     weights: Sequence[float] | None = None,
     scoring_config: sc.ScoringConfig | None = None,
 ) -> list[float]:
-    """Return the weights of `names` in order, read from `ScoringConfig.reward_weights` (not renormalised).
+    """Return the weights of `names` in order (not renormalised): the entry's own (`"r_len=0.1"`), else
+    `ScoringConfig.reward_weights` for a term of the score R.
 
     Args:
-        names: reward names.
-        weights: explicit weights (e.g. `reward_weights` in a config); must have one weight per name.
+        names: reward entries (`make_reward_funcs`).
+        weights: explicit weights (e.g. TRL's `reward_weights` in a config); must have one weight per name.
         scoring_config: the table to read; `ScoringConfig()` when None.
 
     Raises:
-        ValueError: when `weights` has the wrong length (it is never silently replaced).
+        ValueError: when `weights` has the wrong length (it is never silently replaced), or a training-only term has
+            no weight.
     """
     if weights is not None:
         if len(weights) != len(names):
@@ -340,4 +522,11 @@ def reward_weights_for(
             )
         return [float(w) for w in weights]
     table = (scoring_config or sc.DEFAULT_CONFIG).reward_weight_table()
-    return [float(table[n]) for n in names]
+    out = []
+    for entry in names:
+        name, weight = parse_reward_entry(entry)
+        short = name.rpartition(".")[2]
+        if weight is None and short not in table:
+            raise ValueError(f"Reward term {name!r} is outside the score R, so it needs a weight: {name}=<weight>.")
+        out.append(float(table[short]) if weight is None else weight)
+    return out
