@@ -3,8 +3,8 @@
 The recipe and the entry point: the paper's hyperparameters (`GRPO_RECIPE`), the configuration the video trainer
 needs (`finalize_grpo_config`), the policy loaded and frozen for GRPO (projector and LLM train, the ViT is frozen; LoRA
 optional), the reward terms the config names (`train.rewards` registry), and the run with its optional
-learning-rate-0 control. The trainer itself, TRL's
-`GRPOTrainer` with the CT video, is `train.grpo_trainer.VideoGRPOTrainer`; what a run reports, `train.grpo_report`.
+learning-rate-0 control. The trainer itself, TRL's `GRPOTrainer` with the CT video, is
+`train.grpo_trainer.VideoGRPOTrainer`; what a run reports, `train.grpo_report`.
 
     python -m train.grpo --config train/configs/grpo_tiny.yaml --dataset_dir <out>/rl_hardset \
         --model_name_or_path <sft dir> --output_dir <dir>

@@ -494,7 +494,7 @@ def weighable(entry: RewardEntry) -> bool:
         name, weight = parse_reward_entry(entry)
     except ValueError:
         return False
-    return weight is not None or name in SCORE_TERMS
+    return weight is not None or name.rpartition(".")[2] in SCORE_TERMS
 
 
 def reward_weights_for(
