@@ -1,15 +1,19 @@
-"""One file of a pinned commit downloaded through huggingface_hub's own download path, resumable and verified.
+"""One file of a pinned commit downloaded through huggingface_hub's and hf_xet's own clients, resumable and verified.
 
-`download_file` resolves the file's location with `get_hf_file_metadata` (a HEAD that follows only Hub redirects and
-retries 408/429/5xx, honouring `Retry-After`), then either
-- `xet_get` when the file is Xet-stored and `hf_xet` is installed (chunked, deduplicated, its chunk cache resumes), or
-- `http_get` from the location (a CDN after a redirect: the token is dropped for another host) into
-  `DEST.incomplete`, resumed with an HTTP Range request from the bytes already there; `http_get` retries 408/429
-  and resumes a connection cut mid-body, and `call_with_retry` adds what it lacks (a 5xx answering the GET).
+Each try resolves the file afresh with `get_hf_file_metadata` (a HEAD that follows only Hub redirects; a signed URL
+from an earlier try may have expired), then appends to `DEST.incomplete` from its last byte:
+- a Xet-stored file (`X-Xet-Hash`, hf_xet installed) through hf_xet's ordered stream from that offset
+  (`XetDownloadStreamGroup.download_stream(info, start=offset)`): the Hub's token goes to the Hub's refresh route
+  (a gated repository needs it there), the Xet token it hands out to the storage, the Hub token never;
+- any other file with `http_get` from the resolved location and an HTTP Range (the token dropped for another host).
+Both write in file order, so the `.incomplete` file is always a prefix of the file: a reader can follow it as it
+grows (`GrowingFile`), and a crash, a `kill -9` or a failed try loses at most what was in flight. Bytes are reported
+as they are written. `call_with_retry` retries a try that failed on a rate limit, a 5xx, a reset or cut connection
+(hf_xet has already retried each request by then) or a refused signed URL; each retry resumes.
 Every file is checked before it is renamed to `DEST`: an LFS or Xet file against the sha256 of the listing, any other
 against its git blob id. huggingface_hub 1.33's `hf_hub_download` is not used as a whole: it writes to a temporary
-name unique to the process and deletes it on failure, so a crashed run would start a 14 GB part over
-(docs/decisions.md#hub-downloads-the-librarys-parts-our-resume).
+name unique to the process and deletes it on failure, and hf_xet's file download truncates the destination, so a
+crashed run would start a 14 GB part over (docs/decisions.md#hub-downloads-the-librarys-parts-our-resume).
 """
 
 from __future__ import annotations
@@ -28,12 +32,13 @@ from urllib.parse import urlparse
 
 from huggingface_hub import constants
 from huggingface_hub.errors import HfHubHTTPError
-from huggingface_hub.file_download import get_hf_file_metadata, http_get, is_xet_available, xet_get
+from huggingface_hub.file_download import HfFileMetadata, get_hf_file_metadata, http_get, is_xet_available
 from huggingface_hub.utils import build_hf_headers
+from huggingface_hub.utils._xet import get_xet_session, refresh_xet_connection_info, xet_headers_without_auth
 
 from emrl_data.reading.release import HubFile
 from hub.listing import HubCommit, access_error
-from hub.retry import call_with_retry, is_busy
+from hub.retry import call_with_retry, is_refused_by_storage, is_transient
 
 
 _CHUNK_BYTES = 1 << 20
@@ -87,7 +92,7 @@ def mismatch(path: Path, expected: HubFile) -> str | None:
 
 
 class _Counted:
-    """A file for `http_get` that counts the bytes written through it."""
+    """A file that counts the bytes written through it (and reports them: progress)."""
 
     def __init__(self, fh: IO[bytes], on_bytes: Callable[[int], None] | None) -> None:
         self.fh, self.on_bytes, self.written = fh, on_bytes, 0
@@ -99,8 +104,19 @@ class _Counted:
             self.on_bytes(n)
         return n
 
+    def flush(self) -> None:
+        self.fh.flush()
+
     def __getattr__(self, name: str) -> Any:  # tell, seek, truncate (a Range request answered by the whole file)
         return getattr(self.fh, name)
+
+
+class IncompleteDownloadError(ConnectionError):
+    """A transfer ended without an error before the file's last byte (retried: the next try resumes)."""
+
+
+class XetTransferError(ConnectionError):
+    """hf_xet gave up on a transfer after its own retries (retried here: the next try resumes)."""
 
 
 def download_file(
@@ -110,68 +126,116 @@ def download_file(
     expected: HubFile,
     *,
     on_bytes: Callable[[int], None] | None = None,
-    on_start: Callable[[bool], None] | None = None,
 ) -> Download:
     """Download `path` of the release's commit to `dest`, resuming a `dest.incomplete`; verify it; see the module.
-
-    `on_start(sequential)` is called before the first byte is written: False when Xet will write the file out of
-    order (a reader of the growing file must then wait for the end).
 
     Raises:
         ChecksumMismatchError: the bytes do not match (`dest.incomplete` is removed, so the next try starts over).
         HubAccessError: gated, private or refused.
-        huggingface_hub / httpx errors: the file failed after every retry.
+        huggingface_hub / httpx / hf_xet errors: the file failed after every retry.
     """
     partial = dest.with_name(dest.name + ".incomplete")
     dest.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    url = release.url(path)
-    headers = build_hf_headers()
-    try:  # the library retries 408/429/5xx and dropped connections here itself
-        meta = get_hf_file_metadata(url, headers=headers, endpoint=release.endpoint, retry_on_errors=True)
-    except HfHubHTTPError as err:
-        refused = access_error(release.repo_id, err)
-        if refused is not None:
-            raise refused from None
-        raise
-    location = meta.location or url
-    if urlparse(location).netloc != urlparse(url).netloc:
-        headers.pop("authorization", None)  # a signed URL on another host: the token stays with the Hub
     if partial.exists() and partial.stat().st_size > expected.size:
         partial.unlink()
     resumed_from = partial.stat().st_size if partial.exists() else 0
     read = 0
-    xet = meta.xet_file_data is not None and is_xet_available() and not constants.HF_HUB_DISABLE_XET
-    if on_start is not None:
-        on_start(not xet)
-    if xet:
-        assert meta.xet_file_data is not None
-        xet_get(incomplete_path=partial, xet_file_data=meta.xet_file_data, headers=headers,
-                expected_size=expected.size, displayed_filename=path)  # fmt: skip
-        read = expected.size - resumed_from
-        if on_bytes is not None:
-            on_bytes(read)
-    else:
 
-        def fetch() -> int:
-            offset = partial.stat().st_size if partial.exists() else 0
-            with partial.open("ab") as fh:
-                counted = _Counted(fh, on_bytes)
-                try:
-                    http_get(location, cast(BinaryIO, counted), resume_size=offset, headers=headers, expected_size=expected.size,
-                             displayed_filename=path)  # fmt: skip
-                finally:
-                    nonlocal read
-                    read += counted.written
-            return offset
+    def one_try() -> None:
+        nonlocal read
+        headers = build_hf_headers()
+        meta = _resolve(release, path, headers)
+        offset = partial.stat().st_size if partial.exists() else 0
+        with partial.open("ab") as fh:
+            counted = _Counted(fh, on_bytes)
+            try:
+                if offset < expected.size:
+                    _fetch(meta, release, path, headers, cast(BinaryIO, counted), offset, expected.size)
+            finally:
+                read += counted.written
+        size = partial.stat().st_size
+        if size < expected.size:
+            raise IncompleteDownloadError(f"{path}: the transfer ended at byte {size} of {expected.size}")
 
-        call_with_retry(fetch, f"{path}: download", retry_on=is_busy)  # http_get itself: 408/429, cut connections
+    def retry_on(err: BaseException) -> bool:
+        return is_transient(err) or is_refused_by_storage(err, release.endpoint)
+
+    call_with_retry(one_try, f"{path}: download", retry_on=retry_on)
     problem = mismatch(partial, expected)
     if problem is not None:
         partial.unlink()
         raise ChecksumMismatchError(f"{expected.path}: got {problem}")
     partial.replace(dest)
     return Download(dest, read, resumed_from, time.perf_counter() - started)
+
+
+def _resolve(release: HubCommit, path: str, headers: dict[str, str]) -> HfFileMetadata:
+    """The file's metadata and location (the library retries 408/429/5xx and dropped connections on this HEAD)."""
+    try:
+        return get_hf_file_metadata(
+            release.url(path), headers=headers, endpoint=release.endpoint, retry_on_errors=True
+        )
+    except HfHubHTTPError as err:
+        refused = access_error(release.repo_id, err)
+        if refused is not None:
+            raise refused from None
+        raise
+
+
+def _fetch(
+    meta: HfFileMetadata, release: HubCommit, path: str, headers: dict[str, str], out: BinaryIO, offset: int, size: int
+) -> None:
+    """Append the file's bytes from `offset` to `out`, through Xet when the file is Xet-stored, else over HTTP."""
+    xet = meta.xet_file_data
+    if xet is not None and is_xet_available() and not constants.HF_HUB_DISABLE_XET:
+        try:  # the Hub token goes to the Hub's refresh route only: it hands out the Xet token for the storage
+            info = refresh_xet_connection_info(file_data=xet, headers=headers)
+        except HfHubHTTPError as err:
+            refused = access_error(release.repo_id, err)
+            if refused is not None:
+                raise refused from None
+            raise
+        _xet_stream(xet.file_hash, size, offset, info, xet.refresh_route, headers, out)
+        return
+    url = release.url(path)
+    location = meta.location or url
+    if urlparse(location).netloc != urlparse(url).netloc:
+        headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}  # a signed URL elsewhere
+    http_get(location, out, resume_size=offset, headers=headers, expected_size=size, displayed_filename=path)
+
+
+def _xet_stream(
+    file_hash: str, size: int, offset: int, info: Any, refresh_route: str, headers: dict[str, str], out: BinaryIO
+) -> None:
+    """hf_xet's ordered stream of the file from `offset` to its end, written to `out` as the bytes arrive."""
+    from hf_xet import XetFileInfo  # installed with huggingface_hub; imported where a Xet file is met
+
+    group = get_xet_session().new_download_stream_group(
+        endpoint=info.endpoint,
+        token=info.access_token,
+        token_expiry_unix_secs=info.expiration_unix_epoch,
+        token_refresh_url=refresh_route,
+        token_refresh_headers=headers,
+        custom_headers=xet_headers_without_auth(headers),
+    )
+    stream = group.download_stream(XetFileInfo(file_hash, size), start=offset)
+    finished = False
+    try:
+        while True:
+            try:
+                piece = next(stream)
+            except StopIteration:
+                break
+            except Exception as err:  # hf_xet raises ConnectionError or RuntimeError once its own retries are spent
+                raise XetTransferError(f"Xet transfer stopped: {str(err).splitlines()[0][:200]}") from err
+            out.write(piece)  # a full disk here is an OSError, not retried
+            out.flush()
+        finished = True
+    finally:
+        if not finished:
+            stream.cancel()
+            group.abort()
 
 
 def download_verified(
@@ -226,17 +290,12 @@ class GrowingFile(io.RawIOBase):
         self.offset = 0
         self._ended = threading.Event()
         self._error: BaseException | None = None
-        self._stopped: str | None = None
         self._fh: IO[bytes] | None = None
 
     def finish(self, error: BaseException | None) -> None:
         """The download ended (with `error`, or None)."""
         self._error = error
         self._ended.set()
-
-    def stop(self, reason: str) -> None:
-        """The reader must not go on (the download writes out of order): its next read raises."""
-        self._stopped = reason
 
     def readable(self) -> bool:
         return True
@@ -251,8 +310,6 @@ class GrowingFile(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int:
         while True:
-            if self._stopped is not None:
-                raise DownloadStoppedError(self._stopped)
             if self._ended.is_set() and self._error is not None:
                 raise DownloadStoppedError(f"the download stopped: {self._error}") from self._error
             if self._fh is None:

@@ -293,13 +293,9 @@ class _PairReader:
         growing = GrowingFile(partial, dest, part.size, on_read=self.on_bytes)
         result: dict[str, Any] = {}
 
-        def out_of_order(sequential: bool) -> None:
-            if not sequential:  # Xet fills the file in any order: read it once verified
-                growing.stop("the part is downloaded through Xet, out of order")
-
         def download() -> None:
             try:
-                result["done"] = download_file(self.job.commit, part.path, dest, part, on_start=out_of_order)
+                result["done"] = download_file(self.job.commit, part.path, dest, part)
                 growing.finish(None)
             except BaseException as err:  # noqa: BLE001 (handed to the reader)
                 result["error"] = err

@@ -1,9 +1,12 @@
-"""A bounded retry of our own around the Hub calls huggingface_hub 1.33 does not retry.
+"""A bounded retry around whole Hub calls, with the waits huggingface_hub 1.33 itself uses.
 
-The library retries 408/429/5xx with backoff (honouring `Retry-After` in seconds) on its metadata HEAD
-(`get_hf_file_metadata(retry_on_errors=True)`) and on later listing pages, and 408/429 on a file GET (`http_get`).
-It does not retry `dataset_info`, the first page of `list_repo_tree`, or a 5xx answering a file GET: those go
-through `call_with_retry`.
+The library retries single requests (`http_backoff`: 408/429/5xx and dropped connections, honouring the `RateLimit`
+header on a 429 and `Retry-After` in seconds) but not a whole library call: `dataset_info`, the first page of
+`list_repo_tree`, a file GET answered 5xx or reset mid-body (`http_get` retries only 408/429), a Xet transfer
+(hf_xet retries each request, then raises). `call_with_retry` is that outer loop. Each retry resumes where the
+download stopped (`hub.download`), so retrying a whole call costs at most one range twice. The statuses are the
+library's (`RETRY_STATUSES` is its default list, checked by a test), the rate-limit wait is read with its
+`parse_ratelimit_headers`; docs/decisions.md#hub-downloads-the-librarys-parts-our-resume says what stays ours.
 """
 
 from __future__ import annotations
@@ -12,36 +15,55 @@ import logging
 import time
 from collections.abc import Callable
 from typing import TypeVar
+from urllib.parse import urlparse
 
 import httpx
 from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.utils import parse_ratelimit_headers
 
 
-RETRY_STATUSES = (408, 429, 500, 502, 503, 504)
-ATTEMPTS = 6  # tries in all, about 1 + 2 + 4 + 8 + 16 s of waiting when no Retry-After is given
-MAX_WAIT_S = 60.0  # a longer Retry-After is cut to this
+RETRY_STATUSES = (408, 429, 500, 502, 503, 504)  # huggingface_hub's `_DEFAULT_RETRY_ON_STATUS_CODES`
+ATTEMPTS = 6  # tries in all, about 1 + 2 + 4 + 8 + 16 s of waiting when the answer names no wait
+MAX_WAIT_S = 300.0  # a longer rate-limit reset or Retry-After is cut to this (the Hub's window is 5 minutes)
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def retry_after_s(err: BaseException) -> float | None:
-    """The `Retry-After` seconds of an HTTP error's answer, None when it gives none (or an HTTP date)."""
+def _status(err: BaseException) -> int | None:
     response = getattr(err, "response", None)
-    value = response.headers.get("retry-after", "").strip() if response is not None else ""
+    return response.status_code if isinstance(response, httpx.Response) else None
+
+
+def retry_after_s(err: BaseException) -> float | None:
+    """The wait an HTTP error's answer asks for: the `RateLimit` reset of a 429 with no requests left (the Hub's
+    form), else `Retry-After` in seconds; None when it names none (or gives an HTTP date)."""
+    response = getattr(err, "response", None)
+    if not isinstance(response, httpx.Response):
+        return None
+    limit = parse_ratelimit_headers(response.headers)
+    if response.status_code == 429 and limit is not None and limit.remaining == 0:
+        return float(limit.reset_in_seconds) + 1.0  # as the library waits: the reset, plus a second for rounding
+    value = response.headers.get("retry-after", "").strip()
     return float(value) if value.isdigit() else None
 
 
 def is_busy(err: BaseException) -> bool:
     """A rate limit or a server error (408, 429, 5xx): worth trying again."""
-    if isinstance(err, HfHubHTTPError):
-        response = err.response
-        return response is not None and response.status_code in RETRY_STATUSES
-    return False
+    return isinstance(err, HfHubHTTPError) and _status(err) in RETRY_STATUSES
 
 
 def is_transient(err: BaseException) -> bool:
-    """A rate limit, a server error or a dropped connection: worth trying again."""
-    return is_busy(err) or isinstance(err, (httpx.TransportError, ConnectionError))
+    """A rate limit, a server error or a dropped or reset connection (hf_xet raises `ConnectionError` once its own
+    retries are spent): worth trying again."""
+    return is_busy(err) or isinstance(err, (httpx.TransportError, ConnectionError, TimeoutError))
+
+
+def is_refused_by_storage(err: BaseException, hub_endpoint: str) -> bool:
+    """A 401/403 from a host other than the Hub: an expired signed URL, cured by resolving the file again."""
+    response = getattr(err, "response", None)
+    if _status(err) not in (401, 403) or not isinstance(response, httpx.Response):
+        return False
+    return response.request.url.netloc.decode() != urlparse(hub_endpoint).netloc
 
 
 def call_with_retry(
@@ -52,9 +74,9 @@ def call_with_retry(
     retry_on: Callable[[BaseException], bool] = is_transient,
     sleep: Callable[[float], None] = time.sleep,
 ) -> T:
-    """`fn()`, tried again after a failure `retry_on` accepts (default `is_transient`): waits `Retry-After` when the
-    answer gives one, else 1, 2, 4, ... s; at most `attempts` tries, then the last error is raised. Other errors are
-    raised at once."""
+    """`fn()`, tried again after a failure `retry_on` accepts (default `is_transient`): waits what the answer asks
+    (`retry_after_s`), else 1, 2, 4, ... s; at most `attempts` tries, then the last error is raised. Other errors are
+    raised at once. Each retry is logged once, in one line with no URL (a signed URL is a credential)."""
     delay = 1.0
     for attempt in range(1, attempts + 1):
         try:
@@ -63,11 +85,13 @@ def call_with_retry(
             if not retry_on(err) or attempt == attempts:
                 raise
             wait = min(retry_after_s(err) or delay, MAX_WAIT_S)
-            logger.warning("%s: %s; try %d of %d in %.0f s", what, _short(err), attempt + 1, attempts, wait)
+            logger.warning("%s: %s; waiting %.0f s, try %d of %d", what, describe(err), wait, attempt + 1, attempts)
             sleep(wait)
             delay = min(2 * delay, MAX_WAIT_S)
     raise AssertionError("unreachable")
 
 
-def _short(err: BaseException) -> str:
-    return str(err).splitlines()[0] if str(err) else type(err).__name__
+def describe(err: BaseException) -> str:
+    """An error in a few words, without its URL: `HTTP 503`, `ReadError`, `ConnectionError`."""
+    status = _status(err)
+    return f"HTTP {status}" if status is not None else type(err).__name__

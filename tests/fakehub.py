@@ -168,14 +168,6 @@ class HubState:
             repo.branches["main"] = commit.oid
             return commit.oid
 
-    def record(self, entry: dict[str, Any]) -> None:
-        """Log one finished request."""
-        with self.lock:
-            self.log.append(entry)
-            if self.log_path:
-                with open(self.log_path, "a") as fh:
-                    fh.write(json.dumps(entry) + "\n")
-
     def sent(self, host: str, path_contains: str = "") -> int:
         """Body bytes sent by `host` (`hub`, `cdn`, `cas`) on requests whose path contains `path_contains`."""
         with self.lock:
@@ -703,8 +695,9 @@ def make_cas_app(state: HubState) -> FastAPI:
 
 
 class _Logged:
-    """An ASGI app wrapped so that each request is logged once it ends: host, method, path (no query: no signature),
-    status and the body bytes handed to the connection."""
+    """An ASGI app wrapped so that each request is logged: host, method, path (no query: no signature), status and
+    the body bytes handed to the connection, counted before they go out (a client that has them sees them counted);
+    the JSON line is written once the request ends."""
 
     def __init__(self, app: Any, state: HubState, host: str) -> None:
         self.app, self.state, self.host = app, state, host
@@ -715,18 +708,23 @@ class _Logged:
             return
         entry: dict[str, Any] = {"host": self.host, "method": scope["method"], "path": scope["path"]}
         entry.update(status=None, bytes=0, t=round(time.time(), 3))
+        with self.state.lock:
+            self.state.log.append(entry)
 
         async def counting(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 entry["status"] = message["status"]
             elif message["type"] == "http.response.body":
-                entry["bytes"] += len(message.get("body", b""))
+                with self.state.lock:
+                    entry["bytes"] += len(message.get("body", b""))
             await send(message)
 
         try:
             await self.app(scope, receive, counting)
         finally:
-            self.state.record(entry)
+            if self.state.log_path:
+                with self.state.lock, open(self.state.log_path, "a") as fh:
+                    fh.write(json.dumps(entry) + "\n")
 
 
 def _serve_bytes(state: HubState, request: Request, fpath: str, key: str, extra: dict[str, str]) -> Any:
