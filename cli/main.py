@@ -80,6 +80,10 @@ def _explain(exc: BaseException) -> tuple[str, str]:
         return text, "give HF_TOKEN the access the line above names, then rerun (nothing was downloaded)"
     if name == "EndpointAuthError":
         return text, "export OPENAI_API_KEY=<a key the endpoint accepts>, then rerun (finished rows are kept)"
+    if name in ("PartsFailedError", "ScratchSpaceError"):  # the line names the parts (or the folder) and why, whole
+        return " ".join(str(exc).split()), getattr(
+            exc, "fix", "free space there or change --scratch-dir / --scratch-budget, then rerun"
+        )
     if name == "FailedPredictionsError":  # the fix says what a rerun does with the failed rows
         return text, getattr(exc, "fix", "rerun the same command")
     if name == "EndpointProbeError":

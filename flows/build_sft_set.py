@@ -13,7 +13,7 @@ import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -54,7 +54,7 @@ from emrl_data.types import Organ
 from flows._common import Progress, batched, git_sha, rejection_table
 from flows.hub_parts import HubOptions, curate_release, hub_summary_lines
 from flows.runners import check_cluster, is_lost_worker_error, make_task_runner, settle_future
-from hub.listing import hub_repo
+from hub.listing import hub_repo, is_parts_folder
 
 
 DEFAULT_SCRATCH_BUDGET = "64G"  # four released part pairs at once (about 15 GiB each, `scratch_need`)
@@ -272,7 +272,10 @@ def _read_atlas(
 ) -> AtlasRead:
     """Plan and curate the atlas: a folder in batches of cases, or the Hub release part pair by part pair."""
     repo_id = hub_repo(atlas_root)
-    if repo_id is not None:
+    parts_folder = repo_id is None and is_parts_folder(Path(atlas_root))
+    if repo_id is not None or parts_folder:
+        if parts_folder:
+            hub = replace(hub, local_root=Path(atlas_root).resolve())
         done = curate_release(
             repo_id, hub, out=out, cfg=cfg, store=store, test_fraction=sft_cfg.test_fraction, limit=limit,
             runner=runner, case_timeout_s=case_timeout_s, curate_one=curate_bounded,

@@ -21,13 +21,33 @@ from emrl_data.config import CurateConfig
 from emrl_data.labeling.case_store import CaseStore
 from emrl_data.outcome import Rejection
 from emrl_data.reading.atlas import AtlasOrganMeta, AtlasPlan, plan_metadata, read_split_files
-from emrl_data.reading.release import PartPair, format_size, plan_concurrency, side_files
+from emrl_data.reading.release import (
+    PartPair,
+    check_scratch_space,
+    format_size,
+    plan_concurrency,
+    scratch_bytes_planned,
+    side_files,
+)
 from emrl_data.types import Organ, is_valid_case_id
 from flows._common import Progress, new_progress_artifact
 from flows.runners import check_cluster, make_task_runner
 from hub.download import download_verified
-from hub.listing import HubRelease, resolve_release
+from hub.listing import HubAccessError, HubRelease, local_release, resolve_release
 from hub.pairs import CurateOne, PartJob, PartOutcome, read_pair
+from hub.retry import one_line
+
+
+class PartsFailedError(RuntimeError):
+    """Part pairs that failed after their retries; every other pair finished and is in the part ledger."""
+
+    def __init__(self, failed: dict[str, str], finished: int) -> None:
+        lines = "; ".join(f"{part}: {why}" for part, why in sorted(failed.items()))
+        super().__init__(f"{len(failed)} part pair(s) failed after their retries ({finished} finished): {lines}")
+        self.failed = failed
+        self.fix = (
+            "rerun the same command: the finished pairs are in the part ledger and only the failed ones are read"
+        )
 
 
 class PartProgress:
@@ -103,10 +123,11 @@ class HubOptions:
     revision: str | None
     scratch_dir: Path
     scratch_budget_bytes: int
+    local_root: Path | None = None  # a folder of parts (as `hf download` leaves them) instead of the Hub
 
 
 def curate_release(
-    repo_id: str,
+    repo_id: str | None,
     options: HubOptions,
     *,
     out: Path,
@@ -118,14 +139,22 @@ def curate_release(
     case_timeout_s: float | None,
     curate_one: CurateOne,
 ) -> HubCuration:
-    """Resolve the revision, read the side files, run one task per part pair, and gather the cases."""
+    """Resolve the revision, read the side files, run one task per part pair, and gather the cases.
+
+    `repo_id` None: the release is the folder of parts `options.local_root`, read in place (checked against the
+    revision's listing when `options.revision` is given)."""
     logger = get_run_logger()
-    release = resolve_release(repo_id, options.revision)
-    logger.info(
-        "%s: revision %s is commit %s, %d part pairs", repo_id, release.revision, release.sha, len(release.pairs)
-    )
+    if repo_id is None:
+        assert options.local_root is not None
+        release = local_release(options.local_root, options.revision)
+    else:
+        release = resolve_release(repo_id, options.revision)
+    logger.info("%s: revision %s is commit %s, %d part pairs", release.source, release.revision, release.sha,
+                len(release.pairs))  # fmt: skip
     meta_root = out / ".work" / "hub" / release.sha
-    for side in side_files(release.files):
+    if release.local_root is not None:
+        meta_root = Path(release.local_root)
+    for side in side_files(release.files) if release.local_root is None else ():
         done, _, mismatch = download_verified(release.commit, side.path, meta_root / side.path, side)
         if done is None:
             raise RuntimeError(f"{side.path} of {release.source}: {mismatch}; fetched twice")
@@ -139,6 +168,7 @@ def curate_release(
     concurrency, allowance = plan_concurrency(pairs, options.scratch_budget_bytes, runner[2])
     logger.info("scratch budget %s: %d part pair(s) at once, %s each", format_size(options.scratch_budget_bytes),
                 concurrency, format_size(allowance))  # fmt: skip
+    check_scratch_space(options.scratch_dir, scratch_bytes_planned(pairs, options.scratch_budget_bytes, concurrency))
     jobs = [
         PartJob(
             pair=p,
@@ -154,6 +184,7 @@ def curate_release(
             allowance_bytes=allowance,
             case_timeout_s=case_timeout_s,
             last_case=last_case,
+            local_root=release.local_root,
         )
         for p in pairs
     ]
@@ -177,10 +208,14 @@ def _limited(pairs: tuple[PartPair, ...], limit: int | None) -> tuple[list[PartP
 def _run_parts(
     jobs: list[PartJob], concurrency: int, kind: str, address: str | None, store: CaseStore, curate_one: CurateOne
 ) -> list[PartOutcome]:
-    """Run the part tasks, at most `concurrency` at once (a window, whatever the runner's own size)."""
+    """Run the part tasks, at most `concurrency` at once (a window, whatever the runner's own size). A pair that fails
+    after its retries ends itself, not the run: the others finish, then `PartsFailedError` names the failed ones
+    (a refused token ends the run at once: every pair would meet it)."""
     check_cluster(kind, address, store.root)
+    logger = get_run_logger()
     progress = Progress(len(jobs), "curating part pairs", unit="parts")
     outcomes: list[PartOutcome] = []
+    failed: dict[str, str] = {}
     queue = list(jobs)
     with make_task_runner(kind, concurrency, address=address) as runner:
         pending: dict[Any, PartJob] = {}
@@ -189,10 +224,20 @@ def _run_parts(
                 job = queue.pop(0)
                 pending[runner.submit(curate_part_task, parameters={"job": job, "curate_one": curate_one})] = job
             future = next(iter(as_completed(list(pending))))
-            del pending[future]
-            outcome = future.result()
+            done_job = pending.pop(future)
+            try:
+                outcome = future.result()
+            except HubAccessError:
+                raise
+            except Exception as err:  # noqa: BLE001 (named in the run's error, the other pairs go on)
+                failed[done_job.pair.name] = one_line(err)
+                logger.error("%s failed after its retries: %s", done_job.pair.name, one_line(err))
+                progress.advance(1)
+                continue
             outcomes.append(outcome)
             progress.advance(1, resumed=int(outcome.from_ledger))
+    if failed:
+        raise PartsFailedError(failed, len(outcomes))
     return sorted(outcomes, key=lambda o: o.part)
 
 

@@ -3,18 +3,23 @@ id, the part pairs planned from the names (`emrl_data.reading.release.pair_parts
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import quote
 
-from huggingface_hub import HfApi, get_token
+from huggingface_hub import HfApi, constants, get_token
 from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.hf_api import RepoFile
+from huggingface_hub.utils.sha import sha_fileobj
 
-from emrl_data.reading.release import HubFile, PartPair, pair_parts
+from emrl_data.reading.release import IMAGE_DIR, MASK_DIR, SIDE_FILES, HubFile, PartPair, pair_parts
 from hub.retry import call_with_retry
 
 
 HUB_PREFIX = "hf://datasets/"
+RELEASE_REPO = "AbdomenAtlas/AbdomenAtlas3.0Mini"  # what a folder of parts is checked against (`--revision`)
 
 
 class HubAccessError(RuntimeError):
@@ -59,11 +64,12 @@ class HubRelease:
     files: dict[str, HubFile]
     pairs: tuple[PartPair, ...]
     warnings: tuple[str, ...]
+    local_root: str | None = None  # a folder of parts on disk (as `hf download` leaves them), read in place
 
     @property
     def source(self) -> str:
-        """`hf://datasets/OWNER/NAME@SHA`: what the run read, pinned."""
-        return f"{HUB_PREFIX}{self.repo_id}@{self.sha}"
+        """`hf://datasets/OWNER/NAME@SHA` (what the run read, pinned), or the folder of parts."""
+        return self.local_root or f"{HUB_PREFIX}{self.repo_id}@{self.sha}"
 
     @property
     def commit(self) -> HubCommit:
@@ -126,3 +132,68 @@ def resolve_release(repo_id: str, revision: str | None = None) -> HubRelease:
             "mask_only/AbdomenAtlas3_masks_BDMAP_BDMAP_*.tar.gz part"
         )
     return HubRelease(repo_id, revision or "main", sha, api.endpoint, files, tuple(pairs), tuple(warnings))
+
+
+def is_parts_folder(root: Path) -> bool:
+    """Whether `root` holds release parts as `hf download` leaves them (`image_only/*.tar.gz`, `mask_only/*.tar.gz`)."""
+    return root.is_dir() and any(any((root / kind).glob("*.tar.gz")) for kind in (IMAGE_DIR, MASK_DIR))
+
+
+def local_release(root: Path, revision: str | None = None, repo_id: str = RELEASE_REPO) -> HubRelease:
+    """A folder of release parts read in place, as a release: its parts paired by name, its side files beside them.
+
+    With `revision`, every part and side file is checked against that revision's listing (size, then sha256 or git
+    blob id: the whole file is read once) and takes its checksums, so the run's ledger is the `hf://` run's; without
+    it, a part is known by its path, size and modification time.
+
+    Raises:
+        ValueError: a file differs from the listing (named with both sizes or checksums), or no part is there.
+    """
+    root = root.resolve()
+    paths = sorted(p for kind in (IMAGE_DIR, MASK_DIR) for p in (root / kind).glob("*.tar.gz"))
+    paths += [root / side for side in SIDE_FILES if (root / side).is_file()]
+    files: dict[str, HubFile] = {}
+    for path in paths:
+        rel, stat = path.relative_to(root).as_posix(), path.stat()
+        stamp = hashlib.sha1(f"{rel}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()
+        files[rel] = HubFile(rel, stat.st_size, None, f"local-{stamp}")
+    sha = "local"
+    if revision is not None:
+        listed = resolve_release(repo_id, revision)
+        sha = listed.sha
+        for rel, here in files.items():
+            there = listed.files.get(rel)
+            if there is None:
+                raise ValueError(f"{root / rel}: not in {listed.source}")
+            problem = _differs(root / rel, here.size, there)
+            if problem is not None:
+                raise ValueError(f"{root / rel}: {problem} (checked against {listed.source})")
+            files[rel] = there
+    pairs, warnings = pair_parts(files.values())
+    if not pairs:
+        raise ValueError(f"{root} holds no image_only/ or mask_only/ part")
+    return HubRelease(repo_id, revision or "local", sha, "", files, tuple(pairs), tuple(warnings), str(root))
+
+
+def _differs(path: Path, size: int, listed: HubFile) -> str | None:
+    if size != listed.size:
+        return f"{size} bytes, the listing has {listed.size}"
+    if listed.sha256 is not None:
+        with path.open("rb") as fh:
+            got = sha_fileobj(fh).hex()
+        return None if got == listed.sha256 else f"sha256 {got}, the listing has {listed.sha256}"
+    return None
+
+
+def cached_blob(repo_id: str, part: HubFile) -> Path | None:
+    """The part in the Hugging Face cache (`HF_HUB_CACHE/datasets--OWNER--NAME/blobs/<sha256>`, where `hf download`
+    and `hf_hub_download` keep it) when it is there with the listed size and sha256 (read once to check), else None."""
+    if part.sha256 is None:
+        return None
+    blob = (
+        Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="dataset") / "blobs" / part.sha256
+    )
+    if not blob.is_file() or blob.stat().st_size != part.size:
+        return None
+    with blob.open("rb") as fh:
+        return blob if sha_fileobj(fh).hex() == part.sha256 else None

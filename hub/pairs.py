@@ -46,7 +46,7 @@ from emrl_data.reading.release import HubFile, PartPair
 from emrl_data.types import Organ, is_valid_case_id
 from hub.download import ChecksumMismatchError, DownloadStoppedError, GrowingFile, download_file, download_verified
 from hub.ledger import PartLedger
-from hub.listing import HubCommit
+from hub.listing import HubCommit, cached_blob
 
 
 CurateOne = Callable[..., tuple[str, str, bool]]  # one case into the store: (case id, store key, was cached)
@@ -69,10 +69,11 @@ class PartJob:
     allowance_bytes: int
     case_timeout_s: float | None = None
     last_case: int | None = None  # `limit`: cases after this number are not read
+    local_root: str | None = None  # a folder of parts read in place (nothing downloaded)
 
     def ledger_key(self) -> str:
         """A key that changes with anything the pair's cases depend on: part checksums, config, splits, metadata."""
-        files = [(f.path, f.size, f.sha256) for f in (self.pair.image, self.pair.mask) if f is not None]
+        files = [(f.path, f.size, f.sha256 or f.blob_id) for f in (self.pair.image, self.pair.mask) if f is not None]
         meta = sorted((c, sorted((str(o), repr(m)) for o, m in v.items())) for c, v in self.metadata.items())
         parts: list[Any] = [
             __version__,
@@ -229,10 +230,11 @@ class _PairReader:
         for kind, part, on_file in steps:
             if part is None:
                 continue
-            if stream and kind == IMAGE_KIND and not self.verified_on_disk(part):
+            path = self.in_place(part)
+            if path is None and stream and kind == IMAGE_KIND and not self.verified_on_disk(part):
                 self.read_while_downloading(kind, part, on_file)
                 continue
-            path = self.fetch(part)
+            path = path or self.fetch(part)
             if path is None:  # failed its checksum twice: every case of the range is out
                 self.reject_part(part)
                 return
@@ -275,6 +277,13 @@ class _PairReader:
         for kind in (IMAGE_KIND, MASK_KIND):
             shutil.rmtree(self.work / kind / case_id, ignore_errors=True)
         self.meter.release(held)
+
+    def in_place(self, part: HubFile) -> Path | None:
+        """The part where it already is, read without a download or a copy: in the folder of parts the run was given,
+        or in the Hugging Face cache with the listed sha256."""
+        if self.job.local_root is not None:
+            return Path(self.job.local_root) / part.path
+        return cached_blob(self.job.commit.repo_id, part)
 
     def verified_on_disk(self, part: HubFile) -> bool:
         """A verified copy of the part is in the scratch folder (renamed there only once verified)."""

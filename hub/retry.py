@@ -12,6 +12,7 @@ library's (`RETRY_STATUSES` is its default list, checked by a test), the rate-li
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -89,6 +90,19 @@ def call_with_retry(
             sleep(wait)
             delay = min(2 * delay, MAX_WAIT_S)
     raise AssertionError("unreachable")
+
+
+_QUERY = re.compile(r"(https?://[^\s?#]+)[?#][^\s]*")
+
+
+def one_line(err: BaseException) -> str:
+    """An error's first line, every URL in it cut before its query string (a signed URL is a credential)."""
+    text = str(err).splitlines()[0] if str(err).strip() else ""
+    return f"{type(err).__name__}: {_QUERY.sub(_before_query, text)}" if text else type(err).__name__
+
+
+def _before_query(match: re.Match[str]) -> str:
+    return match.group(1)
 
 
 def describe(err: BaseException) -> str:

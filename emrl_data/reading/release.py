@@ -9,8 +9,10 @@ numbers; reading the Hub is in `hub/`, reading the archives in `emrl_data.readin
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from emrl_data.reading.atlas import METADATA_FILE, SPLIT_DIR
 
@@ -183,3 +185,32 @@ def plan_concurrency(pairs: Iterable[PartPair], budget_bytes: int, max_workers: 
         )
     concurrency = max(1, min(max_workers, len(pairs), budget_bytes // need))
     return concurrency, budget_bytes // concurrency
+
+
+class ScratchSpaceError(ValueError):
+    """The scratch folder's disk has less free space than the run will hold there."""
+
+
+def scratch_bytes_planned(pairs: Iterable[PartPair], budget_bytes: int, concurrency: int) -> int:
+    """The most scratch a run holds at once: its budget, or less when its pairs (all of them, or `concurrency` of the
+    largest at once) need less."""
+    needs = sorted((scratch_need(p) for p in pairs), reverse=True)
+    return min(budget_bytes, sum(needs), sum(needs[:concurrency]) if needs else 0)
+
+
+def check_scratch_space(folder: Path, need_bytes: int) -> None:
+    """Refuse, before any part starts, a scratch folder whose disk cannot hold `need_bytes` (the bytes already in
+    the folder, an interrupted run's verified parts, count as held).
+
+    Raises:
+        ScratchSpaceError: naming the folder, its free space and the bytes needed.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    held = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    free = shutil.disk_usage(folder).free
+    if free + held < need_bytes:
+        raise ScratchSpaceError(
+            f"the scratch folder {folder} has {format_size(free)} free ({format_size(held)} already held there); "
+            f"this run holds up to {format_size(need_bytes)} at once: free space there, point --scratch-dir at a "
+            "larger disk, or lower --scratch-budget (fewer part pairs at once)"
+        )
