@@ -35,7 +35,7 @@ def check_synth(args: argparse.Namespace) -> None:
 def check_build_sft_set(args: argparse.Namespace) -> None:
     """`emrl build-sft-set`: the atlas folder holds cases; the output path is usable."""
     from emrl_data.reading.atlas import AtlasError, discover_cases
-    from hub.listing import hub_repo
+    from hub.listing import hub_repo, is_parts_folder
 
     try:
         if hub_repo(str(args.atlas)) is not None:  # the Hub release: listed when the flow starts
@@ -44,6 +44,9 @@ def check_build_sft_set(args: argparse.Namespace) -> None:
     except ValueError as exc:
         raise UsageError(str(exc), "e.g. hf://datasets/AbdomenAtlas/AbdomenAtlas3.0Mini --revision main") from None
     atlas = Path(args.atlas)
+    if is_parts_folder(atlas):  # release parts as `hf download` leaves them: paired when the flow starts
+        check_output(args.out)
+        return
     if not atlas.is_dir():
         what = "is a file" if atlas.exists() else "does not exist"
         raise UsageError(

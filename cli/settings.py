@@ -132,8 +132,8 @@ BUILD_SFT_SET = (
     Setting("case_timeout_s", "--case-timeout", None, "s", "abandon a case still running after this long as a "
             "case_timeout rejection; the run goes on (default: max(600 s, 10x the median case time); "
             "docs/operations.md)", positive(float, 0.01), "SECONDS"),
-    Setting("revision", "--revision", None, "", "hf:// atlas only: branch, tag or commit of the release (default: "
-            "main), pinned to its commit sha", metavar="REV"),
+    Setting("revision", "--revision", None, "", "hf:// atlas: branch, tag or commit of the release (default: "
+            "main), pinned to its commit sha; a folder of parts: check every part against that revision's listing", metavar="REV"),
     Setting("scratch_dir", "--scratch", None, "", "hf:// atlas only: where parts are downloaded and unpacked "
             "(default: OUT/.work/scratch)", metavar="DIR"),
     Setting("scratch_budget", "--scratch-budget", "64G", "bytes", "hf:// atlas only: the most the scratch folder "

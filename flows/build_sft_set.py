@@ -157,7 +157,8 @@ def build_sft_set_flow(
 
     Args:
         atlas_root: the atlas folder (split or combined layout; optional metadata CSV and TrainTestIDS/), or
-            `hf://datasets/OWNER/NAME`: the release on the Hub, read part pair by part pair (docs/data.md).
+            `hf://datasets/OWNER/NAME`: the release on the Hub, read part pair by part pair (docs/data.md), or a folder
+            of its parts as `hf download` leaves them, read in place (checked against `revision`'s listing if given).
         output_dir: where the table folders go (`findings/`, `sft/`, `rejections/`, `manifest.json`, ...).
         cases_per_task: cases per Prefect task (a folder; on the Hub a task is one part pair).
         max_workers: tasks run at once (threads); on the Hub at most as many part pairs as the scratch budget holds.

@@ -22,8 +22,9 @@ def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "atlas",
-        help="atlas root (image_only/ + mask_only/, or BDMAP_* folders), or the Hub release "
-        "hf://datasets/AbdomenAtlas/AbdomenAtlas3.0Mini (read part by part; docs/data.md)",
+        help="atlas root (image_only/ + mask_only/, or BDMAP_* folders), the Hub release "
+        "hf://datasets/AbdomenAtlas/AbdomenAtlas3.0Mini (read part by part; docs/data.md), or a folder of its parts "
+        "as `hf download` leaves them (image_only/*.tar.gz, read in place)",
     )
     p.add_argument("out", type=Path, help="output folder (findings/, sft/, rejections/, manifest.json)")
     add_settings(p, BUILD_SFT_SET)
