@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from emrl_data.organs import ORGANS
-from emrl_data.tables.shards import split_shards
+from emrl_data.tables.shards import split_pattern, split_shards
 
 
 LICENSE_NAME = "abdomenatlas-3.0"
@@ -270,7 +270,7 @@ def _front_matter(
         "configs": [
             {
                 "config_name": "default",
-                "data_files": [{"split": split, "path": f"data/{split}-*.parquet"} for split in splits],
+                "data_files": [{"split": split, "path": split_pattern(split)} for split in splits],
             }
         ],
         "dataset_info": {
@@ -448,11 +448,12 @@ def render_dataset_card(
 ) -> str:
     """Return the `README.md` text of a table folder: Hub YAML front matter, then the card body.
 
-    The front matter declares the license, one `default` config whose splits read `data/{split}-*.parquet`, and
-    `dataset_info` with the features (image columns as `dtype: image` / `list: image`) and the rows of every split
-    (`splits: [{name, num_bytes, num_examples}]`; `datasets` ignores a split list without `num_bytes`). The body says what the table is, how to load it, the provenance (release,
-    pipeline version, git sha, config fingerprint), the row counts, the columns, the label definitions, Table 1/2
-    when given, the license and the complete citations. Every table cell is escaped (`md_cell`).
+    The front matter declares the license, one `default` config whose splits read `data/{split}-*.parquet`
+    (`split_pattern`), and `dataset_info` with the features (image columns as `dtype: image` / `list: image`) and the
+    rows of every split (`splits: [{name, num_bytes, num_examples}]`; `datasets` ignores a split list without
+    `num_bytes`). The body says what the table is, how to load it, the provenance (release, pipeline version, git sha,
+    config fingerprint), the row counts, the columns, the label definitions, Table 1/2 when given, the license and the
+    complete citations. Every table cell is escaped (`md_cell`).
 
     Args:
         table: the table name (`sft`, `findings`, `rl_hardset`, `rejections`, `predictions`, or another name).

@@ -22,9 +22,8 @@ from typing import Any
 
 from emrl_data.atomic_write import write_json_atomic, write_text_atomic
 from emrl_data.config import HARD_SET_SIZE
-from emrl_data.tables.records import PREDICTION_TRUTH_COLUMNS, SCHEMAS, check_required
-from emrl_data.tables.shards import write_split_streaming
-from emrl_data.tables.table_folder import count_rows, finish_table, row_order, write_table
+from emrl_data.tables.records import PREDICTION_TRUTH_COLUMNS, check_required
+from emrl_data.tables.table_folder import count_rows, finish_table, row_order, write_split, write_table
 from emrl_data.text.evaluation import EvaluationResult, evaluate, write_evaluation
 from emrl_data.text.scoring import ReportScore, is_hard, score_report, truth_from_row
 from emrl_data.types import Organ, row_id
@@ -247,12 +246,12 @@ def write_hardset_tables(
     by_split = {s: [p for p in predictions if p["split"] == s] for s in SPLITS}
     write_table("predictions", by_split, out, provenance=provenance)
     hard_rows_light = chosen_light_rows(collected.scored["train"], chosen)
-    write_split_streaming(
+    write_split(
+        "rl_hardset",
+        "train",
         hard_set_rows(sft_train_rows, chosen, predictions),
         [collected.frame_bytes[row_id(r["case_id"], r["organ"])] for r in hard_rows_light],
-        SCHEMAS["rl_hardset"],
-        out / "rl_hardset" / "data",
-        "train",
+        out,
     )
     metrics_text = write_split_metrics(collected.scored, out / "rl_hardset", n_bootstrap=n_bootstrap)
     counts = {"train": count_rows(hard_rows_light).get("train", {"total": 0})}

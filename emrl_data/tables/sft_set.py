@@ -25,9 +25,15 @@ from emrl_data.labeling.case_store import CaseStore
 from emrl_data.labeling.frames import draw_contact_sheet
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.reading.atlas import AtlasPlan
-from emrl_data.tables.records import SFT_SCHEMA, check_required
-from emrl_data.tables.shards import write_split_streaming
-from emrl_data.tables.table_folder import count_rejections, count_rows, finish_table, row_order, write_table
+from emrl_data.tables.records import check_required
+from emrl_data.tables.table_folder import (
+    count_rejections,
+    count_rows,
+    finish_table,
+    row_order,
+    write_split,
+    write_table,
+)
 from emrl_data.types import Organ, Split, row_id
 
 
@@ -183,7 +189,7 @@ def _write_sft(
         part = [r for r in sft_rows if r["split"] == split]
         counts[split] = count_rows(part).get(split, {"total": 0})
         sizes = [int(r["frames_bytes"]) for r in part]
-        write_split_streaming(rows_with_frames(part, store, keys), sizes, SFT_SCHEMA, out / "sft" / "data", split)
+        write_split("sft", split, rows_with_frames(part, store, keys), sizes, out)
     finish_table("sft", out, provenance=provenance, counts=counts)
 
 

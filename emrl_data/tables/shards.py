@@ -2,6 +2,11 @@
 deterministically (same rows -> byte-identical files), plus the per-table `manifest.json` and the file digests
 (`FileDigest`: size, sha256 and git blob id) that the manifest and publishing compare.
 
+This module owns the shard names: `shard_name` spells one, `parse_shard_name` reads one back, `split_shards` lists a
+split's shards, `split_pattern` is the glob a card's `data_files` give the Hub and `DATA_PATTERN` the glob of every
+shard of a table folder. Every shard is written by `write_split_streaming` (rows produced lazily, sized beforehand);
+`write_split_shards` streams rows held in memory through it.
+
 Codecs (measured on 10,000 rows, docs/scaling.md#what-curation-costs-measured-on-this-machine): zstd on scalar and text columns, no compression on PNG bytes (already
 deflated), dictionary encoding and statistics on scalar columns only, row groups of about 100 MB.
 """
@@ -11,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,23 +25,57 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from emrl_data.atomic_write import OutputWriteError, no_room_errno, temporary_path, writing
+from emrl_data.atomic_write import OutputWriteError, no_room_errno, temporary_path
 
 
 MAX_SHARD_BYTES = 500 * 1024**2
 ROW_GROUP_BYTES = 100 * 1024**2
 HASH_CHUNK_BYTES = 8 * 1024**2
 
+DATA_DIR = "data"
+# Every Parquet file of a table folder, relative to the folder: what publishing lists, and deletes when stale.
+DATA_PATTERN = f"{DATA_DIR}/*.parquet"
+MAX_SHARDS = 99_999  # the most five digits count
+_SPLIT = re.compile(r"[A-Za-z0-9_]+")
+_SHARD_NAME = re.compile(
+    rf"(?:{DATA_DIR}/)?(?P<split>{_SPLIT.pattern})-(?P<index>[0-9]{{5}})-of-(?P<count>[0-9]{{5}})\.parquet"
+)
 
-def shard_name(split: str, index: int, n_shards: int) -> str:
-    """The file name of shard `index` (from 0) of `n_shards` of `split`: `{split}-{i:05d}-of-{n:05d}.parquet`."""
-    return f"{split}-{index:05d}-of-{n_shards:05d}.parquet"
+
+def shard_name(split: str, index: int, count: int) -> str:
+    """The file name of shard `index` (from 0) of `count` shards of `split`: `{split}-{i:05d}-of-{n:05d}.parquet`.
+
+    Raises:
+        ValueError: `split` is not letters, digits and `_`, or not 0 <= `index` < `count` <= 99999.
+    """
+    if not _SPLIT.fullmatch(split):
+        raise ValueError(f"split={split!r} is not a split name (letters, digits and '_').")
+    if not 0 <= index < count <= MAX_SHARDS:
+        raise ValueError(f"shard {index} of {count} is not a shard: needs 0 <= index < count <= {MAX_SHARDS}.")
+    return f"{split}-{index:05d}-of-{count:05d}.parquet"
+
+
+def parse_shard_name(rel: str) -> tuple[str, int, int] | None:
+    """The split, index and count of a shard from its file name or its path in a table folder (`data/{name}`), the
+    inverse of `shard_name`; None when `rel` is not a shard name there (as `shard_name` spells it)."""
+    match = _SHARD_NAME.fullmatch(rel)
+    if match is None:
+        return None
+    split, index, count = match["split"], int(match["index"]), int(match["count"])
+    return (split, index, count) if index < count else None
+
+
+def split_pattern(split: str) -> str:
+    """The glob, relative to a table folder, of the shards of `split`: `data/{split}-*.parquet` (a card's
+    `data_files` path)."""
+    return f"{DATA_DIR}/{split}-*.parquet"
 
 
 def split_shards(data_dir: Path, split: str | None = None) -> list[Path]:
     """The shards of `split` (None: of every split) in a table's `data/` folder, by split and in shard order
-    (`shard_name`; other files are not shards)."""
-    return sorted(data_dir.glob(f"{split or '*'}-*-of-*.parquet"))
+    (only files `parse_shard_name` reads; other files are not shards)."""
+    found = [(parse_shard_name(p.name), p) for p in data_dir.glob(f"{split or '*'}-*.parquet")]
+    return sorted(p for parsed, p in found if parsed is not None and split in (None, parsed[0]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +91,6 @@ class FileDigest:
     size: int
     sha256: str | None
     git_sha1: str | None
-
-
-def _row_bytes(table: pa.Table) -> float:
-    return table.nbytes / max(table.num_rows, 1)
 
 
 def _column_options(schema: pa.Schema) -> dict[str, Any]:
@@ -80,39 +116,16 @@ def _holds_binary(arrow_type: pa.DataType) -> bool:
     return False
 
 
-def write_parquet_atomic(table: pa.Table, path: Path) -> None:
-    """Write one Parquet file through a temporary name and rename it into place (readers never see half a file).
-
-    Raises:
-        OutputWriteError: the disk (or quota, or file-size limit) has no room; no temporary file is left.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_path(path)
-    rows_per_group = max(1, int(ROW_GROUP_BYTES // max(_row_bytes(table), 1)))
-    with writing(path, tmp):
-        pq.write_table(table, tmp, row_group_size=rows_per_group, **_column_options(table.schema))
-        os.replace(tmp, path)
-
-
 def write_split_shards(rows: Sequence[Mapping[str, Any]], schema: pa.Schema, data_dir: Path, split: str) -> list[Path]:
-    """Write `rows` of one split as `data_dir/{split}-{i:05d}-of-{n:05d}.parquet` shards of at most 500 MB.
+    """Write `rows` of one split, held in memory, through `write_split_streaming`; return the shards.
 
-    An empty split writes one empty shard, so every split in the card has a file. Shards of the same split left by
-    an earlier run with another shard count are removed after the new ones are in place.
+    Each row's size estimate is an equal part of the rows' Arrow size, so the shard count is that size over 500 MB.
     """
-    table = pa.Table.from_pylist(list(rows), schema=schema)
-    n_shards = max(1, -(-int(table.nbytes) // MAX_SHARD_BYTES))
-    per_shard = -(-table.num_rows // n_shards) if table.num_rows else 0
-    paths = []
-    for i in range(n_shards):
-        part = table.slice(i * per_shard, per_shard) if table.num_rows else table
-        path = data_dir / shard_name(split, i, n_shards)
-        write_parquet_atomic(part, path)
-        paths.append(path)
-    for stale in split_shards(data_dir, split):
-        if stale not in paths:
-            stale.unlink()
-    return paths
+    rows = list(rows)
+    total = pa.Table.from_pylist(rows, schema=schema).nbytes if rows else 0
+    share, rest = divmod(int(total), max(len(rows), 1))
+    row_bytes = [share + (i < rest) for i in range(len(rows))]
+    return write_split_streaming(rows, row_bytes, schema, data_dir, split)
 
 
 def digest_file(path: Path) -> FileDigest:
@@ -226,8 +239,9 @@ def write_split_streaming(
             raise ValueError(f"{split}: got {n_rows} rows but {len(row_bytes)} size estimates.")
         for i in range(n_shards):
             current = i
-            if writers[i] is None:  # an empty split (or shard) still gets a valid file
+            if writers[i] is None:  # an empty split (or shard) still gets a valid file: one row group of no rows
                 writers[i] = pq.ParquetWriter(tmp_paths[i], schema, **options)
+                writers[i].write_table(schema.empty_table())  # type: ignore[union-attr]
             writer, writers[i] = writers[i], None
             writer.close()  # type: ignore[union-attr]
             os.replace(tmp_paths[i], paths[i])

@@ -1,9 +1,10 @@
 """One table folder in the Hub layout: `data/` shards per split, the card (`README.md`) and `manifest.json`.
 
-Every table a run writes (`findings`, `sft`, `rejections`, `predictions`, `rl_hardset`) goes through `write_table`
-(rows in memory) or `finish_table` (shards already streamed into place). Rows are written in `row_order` (split, organ,
-case id) so shards are deterministic; `count_rows` and `count_rejections` give the counts the cards, manifests and run
-summaries state.
+Every table a run writes (`findings`, `sft`, `rejections`, `predictions`, `rl_hardset`) goes through this module:
+`write_split` streams one split's rows into its shards (rows produced lazily, e.g. with their frames), then
+`finish_table` writes the card and the manifest; `write_table` does both for rows held in memory. Rows are written in
+`row_order` (split, organ, case id) so shards are deterministic; `count_rows` and `count_rejections` give the counts the
+cards, manifests and run summaries state. Shard names are spelled and read by `emrl_data.tables.shards`.
 
 A built table folder is read back by `read_table`: checked against its manifest (`TableFolder`, `FileDigest`), then
 compared with what a publish target holds (`compare_files`, `upload_plan`). That plan is pure; the targets that carry
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,15 +30,22 @@ from emrl_data.atomic_write import write_json_atomic, write_text_atomic
 from emrl_data.outcome import Rejection
 from emrl_data.tables.card import VERSION_PATTERN, parquet_split_bytes, render_dataset_card
 from emrl_data.tables.records import SCHEMAS, check_required, column_descriptions, hub_features
-from emrl_data.tables.shards import FileDigest, digest_file, table_manifest, write_split_shards
+from emrl_data.tables.shards import (
+    DATA_DIR,
+    DATA_PATTERN,
+    FileDigest,
+    digest_file,
+    parse_shard_name,
+    table_manifest,
+    write_split_shards,
+    write_split_streaming,
+)
 
 
 MANIFEST = "manifest.json"
 CARD = "README.md"
-DATA_PATTERN = "data/*.parquet"
 # Files the Hub adds on its own; never part of a table.
 HUB_OWN_FILES = frozenset({".gitattributes"})
-SHARD_NAME = re.compile(r"^data/(?P<split>[A-Za-z0-9_]+)-(?P<index>[0-9]{5})-of-(?P<count>[0-9]{5})\.parquet$")
 
 
 def row_order(row: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -69,16 +76,27 @@ def write_table(
     provenance: Mapping[str, Any],
     counts: Mapping[str, Mapping[str, int]] | None = None,
 ) -> Path:
-    """Write one table folder in the Hub layout: `data/` shards per split, then `README.md` and `manifest.json`."""
-    schema = table_schema(name)
-    columns = [f.name for f in schema]
+    """Write one table folder in the Hub layout from rows held in memory: `data/` shards per split (each split
+    streamed as `write_split` does), then `README.md` and `manifest.json` (`finish_table`)."""
     for split, rows in rows_by_split.items():
         for row in rows:
             check_required(name, row)
-        write_split_shards([{c: r.get(c) for c in columns} for r in rows], schema, out_dir / name / "data", split)
+        write_split_shards(rows, table_schema(name), out_dir / name / DATA_DIR, split)
     if counts is None:
         counts = {split: {"total": len(rows)} for split, rows in rows_by_split.items()}
     return finish_table(name, out_dir, provenance=provenance, counts=counts)
+
+
+def write_split(
+    name: str, split: str, rows: Iterable[Mapping[str, Any]], row_bytes: Sequence[int], out_dir: Path
+) -> list[Path]:
+    """Stream the rows of one split of table `name` into its shards under `out_dir/name/data/`; return the shards.
+
+    `row_bytes` estimates each row's size (e.g. the PNG bytes of its frames) and fixes the shards before a row is
+    produced (`emrl_data.tables.shards.write_split_streaming`). Shards of the split left by an earlier run with another
+    count are removed. The card and manifest follow with `finish_table`, once every split is written.
+    """
+    return write_split_streaming(rows, row_bytes, table_schema(name), out_dir / name / DATA_DIR, split)
 
 
 def finish_table(
@@ -104,7 +122,7 @@ def finish_table(
         metrics_markdown=metrics_markdown,
         splits=tuple(counts),
         descriptions=column_descriptions(name),
-        split_bytes=parquet_split_bytes(table_dir / "data", tuple(counts)),
+        split_bytes=parquet_split_bytes(table_dir / DATA_DIR, tuple(counts)),
         atlas_source=provenance.get("atlas_source"),
     )
     write_text_atomic(card, table_dir / CARD)
@@ -258,19 +276,19 @@ def read_table(table_dir: Path) -> TableFolder:
             files[CARD] = digest_file(table_dir / CARD)
         else:
             problems.append(f"{CARD}: missing (the dataset card)")
-    shards = sorted(r for r in files if r.startswith("data/"))
+    shards = sorted(rel for rel in files if rel.startswith(f"{DATA_DIR}/"))
+    split_of = {rel: parsed[0] for rel in shards if (parsed := parse_shard_name(rel)) is not None}
     problems += [
-        f"{rel}: not named data/{{split}}-{{i:05d}}-of-{{n:05d}}.parquet"
+        f"{rel}: not named {DATA_DIR}/{{split}}-{{i:05d}}-of-{{n:05d}}.parquet"
         for rel in shards
-        if not SHARD_NAME.fullmatch(rel)
+        if rel not in split_of
     ]
     if not shards:
-        problems.append("no data/*.parquet shard")
+        problems.append(f"no {DATA_PATTERN} shard")
     if problems:
         raise PublishError(f"{table_dir} does not match its manifest: " + "; ".join(problems))
     rows: dict[str, int] = {}
-    for rel in shards:
-        split = Path(rel).name.rsplit("-", 3)[0]  # a valid name: {split}-{i}-of-{n}.parquet
+    for rel, split in split_of.items():
         try:
             rows[split] = rows.get(split, 0) + pq.ParquetFile(table_dir / rel).metadata.num_rows
         except (OSError, ValueError) as err:  # pyarrow raises ArrowInvalid (a ValueError) on a corrupt footer

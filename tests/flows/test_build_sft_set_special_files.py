@@ -165,12 +165,12 @@ def test_a_full_disk_fails_in_one_line_naming_the_shard_and_leaves_no_temporary_
         def write_table(self, *args, **kwargs):  # type: ignore[no-untyped-def]
             raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(pq, "ParquetWriter", DiskFullWriter)  # the sft shard is streamed through ParquetWriter
+    monkeypatch.setattr(pq, "ParquetWriter", DiskFullWriter)  # every shard is streamed through ParquetWriter
 
     with pytest.raises(SystemExit) as exited:
         main(["build-sft-set", str(root), str(out), "--cases-per-task", "2", "--workers", "1"])
 
-    shard = out / "sft/data/train-00000-of-00001.parquet"
+    shard = out / "findings/data/train-00000-of-00001.parquet"  # the first shard written
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert exited.value.code == 1 and "Traceback" not in err
