@@ -34,6 +34,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 from transformers.processing_utils import ProcessorMixin
 
+from emrl_data.tables.shards import DATA_DIR, split_pattern, split_shards
 from train.checkpoint import (
     STANDARD_PROCESSOR_CLASS,
     VIDEO_TRIPLE,
@@ -395,14 +396,15 @@ class SFTCollator:
 
 
 def shard_files(dataset_dir: str | Path, split: str) -> list[str]:
-    """Return the sorted Parquet shards `<dataset_dir>/data/<split>-*.parquet`.
+    """Return the Parquet shards of `split` in a table folder, in shard order
+    (`<dataset_dir>/data/{split}-{i:05d}-of-{n:05d}.parquet`, `emrl_data.tables.shards.split_shards`).
 
     Raises:
         FileNotFoundError: when none exist.
     """
-    files = sorted(str(p) for p in Path(dataset_dir, "data").glob(f"{split}-*.parquet"))
+    files = [str(p) for p in split_shards(Path(dataset_dir, DATA_DIR), split)]
     if not files:
-        raise FileNotFoundError(f"No shards {split}-*.parquet under {Path(dataset_dir, 'data')}.")
+        raise FileNotFoundError(f"No shards {split_pattern(split)} under {Path(dataset_dir)}.")
     return files
 
 

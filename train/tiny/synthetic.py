@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 from PIL import Image
 
 from emrl_data.organs import side_locations
+from emrl_data.tables.shards import DATA_DIR, shard_name
 from emrl_data.text.report import render_evidence, render_findings, render_impression, render_prompt, render_report
 from emrl_data.types import Organ
 
@@ -271,14 +272,15 @@ def make_visible_rows(
 
 
 def write_rows(table_dir: str | Path, splits: dict[str, list[dict]]) -> Path:
-    """Write rows (as `make_rows` returns them) to `<table_dir>/data/<split>-00000-of-00001.parquet`; return table_dir."""
+    """Write rows (as `make_rows` returns them) to one shard per split,
+    `<table_dir>/data/{split}-00000-of-00001.parquet` (`shard_name`); return table_dir."""
     import datasets  # heavy, and only the table writers need it: the row builders stay light
 
     out = Path(table_dir)
-    (out / "data").mkdir(parents=True, exist_ok=True)
+    (out / DATA_DIR).mkdir(parents=True, exist_ok=True)
     for split, rows in splits.items():
         ds = datasets.Dataset.from_list(rows, features=_features())
-        ds.to_parquet(str(out / "data" / f"{split}-00000-of-00001.parquet"))
+        ds.to_parquet(str(out / DATA_DIR / shard_name(split, 0, 1)))
     return out
 
 
