@@ -115,8 +115,8 @@ bench: venv
 	$(BIN)/python bench/curate.py
 	$(BIN)/python bench/scoring.py
 
-# From a Hub-protocol server (the tests' fake Hub on loopback, throttled) to shards: download + unpack everything, then
-# curate, against `build-sft-set hf://...`; end-to-end time and peak scratch, both ratios in one run.
+# From a Hub-protocol server (the tests' fake Hub on loopback, throttled; its LFS and its Xet storage in turn) to shards:
+# the download alone against `build-sft-set hf://...`; per storage kind, end-to-end time and peak scratch, both ratios in one run.
 .PHONY: bench-hub
 bench-hub: venv
 	PREFECT_LOGGING_LEVEL=WARNING $(BIN)/python bench/hub_curate.py --cases 8 --part-cases 4 --bandwidth-mbps 0.05
