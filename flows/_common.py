@@ -105,7 +105,7 @@ class Progress:
         elapsed = time.perf_counter() - self._started
         rate = self._counted / elapsed if elapsed > 0 else 0.0
         left = self.total - self.done
-        eta = "done" if left <= 0 else (f"ETA {_duration(left / rate)}" if rate > 0 else "ETA unknown")
+        eta = "done" if left <= 0 else (f"ETA {duration(left / rate)}" if rate > 0 else "ETA unknown")
         return f"{self.description}: {self.done}/{self.total} ({pct:.0f} %), {rate:.2f} {self.unit}/s, {eta}"
 
     def _log(self, pct: float) -> None:
@@ -116,7 +116,8 @@ class Progress:
         logger.info(self.line(pct))
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """`42 s`, `3 min 05 s`, `2 h 10 min`."""
     seconds = round(seconds)
     if seconds < 120:
         return f"{seconds} s"

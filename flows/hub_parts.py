@@ -7,6 +7,7 @@ task runner; how many at once follows from the budget.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ from emrl_data.reading.release import (
     side_files,
 )
 from emrl_data.types import Organ, is_valid_case_id
-from flows._common import Progress, new_progress_artifact
+from flows._common import Progress, duration, new_progress_artifact
 from flows.runners import check_cluster, make_task_runner
 from hub.download import download_verified
 from hub.listing import HubAccessError, HubRelease, local_release, resolve_release
@@ -51,13 +52,17 @@ class PartsFailedError(RuntimeError):
 
 
 class PartProgress:
-    """Two progress artifacts of one part: bytes downloaded and cases curated (updated every 10 %)."""
+    """Two progress artifacts of one part pair, bytes downloaded and cases curated (updated every 10 %), and a log
+    line at every 10 % of the bytes with the rate and an ETA from bytes: a 14 GB pair moves every 1.4 GB, not once."""
 
     def __init__(self, job: PartJob) -> None:
+        self.name = job.pair.name
         self.total_bytes = max(job.pair.bytes, 1)
         self.total_cases = job.pair.end - job.pair.start + 1
         self.bytes = self.cases = 0
         self._marks = [0.0, 0.0]
+        self._started = time.perf_counter()
+        self._logger = get_run_logger()  # the task's: add_bytes is called from the download's thread
         self._ids = [
             new_progress_artifact(f"{job.pair.name}: bytes downloaded"),
             new_progress_artifact(f"{job.pair.name}: cases curated"),
@@ -66,7 +71,20 @@ class PartProgress:
     def add_bytes(self, n: int) -> None:
         """Count `n` bytes downloaded."""
         self.bytes += n
-        self._update(0, 100.0 * self.bytes / self.total_bytes)
+        if self._update(0, 100.0 * self.bytes / self.total_bytes):
+            self._logger.info(self.bytes_line())
+
+    def bytes_line(self) -> str:
+        """`BDMAP_…: 4.2 GiB of 14.0 GiB (30 %), 97.1 MB/s, ETA 1 min 41 s`."""
+        seconds = time.perf_counter() - self._started
+        rate = self.bytes / seconds if seconds > 0 else 0.0
+        left = max(self.total_bytes - self.bytes, 0)
+        eta = "done" if left == 0 else (f"ETA {duration(left / rate)}" if rate > 0 else "ETA unknown")
+        pct = min(100.0, 100.0 * self.bytes / self.total_bytes)
+        return (
+            f"{self.name}: {format_size(self.bytes)} of {format_size(self.total_bytes)} ({pct:.0f} %), "
+            f"{rate / 1e6:.1f} MB/s, {eta}"
+        )
 
     def add_case(self) -> None:
         """Count one case curated."""
@@ -78,10 +96,12 @@ class PartProgress:
         self._update(0, 100.0, force=True)
         self._update(1, 100.0, force=True)
 
-    def _update(self, which: int, pct: float, force: bool = False) -> None:
+    def _update(self, which: int, pct: float, force: bool = False) -> bool:
         if force or pct >= self._marks[which] + 10.0:
             self._marks[which] = pct
             update_progress_artifact(artifact_id=self._ids[which], progress=min(pct, 100.0))
+            return True
+        return False
 
 
 @task(cache_policy=NO_CACHE)

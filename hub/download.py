@@ -38,6 +38,7 @@ from huggingface_hub.utils._xet import get_xet_session, refresh_xet_connection_i
 
 from emrl_data.reading.release import HubFile
 from hub.listing import HubCommit, access_error
+from hub.logs import route_library_logs
 from hub.retry import call_with_retry, is_refused_by_storage, is_transient
 
 
@@ -134,6 +135,7 @@ def download_file(
         HubAccessError: gated, private or refused.
         huggingface_hub / httpx / hf_xet errors: the file failed after every retry.
     """
+    route_library_logs()
     partial = dest.with_name(dest.name + ".incomplete")
     dest.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

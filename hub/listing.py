@@ -15,6 +15,7 @@ from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils.sha import sha_fileobj
 
 from emrl_data.reading.release import IMAGE_DIR, MASK_DIR, SIDE_FILES, HubFile, PartPair, pair_parts
+from hub.logs import route_library_logs
 from hub.retry import call_with_retry
 
 
@@ -103,6 +104,7 @@ def resolve_release(repo_id: str, revision: str | None = None) -> HubRelease:
         ValueError: the revision holds no released part.
         huggingface_hub errors: revision not found; the Hub unreachable or failing after the retries.
     """
+    route_library_logs()
     api = HfApi()
     try:
         info = call_with_retry(lambda: api.dataset_info(repo_id, revision=revision), f"{repo_id}: dataset info")

@@ -1,0 +1,100 @@
+"""The Hub libraries' warnings: once, a retry in one line, no signed URL; unit cases with exact lines, then a whole
+`emrl build-sft-set hf://…` through a busy fake Hub whose every output is searched for credentials."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hub.logs import OneLineRetries, redact, route_library_logs
+
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRETS = ("signature=", "Signature=", "X-Amz-", "Expires=", "expires=", "hf_fake_read", "Bearer ")
+
+
+def _record(message: str) -> logging.LogRecord:
+    return logging.LogRecord("huggingface_hub.utils._http", logging.WARNING, __file__, 1, message, None, None)
+
+
+def test_a_retry_said_in_two_lines_by_the_library_is_one_line_without_its_url() -> None:
+    one = OneLineRetries()
+    failed = _record(
+        "HTTP Error 429 thrown while requesting GET https://cdn.test/x.tar.gz?X-Amz-Signature=s&Expires=9"
+    )
+    assert one.filter(failed) is False  # dropped: its cause goes into the next line
+    waiting = _record("Rate limited. Waiting 2.0s before retry [Retry 1/5].")
+    assert one.filter(waiting) is True and waiting.getMessage() == "HTTP 429 from cdn.test: waiting 2 s, try 2 of 6"
+    reset = _record("'[Errno 104] Connection reset by peer' thrown while requesting GET http://127.0.0.2:9/a?sig=1")
+    assert one.filter(reset) is False
+    backoff = _record("Retrying in 1s [Retry 2/5].")
+    assert one.filter(backoff) is True
+    assert backoff.getMessage() == "[Errno 104] Connection reset by peer from 127.0.0.2:9: waiting 1 s, try 3 of 6"
+    other = _record("Could not read https://cdn.test/y?token=abc#frag here")
+    assert one.filter(other) is True and other.getMessage() == "Could not read https://cdn.test/y here"
+    assert redact("no url here") == "no url here"
+
+
+def test_the_librarys_own_handler_goes_so_a_warning_is_printed_once(capsys: pytest.CaptureFixture[str]) -> None:
+    library = logging.getLogger("huggingface_hub")
+    own = logging.StreamHandler()  # what huggingface_hub adds at import
+    library.addHandler(own)
+    route_library_logs()
+    route_library_logs()  # idempotent: one filter each
+    assert own not in library.handlers
+    http = logging.getLogger("huggingface_hub.utils._http")
+    assert sum(isinstance(f, OneLineRetries) for f in http.filters) == 1
+
+
+@pytest.mark.slow
+def test_a_busy_hub_run_says_each_retry_once_and_no_credential_anywhere(prefect_harness, tmp_path: Path) -> None:
+    """A redirect for every part, 429 on a part's first request, 503 on a download, a cut connection, a gated repo
+    read with a token: stdout and stderr of the CLI, the run's Prefect logs, the ledger and every output file hold no
+    signed URL or token; the library's retry line appears once, as one line."""
+    import hashlib
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    from emrl_data.reading.release import part_name
+    from emrl_data.synthetic import demo_specs, write_atlas
+    from emrl_data.synthetic.pack_release import write_release
+    from tests.fakehub import serve_fake_hub
+
+    write_atlas(tmp_path / "atlas", demo_specs(6))
+    files = write_release(tmp_path / "atlas", tmp_path / "release", part_cases=3)
+    with serve_fake_hub() as hub:
+        repo = "AbdomenAtlas/AbdomenAtlas3.0Mini"
+        hub.state.put_dataset(repo, files, gated=True)
+        image = part_name("image_only", 1, 3)
+        hub.state.fail_next("HEAD", image, 429, retry_after=1)  # the library retries: its two lines become one
+        hub.state.fail_next("GET", f"/cdn/{hashlib.sha256(files[part_name('mask_only', 4, 6)]).hexdigest()}", 503)
+        hub.state.cut[part_name("image_only", 4, 6)] = 2000
+        env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONPATH": str(ROOT)}
+        env.update(HF_ENDPOINT=hub.url, HF_TOKEN="hf_fake_read", HF_HOME=str(tmp_path / "hf"))
+        out = tmp_path / "out"
+        args = ["build-sft-set", f"hf://datasets/{repo}", str(out), "--scratch", str(tmp_path / "scratch")]
+        done = subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-3000:]
+    assert hub.state.faults == [] and hub.state.cut == {}  # every fault was met
+    port = hub.url.rsplit(":", 1)[1]
+    assert said.count(f"HTTP 429 from 127.0.0.1:{port}: waiting 2 s, try 2 of 6") == 1, said[-3000:]
+    assert "thrown while requesting" not in said and "Rate limited." not in said
+    assert said.count("download: HTTP 503; waiting 1 s, try 2 of 6") == 1  # our retry of the 503, once
+    assert not [s for s in SECRETS if s in said], said[-3000:]
+    with get_client(sync_client=True) as client:
+        logs = "\n".join(log.message for log in client.read_logs())
+    size = r"[\d.]+ (?:B|KiB|MiB)"
+    progress = rf"BDMAP_00000004_BDMAP_00000006: {size} of {size} \(\d+ %\), [\d.]+ MB/s, (?:ETA \d+ s|done)"
+    assert len(re.findall(progress, logs)) >= 5  # the run's own lines: its byte progress, every 10 %
+    assert not [s for s in SECRETS if s in logs]
+    written = [p for p in out.rglob("*") if p.is_file() and p.suffix in (".json", ".md", ".jsonl", ".csv", ".txt")]
+    assert written and not [p for p in written if any(s in p.read_text(errors="replace") for s in SECRETS)]
