@@ -308,14 +308,21 @@ def _gather(
 
 
 def hub_summary_lines(hub: Mapping[str, Any]) -> list[str]:
-    """The summary.md lines of a Hub run: the pinned revision, parts read or skipped, bytes and time per part."""
+    """The summary.md lines of a Hub run: the pinned revision, parts read or skipped, bytes, time and rate per part."""
+    seconds = sum(r["seconds"] for r in hub["per_part"] if not r["from_ledger"])
     lines = [
         f"- atlas: `{hub['source']}` (revision `{hub['revision']}`)",
         f"- part pairs: {hub['part_pairs']} ({hub['parts_read']} read, {hub['parts_from_ledger']} already curated, "
-        f"{hub['parts_failed_verification']} failed verification); {format_size(hub['bytes_read'])} read; "
-        f"{hub['parts_at_once']} at once within a scratch budget of {format_size(hub['scratch_budget_bytes'])}",
+        f"{hub['parts_failed_verification']} failed verification); {format_size(hub['bytes_read'])} read"
+        f"{_rate(hub['bytes_read'], seconds, ' a pair on average')}; {hub['parts_at_once']} at once within a scratch budget of "
+        f"{format_size(hub['scratch_budget_bytes'])}",
     ]
     per_part: Callable[[dict[str, Any]], str] = lambda r: (  # noqa: E731
-        f"{r['part']} {format_size(r['bytes_read'])} {r['seconds']} s"
+        f"{r['part']} {format_size(r['bytes_read'])} {r['seconds']} s{_rate(r['bytes_read'], r['seconds'])}"
     )
     return lines + ["- per part: " + "; ".join(per_part(r) for r in hub["per_part"])]
+
+
+def _rate(n_bytes: int, seconds: float, what: str = "") -> str:
+    """` at 97.1 MB/s` (MB: 10**6 bytes), or nothing when no byte or no time was spent."""
+    return f" at {n_bytes / seconds / 1e6:.1f} MB/s{what}" if n_bytes and seconds > 0 else ""

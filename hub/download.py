@@ -35,6 +35,7 @@ from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.file_download import HfFileMetadata, get_hf_file_metadata, http_get, is_xet_available
 from huggingface_hub.utils import build_hf_headers
 from huggingface_hub.utils._xet import get_xet_session, refresh_xet_connection_info, xet_headers_without_auth
+from huggingface_hub.utils.sha import sha_fileobj
 
 from emrl_data.reading.release import HubFile
 from hub.listing import HubCommit, access_error
@@ -61,7 +62,8 @@ class Download:
 
 
 def git_blob_id(path: Path) -> str:
-    """The git blob id of a file: `sha1(b"blob <size>\\0" + bytes)`, what the Hub lists for a non-LFS file."""
+    """The git blob id of a file: `sha1(b"blob <size>\\0" + bytes)`, what the Hub lists for a non-LFS file (the
+    library's `git_hash` takes the bytes whole; a file is read here in 1 MiB chunks)."""
     digest = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
     with path.open("rb") as fh:
         while chunk := fh.read(_CHUNK_BYTES):
@@ -70,12 +72,9 @@ def git_blob_id(path: Path) -> str:
 
 
 def sha256_file(path: Path) -> str:
-    """The sha256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
+    """The sha256 of a file, through the library's `sha_fileobj` (chunked)."""
     with path.open("rb") as fh:
-        while chunk := fh.read(_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return sha_fileobj(fh).hex()
 
 
 def mismatch(path: Path, expected: HubFile) -> str | None:

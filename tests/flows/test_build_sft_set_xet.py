@@ -252,3 +252,21 @@ def test_a_folder_of_parts_and_a_warm_cache_give_the_hub_rows_with_no_download(
 
 def _build_local(folder: Path, out: Path, **kwargs) -> dict:
     return build_sft_set_flow(atlas_root=str(folder), output_dir=str(out), config=FRAMES, max_workers=2, **kwargs)
+
+
+def test_the_summary_states_each_parts_bytes_time_and_rate() -> None:
+    from flows.hub_parts import hub_summary_lines
+
+    hub = {"source": "hf://datasets/o/n@1", "revision": "main", "part_pairs": 2, "parts_read": 1}
+    hub.update(parts_from_ledger=1, parts_failed_verification=0, bytes_read=2_000_000, parts_at_once=2)
+    hub["scratch_budget_bytes"] = 1 << 30
+    hub["per_part"] = [
+        {"part": "A", "bytes_read": 2_000_000, "seconds": 4.0, "from_ledger": False},
+        {"part": "B", "bytes_read": 0, "seconds": 0.01, "from_ledger": True},
+    ]
+    assert hub_summary_lines(hub) == [
+        "- atlas: `hf://datasets/o/n@1` (revision `main`)",
+        "- part pairs: 2 (1 read, 1 already curated, 0 failed verification); 1.9 MiB read at 0.5 MB/s a pair on "
+        "average; 2 at once within a scratch budget of 1.0 GiB",
+        "- per part: A 1.9 MiB 4.0 s at 0.5 MB/s; B 0 B 0.01 s",
+    ]
