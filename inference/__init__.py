@@ -1,7 +1,8 @@
 """Inference backends for hard-case mining: a local `transformers` checkpoint or an OpenAI-compatible endpoint behind
 one interface, and a crash-safe per-row result store with a resumable run loop.
 
-May import torch, transformers, httpx, `emrl_data` and `train.data`; never `flows`. torch and transformers are imported
+May import torch, transformers, httpx, `emrl_data` and `model_io` (the CT video encoding, the chat layout and the
+checkpoint checks it shares with training); never `train`, `flows` or the CLI. torch and transformers are imported
 only when a `TransformersBackend` is built, so the HTTP backend and the store stay light.
 """
 

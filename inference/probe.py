@@ -19,10 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference.requests import InferenceRequest
-from inference.vllm_server import (
-    SUPPORTED_VLLM,
-    SUPPORTED_VLLM_TEXT,
-)  # the releases the served layout was verified with
+from model_io import vllm_support  # the releases the served layout was verified with, and the version parser
 
 
 logger = logging.getLogger(__name__)
@@ -111,7 +108,8 @@ def run_probe(backend: Any, request: InferenceRequest) -> ProbeReport:
 
 
 def _check_vllm_version(backend: Any) -> bool:
-    """Refuse a vLLM outside `SUPPORTED_VLLM`; return whether the server reported a vLLM version (`GET /version`).
+    """Refuse a vLLM outside `model_io.vllm_support.SUPPORTED_VLLM`; return whether the server reported a vLLM version
+    (`GET /version`, read by `model_io.vllm_support.vllm_release`: a string that is no version is not vLLM).
 
     Raises:
         EndpointProbeError: a reported version outside the supported range.
@@ -123,16 +121,14 @@ def _check_vllm_version(backend: Any) -> bool:
     version = data.get("version") if isinstance(data, Mapping) else None
     if not isinstance(version, str):
         return False
-    parts = version.split(".")
-    try:
-        major_minor = (int(parts[0]), int(parts[1]))
-    except (IndexError, ValueError):
+    if vllm_support.vllm_release(version) is None:
         return False
-    if not SUPPORTED_VLLM[0] <= major_minor < SUPPORTED_VLLM[1]:
+    if not vllm_support.is_supported_vllm(version):
+        supported = vllm_support.SUPPORTED_VLLM_TEXT
         raise EndpointProbeError(
             f"{_what(backend)}: the server runs vLLM {backend.safe_text(version)[:40]}, outside the supported range "
-            f"{SUPPORTED_VLLM_TEXT}",
-            f"serve with vLLM{SUPPORTED_VLLM_TEXT} (GPU: pip install 'vllm{SUPPORTED_VLLM_TEXT}'; CPU: {SERVE_HINT})",
+            f"{supported}",
+            f"serve with vLLM{supported} (GPU: pip install 'vllm{supported}'; CPU: {SERVE_HINT})",
         )
     return True
 
@@ -141,7 +137,7 @@ def _check_video_layout(backend: Any, data: Any) -> None:
     """When vLLM returns the prompt's token ids: every `<|vision_start|>` must open a run of video tokens.
 
     A server started without the serving chat template wraps the whole video in one more start/end pair than
-    training (`inference.vllm_server.serving_chat_template`): that start is followed by a timestamp, not by
+    training (`model_io.vllm_support.served_template`): that start is followed by a timestamp, not by
     video tokens. The vision tokens are found without a tokenizer: the video tokens are the longest run of one
     id, the start token the id before it.
     """

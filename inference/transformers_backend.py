@@ -1,8 +1,8 @@
 """The local backend: greedy Qwen3-VL generation from a checkpoint directory, the frames fed as one video.
 
 `TransformersBackend` loads a checkpoint written by `train.tiny.model`, `train.sft` or `train.grpo` with
-`train.data.load_model_and_processor`. The frames reach Qwen3-VL as one video through `train.data`'s CT encoder and
-chat layout (`render_prompt_text`), exactly as in training. Decoding is greedy, batched with left padding, and the four
+`model_io.processor.load_model_and_processor`. The frames reach Qwen3-VL as one video through `model_io`'s CT encoder
+(`model_io.video`) and chat layout (`model_io.processor.render_prompt_text`), exactly as in training. Decoding is greedy, batched with left padding, and the four
 vision tokens are suppressed (docs/training.md#qwen3-vl-facts-the-code-relies-on); the text is decoded with
 `skip_special_tokens=True`. torch and transformers are imported only when a backend is built, so the HTTP client and
 the store stay light.
@@ -59,7 +59,7 @@ class TransformersBackend:
     ) -> None:
         import torch  # the OpenAI backend and the store must not need torch
 
-        from train.data import load_model_and_processor
+        from model_io.processor import load_model_and_processor
 
         if not Path(model_path).is_dir():
             raise FileNotFoundError(f"model_path must be a local checkpoint directory; {model_path!r} is not one.")
@@ -115,7 +115,8 @@ class TransformersBackend:
             request: the request.
             with_frames: False counts the prompt a text-only server would build (the frames dropped).
         """
-        from train.data import frames_to_array, render_prompt_text
+        from model_io.processor import render_prompt_text
+        from model_io.video import frames_to_array
 
         if not with_frames:
             msgs: list[Any] = [{"role": "user", "content": [{"type": "text", "text": request.prompt}]}]
@@ -130,7 +131,7 @@ class TransformersBackend:
         return 0 if text is None else len(self.processor.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _generate_chunk(self, chunk: Sequence[InferenceRequest], cap: int) -> list[InferenceResult]:
-        from train.data import frames_to_array
+        from model_io.video import frames_to_array
 
         start = time.perf_counter()
         errors: dict[int, str] = {}
@@ -169,7 +170,7 @@ class TransformersBackend:
         """Return the greedy texts of one left-padded batch (prompts rendered exactly as in training)."""
         import torch
 
-        from train.data import render_prompt_text
+        from model_io.processor import render_prompt_text
 
         texts = [render_prompt_text(self.processor, p) for p in prompts]
         batch = self.processor(text=texts, videos=videos, padding=True, return_tensors="pt").to(self.device)

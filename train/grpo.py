@@ -27,6 +27,7 @@ from transformers import Qwen3VLForConditionalGeneration
 from trl import GRPOConfig
 
 from emrl_data.text.scoring import ScoringConfig
+from model_io.processor import CTQwen3VLProcessor
 from train.checks import (
     TrainConfigError,
     bar_only,
@@ -39,7 +40,7 @@ from train.checks import (
     require_fp32_trainable,
     run_cli,
 )
-from train.data import CTQwen3VLProcessor, load_split, to_grpo_dataset
+from train.data import load_split, to_grpo_dataset
 from train.distributed import add_rank_report, policy_load_kwargs
 from train.entry import train_main
 from train.freeze import set_stage_trainable

@@ -36,9 +36,10 @@ import torch
 import torch.distributed as dist
 from trl import GRPOConfig, GRPOTrainer
 
-from train.checkpoint import VIDEO_TRIPLE
+from model_io.checkpoint import VIDEO_TRIPLE
+from model_io.processor import CTQwen3VLProcessor
+from model_io.video import frames_to_array, video_key
 from train.checks import RunStopped
-from train.data import CTQwen3VLProcessor, frames_to_array, video_key
 from train.distributed import prompt_seed, prompt_seeded_rng
 from train.vllm_rollout import (
     RankLayout,

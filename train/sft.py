@@ -1,7 +1,8 @@
 """E-MRL stage 1: SFT of Qwen3-VL on the `sft` shards, vision encoder + projector only (docs/contract.md#training-recipe).
 
-The CT frames are one video per row (`train.data`); the loss is on the assistant report (and `<|im_end|>`) only; the
-LLM is frozen but gradients flow through it to the ViT, so activation checkpointing is on (non-reentrant).
+The CT frames are one video per row (`model_io.video`, batched by `train.data`); the loss is on the assistant report
+(and `<|im_end|>`) only; the LLM is frozen but gradients flow through it to the ViT, so activation checkpointing is on
+(non-reentrant).
 
     python -m train.sft --config train/configs/sft_tiny.yaml --dataset_dir <out>/sft --model_name_or_path <ckpt> \
         --output_dir <dir>
@@ -9,7 +10,7 @@ LLM is frozen but gradients flow through it to the ViT, so activation checkpoint
         --dataset_dir <out>/sft --model_name_or_path Qwen/Qwen3-VL-8B-Instruct --output_dir <dir>
 
 The saved directory reloads with `Qwen3VLForConditionalGeneration.from_pretrained(dir)` and
-`train.data.CTQwen3VLProcessor.from_pretrained(dir)` (`train.data.load_model_and_processor`).
+`model_io.processor.CTQwen3VLProcessor.from_pretrained(dir)` (`model_io.processor.load_model_and_processor`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from transformers import Qwen3VLForConditionalGeneration
 from trl import SFTConfig, SFTTrainer
 
+from model_io.processor import CTQwen3VLProcessor
 from train.checks import (
     TrainConfigError,
     bar_only,
@@ -36,7 +38,7 @@ from train.checks import (
     require_fp32_trainable,
     run_cli,
 )
-from train.data import CTQwen3VLProcessor, SFTCollator, load_split
+from train.data import SFTCollator, load_split
 from train.distributed import add_rank_report, policy_load_kwargs
 from train.entry import train_main
 from train.freeze import set_stage_trainable

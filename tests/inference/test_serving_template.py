@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from inference.vllm_server import VLLMServeError, serving_chat_template
+from inference.vllm_server import serving_chat_template
+from model_io.vllm_support import VLLMServeError
 
 
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n<|vision_start|><|video_pad|><|vision_end|>{% endfor %}"

@@ -32,9 +32,11 @@ from transformers import TrainerCallback
 from trl import GRPOConfig
 
 from emrl_data.text.report import VERIFIER_PROMPT
+from model_io.processor import user_messages, verifier_messages
+from model_io.video import frames_to_array
 from tests.train.helpers import until_eos
 from train.checks import RunStopped
-from train.data import frames_to_array, load_split, user_messages, verifier_messages
+from train.data import load_split
 from train.grpo import build_grpo_trainer
 from train.rewards import Verifier, r_e, r_f
 from train.tiny.model import save_tiny

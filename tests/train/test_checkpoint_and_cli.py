@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import Qwen3VLForConditionalGeneration
 
-from train.data import CTQwen3VLProcessor, user_messages
+from model_io.processor import CTQwen3VLProcessor, user_messages
 from train.sft import main as sft_main
 
 

@@ -2,16 +2,9 @@ import numpy as np
 import pytest
 import torch
 
-from train.data import (
-    SFTCollator,
-    encode_ct_video,
-    frames_to_array,
-    load_split,
-    render_full_text,
-    render_prompt_text,
-    user_messages,
-    video_placeholder,
-)
+from model_io.processor import render_full_text, render_prompt_text, user_messages
+from model_io.video import encode_ct_video, frames_to_array, video_placeholder
+from train.data import SFTCollator, load_split
 
 
 def _frames(n: int, size: int = 64, seed: int = 0) -> np.ndarray:

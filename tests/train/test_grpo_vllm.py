@@ -184,7 +184,9 @@ def test_a_checkpoint_vllm_cannot_serve_is_refused(tmp_path) -> None:
 
 
 def test_a_prompt_longer_than_max_model_len_names_the_row(sft_table, processor) -> None:
-    from train.data import encode_ct_video, frames_to_array, load_split, render_prompt_text
+    from model_io.processor import render_prompt_text
+    from model_io.video import encode_ct_video, frames_to_array
+    from train.data import load_split
 
     ds = load_split(sft_table, "train")
     counts = prompt_token_counts(ds, processor)

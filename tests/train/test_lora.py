@@ -7,7 +7,7 @@ from train.grpo import build_grpo_trainer, make_grpo_config
 
 
 def test_lora_grpo_trains_adapters_and_projector_only(tiny_dir, sft_table, tmp_path):
-    from train.data import CTQwen3VLProcessor
+    from model_io.processor import CTQwen3VLProcessor
 
     proc = CTQwen3VLProcessor.from_pretrained(tiny_dir)
     args = make_grpo_config(proc, ["r_e", "r_f"], output_dir=str(tmp_path), num_generations=4,

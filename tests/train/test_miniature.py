@@ -133,7 +133,8 @@ def test_seeds_cli_runs_one_folder_per_seed_and_summarises(toy_run, tmp_path, ca
 
 @pytest.mark.slow
 def test_trainer_rollouts_at_a_near_zero_temperature_are_the_greedy_reports(toy_run):
-    from train.data import load_model_and_processor, load_split, user_messages
+    from model_io.processor import load_model_and_processor, user_messages
+    from train.data import load_split
     from train.miniature.diagnose import trainer_rollout_groups
     from train.tiny.warmup_checks import generate_texts
 

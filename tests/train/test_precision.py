@@ -4,8 +4,9 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
+from model_io.processor import load_model_and_processor
 from train.checks import TrainConfigError, check_precision, require_fp32_trainable
-from train.data import load_model_and_processor, load_split
+from train.data import load_split
 from train.sft import build_sft_trainer, make_sft_config
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from train.checkpoint import check_checkpoint_dir
+from model_io.checkpoint import check_checkpoint_dir
 from train.tiny.synthetic import make_rows, write_rows
 
 
@@ -46,7 +46,7 @@ def _accelerate_yaml(tmp: Path, name: str, n: int = 2) -> Path:
 
 def _report_bias(model_dir: Path, report: str) -> list:
     """`sequence_bias` entries: +12 on each report token (then EOS) given the template tail and the report so far."""
-    from train.data import CTQwen3VLProcessor
+    from model_io.processor import CTQwen3VLProcessor
 
     proc = CTQwen3VLProcessor.from_pretrained(model_dir)
     tok = proc.tokenizer

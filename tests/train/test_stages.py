@@ -16,8 +16,10 @@ import pytest
 import torch
 from trl import GRPOConfig
 
+from model_io.processor import load_model_and_processor, user_messages
+from model_io.video import frames_to_array
 from tests.train.helpers import until_eos
-from train.data import frames_to_array, load_model_and_processor, load_split, user_messages
+from train.data import load_split
 from train.freeze import parameter_group
 from train.grpo import build_grpo_trainer
 from train.rewards import Verifier
@@ -109,7 +111,7 @@ class _VerifierReward:
         trainer = self.verifier.trainer
         model, proc = trainer.accelerator.unwrap_model(trainer.model), trainer.processing_class
         from emrl_data.text.report import VERIFIER_PROMPT
-        from train.data import verifier_messages
+        from model_io.processor import verifier_messages
 
         self.training_with_checkpointing.append(model.training and model.is_gradient_checkpointing)
         msgs = [verifier_messages(f, VERIFIER_PROMPT) for f in shown]  # same batch as the verifier's call
@@ -302,12 +304,12 @@ def test_left_padding_does_not_change_logprobs(grpo_run):
 
 def test_each_prompt_video_is_encoded_once_per_rollout(grpo_run, monkeypatch):
     """TRL repeats each row G times and tokenises every copy; the video of a prompt is still encoded once."""
-    import train.data
+    import model_io.processor
 
     trainer, _, _ = grpo_run
     calls = []
-    real = train.data.encode_ct_video
-    monkeypatch.setattr(train.data, "encode_ct_video", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = model_io.processor.encode_ct_video
+    monkeypatch.setattr(model_io.processor, "encode_ct_video", lambda *a, **k: calls.append(1) or real(*a, **k))
     rows = [dict(trainer.train_dataset[i]) for i in (0, 0, 0, 0, 2, 2, 2, 2)]
     saved = trainer.reward_funcs
     trainer.reward_funcs = [_length_reward, _length_reward]

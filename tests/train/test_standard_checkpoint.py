@@ -24,15 +24,10 @@ from transformers import AutoModelForImageTextToText, AutoTokenizer, Qwen3VLForC
 from transformers.models.auto.image_processing_auto import AutoImageProcessor  # see test_stock_loaders
 from transformers.models.auto.processing_auto import AutoProcessor
 
+from model_io.checkpoint import BASE_IMAGE_PROCESSOR, BASE_VIDEO_PROCESSOR, CT_VIDEO_SIZE, VIDEO_TRIPLE
+from model_io.processor import CTQwen3VLProcessor, load_model_and_processor, render_prompt_text
+from model_io.video import encode_ct_video, video_placeholder
 from tests import torchvision_side
-from train.checkpoint import BASE_IMAGE_PROCESSOR, BASE_VIDEO_PROCESSOR, CT_VIDEO_SIZE, VIDEO_TRIPLE
-from train.data import (
-    CTQwen3VLProcessor,
-    encode_ct_video,
-    load_model_and_processor,
-    render_prompt_text,
-    video_placeholder,
-)
 from train.sft import main as sft_main
 from train.tools.upgrade_checkpoint import main as upgrade_main
 

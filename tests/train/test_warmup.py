@@ -10,8 +10,8 @@ from emrl_data.organs import side_locations
 from emrl_data.text.parser import parse_free_text
 from emrl_data.text.report import NEGATIVE_FINDINGS, render_prompt
 from emrl_data.types import Organ
+from model_io.video import frames_to_array
 from train.checks import TrainConfigError
-from train.data import frames_to_array
 from train.miniature.config import MiniatureConfig, load_config
 from train.miniature.run_report import claim_check
 from train.miniature.study import MINIATURE_WARMUP_KEYS, Miniature, check_split

@@ -28,10 +28,12 @@ import torch
 from trl import GRPOConfig
 
 from emrl_data.text.report import VERIFIER_PROMPT
+from model_io.processor import user_messages, verifier_messages
+from model_io.video import frames_to_array
 from tests.train.grpo_vllm_probe import _vllm_greedy_row, _vllm_verifier
 from tests.train.helpers import until_eos
 from train.checks import run_cli
-from train.data import frames_to_array, load_split, user_messages, verifier_messages
+from train.data import load_split
 from train.grpo import build_grpo_trainer
 
 

@@ -252,7 +252,8 @@ def sample_groups(model: Any, processor: Any, rows: Sequence[Mapping[str, Any]],
     import torch
 
     from emrl_data.text.report import VERIFIER_PROMPT
-    from train.data import frames_to_array, user_messages, verifier_messages
+    from model_io.processor import user_messages, verifier_messages
+    from model_io.video import frames_to_array
     from train.tiny.warmup_checks import generate_texts  # loads torch: waits until a model runs
 
     model.eval()
@@ -389,7 +390,7 @@ def compare_rollouts(model_dir: str | Path, rows: Sequence[Mapping[str, Any]], c
     """
     import torch
 
-    from train.data import load_model_and_processor
+    from model_io.processor import load_model_and_processor
 
     trainer_groups, _ = trainer_rollout_groups(model_dir, rows, num_generations=cfg.num_generations,
                                                temperature=temperature, max_new_tokens=cfg.max_completion_length,
@@ -419,7 +420,7 @@ def diagnose_checkpoint(model_dir: str | Path, rows: Sequence[Mapping[str, Any]]
     `model_dir`; write `diagnose.json` (with example reports) and `diagnose.md` to `out_dir`; return the summaries."""
     import torch
 
-    from train.data import load_model_and_processor
+    from model_io.processor import load_model_and_processor
 
     model, processor = load_model_and_processor(model_dir, dtype=torch.float32)
     summaries = [
@@ -486,7 +487,7 @@ def distance_frames(row: Mapping[str, Any], span: int) -> list[tuple[int, int, f
     The frame at distance d is key + d where it exists, else key - d; a d with neither is left out. The slice's long
     axis is what the frame shows (`visible_slice_long_mm`), None beyond the lesion (d > span: the frame shows none).
     """
-    from train.data import frames_to_array
+    from model_io.video import frames_to_array
     from train.tiny.synthetic import visible_lesion_radii_px, visible_slice_long_mm
 
     key, n = int(row["key_slice_frame"]), int(row["n_frames"])
@@ -542,7 +543,8 @@ def verifier_by_distance(
     """Ask the greedy verifier about the frames at each distance from the key frame of the first `max_rows` positive
     `rows`; return `score_by_distance`'s rates."""
     from emrl_data.text.report import VERIFIER_PROMPT
-    from train.data import frames_to_array, verifier_messages
+    from model_io.processor import verifier_messages
+    from model_io.video import frames_to_array
     from train.tiny.warmup_checks import generate_texts  # loads torch: waits until a model runs
 
     asked, msgs = [], []

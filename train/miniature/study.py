@@ -384,7 +384,7 @@ class Miniature:
         # torch, and the modules that load it, wait until a model is evaluated
         import torch
 
-        from train.data import load_model_and_processor, user_messages
+        from model_io.processor import load_model_and_processor, user_messages
         from train.tiny.warmup_checks import format_verifier, generate_texts, verifier_accuracy
 
         cfg, label, folder = self.cfg, MODELS[name], self.out / stage / name

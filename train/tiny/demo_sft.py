@@ -17,8 +17,9 @@ from typing import Any
 from trl import SFTConfig
 
 from emrl_data.text.parser import ParseFailure, parse_report
+from model_io.processor import user_messages
 from train.checks import TrainConfigError, run_cli
-from train.data import load_split, user_messages
+from train.data import load_split
 from train.entry import train_main
 from train.sft import SftScriptArguments, load_policy, load_sft_rows, train_sft
 from train.tiny.model import build_model, build_processor

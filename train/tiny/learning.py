@@ -15,7 +15,9 @@ import torch
 from transformers import TrainerCallback
 
 from emrl_data.text.parser import ParseFailure, parse_report
-from train.data import SFTCollator, frames_to_array, load_model_and_processor, load_split, user_messages
+from model_io.processor import load_model_and_processor, user_messages
+from model_io.video import frames_to_array
+from train.data import SFTCollator, load_split
 
 
 logger = logging.getLogger(__name__)

@@ -30,7 +30,8 @@ from emrl_data.text.report import (
     render_report,
 )
 from emrl_data.types import Organ
-from train.data import CTQwen3VLProcessor, make_image_processor, qwen3_vl_chat_template
+from model_io.checkpoint import qwen3_vl_chat_template
+from model_io.processor import CTQwen3VLProcessor, make_image_processor
 
 
 logger = logging.getLogger(__name__)
@@ -233,7 +234,7 @@ def build_model(
 
 
 def save_tiny(output_dir: str | Path, *, seed: int = 0) -> Path:
-    """Build a tiny model + processor and save both to `output_dir` (reload with `train.data.load_model_and_processor`)."""
+    """Build a tiny model + processor and save both to `output_dir` (reload with `model_io.processor.load_model_and_processor`)."""
     out = Path(output_dir)
     processor = build_processor()
     model = build_model(processor.tokenizer, seed=seed)

@@ -14,7 +14,8 @@ from transformers import BatchFeature
 
 from emrl_data.text.report import NEGATIVE_FINDINGS, VERIFIER_PROMPT, render_findings
 from emrl_data.types import Organ
-from train.data import CTQwen3VLProcessor, frames_to_array, verifier_messages
+from model_io.processor import CTQwen3VLProcessor, verifier_messages
+from model_io.video import frames_to_array
 from train.tiny.synthetic import visible_lesion_radii_px, visible_slice_long_mm
 
 

@@ -33,8 +33,9 @@ import numpy as np
 import torch
 
 from emrl_data.text.parser import parse_report
+from model_io.processor import CTQwen3VLProcessor
 from train.checks import TrainConfigError
-from train.data import CTQwen3VLProcessor, SFTCollator
+from train.data import SFTCollator
 from train.freeze import set_stage_trainable
 from train.tiny.verifier_data import BalancedPairs, VerifierCollator
 from train.tiny.warmup_checks import (

@@ -13,7 +13,8 @@ from emrl_data.text import scoring as sc
 from emrl_data.text.parser import ParseFailure, parse_free_text, parse_report
 from emrl_data.text.report import VERIFIER_PROMPT
 from emrl_data.types import Organ
-from train.data import CTQwen3VLProcessor, frames_to_array, user_messages, verifier_messages
+from model_io.processor import CTQwen3VLProcessor, user_messages, verifier_messages
+from model_io.video import frames_to_array
 from train.tiny.verifier_data import FrameTarget, frame_targets
 
 

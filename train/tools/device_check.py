@@ -45,7 +45,8 @@ import numpy as np
 import torch
 from transformers import AutoProcessor, TrainerCallback
 
-from train.data import encode_ct_video, frames_to_array, load_split, to_grpo_dataset
+from model_io.video import encode_ct_video, frames_to_array
+from train.data import load_split, to_grpo_dataset
 from train.freeze import parameter_group, set_stage_trainable
 from train.grpo import _apply_lora, make_grpo_config
 from train.grpo_trainer import VideoGRPOTrainer

@@ -4,7 +4,7 @@
 
 Older checkpoints declare `processor_class: CTQwen3VLProcessor` and have no video processor config,
 so `AutoProcessor` returns a bare tokenizer and servers see a text-only model. This sets `Qwen3VLProcessor`, writes
-the image and video processor configs (`train.checkpoint`) and keeps the weights and the tokenizer untouched.
+the image and video processor configs (`model_io.checkpoint`) and keeps the weights and the tokenizer untouched.
 Idempotent. Exit status: 0 done (or already standard), 2 when a DIR is not a Qwen3-VL checkpoint (one-line error).
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from train.checkpoint import NotACheckpointError, upgrade_checkpoint
+from model_io.checkpoint import NotACheckpointError, upgrade_checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:

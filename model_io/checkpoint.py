@@ -11,9 +11,12 @@ forms transformers reads:
   `Qwen/Qwen3-VL-8B-Instruct` ships (with `processor_class`), read by older transformers (4.57, vLLM's pin) and by
   5.x when the nested entry is missing.
 
-The CT encoding itself (`train.data.encode_ct_video`) stays in our code: `CTQwen3VLProcessor` exists in memory for
+The CT encoding itself (`model_io.video.encode_ct_video`) stays in our code: `CTQwen3VLProcessor` exists in memory for
 training but its name is never written. Both JSON forms are byte-compared in the tests with what 5.17 writes for a
 real `Qwen3VLProcessor` (`json.dumps(indent=2, sort_keys=True) + "\\n"`).
+
+Also here: the video block the chat template renders (`VIDEO_TRIPLE`), the CT pixel budget (`CT_VIDEO_SIZE`) and the
+official chat template. Standard library only: the vLLM launcher (`inference.vllm_server`) imports it without torch.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ BASE_IMAGE_PROCESSOR: dict[str, Any] = {
 # for frames between 46^2 and 886^2 px.
 CT_VIDEO_SIZE: dict[str, int] = {"longest_edge": 256 * 512 * 512, "shortest_edge": 2 * 32 * 32}
 # What the Qwen3-VL chat template renders for a video block (training expands it; a vLLM server is given the
-# template with `<|video_pad|>` alone in its place, `inference.vllm_server.serving_chat_template`).
+# template with `<|video_pad|>` alone in its place, `model_io.vllm_support.served_template`).
 VIDEO_TRIPLE = "<|vision_start|><|video_pad|><|vision_end|>"
 BASE_VIDEO_PROCESSOR: dict[str, Any] = {
     "do_convert_rgb": True,
