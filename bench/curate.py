@@ -144,9 +144,19 @@ class FairFloor:
         seconds["libdeflate"] -= beside.pop("beside_wall_s")
         best = min(cpu, key=cpu.__getitem__)  # the better codec on this case, by CPU time
         png_s, png_cpu_s = self._encode_frames(case)
-        return {"isal_s": cpu["isal"], "libdeflate_s": cpu["libdeflate"], "files": len(self.files[case]),
-                "inflated_mb": out_bytes / 1e6, "read_mb": read_bytes / 2e6, "seconds": seconds[best], "cpu_s": cpu[best],
-                "png_s": png_s, "png_cpu_s": png_cpu_s, "frames": len(self.frames[case]), **beside}  # fmt: skip
+        return {
+            "isal_s": cpu["isal"],
+            "libdeflate_s": cpu["libdeflate"],
+            "files": len(self.files[case]),
+            "inflated_mb": out_bytes / 1e6,
+            "read_mb": read_bytes / 2e6,
+            "seconds": seconds[best],
+            "cpu_s": cpu[best],
+            "png_s": png_s,
+            "png_cpu_s": png_cpu_s,
+            "frames": len(self.frames[case]),
+            **beside,
+        }
 
     @staticmethod
     def _beside(path: Path, raw: bytes, data: bytes, into: dict[str, float]) -> None:
@@ -369,9 +379,11 @@ def print_table(summary: dict[str, Any], samples: dict[str, Any]) -> None:
     """The README table (markdown) and the targets."""
     wall, cpu, clock = summary["median"]["seconds"], summary["median"]["cpu_s"], summary["clock"]
     codec = {
-        case: min(("isal_s", "ISA-L"), ("libdeflate_s", "libdeflate"), key=lambda k: statistics.median(s[k[0]] for s in runs))[1]
+        case: min(
+            ("isal_s", "ISA-L"), ("libdeflate_s", "libdeflate"), key=lambda k: statistics.median(s[k[0]] for s in runs)
+        )[1]
         for case, runs in samples["floor"].items()
-    }  # fmt: skip
+    }
     print()
     print("| variant | case | wall s (median) | CPU s (median) | CPU vs fair floor | peak RSS (MB) |")
     print("|---|---|---:|---:|---:|---:|")

@@ -48,11 +48,24 @@ def _trainer(tiny: Path, ds: Any, out: Path, use_vllm: bool, args: argparse.Name
         shown = [frames_to_array(f)[(k or 1) - 1] for f, k in zip(frames, key_slice_frame, strict=True)]
         return [float(len(t) % 5) for t in verifier(shown)]
 
-    config = GRPOConfig(output_dir=str(out), num_generations=args.group, per_device_train_batch_size=args.prompts * args.group,
-                        max_completion_length=args.tokens, max_steps=1, use_cpu=True, bf16=False, report_to="none",
-                        save_strategy="no", seed=0, use_vllm=use_vllm, vllm_mode="colocate",
-                        vllm_gpu_memory_utilization=0.1, vllm_max_model_length=4096, disable_tqdm=True,
-                        vllm_importance_sampling_correction=args.is_correction)  # fmt: skip
+    config = GRPOConfig(
+        output_dir=str(out),
+        num_generations=args.group,
+        per_device_train_batch_size=args.prompts * args.group,
+        max_completion_length=args.tokens,
+        max_steps=1,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+        use_vllm=use_vllm,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=0.1,
+        vllm_max_model_length=4096,
+        disable_tqdm=True,
+        vllm_importance_sampling_correction=args.is_correction,
+    )
     trainer = build_grpo_trainer(str(tiny), ds, config, reward_funcs=[r_verify])
     verifier.trainer = trainer
     return trainer
@@ -91,8 +104,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--frames", type=int, default=16)
     parser.add_argument("--frame-px", type=int, default=128)
     parser.add_argument("--json", default=None)
-    parser.add_argument("--no-is-correction", dest="is_correction", action="store_false",
-                        help="turn TRL's importance-sampling correction off (it adds a policy forward to the vLLM step)")  # fmt: skip
+    parser.add_argument(
+        "--no-is-correction",
+        dest="is_correction",
+        action="store_false",
+        help="turn TRL's importance-sampling correction off (it adds a policy forward to the vLLM step)",
+    )
     return parser.parse_args(argv)
 
 
@@ -166,8 +183,10 @@ def _rounds(hf: Any, vl: Any, rows: list[dict], rounds: int, say: Any) -> list[d
             if name == "vllm":
                 times["sync"] = _step_seconds(sync)
         per_round.append(times)
-        say(f"round {r + 1}: hf {times['hf']:.2f} s, vllm {times['vllm']:.2f} s (sync {times['sync']:.2f} s), "
-            f"ratio {times['hf'] / times['vllm']:.2f}x")  # fmt: skip
+        say(
+            f"round {r + 1}: hf {times['hf']:.2f} s, vllm {times['vllm']:.2f} s (sync {times['sync']:.2f} s), "
+            f"ratio {times['hf'] / times['vllm']:.2f}x"
+        )
     return per_round
 
 
@@ -215,21 +234,35 @@ def _report(args: argparse.Namespace, per_round: list[dict[str, float]], prompt_
     ratio = statistics.median(ratios)
     cpu_ratio = statistics.median(h / v for h, v in zip(CPU_S["hf"][1:], CPU_S["vllm"][1:], strict=True))
     mean_len = {k: statistics.mean(v) for k, v in LENGTHS.items()}
-    result = {"ratio_hf_over_vllm": ratio, "ratio_range": [min(ratios), max(ratios)], "rounds": per_round,
-              "ranks": world, "prompts": args.prompts, "group": args.group, "completion_tokens": args.tokens,
-              "prompt_tokens": prompt_tokens, "frames": args.frames, "frame_px": args.frame_px,
-              "cpu_ratio_hf_over_vllm": cpu_ratio, "mean_completion_tokens": mean_len}  # fmt: skip
+    result = {
+        "ratio_hf_over_vllm": ratio,
+        "ratio_range": [min(ratios), max(ratios)],
+        "rounds": per_round,
+        "ranks": world,
+        "prompts": args.prompts,
+        "group": args.group,
+        "completion_tokens": args.tokens,
+        "prompt_tokens": prompt_tokens,
+        "frames": args.frames,
+        "frame_px": args.frame_px,
+        "cpu_ratio_hf_over_vllm": cpu_ratio,
+        "mean_completion_tokens": mean_len,
+    }
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
-    print(f"rollout batch per rank ({world} rank{'s' if world > 1 else ''}): {args.prompts} prompts x G {args.group} "
-          f"= {args.prompts * args.group} rows of {prompt_tokens} prompt + {args.tokens} completion tokens, + "
-          f"{args.prompts * args.group} verifier queries; a step's time is the slowest rank's")  # fmt: skip
+    print(
+        f"rollout batch per rank ({world} rank{'s' if world > 1 else ''}): {args.prompts} prompts x G {args.group} "
+        f"= {args.prompts * args.group} rows of {prompt_tokens} prompt + {args.tokens} completion tokens, + "
+        f"{args.prompts * args.group} verifier queries; a step's time is the slowest rank's"
+    )
     print(f"CPU seconds (all threads, rank 0) per rollout batch, median ratio hf/vllm: {cpu_ratio:.2f}x")
     print(f"mean completion length: hf {mean_len['hf']:.1f}, vllm {mean_len['vllm']:.1f} tokens")
     med = {k: statistics.median(t[k] for t in per_round) for k in ("hf", "vllm", "sync")}
-    print(f"hf/vllm={ratio:.2f}x (median of {len(per_round)} interleaved rounds, range {min(ratios):.2f}-"
-          f"{max(ratios):.2f}x) rollout_s_hf={med['hf']:.2f} rollout_s_vllm={med['vllm']:.2f} "
-          f"sync_s={med['sync']:.3f}")  # fmt: skip
+    print(
+        f"hf/vllm={ratio:.2f}x (median of {len(per_round)} interleaved rounds, range {min(ratios):.2f}-"
+        f"{max(ratios):.2f}x) rollout_s_hf={med['hf']:.2f} rollout_s_vllm={med['vllm']:.2f} "
+        f"sync_s={med['sync']:.3f}"
+    )
 
 
 if __name__ == "__main__":

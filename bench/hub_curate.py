@@ -86,9 +86,12 @@ def hub_path(work: Path, budget: int) -> tuple[float, int, dict[str, Any]]:
     with DiskPeak(scratch) as disk:
         started = time.perf_counter()
         summary = build_sft_set_flow(
-            atlas_root=f"hf://datasets/{REPO}", output_dir=str(work / "out"), config=FRAMES,
-            scratch_dir=str(scratch), scratch_budget=str(budget),
-        )  # fmt: skip
+            atlas_root=f"hf://datasets/{REPO}",
+            output_dir=str(work / "out"),
+            config=FRAMES,
+            scratch_dir=str(scratch),
+            scratch_budget=str(budget),
+        )
         seconds = time.perf_counter() - started
     return seconds, disk.peak_bytes, summary["hub"]
 

@@ -81,13 +81,24 @@ def main(argv: list[str] | None = None) -> None:
             ckpt = save_tiny(Path(tmp) / "tiny")
         server = VLLMServer(ckpt, Path(tmp) / "serve", name="bench")
         try:
-            local = TransformersBackend(str(ckpt), device="cpu", batch_size=args.batch_size,
-                                        max_new_tokens=args.max_new_tokens, dtype="float32")  # fmt: skip
+            local = TransformersBackend(
+                str(ckpt),
+                device="cpu",
+                batch_size=args.batch_size,
+                max_new_tokens=args.max_new_tokens,
+                dtype="float32",
+            )
             url = server.wait()
-            with OpenAIBackend(url, "bench", max_concurrency=args.concurrency, max_tokens=args.max_new_tokens,
-                               deadlines=Deadlines(first_byte_s=600, answer_s=600)) as remote:  # fmt: skip
-                seconds, outs = interleaved({"local": lambda: local.generate(rows),
-                                             "vllm": lambda: remote.generate(rows)}, args.rounds)  # fmt: skip
+            with OpenAIBackend(
+                url,
+                "bench",
+                max_concurrency=args.concurrency,
+                max_tokens=args.max_new_tokens,
+                deadlines=Deadlines(first_byte_s=600, answer_s=600),
+            ) as remote:
+                seconds, outs = interleaved(
+                    {"local": lambda: local.generate(rows), "vllm": lambda: remote.generate(rows)}, args.rounds
+                )
             version = server.version
         finally:
             server.stop()
@@ -101,14 +112,18 @@ def main(argv: list[str] | None = None) -> None:
         if a.ok and b.ok and a.text != b.text:
             pairs = zip(a.text, b.text, strict=False)
             first_diff.append(next((i for i, (x, y) in enumerate(pairs) if x != y), min(len(a.text), len(b.text))))
-    print(f"rows: {args.rows} x {args.frames} frames of {args.px}² px, greedy, max_new_tokens {args.max_new_tokens}, "
-          f"checkpoint {args.checkpoint or 'tiny (tests)'}")  # fmt: skip
+    print(
+        f"rows: {args.rows} x {args.frames} frames of {args.px}² px, greedy, max_new_tokens {args.max_new_tokens}, "
+        f"checkpoint {args.checkpoint or 'tiny (tests)'}"
+    )
     print(f"local transformers (batch {args.batch_size}): {args.rows / local_s:8.2f} rows/s (median {local_s:.2f} s)")
     print(
         f"vLLM {version} CPU (concurrency {args.concurrency}): {args.rows / vllm_s:8.2f} rows/s (median {vllm_s:.2f} s)"
     )
-    print(f"speed-up vLLM over local, median of {args.rounds} interleaved rounds: {ratio:.2f}x (range {low:.2f}-"
-          f"{high:.2f}x); equal texts: {equal}/{args.rows}; vLLM failures: {failed}")  # fmt: skip
+    print(
+        f"speed-up vLLM over local, median of {args.rounds} interleaved rounds: {ratio:.2f}x (range {low:.2f}-"
+        f"{high:.2f}x); equal texts: {equal}/{args.rows}; vLLM failures: {failed}"
+    )
     if first_diff:
         print(f"differing rows: the texts agree on their first {sorted(first_diff)} characters (float32 greedy)")
 

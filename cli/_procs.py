@@ -82,8 +82,15 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: Path, log: Path) -> 
     """Start `argv` in its own session with stdout and stderr appended to `log`; return its record."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as sink:  # its own session: Ctrl-C in the terminal does not reach it, `down` does
-        proc = subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=sink,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     proc.returncode = 0  # it outlives this call; `is_running` reaps it
     stat = _stat(proc.pid)
     return ProcessRecord(proc.pid, None if stat is None else stat[3], str(log), list(argv))

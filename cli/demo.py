@@ -62,12 +62,23 @@ def run_demo(out: Path, cases: int, skip_training: bool = False) -> None:
         return print_outputs(out, started)
 
     print(f"== 3/5  tiny Qwen3-VL: LM warm-up on the reports, then the paper's SFT freezing -> {out / 'sft_model'}")
-    _run_train("train.tiny.demo_sft", "--config", "train/configs/sft_demo.yaml", "--dataset_dir", str(out / "sft"),
-               "--output_dir", str(out / "sft_model"))  # fmt: skip
+    _run_train(
+        "train.tiny.demo_sft",
+        "--config",
+        "train/configs/sft_demo.yaml",
+        "--dataset_dir",
+        str(out / "sft"),
+        "--output_dir",
+        str(out / "sft_model"),
+    )
 
     print(f"\n== 4/5  build-rl-hardset (Prefect flow) with the tiny SFT model -> {out / 'rl_hardset'}")
-    build_rl_hardset_flow(sft_dir=str(out / "sft"), output_dir=str(out), model_path=str(out / "sft_model"),
-                          **demo_kwargs(BUILD_RL_HARDSET))  # fmt: skip
+    build_rl_hardset_flow(
+        sft_dir=str(out / "sft"),
+        output_dir=str(out),
+        model_path=str(out / "sft_model"),
+        **demo_kwargs(BUILD_RL_HARDSET),
+    )
     print((out / "rl_hardset" / "summary.md").read_text())
     print(
         "The tables above evaluate a tiny model initialised at random and trained for minutes on synthetic cases: a "
@@ -75,8 +86,17 @@ def run_demo(out: Path, cases: int, skip_training: bool = False) -> None:
     )
 
     print(f"== 5/5  E-MRL GRPO (r_e + r_f + r_c, verifier) beside an lr-0 control -> {out / 'grpo_model'}")
-    _run_train("train.grpo", "--config", "train/configs/grpo_demo.yaml", "--dataset_dir", str(out / "rl_hardset"),
-               "--model_name_or_path", str(out / "sft_model"), "--output_dir", str(out / "grpo_model"))  # fmt: skip
+    _run_train(
+        "train.grpo",
+        "--config",
+        "train/configs/grpo_demo.yaml",
+        "--dataset_dir",
+        str(out / "rl_hardset"),
+        "--model_name_or_path",
+        str(out / "sft_model"),
+        "--output_dir",
+        str(out / "grpo_model"),
+    )
     print_outputs(out, started)
 
 

@@ -49,8 +49,15 @@ def read_predictions(predictions: Sequence[Path], split: str = "all") -> Any:
         names = {n for f in inputs if "model" in f.columns for n in f.get_column("model").unique().to_list()}
         clash = {n for n in names if n in seen and seen[n] != given}
         if clash:
-            inputs = [f.with_columns(pl.when(pl.col("model").is_in(list(clash))).then(pl.col("model") + f" [{given}]")
-                                     .otherwise(pl.col("model")).alias("model")) for f in inputs]  # fmt: skip
+            inputs = [
+                f.with_columns(
+                    pl.when(pl.col("model").is_in(list(clash)))
+                    .then(pl.col("model") + f" [{given}]")
+                    .otherwise(pl.col("model"))
+                    .alias("model")
+                )
+                for f in inputs
+            ]
         seen |= {n: given for n in names - clash}
         frames += inputs
     frame = pl.concat(frames, how="diagonal_relaxed")
@@ -187,12 +194,18 @@ def _compare(
     from emrl_data.text.evaluation import write_report
 
     try:
-        paired = [paired_differences(scored[0], rows, names=(names[0], name), n_bootstrap=n_bootstrap, seed=seed)
-                  for name, rows in zip(names[1:], scored[1:], strict=True)]  # fmt: skip
+        paired = [
+            paired_differences(scored[0], rows, names=(names[0], name), n_bootstrap=n_bootstrap, seed=seed)
+            for name, rows in zip(names[1:], scored[1:], strict=True)
+        ]
     except ValueError as exc:
         raise UsageError(f"cannot pair the models' rows: {exc}", "give every prediction row its case_id") from None
-    side = ["## Models side by side", "", "| model | folder | rows | average B-Acc | Table 2 overall |",
-            "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    side = [
+        "## Models side by side",
+        "",
+        "| model | folder | rows | average B-Acc | Table 2 overall |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for index, (name, (_, part), result) in enumerate(zip(names, groups, results, strict=True), start=1):
         cells = f"{result.average_bacc.to_markdown()} | {result.table2_overall.to_markdown()}"
         side.append(f"| {name} | model-{index} | {part.height} | {cells} |")
@@ -203,17 +216,27 @@ def _compare(
         from emrl_data.text.text_metrics import paired_text_differences
 
         reference_rows = _answered(groups[0][1].to_dicts())
-        text_paired = [paired_text_differences(reference_rows, _answered(part.to_dicts()), names=(names[0], name),
-                                               text_column=text_column, n_bootstrap=n_bootstrap, seed=seed)
-                       for name, (_, part) in zip(names[1:], groups[1:], strict=True)]  # fmt: skip
+        text_paired = [
+            paired_text_differences(
+                reference_rows,
+                _answered(part.to_dicts()),
+                names=(names[0], name),
+                text_column=text_column,
+                n_bootstrap=n_bootstrap,
+                seed=seed,
+            )
+            for name, (_, part) in zip(names[1:], groups[1:], strict=True)
+        ]
     for name, metrics in texts.items():
         markdown += f"\n## Text metrics: {name}\n\n" + metrics.to_markdown()
     for metrics in text_paired:
         markdown += f"\n## Text metrics, paired: {metrics.title}\n\n" + metrics.to_markdown()
-    card |= {"evaluations": {n: r.to_json() for n, r in zip(names, results, strict=True)},
-             "paired_differences": [c.to_json() for c in paired],
-             "text_metrics": {n: t.to_json() for n, t in texts.items()},
-             "text_paired_differences": [t.to_json() for t in text_paired]}  # fmt: skip
+    card |= {
+        "evaluations": {n: r.to_json() for n, r in zip(names, results, strict=True)},
+        "paired_differences": [c.to_json() for c in paired],
+        "text_metrics": {n: t.to_json() for n, t in texts.items()},
+        "text_paired_differences": [t.to_json() for t in text_paired],
+    }
     paths = write_report(out, markdown, card)
     print("\n" + markdown)
     for kind, written in paths.items():

@@ -1,6 +1,7 @@
 """The `emrl` command line: synthetic atlas, the flows, evaluation, and the one-command demo.
 
     emrl synth OUT [--cases 32] [--layout split|combined]
+    emrl layouts
     emrl build-sft-set ATLAS OUT [--cases-per-task 8] [--workers 2] [--limit N] [--frame-size 448] [--max-frames 32]
     emrl build-rl-hardset OUT/sft OUT (--model SFT_DIR | --endpoint URL --endpoint-model NAME [--dialect openai])
     emrl publish OUT/sft ORG/NAME X.Y.Z [--local-root DIR]
@@ -32,6 +33,7 @@ from cli.commands import (
     demo,
     evaluate,
     fetch_atlas,
+    layouts,
     publish,
     server,
     synth,
@@ -43,7 +45,18 @@ from cli.interrupt import INTERRUPT_GRACE_S, exit_within, interrupt_handler
 from cli.prefect_env import configure_prefect_environment, prefect_session
 
 
-COMMANDS = (synth, build_sft_set, fetch_atlas, build_rl_hardset, publish, evaluate, demo, server, upgrade_checkpoint)
+COMMANDS = (
+    synth,
+    build_sft_set,
+    layouts,
+    fetch_atlas,
+    build_rl_hardset,
+    publish,
+    evaluate,
+    demo,
+    server,
+    upgrade_checkpoint,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -79,15 +79,21 @@ def check_build_rl_hardset(args: argparse.Namespace) -> None:
         raise UsageError(
             "--endpoint needs --endpoint-model", "add --endpoint-model NAME (the model the server serves)"
         )
-    for given, option in ((args.endpoint_model, "--endpoint-model"), (args.dialect, "--dialect"),
-                          (args.max_tokens_field, "--max-tokens-field"), (not args.probe, "--no-probe")):  # fmt: skip
+    for given, option in (
+        (args.endpoint_model, "--endpoint-model"),
+        (args.dialect, "--dialect"),
+        (args.max_tokens_field, "--max-tokens-field"),
+        (not args.probe, "--no-probe"),
+    ):
         if given and not args.endpoint:
             raise UsageError(f"{option} is only used with --endpoint", "add --endpoint URL/v1, or drop it")
     if args.model is not None and not Path(args.model).is_dir():
         raise UsageError(f"the model folder {args.model} does not exist", "pass a local checkpoint folder (--model)")
     if args.model is not None and not (Path(args.model) / "config.json").is_file():
-        raise UsageError(f"{args.model} is not a model checkpoint (no config.json)",
-                         "pass the folder `python -m train.sft` wrote (its --output_dir)")  # fmt: skip
+        raise UsageError(
+            f"{args.model} is not a model checkpoint (no config.json)",
+            "pass the folder `python -m train.sft` wrote (its --output_dir)",
+        )
     check_output(args.out)
     if args.endpoint:
         check_endpoint(args.endpoint, args.endpoint_model)

@@ -74,9 +74,14 @@ class ServerState:
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """`base` (default `os.environ`) without redirecting Prefect settings, plus this server's URL and home."""
         env = {k: v for k, v in (os.environ if base is None else base).items() if k not in _DROPPED_ENV}
-        env.update(PREFECT_API_URL=self.api_url, PREFECT_HOME=self.prefect_home, EMRL_PROJECT_ROOT=self.project_root,
-                   PREFECT_SERVER_EPHEMERAL_ENABLED="false", PREFECT_SERVER_ANALYTICS_ENABLED="false",
-                   **_LOG_STREAM)  # fmt: skip
+        env.update(
+            PREFECT_API_URL=self.api_url,
+            PREFECT_HOME=self.prefect_home,
+            EMRL_PROJECT_ROOT=self.project_root,
+            PREFECT_SERVER_EPHEMERAL_ENABLED="false",
+            PREFECT_SERVER_ANALYTICS_ENABLED="false",
+            **_LOG_STREAM,
+        )
         return env
 
 
@@ -109,8 +114,10 @@ def require_api_url(environ: Mapping[str, str] | None = None, expected: str | No
     url = (os.environ if environ is None else environ).get("PREFECT_API_URL", "").strip()
     hint = f"export PREFECT_API_URL={expected}" if expected else "start a server with `emrl server up` (make serve)"
     if not url:
-        raise EphemeralModeError(f"PREFECT_API_URL is not set: Prefect would use a throwaway temporary server whose "
-                                 f"runs no worker picks up. {hint}, or `source` the env.sh `emrl server up` printed.")  # fmt: skip
+        raise EphemeralModeError(
+            f"PREFECT_API_URL is not set: Prefect would use a throwaway temporary server whose "
+            f"runs no worker picks up. {hint}, or `source` the env.sh `emrl server up` printed."
+        )
     if expected is not None and url.rstrip("/") != expected.rstrip("/"):
         raise EphemeralModeError(f"PREFECT_API_URL={url} is not the local server's {expected}: {hint}.")
     return url
@@ -148,11 +155,14 @@ def pool_status(api_url: str, pool: str) -> str | None:
 def run_prefect(state: ServerState, args: Sequence[str], *, timeout_s: float = 300.0, check: bool = True, **kw: Any):
     """Run `prefect --no-prompt ARGS` against the server of `state`, from the project root; `ServerError` on failure."""
     argv = [str(Path(sys.executable).with_name("prefect")), "--no-prompt", *args]
-    result = subprocess.run(argv, cwd=state.project_root, env=state.env(), capture_output=True, text=True,
-                            timeout=timeout_s, **kw)  # fmt: skip
+    result = subprocess.run(
+        argv, cwd=state.project_root, env=state.env(), capture_output=True, text=True, timeout=timeout_s, **kw
+    )
     if check and result.returncode != 0:
-        raise ServerError(f"`prefect {shlex.join(args)}` exited {result.returncode}:\n{result.stdout[-3000:]}"
-                          f"\n{result.stderr[-3000:]}")  # fmt: skip
+        raise ServerError(
+            f"`prefect {shlex.join(args)}` exited {result.returncode}:\n{result.stdout[-3000:]}"
+            f"\n{result.stderr[-3000:]}"
+        )
     return result
 
 
@@ -170,8 +180,15 @@ _say = partial(print, flush=True)  # each step shows as it happens, also through
 # The commands -------------------------------------------------------------------------------------------------------
 
 
-def server_up(*, project_root: Path = PROJECT_ROOT, home: Path | None = None, port: int | None = None,
-              deploy: bool = True, worker: bool = True, timeout_s: float = 180.0) -> ServerState:  # fmt: skip
+def server_up(
+    *,
+    project_root: Path = PROJECT_ROOT,
+    home: Path | None = None,
+    port: int | None = None,
+    deploy: bool = True,
+    worker: bool = True,
+    timeout_s: float = 180.0,
+) -> ServerState:
     """Start (or reuse, when healthy) server, pool, deployments and worker; print each step; return the state.
 
     Raises:
@@ -199,8 +216,12 @@ def server_up(*, project_root: Path = PROJECT_ROOT, home: Path | None = None, po
         argv = [prefect, "server", "start", "--host", HOST, "--port", str(port), "--analytics-off"]
         server = state.processes["server"] = spawn(argv, state.env(), project_root, home / "logs" / "server.log")
         _write_state(state)
-        _wait(f"Prefect server (log {server.log})", lambda: api_healthy(state.api_url), timeout_s,
-              lambda: is_running(server.pid, server.start_ticks))  # fmt: skip
+        _wait(
+            f"Prefect server (log {server.log})",
+            lambda: api_healthy(state.api_url),
+            timeout_s,
+            lambda: is_running(server.pid, server.start_ticks),
+        )
         _say(f"      healthy after {time.monotonic() - started:.0f} s\n[2/4] work pool {state.pool} (process)")
         run_prefect(state, ["work-pool", "create", state.pool, "--type", "process", "--overwrite"])
         if deploy:
@@ -213,8 +234,12 @@ def server_up(*, project_root: Path = PROJECT_ROOT, home: Path | None = None, po
             argv = [prefect, "worker", "start", "--pool", state.pool]
             record = state.processes["worker"] = spawn(argv, env, project_root, home / "logs" / "worker.log")
             _write_state(state)
-            _wait(f"worker (log {record.log})", lambda: pool_status(state.api_url, state.pool) == "READY", timeout_s,
-                  lambda: is_running(record.pid, record.start_ticks))  # fmt: skip
+            _wait(
+                f"worker (log {record.log})",
+                lambda: pool_status(state.api_url, state.pool) == "READY",
+                timeout_s,
+                lambda: is_running(record.pid, record.start_ticks),
+            )
     except BaseException:
         _say("server up failed; stopping what it started")
         server_down(project_root=project_root, home=home)
@@ -248,24 +273,34 @@ def server_down(*, project_root: Path = PROJECT_ROOT, home: Path | None = None, 
     return stopped
 
 
-def server_status(*, project_root: Path = PROJECT_ROOT, home: Path | None = None,
-                  environ: Mapping[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+def server_status(
+    *, project_root: Path = PROJECT_ROOT, home: Path | None = None, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """The local server's state, `problems` (incl. a shell whose `PREFECT_API_URL` would miss it) and `ok`."""
     home = (default_home(project_root) if home is None else Path(home)).resolve()
     if (state := read_state(home)) is None:
         return {"running": False, "ok": False, "problems": [f"no server started from {home} (run make serve)"]}
     healthy = api_healthy(state.api_url)
     alive = {n: is_running(r.pid, r.start_ticks) for n, r in state.processes.items()}
-    problems = [f"{n} (pid {state.processes[n].pid}) is not running; see {state.processes[n].log}"
-                for n, ok in alive.items() if not ok] + ([] if healthy else [f"{state.api_url} does not answer"])  # fmt: skip
+    problems = [
+        f"{n} (pid {state.processes[n].pid}) is not running; see {state.processes[n].log}"
+        for n, ok in alive.items()
+        if not ok
+    ] + ([] if healthy else [f"{state.api_url} does not answer"])
     try:
         require_api_url(environ, expected=state.api_url)
     except EphemeralModeError as exc:
         problems.append(str(exc))
-    report = {"running": healthy and all(alive.values()), "problems": problems, "api_url": state.api_url,
-              "ui_url": state.ui_url, "pool": state.pool, "alive": alive,
-              "pool_status": pool_status(state.api_url, state.pool) if healthy else None,
-              "deployments": deployment_names(state.api_url, Path(state.project_root)) if healthy else []}  # fmt: skip
+    report = {
+        "running": healthy and all(alive.values()),
+        "problems": problems,
+        "api_url": state.api_url,
+        "ui_url": state.ui_url,
+        "pool": state.pool,
+        "alive": alive,
+        "pool_status": pool_status(state.api_url, state.pool) if healthy else None,
+        "deployments": deployment_names(state.api_url, Path(state.project_root)) if healthy else [],
+    }
     return report | {"ok": report["running"] and not problems}
 
 

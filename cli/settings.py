@@ -238,8 +238,10 @@ SHELL = (
 
 
 # Options that were renamed: a run that still passes one is told the new name (no alias: the old name had two meanings).
-RENAMED = {"--batch-size": "--cases-per-task (build-sft-set: cases per Prefect task) or --rows-per-call "
-           "(build-rl-hardset: rows per generate call)"}  # fmt: skip
+RENAMED = {
+    "--batch-size": "--cases-per-task (build-sft-set: cases per Prefect task) or --rows-per-call "
+    "(build-rl-hardset: rows per generate call)"
+}
 
 
 def demo_kwargs(settings: Sequence[Setting]) -> dict[str, Any]:

@@ -54,8 +54,14 @@ def rejection_table(rejections: Sequence[Any], detail_chars: int = ARTIFACT_DETA
         detail = r.detail
         if r.path and detail.startswith(r.path):
             detail = r.path.split(f"{r.case_id}/", 1)[-1] + detail[len(r.path) :]
-        rows.append({"case_id": r.case_id, "organ": r.organ or "", "step/reason": f"{r.step}/{r.reason}",
-                     "detail": clip(detail, detail_chars)})  # fmt: skip
+        rows.append(
+            {
+                "case_id": r.case_id,
+                "organ": r.organ or "",
+                "step/reason": f"{r.step}/{r.reason}",
+                "detail": clip(detail, detail_chars),
+            }
+        )
     return rows or [{"case_id": "", "organ": "", "step/reason": "none", "detail": ""}]
 
 

@@ -80,8 +80,12 @@ def probe_task(sft_dir: str, split: str, backend_kwargs: dict[str, Any]) -> dict
     )
     logger.info(
         "probe ok: %s, dialect %s, %d -> %d frames: %s (%.1f s)",
-        backend.model, backend.dialect, *report.frame_counts, tokens, report.seconds,
-    )  # fmt: skip
+        backend.model,
+        backend.dialect,
+        *report.frame_counts,
+        tokens,
+        report.seconds,
+    )
     return {"frame_counts": list(report.frame_counts), "prompt_tokens": list(report.prompt_tokens)}
 
 
@@ -115,15 +119,18 @@ def predict_task(
                     break
                 chunk.append(request_from_row(row))
                 if len(chunk) == 32:
-                    results |= _run(backend, chunk, store, backend_kwargs["rows_per_call"], bar, progress,
-                                    retry_errors, retried)  # fmt: skip
+                    results |= _run(
+                        backend, chunk, store, backend_kwargs["rows_per_call"], bar, progress, retry_errors, retried
+                    )
                     chunk = []
             if chunk:
-                results |= _run(backend, chunk, store, backend_kwargs["rows_per_call"], bar, progress, retry_errors,
-                                retried)  # fmt: skip
+                results |= _run(
+                    backend, chunk, store, backend_kwargs["rows_per_call"], bar, progress, retry_errors, retried
+                )
     failed = sum(r["error"] is not None for r in results.values())
-    logger.info("%d predictions (%d failed, %d earlier errors sent again) in %s", len(results), failed, retried[0],
-                store_path)  # fmt: skip
+    logger.info(
+        "%d predictions (%d failed, %d earlier errors sent again) in %s", len(results), failed, retried[0], store_path
+    )
     return {"results": results, "retried_errors": retried[0]}
 
 
@@ -200,13 +207,24 @@ def build_rl_hardset_flow(
     started = time.perf_counter()
     sft, out = Path(sft_dir).resolve(), Path(output_dir).resolve()
     splits = _checked_settings(sft, splits, dialect, max_tokens_field)
-    model, fingerprint, store_path = _store(sft, out, backend, model_path, endpoint_url, endpoint_model, max_new_tokens,
-                                            dialect)  # fmt: skip
-    backend_kwargs = {"backend": backend, "model_path": model_path, "endpoint_url": endpoint_url, "dialect": dialect,
-                      "endpoint_model": endpoint_model, "rows_per_call": rows_per_call, "max_new_tokens": max_new_tokens,
-                      "max_concurrency": max_concurrency, "device": device, "max_tokens_field": max_tokens_field,
-                      "connect_timeout_s": connect_timeout_s, "first_byte_timeout_s": first_byte_timeout_s,
-                      "answer_timeout_s": answer_timeout_s}  # fmt: skip
+    model, fingerprint, store_path = _store(
+        sft, out, backend, model_path, endpoint_url, endpoint_model, max_new_tokens, dialect
+    )
+    backend_kwargs = {
+        "backend": backend,
+        "model_path": model_path,
+        "endpoint_url": endpoint_url,
+        "dialect": dialect,
+        "endpoint_model": endpoint_model,
+        "rows_per_call": rows_per_call,
+        "max_new_tokens": max_new_tokens,
+        "max_concurrency": max_concurrency,
+        "device": device,
+        "max_tokens_field": max_tokens_field,
+        "connect_timeout_s": connect_timeout_s,
+        "first_byte_timeout_s": first_byte_timeout_s,
+        "answer_timeout_s": answer_timeout_s,
+    }
     if backend == "openai" and probe:
         probe_task(str(sft), splits[0], backend_kwargs)
     predicted = predict_task(str(sft), splits, str(store_path), backend_kwargs, limit, retry_errors)
@@ -214,10 +232,19 @@ def build_rl_hardset_flow(
     columns = [*PREDICTION_TRUTH_COLUMNS, "frames"]
     collected = collect_predictions({s: _iter_rows(sft, s, columns) for s in SPLITS}, results, str(model))
     chosen = select_hard_rows(collected.scored["train"], target_size=target_size)
-    provenance = {"pipeline_version": __version__, "git_sha": git_sha(), "config_fingerprint": fingerprint,
-                  "model": str(model), "sft_dir": str(sft), "target_size": target_size}  # fmt: skip
-    inference = {"retried_errors": predicted["retried_errors"], "kept_errors": not retry_errors,
-                 "other_model_answers": _other_models(results, endpoint_model if backend == "openai" else None)}  # fmt: skip
+    provenance = {
+        "pipeline_version": __version__,
+        "git_sha": git_sha(),
+        "config_fingerprint": fingerprint,
+        "model": str(model),
+        "sft_dir": str(sft),
+        "target_size": target_size,
+    }
+    inference = {
+        "retried_errors": predicted["retried_errors"],
+        "kept_errors": not retry_errors,
+        "other_model_answers": _other_models(results, endpoint_model if backend == "openai" else None),
+    }
     summary = _write_outputs(sft, out, collected, chosen, provenance, n_bootstrap, started, inference)
     _fail_on_failed_predictions(collected.failed, len(collected.predictions), max_failed_predictions, retry_errors)
     return summary
@@ -349,8 +376,16 @@ def _artifacts(summary_md: str, chosen: Sequence[HardRow]) -> None:
     create_markdown_artifact(key="build-rl-hardset-summary", markdown=summary_md, description="hard set + SFT metrics")
     create_table_artifact(
         key="build-rl-hardset-rows",
-        table=[{"case_id": h.case_id, "organ": h.organ, "rank": h.rank, "reward": round(h.reward, 4),
-                "reasons": ", ".join(h.reasons)} for h in chosen[:500]]
+        table=[
+            {
+                "case_id": h.case_id,
+                "organ": h.organ,
+                "rank": h.rank,
+                "reward": round(h.reward, 4),
+                "reasons": ", ".join(h.reasons),
+            }
+            for h in chosen[:500]
+        ]
         or [{"case_id": "", "organ": "", "rank": 0, "reward": 0.0, "reasons": "none"}],
         description="the chosen rows and why (first 500)",
-    )  # fmt: skip
+    )

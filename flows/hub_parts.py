@@ -169,8 +169,13 @@ def curate_release(
         release = local_release(options.local_root, options.revision)
     else:
         release = resolve_release(repo_id, options.revision)
-    logger.info("%s: revision %s is commit %s, %d part pairs", release.source, release.revision, release.sha,
-                len(release.pairs))  # fmt: skip
+    logger.info(
+        "%s: revision %s is commit %s, %d part pairs",
+        release.source,
+        release.revision,
+        release.sha,
+        len(release.pairs),
+    )
     meta_root = out / ".work" / "hub" / release.sha
     if release.local_root is not None:
         meta_root = Path(release.local_root)
@@ -186,8 +191,12 @@ def curate_release(
     metadata, meta_rejections = plan_metadata(meta_root, wanted, warnings)
     pairs, last_case = _limited(release.pairs, limit)
     concurrency, allowance = plan_concurrency(pairs, options.scratch_budget_bytes, runner[2])
-    logger.info("scratch budget %s: %d part pair(s) at once, %s each", format_size(options.scratch_budget_bytes),
-                concurrency, format_size(allowance))  # fmt: skip
+    logger.info(
+        "scratch budget %s: %d part pair(s) at once, %s each",
+        format_size(options.scratch_budget_bytes),
+        concurrency,
+        format_size(allowance),
+    )
     check_scratch_space(options.scratch_dir, scratch_bytes_planned(pairs, options.scratch_budget_bytes, concurrency))
     jobs = [
         PartJob(

@@ -23,7 +23,9 @@ _URL_QUERY = re.compile(r"(https?://[^\s?#'\"<>]+)[?#][^\s'\"<>]*")
 _FAILED = re.compile(
     r"^(?:HTTP Error (?P<status>\d+)|'(?P<error>.*)') thrown while requesting (?P<method>\S+) (?P<url>\S+)$"
 )
-_WAIT = re.compile(r"^(?:Rate limited\. Waiting|Retrying in) (?P<wait>[\d.]+)s(?: before retry)? \[Retry (?P<i>\d+)/(?P<n>\d+)\]\.?$")  # fmt: skip
+_WAIT = re.compile(
+    r"^(?:Rate limited\. Waiting|Retrying in) (?P<wait>[\d.]+)s(?: before retry)? \[Retry (?P<i>\d+)/(?P<n>\d+)\]\.?$"
+)
 _lock = threading.Lock()
 
 
@@ -56,7 +58,10 @@ class OneLineRetries(logging.Filter):
         if waiting is not None:
             cause = getattr(self._cause, "value", "a failed request")
             tries = int(waiting["n"]) + 1
-            record.msg, record.args = f"{cause}: waiting {float(waiting['wait']):g} s, try {int(waiting['i']) + 1} of {tries}", None  # fmt: skip
+            record.msg, record.args = (
+                f"{cause}: waiting {float(waiting['wait']):g} s, try {int(waiting['i']) + 1} of {tries}",
+                None,
+            )
             return True
         cleaned = redact(message)
         if cleaned != message:

@@ -240,8 +240,16 @@ class _PairReader:
                 return
             self.readings[kind] = PartReading(part.path)
             with path.open("rb") as fh:
-                read_part(fh, name=part.path, kind=kind, dest=self.work, case_range=(pair.start, pair.end),
-                          meter=self.meter, on_file=on_file, reading=self.readings[kind])  # fmt: skip
+                read_part(
+                    fh,
+                    name=part.path,
+                    kind=kind,
+                    dest=self.work,
+                    case_range=(pair.start, pair.end),
+                    meter=self.meter,
+                    on_file=on_file,
+                    reading=self.readings[kind],
+                )
         known = list(dict.fromkeys(c for r in self.readings.values() for c in r.cases))
         for reading in self.readings.values():
             finish_broken(reading, known, set(self.finished))
@@ -317,8 +325,17 @@ class _PairReader:
         stopped = None
         try:
             with growing:
-                read_part(cast(IO[bytes], growing), name=part.path, kind=kind, dest=self.work, case_range=(pair.start, pair.end),
-                          meter=self.meter, on_file=on_file, reading=self.readings[kind], max_inflated_bytes=cap)  # fmt: skip
+                read_part(
+                    cast(IO[bytes], growing),
+                    name=part.path,
+                    kind=kind,
+                    dest=self.work,
+                    case_range=(pair.start, pair.end),
+                    meter=self.meter,
+                    on_file=on_file,
+                    reading=self.readings[kind],
+                    max_inflated_bytes=cap,
+                )
         except DownloadStoppedError as err:
             stopped = err
         thread.join()

@@ -38,6 +38,14 @@ def run(args: argparse.Namespace) -> None:
     """Evaluate."""
     from cli.evaluate import evaluate_predictions
 
-    evaluate_predictions(args.predictions, args.out, split=args.split, text_column=args.text_column,
-                         n_bootstrap=args.n_bootstrap, seed=args.seed, text_metrics=args.text_metrics,
-                         gold=args.gold, against=args.against)  # fmt: skip
+    evaluate_predictions(
+        args.predictions,
+        args.out,
+        split=args.split,
+        text_column=args.text_column,
+        n_bootstrap=args.n_bootstrap,
+        seed=args.seed,
+        text_metrics=args.text_metrics,
+        gold=args.gold,
+        against=args.against,
+    )

@@ -14,9 +14,13 @@ from cli.settings import SERVER_STATUS, SERVER_UP, SERVER_WHERE
 
 def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     """Declare `emrl server` and its actions."""
-    p = sub.add_parser("server", parents=common, help="local Prefect server + worker + deployments (make serve)",
-                       description="A local Prefect server (UI included), the emrl-local process pool, the "
-                       "deployments of prefect.yaml and a worker; state in .prefect-home/server/.")  # fmt: skip
+    p = sub.add_parser(
+        "server",
+        parents=common,
+        help="local Prefect server + worker + deployments (make serve)",
+        description="A local Prefect server (UI included), the emrl-local process pool, the "
+        "deployments of prefect.yaml and a worker; state in .prefect-home/server/.",
+    )
     p.set_defaults(func=run)
     actions = p.add_subparsers(dest="server_action", required=True, metavar="ACTION", parser_class=Parser)
     where = argparse.ArgumentParser(add_help=False, parents=common)
@@ -57,8 +61,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.server_action == "up":
         try:
-            state = server.server_up(project_root=args.project_root, home=args.home, port=args.port,
-                                     deploy=args.deploy, worker=args.worker, timeout_s=args.timeout_s)  # fmt: skip
+            state = server.server_up(
+                project_root=args.project_root,
+                home=args.home,
+                port=args.port,
+                deploy=args.deploy,
+                worker=args.worker,
+                timeout_s=args.timeout_s,
+            )
         except server.ServerError as exc:
             print(f"emrl server up failed: {exc}", file=sys.stderr)
             return 1
@@ -72,8 +82,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     elif report["running"]:
-        print(f"running: UI {report['ui_url']}, API {report['api_url']}, pool {report['pool']} "
-              f"({report['pool_status']}), deployments: {', '.join(report['deployments']) or 'none'}")  # fmt: skip
+        print(
+            f"running: UI {report['ui_url']}, API {report['api_url']}, pool {report['pool']} "
+            f"({report['pool_status']}), deployments: {', '.join(report['deployments']) or 'none'}"
+        )
     for problem in report["problems"]:
         print(f"PROBLEM: {problem}", file=sys.stderr)
     return 0 if report["ok"] else 1

@@ -27,11 +27,25 @@ def test_eval_writes_tables_from_raw_predictions(tmp_path: Path, capsys) -> None
         # a positive with the wrong location and a K-Hit miss (30 mm: the > 2 cm bin)
         {**truth, "has_lesion": True, "long_axis_mm": 30.0, "prediction": _positive_report(30.0, ["6"], 12)},
         # a true negative, and a false positive
-        {**truth, "has_lesion": False, "long_axis_mm": None, "location": [], "attenuation": None,
-         "key_slice_frame": None, "prediction": render_report("No focal liver lesion is identified.", "No liver tumor.", None)},
-        {**truth, "has_lesion": False, "long_axis_mm": None, "location": [], "attenuation": None,
-         "key_slice_frame": None, "prediction": _positive_report(20.0, ["5"], 3)},
-    ]  # fmt: skip
+        {
+            **truth,
+            "has_lesion": False,
+            "long_axis_mm": None,
+            "location": [],
+            "attenuation": None,
+            "key_slice_frame": None,
+            "prediction": render_report("No focal liver lesion is identified.", "No liver tumor.", None),
+        },
+        {
+            **truth,
+            "has_lesion": False,
+            "long_axis_mm": None,
+            "location": [],
+            "attenuation": None,
+            "key_slice_frame": None,
+            "prediction": _positive_report(20.0, ["5"], 3),
+        },
+    ]
     path = tmp_path / "preds.parquet"
     pl.DataFrame(rows).write_parquet(path)
 

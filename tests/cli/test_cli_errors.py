@@ -376,8 +376,20 @@ def test_a_key_refused_mid_run_stops_at_the_first_batch(
     # flight (without the hold, the second thread may start after the first refusal and rightly not send at all)
     for url in _serve(chat_status=401, refuse_together=2):
         handler_posts = _Stub.__subclasses__()[-1].posts
-        args = ["build-rl-hardset", str(sft_out / "sft"), str(tmp_path), "--endpoint", url, "--endpoint-model",
-                "stub-model", "--rows-per-call", "2", "--concurrency", "2", "--no-probe"]  # fmt: skip
+        args = [
+            "build-rl-hardset",
+            str(sft_out / "sft"),
+            str(tmp_path),
+            "--endpoint",
+            url,
+            "--endpoint-model",
+            "stub-model",
+            "--rows-per-call",
+            "2",
+            "--concurrency",
+            "2",
+            "--no-probe",
+        ]
         with pytest.raises(SystemExit) as exited:
             main(args)
     out, err = capsys.readouterr()
@@ -402,11 +414,31 @@ def test_ctrl_c_stops_mining_promptly_and_the_rerun_resumes(
     # in flight, however fast or slow the machine
     for url in _serve(hold_from=2):
         stub = _Stub.__subclasses__()[-1]
-        args = ["build-rl-hardset", str(sft_out / "sft"), str(tmp_path), "--endpoint", url, "--endpoint-model",
-                "stub-model", "--rows-per-call", "1", "--concurrency", "1", "--bootstrap", "10", "--no-probe"]  # fmt: skip
+        args = [
+            "build-rl-hardset",
+            str(sft_out / "sft"),
+            str(tmp_path),
+            "--endpoint",
+            url,
+            "--endpoint-model",
+            "stub-model",
+            "--rows-per-call",
+            "1",
+            "--concurrency",
+            "1",
+            "--bootstrap",
+            "10",
+            "--no-probe",
+        ]
         env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(ROOT)}
-        proc = subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", *args],
+            cwd=ROOT,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         lines = []
         for line in proc.stdout:  # type: ignore[union-attr]
             lines.append(line)
@@ -453,7 +485,7 @@ def test_an_interrupted_process_ends_even_when_a_thread_holds_shutdown(debug: bo
         capture_output=True,
         text=True,
         timeout=30,
-    )  # fmt: skip  (a hang guard, not a timing assertion)
+    )  # a hang guard, not a timing assertion
     assert done.returncode == 130, done.stderr
     first, *rest = done.stderr.splitlines()
     assert first == "Still stopping after 0.5 s (threads still running: stuck-client): exiting now. A rerun resumes."

@@ -230,8 +230,12 @@ def test_status_fails_loudly_without_the_api_url(served: tuple[ops.ServerState, 
     assert f"export PREFECT_API_URL={state.api_url}\n" in env_sh
     assert "export PREFECT_SERVER_EPHEMERAL_ENABLED=false" in env_sh
     # ... and puts the venv's `prefect` on PATH: the printed run lines work as they are
-    which = subprocess.run(["bash", "-c", f"source {Path(state.prefect_home) / ops.ENV_NAME} && command -v prefect"],
-                           capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})  # fmt: skip
+    which = subprocess.run(
+        ["bash", "-c", f"source {Path(state.prefect_home) / ops.ENV_NAME} && command -v prefect"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert which.stdout.strip() == str(Path(sys.executable).with_name("prefect"))
     # `up` again reuses the healthy server instead of starting a second one.
     assert ops.server_up(home=Path(state.prefect_home), project_root=ROOT).processes == state.processes
@@ -340,9 +344,15 @@ def test_serve_stop_marks_a_running_flow_run_cancelled(served: tuple[ops.ServerS
     state, _ = served
     _HeldNegativeReportHandler.release.clear()
     with loopback_http(_HeldNegativeReportHandler) as base:
-        params = {"sft_dir": str(built / "sft"), "output_dir": str(built / "slow"), "backend": "openai",
-                  "endpoint_url": f"{base}/v1", "endpoint_model": "slow",
-                  "rows_per_call": 1, "max_concurrency": 1}  # fmt: skip
+        params = {
+            "sft_dir": str(built / "sft"),
+            "output_dir": str(built / "slow"),
+            "backend": "openai",
+            "endpoint_url": f"{base}/v1",
+            "endpoint_model": "slow",
+            "rows_per_call": 1,
+            "max_concurrency": 1,
+        }
         args = ["deployment", "run", "build-rl-hardset/build-rl-hardset"]
         for key, value in params.items():
             args += _param(key, value)

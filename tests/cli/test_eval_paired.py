@@ -20,10 +20,26 @@ N_POS, N_NEG, MISSED = 12, 12, 6
 
 def _truth(i: int) -> dict:
     if i < N_POS:
-        return {"case_id": f"BDMAP_{i:08d}", "organ": "liver", "split": "test", "has_lesion": True,
-                "long_axis_mm": 30.0, "location": ["5"], "attenuation": "hypo", "key_slice_frame": 7}  # fmt: skip
-    return {"case_id": f"BDMAP_{i:08d}", "organ": "liver", "split": "test", "has_lesion": False, "long_axis_mm": None,
-            "location": [], "attenuation": None, "key_slice_frame": None}  # fmt: skip
+        return {
+            "case_id": f"BDMAP_{i:08d}",
+            "organ": "liver",
+            "split": "test",
+            "has_lesion": True,
+            "long_axis_mm": 30.0,
+            "location": ["5"],
+            "attenuation": "hypo",
+            "key_slice_frame": 7,
+        }
+    return {
+        "case_id": f"BDMAP_{i:08d}",
+        "organ": "liver",
+        "split": "test",
+        "has_lesion": False,
+        "long_axis_mm": None,
+        "location": [],
+        "attenuation": None,
+        "key_slice_frame": None,
+    }
 
 
 def _sections(positive: bool) -> tuple[str, str]:
@@ -113,8 +129,18 @@ def test_text_metrics_without_gold_reports_are_refused_in_one_line(tmp_path, cap
 def test_an_earlier_evaluation_is_compared_only_on_the_same_rows(tmp_path, capsys):
     _, reference, other = _tables(tmp_path)
     main(["eval", str(reference), "--out", str(tmp_path / "first"), "--bootstrap", "50"])
-    main(["eval", str(other), "--out", str(tmp_path / "second"), "--bootstrap", "50",
-          "--against", str(tmp_path / "first")])  # fmt: skip
+    main(
+        [
+            "eval",
+            str(other),
+            "--out",
+            str(tmp_path / "second"),
+            "--bootstrap",
+            "50",
+            "--against",
+            str(tmp_path / "first"),
+        ]
+    )
     printed = capsys.readouterr().out
     assert f"## Against {tmp_path / 'first'} (the same rows)" in printed
     assert "| sft | 100.00 / n/a |" in printed and "| grpo | n/a / 75.00 |" in printed  # B-Acc 1 - 6/12/2

@@ -80,8 +80,9 @@ def test_a_busy_hub_run_says_each_retry_once_and_no_credential_anywhere(prefect_
         env.update(HF_ENDPOINT=hub.url, HF_TOKEN="hf_fake_read", HF_HOME=str(tmp_path / "hf"))
         out = tmp_path / "out"
         args = ["build-sft-set", f"hf://datasets/{repo}", str(out), "--scratch", str(tmp_path / "scratch")]
-        done = subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=600)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+        )
     said = done.stdout + done.stderr
     assert done.returncode == 0, said[-3000:]
     assert hub.state.faults == [] and hub.state.cut == {}  # every fault was met

@@ -40,10 +40,18 @@ def _job(tmp_path: Path) -> PartJob:
     release = resolve_release(REPO)
     (pair,) = release.pairs
     return PartJob(
-        pair=pair, commit=release.commit, splits={}, conflicts={}, metadata={}, test_fraction=0.2,
-        cfg_dict=CFG.to_dict(), store_dir=str(tmp_path / "store"), ledger_dir=str(tmp_path / "ledger"),
-        scratch_dir=str(tmp_path / "scratch"), allowance_bytes=1 << 30,
-    )  # fmt: skip
+        pair=pair,
+        commit=release.commit,
+        splits={},
+        conflicts={},
+        metadata={},
+        test_fraction=0.2,
+        cfg_dict=CFG.to_dict(),
+        store_dir=str(tmp_path / "store"),
+        ledger_dir=str(tmp_path / "ledger"),
+        scratch_dir=str(tmp_path / "scratch"),
+        allowance_bytes=1 << 30,
+    )
 
 
 def test_a_pair_is_curated_then_found_in_the_ledger(hub: FakeHub, files: dict[str, bytes], tmp_path: Path) -> None:
