@@ -24,7 +24,8 @@ from emrl_data.reading.fileio import FileChangedError, NotRegularFileError, chec
 def case_cache_key(ref: CaseRef, cfg: CurateConfig, split: str, metadata_key: str = "") -> str:
     """Return a key that changes when any file a row reads, the config, the split or the code version changes.
 
-    Per file a row may read (the CT and every mask-folder file of a structure in `USED_STRUCTURES`) a real checksum
+    Per file a row may read (the CT and every mask-folder file of a structure in `USED_STRUCTURES`, or the case's label
+    map) a real checksum
     of its content (`file_checksum`); every other entry of the mask folder enters by its name alone and is never
     opened (a stray huge file or a named pipe costs nothing; its name stays in the key because the rows' warnings
     name lesion-like files no rule reads). Paths do not enter the key, so a moved atlas reuses its cache. Never
@@ -34,8 +35,10 @@ def case_cache_key(ref: CaseRef, cfg: CurateConfig, split: str, metadata_key: st
     digest = hashlib.sha256()
     digest.update(f"{__version__}|{cfg.fingerprint()}|{ref.case_id}|{split}|{metadata_key}".encode())
     entries: list[tuple[str, Path | None]] = [("ct", ref.ct_path)]
+    if ref.labels is not None:  # a label map is every mask of its case; its folder holds other cases' files
+        entries.append((f"labels {ref.labels.table.describe()}", ref.labels.path))
     try:
-        names = sorted(os.listdir(ref.mask_dir))
+        names = [] if ref.labels is not None else sorted(os.listdir(ref.mask_dir))
     except (FileNotFoundError, NotADirectoryError):
         names = []
     except OSError as err:

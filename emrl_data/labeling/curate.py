@@ -119,7 +119,7 @@ def _curate(
     except Exception as err:  # a bug: recorded per case, fails the flow at the end
         result.rejections.append(_unexpected(ref, None, "load", err))
         return result
-    for organ in Organ:
+    for organ in [o for o in Organ if ref.annotates(o)]:  # an organ the dataset does not annotate is unknown: no row
         step, files = "labels", tuple[str, ...]()
         try:
             files = lesion_files(ref, organ)

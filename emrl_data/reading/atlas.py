@@ -31,7 +31,6 @@ from emrl_data.reading.atlas_cases import (  # noqa: F401 - re-exported: the atl
     CaseRef,
     Discovery,
     NoCasesError,
-    discover_cases,
     lesion_files,
     nifti_path,
     printable,
@@ -55,7 +54,17 @@ from emrl_data.reading.atlas_splits import (  # noqa: F401 - re-exported
     hash_split,
     read_split_files,
 )
+from emrl_data.reading.layout import discover
 from emrl_data.types import Organ
+
+
+def discover_cases(root: Path, *, layout: str | None = None) -> Discovery:
+    """The cases under a dataset root, by its detected layout or the one named (`emrl_data.reading.layout.discover`).
+
+    An AbdomenAtlas folder (and any folder no other layout recognises) is read by
+    `emrl_data.reading.atlas_cases.discover_cases`, whose rules and messages are unchanged.
+    """
+    return discover(root, layout)
 
 
 # Organ knowledge lives in the registry; these names stay as lookups into it (organ -> structures / location names /
@@ -76,10 +85,14 @@ class AtlasPlan:
     warnings: tuple[str, ...] = ()  # discovery and CSV notes for the run summary
 
 
-def plan_atlas(root: Path, *, limit: int | None = None, test_fraction: float = 0.10) -> AtlasPlan:
+def plan_atlas(
+    root: Path, *, limit: int | None = None, test_fraction: float = 0.10, layout: str | None = None
+) -> AtlasPlan:
     """Discover the cases, assign splits (IID files, else the hash split) and read the metadata CSV if present.
 
-    A case missing from existing split files gets the hash split; a case listed in more than one split file is
+    The layout is detected (`emrl_data.reading.layout`) unless `layout` names one; `AtlasPlan.layout` is the layout
+    found: "split" or "combined" for AbdomenAtlas, else the layout's name ("kits23"). A case missing from existing
+    split files gets the hash split; a case listed in more than one split file is
     rejected (`split_conflict`, step "discover") and not curated. A metadata row that cannot be parsed becomes a
     `bad_metadata_row` rejection (step "metadata"); the case itself still runs, without `atlas_*` values.
 
@@ -88,7 +101,7 @@ def plan_atlas(root: Path, *, limit: int | None = None, test_fraction: float = 0
         AtlasError: a layout folder, the metadata CSV or a split file cannot be read; NoCasesError: no case.
     """
     root = Path(root).resolve()
-    discovery = discover_cases(root)
+    discovery = discover_cases(root, layout=layout)
     refs = list(discovery.refs[:limit] if limit is not None else discovery.refs)
     listing = read_split_files(root)
     rejections = list(discovery.rejections)

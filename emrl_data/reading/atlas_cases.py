@@ -25,6 +25,7 @@ from pathlib import Path
 from emrl_data.organs import ORGAN_STRUCTURES
 from emrl_data.outcome import CaseDataError, Rejection, RejectReason
 from emrl_data.reading.fileio import describe_special
+from emrl_data.reading.label_maps import LabelMap
 from emrl_data.types import Organ, is_valid_case_id
 
 
@@ -89,19 +90,40 @@ def os_reason(err: OSError) -> str:
 
 @dataclass(frozen=True, slots=True)
 class CaseRef:
-    """Where one case's files are. Paths are absolute; `root` is the atlas root they are relative to."""
+    """Where one case's files are. Paths are absolute; `root` is the dataset root they are relative to.
+
+    A case of a per-structure layout (AbdomenAtlas) has a mask folder; a case of a label-map layout (MSD, KiTS, LiTS)
+    has `labels`: its label-map file and table, from which every structure is read (`emrl_data.reading.label_maps`),
+    and `organs`: the organs its dataset annotates (None: every registered organ).
+    """
 
     case_id: str
     root: Path
     ct_path: Path  # may not exist (-> missing_ct rejection)
-    mask_dir: Path  # the `segmentations/` folder (may not exist)
+    mask_dir: Path  # the `segmentations/` folder (may not exist); a label map's folder
+    labels: LabelMap | None = None
+    organs: tuple[str, ...] | None = None
+
+    def annotates(self, organ: str) -> bool:
+        """Whether the case's dataset annotates `organ`: an organ it does not is unknown (no row), never negative."""
+        return self.organs is None or str(organ) in self.organs
+
+    def label_selection(self, structure: str) -> tuple[tuple[int, ...], str | None] | None:
+        """(label values, side) of `structure` in the case's label map; None for a per-structure file."""
+        return None if self.labels is None else self.labels.selection(structure)
 
     def structure_path(self, structure: str) -> Path | None:
         """Return the file of `structure` (`.nii.gz` preferred, then `.nii`), or None when neither exists.
 
+        In a label-map case: the label map when its table provides `structure` and the file exists, else None.
+
         Raises:
             CaseDataError: UNREADABLE_FILE when a candidate exists but cannot be read (see `probe_file`).
         """
+        if self.labels is not None:
+            path = self.labels.path
+            found = self.labels.selection(structure) is not None and probe_file(path, self.relative(path))
+            return path if found else None
         for suffix in NIFTI_SUFFIXES:
             path = self.mask_dir / f"{structure}{suffix}"
             if probe_file(path, self.relative(path)):
@@ -116,11 +138,13 @@ class CaseRef:
             return str(path)
 
     def mask_stems(self) -> tuple[str, ...]:
-        """Return the structure names (file stems) in the mask folder, sorted; () when it is absent.
+        """Return the structure names (file stems) in the mask folder, sorted; () when it is absent (a label map: its table's).
 
         Raises:
             CaseDataError: UNREADABLE_FILE when the mask folder exists but cannot be listed.
         """
+        if self.labels is not None:
+            return self.labels.structure_names()
         try:
             names = os.listdir(self.mask_dir)
         except (FileNotFoundError, NotADirectoryError):

@@ -8,7 +8,8 @@ mask on the CT grid when asked (`CaseImages.mask`). Mask placement is decided an
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 from nibabel.orientations import inv_ornt_aff, io_orientation
@@ -17,6 +18,7 @@ from emrl_data.config import LoadConfig
 from emrl_data.organs import ORGAN_STRUCTURES
 from emrl_data.outcome import CaseDataError, RejectReason
 from emrl_data.reading.atlas import CaseRef
+from emrl_data.reading.label_maps import decode_labels, select, side_cut
 from emrl_data.reading.nifti import (
     AFFINE_ATOL,
     NiftiVolume,
@@ -78,6 +80,7 @@ class CaseImages:
         "_evidence",
         "_mini_box",
         "_boxes",
+        "_labels",
     )
 
     def __init__(self, *, ref: CaseRef, ct: NiftiVolume, cfg: LoadConfig, digest: str = "") -> None:
@@ -96,6 +99,7 @@ class CaseImages:
         self._evidence: BodyEvidence | None = None
         self._mini_box: tuple[tuple[slice, slice, slice] | None] | None = None  # computed once, when needed
         self._boxes: dict[str, tuple[Box3 | None]] = {}  # structure -> canonical box from its last read
+        self._labels: NiftiVolume | None = None  # a label-map case's decoded label map
 
     def relative_path(self, structure: str) -> str | None:
         """Return the file of `structure` relative to the atlas root, or None when the case has none."""
@@ -177,8 +181,12 @@ class CaseImages:
         if path is None:
             return None
         rel = self._ref.relative(path)
-        find_box = not defer_values and structure not in _PART_ONLY_MASKS
-        vol = decode_file(path, rel, role="mask", cfg=self._cfg, find_box=find_box, defer_values=defer_values)
+        selection = self._ref.label_selection(structure)
+        if selection is not None:
+            vol = self._label_mask(path, rel, selection[0])
+        else:
+            find_box = not defer_values and structure not in _PART_ONLY_MASKS
+            vol = decode_file(path, rel, role="mask", cfg=self._cfg, find_box=find_box, defer_values=defer_values)
         self.file_digests[rel] = vol.digest
         ct_shape: tuple[int, int, int] = tuple(self._ct.data.shape)  # type: ignore[assignment]
         same_affine = np.allclose(vol.affine, self._ct.affine, atol=AFFINE_ATOL)
@@ -198,13 +206,13 @@ class CaseImages:
         else:
             stored, how = place_on_grid(data, vol.affine, ct_shape, self._ct.affine, rel), "by the headers"
         del vol, data
+        if selection is not None and selection[1] is not None:  # one label for both sides: cut in the patient frame
+            stored = side_cut(stored, self._ct.affine, self._body_evidence().midline_x_mm, selection[1])
         organ = _organ_of_mask(structure)
         if organ is not None:
-            if self._evidence is None:
-                self._evidence = BodyEvidence(self._ct.data, self._ct.affine)
             verify_organ_mask(
                 stored,
-                self._evidence,
+                self._body_evidence(),
                 organ=organ,
                 structure=structure,
                 name=rel,
@@ -214,6 +222,23 @@ class CaseImages:
                 box=box,
             )
         return stored, rel
+
+    def _body_evidence(self) -> BodyEvidence:
+        if self._evidence is None:
+            self._evidence = BodyEvidence(self._ct.data, self._ct.affine)
+        return self._evidence
+
+    def _label_mask(self, path: Path, rel: str, values: tuple[int, ...]) -> NiftiVolume:
+        """The voxels of a label map holding `values`, as a bool volume in the file's storage order.
+
+        The decoded label map is kept for the case's next structure (one decode per case, not one per structure).
+        """
+        labels = self._labels
+        if labels is None or labels.path != path:
+            assert self._ref.labels is not None
+            labels = decode_labels(path, rel, cfg=self._cfg, allowed=self._ref.labels.table.values)
+            self._labels = labels
+        return replace(labels, data=select(labels.data, values))
 
     def mask_box(self, structure: str) -> tuple[Box3 | None] | None:
         """Return the tight box of `structure`'s mask as last read by `mask`, if the read found it.
