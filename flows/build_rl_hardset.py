@@ -147,6 +147,12 @@ def _run(backend, requests, store, batch_size, bar, progress, retry_errors, retr
     return {rid: {"text": r.text, "error": r.error, "model": r.model} for rid, r in done.items()}
 
 
+# The flow's settings the prediction tasks build their backend from (handed to them as one dict).
+BACKEND_SETTINGS = ("backend", "model_path", "endpoint_url", "dialect", "endpoint_model", "rows_per_call",
+                    "max_new_tokens", "max_concurrency", "device", "max_tokens_field", "connect_timeout_s",
+                    "first_byte_timeout_s", "answer_timeout_s")  # fmt: skip
+
+
 @flow(name="build-rl-hardset")
 def build_rl_hardset_flow(
     sft_dir: str,
@@ -207,24 +213,10 @@ def build_rl_hardset_flow(
     started = time.perf_counter()
     sft, out = Path(sft_dir).resolve(), Path(output_dir).resolve()
     splits = _checked_settings(sft, splits, dialect, max_tokens_field)
-    model, fingerprint, store_path = _store(
-        sft, out, backend, model_path, endpoint_url, endpoint_model, max_new_tokens, dialect
-    )
-    backend_kwargs = {
-        "backend": backend,
-        "model_path": model_path,
-        "endpoint_url": endpoint_url,
-        "dialect": dialect,
-        "endpoint_model": endpoint_model,
-        "rows_per_call": rows_per_call,
-        "max_new_tokens": max_new_tokens,
-        "max_concurrency": max_concurrency,
-        "device": device,
-        "max_tokens_field": max_tokens_field,
-        "connect_timeout_s": connect_timeout_s,
-        "first_byte_timeout_s": first_byte_timeout_s,
-        "answer_timeout_s": answer_timeout_s,
-    }
+    store = _store(sft, out, backend, model_path, endpoint_url, endpoint_model, max_new_tokens, dialect)
+    model, fingerprint, store_path = store
+    settings = locals()
+    backend_kwargs = {name: settings[name] for name in BACKEND_SETTINGS}  # what the tasks build their backend from
     if backend == "openai" and probe:
         probe_task(str(sft), splits[0], backend_kwargs)
     predicted = predict_task(str(sft), splits, str(store_path), backend_kwargs, limit, retry_errors)
@@ -232,14 +224,8 @@ def build_rl_hardset_flow(
     columns = [*PREDICTION_TRUTH_COLUMNS, "frames"]
     collected = collect_predictions({s: _iter_rows(sft, s, columns) for s in SPLITS}, results, str(model))
     chosen = select_hard_rows(collected.scored["train"], target_size=target_size)
-    provenance = {
-        "pipeline_version": __version__,
-        "git_sha": git_sha(),
-        "config_fingerprint": fingerprint,
-        "model": str(model),
-        "sft_dir": str(sft),
-        "target_size": target_size,
-    }
+    provenance = {"pipeline_version": __version__, "git_sha": git_sha(), "config_fingerprint": fingerprint}
+    provenance.update(model=str(model), sft_dir=str(sft), target_size=target_size)
     inference = {
         "retried_errors": predicted["retried_errors"],
         "kept_errors": not retry_errors,

@@ -38,7 +38,8 @@ Unknown routes are recorded in `state.unknown`, every request in `state.requests
 `state.authorizations`.
 
 Use from tests: `with serve_fake_hub() as hub: ... hub.url ... hub.state.commit_count("datasets", "org/name")`.
-Run by hand: `python -m tests.fakehub --port 8765 [--xet] [--gated REPO_ID] [--log FILE] [--mb-per-s R]`, then `HF_ENDPOINT=http://127.0.0.1:8765 HF_TOKEN=hf_fake ...`.
+Run by hand: `python -m tests.fakehub --port 8765 [--xet] [--dataset REPO_ID=DIR] [--gated REPO_ID] [--log FILE]
+[--mb-per-s R]`, then `HF_ENDPOINT=http://127.0.0.1:8765 HF_TOKEN=hf_fake ...`.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -875,11 +877,18 @@ if __name__ == "__main__":
     parser.add_argument("--gated", action="append", default=[], help="REPO_ID: a dataset whose files need a token")
     parser.add_argument("--log", help="one JSON line per request, every host")
     parser.add_argument("--mb-per-s", type=float, help="total bandwidth of file bodies, every host together")
+    parser.add_argument(
+        "--dataset", action="append", default=[], metavar="REPO_ID=DIR", help="serve DIR's files as this dataset"
+    )
     args = parser.parse_args()
     with serve_fake_hub(
         tuple(args.lfs_suffix), xet=args.xet, port=args.port, log_path=args.log, mb_per_s=args.mb_per_s
     ) as hub:
-        for repo_id in args.gated:
+        for spec in args.dataset:
+            repo_id, _, folder = spec.partition("=")
+            tree = {p.relative_to(folder).as_posix(): p.read_bytes() for p in Path(folder).rglob("*") if p.is_file()}
+            hub.state.put_dataset(repo_id, tree, gated=repo_id in args.gated)
+        for repo_id in (r for r in args.gated if ("dataset", r) not in hub.state.repos):
             hub.state.repos[("dataset", repo_id)] = Repo("dataset", repo_id, False, gated=True)
             commit = hub.state.new_commit(hub.state.repos[("dataset", repo_id)], None, {}, "initial commit")
             hub.state.repos[("dataset", repo_id)].branches["main"] = commit.oid
