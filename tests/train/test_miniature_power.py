@@ -111,3 +111,86 @@ def test_the_metrics_column_sums_give_the_bootstrap_of_the_drawn_rows_bit_for_bi
             assert boot(groups, metric, n_bootstrap=200, seed=5) == boot(groups, plain, n_bootstrap=200, seed=5)
     fractional = [{"organ": "liver", "has_lesion": True, "score_existence": 0.5, "score_k_hit": 1.0}]
     assert average_bacc.counts(fractional) is None and k_hit.counts(fractional) is not None  # not exact: drawn rows
+
+
+def test_holm_and_benjamini_hochberg_adjust_given_p_values():
+    from train.miniature.power import benjamini_hochberg, holm
+
+    p = [0.04, 0.01, 0.2, 0.03, 0.02]
+    # Holm, sorted 0.01 0.02 0.03 0.04 0.2: x5 0.05, x4 0.08, x3 0.09, x2 0.08 -> 0.09 (monotone), x1 0.2
+    assert holm(p) == pytest.approx([0.09, 0.05, 0.2, 0.09, 0.08])
+    # BH, from the largest: 0.2 x 5/5 = 0.2, 0.04 x 5/4 = 0.05, 0.03 x 5/3 = 0.05, 0.02 x 5/2 = 0.05, 0.01 x 5 = 0.05
+    assert benjamini_hochberg(p) == pytest.approx([0.05, 0.05, 0.2, 0.05, 0.05])
+    assert holm([0.6, 0.5]) == [1.0, 1.0] and benjamini_hochberg([0.6, 0.5]) == [0.6, 0.6]
+    assert holm([]) == [] and benjamini_hochberg([]) == []
+
+
+def _pos(organ, pred, key=10, claims=True):
+    hit = None if key is None else float(claims and pred is not None and abs(pred - key) <= 1)
+    return {"organ": organ, "has_lesion": True, "pred_has_lesion": claims, "pred_key_slice": pred,
+            "key_slice_frame": key, "score_k_hit": hit, "score_existence": float(claims)}  # fmt: skip
+
+
+def test_k_hit_taken_apart_on_constructed_rows():
+    from train.miniature.power import lesion_metrics, names_lesion_frame, random_lesion_frame
+
+    # liver: exact, d = 1, d = 3 (a lesion frame, no K-Hit), d = 4 (outside), no frame named, a frame but no lesion
+    # claimed; kidney: exact, d = 2; a negative row, which no rate counts
+    rows = [_pos("liver", 10), _pos("liver", 11), _pos("liver", 7), _pos("liver", 14), _pos("liver", None),
+            _pos("liver", 10, claims=False), _pos("kidney", 5, key=5), _pos("kidney", 3, key=5),
+            {"organ": "kidney", "has_lesion": False, "pred_has_lesion": False, "pred_key_slice": None,
+             "key_slice_frame": None, "score_k_hit": None, "score_existence": 1.0}]  # fmt: skip
+    assert [names_lesion_frame(r, 3) for r in rows] == [True, True, True, False, False, False, True, True, False]
+    got = {name: rate(rows) for name, rate in lesion_metrics(3).items()}
+    assert got["lesion_frame"] == pytest.approx((3 / 6 + 2 / 2) / 2)
+    assert got["k_hit_in_lesion"] == pytest.approx((2 / 3 + 1 / 2) / 2)
+    assert got["exact_in_lesion"] == pytest.approx((1 / 3 + 1 / 2) / 2)
+    assert got["exact_of_hits"] == pytest.approx((1 / 2 + 1 / 1) / 2)
+    assert lesion_metrics(1)["lesion_frame"](rows) == pytest.approx((2 / 6 + 1 / 2) / 2)  # d = 2, 3 fall outside
+    # a random visible frame: key 10 of 20 shows 7 frames (3 within 1 of the key), key 2 of 20 shows frames 1-5
+    chance = random_lesion_frame([_pos("liver", None, key=10), _pos("kidney", None, key=2), rows[-1]], 3, 20)
+    assert chance == pytest.approx({"k_hit": (3 / 7 + 3 / 5) / 2, "exact_key": (1 / 7 + 1 / 5) / 2,
+                                    "lesion_frame": 1.0, "k_hit_in_lesion": (3 / 7 + 3 / 5) / 2,
+                                    "exact_in_lesion": (1 / 7 + 1 / 5) / 2, "exact_of_hits": 1 / 3})  # fmt: skip
+
+
+def test_the_many_draw_columns_give_each_metric_of_the_drawn_rows():
+    from train.miniature.power import exact_key, lesion_metrics
+
+    rng = np.random.default_rng(7)
+    rows = [_pos(("liver", "kidney", "pancreas")[i % 3], int(rng.integers(1, 21)), key=int(rng.integers(2, 20)),
+                 claims=bool(rng.integers(4))) for i in range(40)]  # fmt: skip
+    rows += [{"organ": "liver", "has_lesion": False, "pred_has_lesion": False, "pred_key_slice": None,
+              "key_slice_frame": None, "score_k_hit": None, "score_existence": 1.0}] * 5  # fmt: skip
+    draws = [rng.integers(len(rows), size=len(rows)) for _ in range(20)]
+    for metric in (average_bacc, k_hit, exact_key, *lesion_metrics(3).values()):
+        columns, of_sums = metric.columns(rows)
+        weights = np.stack([np.bincount(idx, minlength=len(rows)) for idx in draws]).astype(float)
+        got = of_sums(weights @ columns)
+        want = [metric([rows[i] for i in idx]) for idx in draws]
+        assert got == pytest.approx(want, nan_ok=True), metric
+
+
+def test_a_contrast_bootstrap_gives_its_interval_p_value_and_detectable_difference():
+    from train.miniature.power import bound_mc_error, contrast_bootstrap
+
+    a = [_pos("liver", 10), _pos("liver", 10), _pos("liver", 20), _pos("liver", 20)]
+    b = [_pos("liver", 20)] * 4  # K-Hit: a 0.5, b 0; per row a - b = 1, 1, 0, 0
+    got = contrast_bootstrap([[(1.0, k_hit, a), (-1.0, k_hit, b)]], n_bootstrap=4000, seed=0, hierarchical=False)
+    # a draw's difference is k / 4, k ~ Binomial(4, 1/2): P(k = 0) = 1/16, so p = 2 x P(draw <= 0) ~ 0.125
+    assert got["diff"] == 0.5 and (got["ci_low"], got["ci_high"]) == (0.0, 1.0)
+    assert got["p"] == pytest.approx(0.125, abs=0.02) and got["se"] == pytest.approx(0.25, abs=0.01)
+    assert got["mdd"] == pytest.approx(2.8016 * got["se"], rel=1e-4)
+    same = contrast_bootstrap([[(1.0, k_hit, a), (-1.0, k_hit, a)]], n_bootstrap=100, seed=0, hierarchical=True)
+    assert (same["diff"], same["ci_low"], same["ci_high"], same["p"]) == (0.0, 0.0, 0.0, 1.0)
+    # two seeds, one gaining 1 on every row, one 0: seeds and rows draws 0, 0.5 or 1; rows only always 0.5
+    up = [[(1.0, k_hit, [_pos("liver", 10)] * 3), (-1.0, k_hit, [_pos("liver", 20)] * 3)]]
+    flat = [[(1.0, k_hit, [_pos("liver", 10)] * 2), (-1.0, k_hit, [_pos("liver", 10)] * 2)]]
+    rows_only = contrast_bootstrap(up + flat, n_bootstrap=400, seed=1, hierarchical=False)
+    seeds_rows = contrast_bootstrap(up + flat, n_bootstrap=400, seed=1, hierarchical=True)
+    assert (rows_only["ci_low"], rows_only["ci_high"], rows_only["p"]) == (0.5, 0.5, 0.0)
+    assert (seeds_rows["diff"], seeds_rows["ci_low"], seeds_rows["ci_high"]) == (0.5, 0.0, 1.0)
+    assert seeds_rows["p"] == pytest.approx(0.5, abs=0.1)  # 2 x P(both draws the flat seed) = 2 x 1/4
+    assert bound_mc_error(1.0, 10_000) == pytest.approx(0.02671, rel=1e-3)
+    with pytest.raises(ValueError, match="pair rows one to one"):
+        contrast_bootstrap([[(1.0, k_hit, a), (-1.0, k_hit, a[:2])]], n_bootstrap=100, seed=0, hierarchical=False)
