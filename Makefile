@@ -88,8 +88,8 @@ PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist l
 
 test:
 	$(MAKE) --no-print-directory -j2 test-envs
-	$(BIN)/ruff check emrl_data flows cli hub publishing train inference tests bench
-	$(BIN)/ruff format --check emrl_data flows cli hub publishing train inference tests bench
+	$(BIN)/ruff check emrl_data flows cli hub publishing model_io train inference tests bench
+	$(BIN)/ruff format --check emrl_data flows cli hub publishing model_io train inference tests bench
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 	$(BIN)/pytest -q $(PYTEST_PARALLEL)
@@ -97,15 +97,15 @@ test:
 # The inner loop: lint, import contracts, mypy and every test that needs no side environment (torchvision, vLLM,
 # DeepSpeed: marker `side_env`) and is not marked `slow`. `make test` stays the whole suite.
 test-fast: venv
-	$(BIN)/ruff check emrl_data flows cli hub publishing train inference tests bench
-	$(BIN)/ruff format --check emrl_data flows cli hub publishing train inference tests bench
+	$(BIN)/ruff check emrl_data flows cli hub publishing model_io train inference tests bench
+	$(BIN)/ruff format --check emrl_data flows cli hub publishing model_io train inference tests bench
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 	$(BIN)/pytest -q $(PYTEST_PARALLEL) -m "not slow and not side_env"
 
 lint: venv
-	$(BIN)/ruff check emrl_data flows cli hub publishing train inference tests bench
-	$(BIN)/ruff format --check emrl_data flows cli hub publishing train inference tests bench
+	$(BIN)/ruff check emrl_data flows cli hub publishing model_io train inference tests bench
+	$(BIN)/ruff format --check emrl_data flows cli hub publishing model_io train inference tests bench
 	$(BIN)/lint-imports
 
 schemas: venv
