@@ -15,6 +15,7 @@ from train.miniature.suite import (
     exclusion_path,
     finished_seeds,
     level_order,
+    load_report,
     load_study,
     main,
     read_exclusions,
@@ -420,7 +421,7 @@ def test_the_config_knows_every_run_the_study_labels():
         load_config(None, {"models": ["sft", "grpo_z"]})
 
 
-@pytest.mark.slow  # the paired bootstrap over every shipped record: about 20 s
+@pytest.mark.slow  # the paired bootstrap over every shipped record: about 2 min
 @pytest.mark.parametrize(
     ("records", "config", "report"),
     [("miniature_study", "miniature_study_8_frames.yaml", "miniature_study"),
@@ -433,7 +434,7 @@ def test_the_shipped_records_give_the_shipped_study_summary(tmp_path, records, c
     root = Path(__file__).resolve().parents[2]
     shutil.copytree(root / "docs/records" / records, tmp_path / "records")
     cfg, seeds, levels = load_study(root / "train/configs" / config)
-    summary = summarize_study(tmp_path, seeds, levels, cfg.n_bootstrap)
+    summary = summarize_study(tmp_path, seeds, levels, cfg.n_bootstrap, load_report(root / "train/configs" / config))
     shipped = json.loads((root / "docs/img" / f"{report}.json").read_text())
     assert json.loads(json.dumps(summary)) == shipped
     assert study_markdown(summary) == (root / "docs/img" / f"{report}.md").read_text()
@@ -571,3 +572,74 @@ def test_the_study_pools_the_first_seeds_in_list_order_to_finish_every_setting(t
     exclude(0)
     assert study_seeds(tmp_path, seeds, levels, needed=3) == [3, 1, 4, 0, 5]
     assert study_seeds(tmp_path, seeds, levels) == seeds  # the rule's 8 are not there: all of them
+
+
+def test_a_study_report_section_is_checked_in_one_line(tmp_path):
+    from train.miniature.suite import DEFAULT_COMPARISONS, Report
+
+    path = tmp_path / "s.yaml"
+    base = "n_train: 8\nstudy: {seeds: [0], noise: {0.0: [sft, grpo_a]}"
+    path.write_text(base + "}\n")
+    assert load_report(path) == Report() and Report().comparisons == DEFAULT_COMPARISONS
+    path.write_text(base + ", report: {n_bootstrap: 2000, family: [k_hit], comparisons: ['(f) - (b)']}}\n")
+    assert load_report(path) == Report(n_bootstrap=2000, family=("k_hit",), comparisons=("(f) - (b)",))
+    for report, message in [("{draws: 10}", "study.report takes the keys"),
+                            ("{comparisons: ['(z) - (b)']}", r"unknown comparisons \['\(z\) - \(b\)'\]"),
+                            ("{family: [bleu], n_bootstrap: 2000}", "family takes metrics"),
+                            ("{family: [k_hit]}", "need n_bootstrap >= 1000")]:  # fmt: skip
+        path.write_text(f"{base}, report: {report}}}\n")
+        with pytest.raises(TrainConfigError, match=message) as err:
+            load_study(path)
+        assert "\n" not in str(err.value)
+
+
+def test_the_family_counts_what_survives_holm_and_benjamini_hochberg():
+    from train.miniature.suite import Report, family, family_markdown
+
+    def comp(p, diff=0.02):
+        return {"pooled_seeds": {"diff": diff, "ci_low": diff - 0.01, "ci_high": diff + 0.01, "p": p, "mdd": 0.05}}
+
+    summary = {
+        "levels": {"0.00": {"comparisons": {"k_hit: (a) - (b)": comp(0.001), "exact_key: (a) - (b)": comp(0.02),
+                                            "average_bacc: (a) - (b)": comp(0.0001)}}},  # not in the family
+        "trends": {"k_hit: (a) - (f), key-noise-0.25 minus clean": {"level": "key-noise-0.25", **comp(0.03)},
+                   "exact_key: (a) - (f), key-noise-0.25 minus clean": {"level": "key-noise-0.25", **comp(0.5)}},
+    }  # fmt: skip
+    got = family(summary, Report(n_bootstrap=1000, family=("k_hit", "exact_key")))
+    assert [(m["comparison"], m["metric"], m["trend"]) for m in got["members"]] == [
+        ("(a) - (b)", "k_hit", False), ("(a) - (b)", "exact_key", False), ("(a) - (f)", "k_hit", True),
+        ("(a) - (f)", "exact_key", True)]  # fmt: skip
+    # Holm: 0.001 x 4 = 0.004, 0.02 x 3 = 0.06, 0.03 x 2 = 0.06, 0.5; BH: 0.004, 0.03 x 4/3 = 0.04, 0.04, 0.5
+    assert [m["p_holm"] for m in got["members"]] == pytest.approx([0.004, 0.06, 0.06, 0.5])
+    assert [m["p_bh"] for m in got["members"]] == pytest.approx([0.004, 0.04, 0.04, 0.5])
+    assert got["below_alpha"] == {"p": 3, "p_holm": 1, "p_bh": 3}
+    text = "\n".join(family_markdown(got))
+    assert "Below 0.05: 3 unadjusted, 1 after Holm, 3 after Benjamini-Hochberg; 0.2 would be expected" in text
+    assert "| (a) - (f) at the rate minus on clean gold | K-Hit | key frame moved on 25 % of positives | " in text
+
+
+def test_a_bound_within_its_monte_carlo_error_of_zero_is_drawn_again_and_then_not_claimed(monkeypatch):
+    import train.miniature.suite as suite
+    from train.miniature.power import k_hit
+    from train.miniature.suite import Report, _intervals, _near_zero, seed_level_verdict
+
+    assert _near_zero({"ci_low": 0.0002, "ci_high": 0.05, "mc_error": 0.0001})
+    assert _near_zero({"ci_low": -0.05, "ci_high": -0.0003, "mc_error": 0.0001})
+    assert not _near_zero({"ci_low": 0.0004, "ci_high": 0.05, "mc_error": 0.0001})
+    assert not _near_zero({"ci_low": 0.0, "ci_high": 0.05, "mc_error": 0.0001})  # at 0 itself: excludes nothing
+    assert seed_level_verdict({"diff": 0.02, "ci_low": 0.0002, "ci_high": 0.05, "edge": True}, 8) == "edge"
+    assert seed_level_verdict({"diff": 0.02, "ci_low": 0.0002, "ci_high": 0.05, "edge": False}, 8) == "above"
+
+    def row(hit):
+        return {"organ": "liver", "has_lesion": True, "score_k_hit": hit}
+
+    # the seeds' gains 1/8, 2/8, ..., 8/8 on every row: each draw is a mean of 8 drawn seeds' gains, its lower bound
+    # about 0.37; with the bound counted near 0 up to 10^4 Monte Carlo errors, it is drawn again and then at the edge
+    groups = {s: [(1.0, k_hit, [row(1.0)] * (s + 1) + [row(0.0)] * (7 - s)), (-1.0, k_hit, [row(0.0)] * 8)]
+              for s in range(8)}  # fmt: skip
+    _, _, seeds_rows = _intervals(groups, 1000, Report(n_bootstrap=1000))
+    assert (seeds_rows["n_bootstrap"], seeds_rows.get("edge")) == (1000, None)
+    monkeypatch.setattr(suite, "EDGE_MC_ERRORS", 1e4)
+    _, _, seeds_rows = _intervals(groups, 1000, Report(n_bootstrap=1000))
+    assert (seeds_rows["n_bootstrap"], seeds_rows["edge"]) == (10000, True)
+    assert seed_level_verdict(seeds_rows, 8) == "edge"

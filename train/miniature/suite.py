@@ -39,7 +39,7 @@ import math
 import os
 import statistics
 from collections.abc import Iterator
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +51,17 @@ from train.miniature.config import MiniatureConfig, config_from_dict
 from train.miniature.study import Miniature
 
 
-# The paired differences the study reports: (first run, second run) -> its name; each where a level has both runs.
+# The paired differences a study may report: (first run, second run) -> its name; each where a level has both runs.
 COMPARISONS = {("grpo_a", "more_sft_llm"): "(a) - (e)", ("grpo_a", "grpo_f"): "(a) - (f)",
-               ("grpo_a", "grpo_b"): "(a) - (b)", ("grpo_a", "grpo_g"): "(a) - (g)", ("grpo_g", "grpo_f"): "(g) - (f)",
-               ("grpo_h", "grpo_f"): "(h) - (f)", ("grpo_h", "grpo_b"): "(h) - (b)"}  # fmt: skip
+               ("grpo_a", "grpo_b"): "(a) - (b)", ("grpo_f", "grpo_b"): "(f) - (b)", ("grpo_a", "grpo_g"): "(a) - (g)",
+               ("grpo_g", "grpo_f"): "(g) - (f)", ("grpo_h", "grpo_f"): "(h) - (f)",
+               ("grpo_h", "grpo_b"): "(h) - (b)"}  # fmt: skip
+# Those a study reports when its config's `study.report` does not name them.
+DEFAULT_COMPARISONS = ("(a) - (e)", "(a) - (f)", "(a) - (b)", "(a) - (g)", "(g) - (f)", "(h) - (f)", "(h) - (b)")
+FAMILY_ALPHA = 0.05
+# A seeds-and-rows bound within EDGE_MC_ERRORS Monte Carlo standard errors of 0 is drawn again with EDGE_DRAWS times the
+# draws; still within, its verdict is "edge": the draws cannot tell its side of 0, so no effect is claimed.
+EDGE_MC_ERRORS, EDGE_DRAWS = 3.0, 10
 # Across key-frame-noise rates: how a difference at rate r moved from its value on clean gold (same seeds, same rows).
 TRENDS = {("grpo_a", "grpo_f"): "(a) - (f)", ("grpo_g", "grpo_f"): "(g) - (f)"}
 MIN_SEEDS = 5
@@ -63,12 +70,56 @@ KEY_NOISE = "key-noise-"  # a key-frame-noise level's name: key-noise-<rate> (a 
 Level = float | str
 
 
+@dataclass(frozen=True)
+class Report:
+    """How a study's report is drawn (`study.report` in its YAML; every key optional).
+
+    n_bootstrap: draws per interval and p-value, through `power.contrast_bootstrap`; None: the runs' own
+        `n_bootstrap`, through `emrl_data.text.bootstrap`, without p-values (and without what needs them below).
+    comparisons: the names of the `COMPARISONS` reported.
+    family: the metrics whose pooled differences (every level, every key-noise trend) form the family whose
+        p-values are adjusted by Holm and by Benjamini-Hochberg.
+    lesion_frames: K-Hit taken apart per model against SFT (`power.lesion_metrics`).
+    gain_gap: the comparisons whose exact-key difference minus their K-Hit difference is reported.
+    """
+
+    n_bootstrap: int | None = None
+    comparisons: tuple[str, ...] = DEFAULT_COMPARISONS
+    family: tuple[str, ...] = ()
+    lesion_frames: bool = False
+    gain_gap: tuple[str, ...] = ()
+
+
+def load_report(path: str | Path) -> Report:
+    """Return the `study.report` options of a study YAML (the defaults where it has none); one-line errors."""
+    study = (yaml.safe_load(Path(path).read_text()) or {}).get("study") or {}
+    data = study.get("report") or {}
+    if not isinstance(data, dict) or not set(data) <= set(Report.__dataclass_fields__):
+        raise TrainConfigError(f"{path}: study.report takes the keys {sorted(Report.__dataclass_fields__)}")
+    report = Report(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})  # type: ignore[arg-type]
+    names = set(COMPARISONS.values())
+    unknown = sorted((set(report.comparisons) | set(report.gain_gap)) - names)
+    if unknown:
+        raise TrainConfigError(f"{path}: study.report names unknown comparisons {unknown}; known: {sorted(names)}")
+    if not set(report.family) <= {"average_bacc", "k_hit", "exact_key"}:
+        raise TrainConfigError(f"{path}: study.report.family takes metrics of average_bacc, k_hit, exact_key")
+    needs_draws = report.family or report.lesion_frames or report.gain_gap
+    if needs_draws and (report.n_bootstrap is None or report.n_bootstrap < 1000):
+        raise TrainConfigError(f"{path}: study.report's family, lesion_frames and gain_gap need n_bootstrap >= 1000")
+    return report
+
+
 def load_study(path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[MiniatureConfig, list[int], dict]:
-    """Return (the miniature config, the seeds, {noise level: models}) of a study YAML; one-line errors."""
+    """Return (the miniature config, the seeds, {noise level: models}) of a study YAML; one-line errors. Its report
+    options: `load_report`."""
     data = yaml.safe_load(Path(path).read_text()) or {}
     study = data.pop("study", None)
-    if not isinstance(study, dict) or not {"seeds", "noise"} <= set(study) <= {"seeds", "noise", "key_noise"}:
-        raise TrainConfigError(f"{path}: needs a `study:` section with the keys seeds and noise (and key_noise)")
+    keys = {"seeds", "noise", "key_noise", "report"}
+    if not isinstance(study, dict) or not {"seeds", "noise"} <= set(study) <= keys:
+        raise TrainConfigError(
+            f"{path}: needs a `study:` section with the keys seeds and noise (and key_noise, report)"
+        )
+    load_report(path)
     cfg = config_from_dict(data | (overrides or {}), path)
     seeds = [int(s) for s in study["seeds"]]
     levels: dict[Level, list[str]] = {float(k): list(v) for k, v in study["noise"].items()}
@@ -116,9 +167,10 @@ def run_dir(output_dir: str | Path, level: Level, seed: int) -> Path:
 
 
 def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[Level, list[str]], output_dir: str | Path,
-              log: Any = None, jobs: int = 1, threads: int | None = None, only: list[int] | None = None
-              ) -> dict[str, Any]:  # fmt: skip
-    """Run (or resume) every run of the study, rewriting the summary after each; return the last summary.
+              log: Any = None, jobs: int = 1, threads: int | None = None, only: list[int] | None = None,
+              report: Report | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run (or resume) every run of the study, rewriting the summary after each (drawn as `report` says); return the
+    last summary.
 
     With `jobs` > 1 that many runs go at once, each in its own process with `threads` torch threads (default: the
     cores shared out); the runs start in the sequential order, a noisy one once its seed's clean warm-up is there.
@@ -162,14 +214,14 @@ def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[Level, list[s
                 continue
             threads_used = _run_one(cfg, levels, output_dir, level, seed, log)
             summary = None if threads_used is None else _record_and_summarize(
-                cfg, seeds, levels, output_dir, level, seed, threads_used)  # fmt: skip
+                cfg, seeds, levels, output_dir, level, seed, threads_used, report)  # fmt: skip
     else:
         for level, seed, threads_used in _run_in_processes(cfg, levels, output_dir, tasks, jobs, threads, log,
                                                            in_study):  # fmt: skip
             summary = None if threads_used is None else _record_and_summarize(
-                cfg, seeds, levels, output_dir, level, seed, threads_used)  # fmt: skip
+                cfg, seeds, levels, output_dir, level, seed, threads_used, report)  # fmt: skip
     if summary is None:  # every run was recorded before, or the last one was excluded
-        summary = write_summary(output_dir, seeds, levels, cfg.n_bootstrap)
+        summary = write_summary(output_dir, seeds, levels, cfg.n_bootstrap, report)
     log((Path(output_dir) / "study.md").read_text())
     return summary
 
@@ -206,9 +258,10 @@ def _run_one(cfg: MiniatureConfig, levels: dict[Level, list[str]], output_dir: s
 
 
 def _record_and_summarize(cfg: MiniatureConfig, seeds: list[int], levels: dict[Level, list[str]],
-                          output_dir: str | Path, level: Level, seed: int, threads: int) -> dict[str, Any]:  # fmt: skip
+                          output_dir: str | Path, level: Level, seed: int, threads: int,
+                          report: Report | None = None) -> dict[str, Any]:  # fmt: skip
     write_record(output_dir, level, seed, levels[level], torch_threads=threads)
-    return write_summary(output_dir, seeds, levels, cfg.n_bootstrap)  # the finished runs so far
+    return write_summary(output_dir, seeds, levels, cfg.n_bootstrap, report)  # the finished runs so far
 
 
 def _worker(threads: int, cfg: MiniatureConfig, levels: dict[Level, list[str]], output_dir: str, level: Level,
@@ -290,10 +343,10 @@ def exit_with_parent(parent_pid: int, interval_s: float = 2.0) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def write_summary(output_dir: str | Path, seeds: list[int], levels: dict[Level, list[str]], n_bootstrap: int
-                  ) -> dict[str, Any]:  # fmt: skip
+def write_summary(output_dir: str | Path, seeds: list[int], levels: dict[Level, list[str]], n_bootstrap: int,
+                  report: Report | None = None) -> dict[str, Any]:  # fmt: skip
     """Write `study.json`, `study.md` and `study.png` of the runs finished so far; return the summary."""
-    summary = summarize_study(output_dir, seeds, levels, n_bootstrap)
+    summary = summarize_study(output_dir, seeds, levels, n_bootstrap, report)
     out = Path(output_dir)
     (out / "study.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     (out / "study.md").write_text(study_markdown(summary))
@@ -417,17 +470,61 @@ def _clean(value: dict[str, Any]) -> dict[str, Any]:
     return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in value.items()}
 
 
-def summarize_study(output_dir: str | Path, seeds: list[int], levels: dict[Level, list[str]], n_bootstrap: int
-                    ) -> dict[str, Any]:  # fmt: skip
-    """Return per level: each seed's results, and each comparison's paired differences per seed and pooled."""
-    from train.miniature.power import (
-        KEY_METRICS,
-        METRICS,
-        exact_key,
-        hierarchical_paired_bootstrap,
-        paired_bootstrap,
+def _intervals(groups: dict[int, Any], n_bootstrap: int, report: Report) -> tuple[dict, dict, dict]:
+    """Return (per seed, pooled rows only, pooled seeds and rows) of a contrast: `groups` {seed: its terms}
+    (`power.contrast_bootstrap`, `report.n_bootstrap` draws) or, without `report.n_bootstrap`, {seed: (a rows, b rows,
+    statistic)} through `emrl_data.text.bootstrap` (`n_bootstrap` draws)."""
+    from train.miniature.power import contrast_bootstrap, hierarchical_paired_bootstrap, paired_bootstrap
+
+    if report.n_bootstrap is None:
+        statistic = next(iter(groups.values()))[2]
+        pairs = {s: (a, b) for s, (a, b, _) in groups.items()}
+        per_seed = {str(s): _clean(paired_bootstrap([g], statistic, n_bootstrap=n_bootstrap, seed=s))
+                    for s, g in pairs.items()}  # fmt: skip
+        rows = _clean(paired_bootstrap(list(pairs.values()), statistic, n_bootstrap=n_bootstrap, seed=0))
+        seeds_rows = _clean(hierarchical_paired_bootstrap(list(pairs.values()), statistic, n_bootstrap=n_bootstrap,
+                                                          seed=0))  # fmt: skip
+        return per_seed, rows, seeds_rows
+    n = report.n_bootstrap
+    per_seed = {str(s): contrast_bootstrap([g], n_bootstrap=n, seed=s, hierarchical=False) for s, g in groups.items()}
+    rows = contrast_bootstrap(list(groups.values()), n_bootstrap=n, seed=0, hierarchical=False)
+    seeds_rows = contrast_bootstrap(list(groups.values()), n_bootstrap=n, seed=0, hierarchical=True) | {
+        "n_bootstrap": n
+    }
+    if _near_zero(seeds_rows):  # a bound within its Monte Carlo error of 0: ten times the draws
+        seeds_rows = contrast_bootstrap(list(groups.values()), n_bootstrap=EDGE_DRAWS * n, seed=0, hierarchical=True)
+        seeds_rows |= {"n_bootstrap": EDGE_DRAWS * n, "edge": _near_zero(seeds_rows)}
+    return per_seed, rows, seeds_rows
+
+
+def _near_zero(interval: dict[str, Any]) -> bool:
+    """Return True where a bound of `interval` lies off 0 by at most `EDGE_MC_ERRORS` Monte Carlo standard errors (a
+    bound at 0 itself, drawn many times over, excludes nothing)."""
+    error = interval.get("mc_error")
+    bounds = (interval.get("ci_low"), interval.get("ci_high"))
+    return error is not None and any(b is not None and 0 < abs(b) <= EDGE_MC_ERRORS * error for b in bounds)
+
+
+def _signed(metric: str) -> list[tuple[float, Any]]:
+    """Return a metric as signed organ-averaged rates: `exact_minus_k_hit` is exact key minus K-Hit."""
+    from train.miniature.power import KEY_METRICS, METRICS
+
+    rates = dict(METRICS) | dict(KEY_METRICS)
+    return (
+        [(1.0, rates["exact_key"]), (-1.0, rates["k_hit"])]
+        if metric == "exact_minus_k_hit"
+        else [(1.0, rates[metric])]
     )
+
+
+def summarize_study(output_dir: str | Path, seeds: list[int], levels: dict[Level, list[str]], n_bootstrap: int,
+                    report: Report | None = None) -> dict[str, Any]:  # fmt: skip
+    """Return per level: each seed's results, and each comparison's paired differences per seed and pooled; with the
+    `report` options, the family's adjusted p-values and K-Hit taken apart."""
+    from train.miniature.power import KEY_METRICS, METRICS, exact_key
     from train.miniature.seeds import summarize_seeds
+
+    report = report or Report()
 
     listed, seeds = seeds, study_seeds(output_dir, seeds, levels)
     summary: dict[str, Any] = {"seeds": seeds, "excluded": read_exclusions(output_dir, seeds), "levels": {}}
@@ -449,16 +546,20 @@ def summarize_study(output_dir: str | Path, seeds: list[int], levels: dict[Level
         comparisons: dict[str, Any] = {}
         metrics = dict(METRICS) | (dict(KEY_METRICS) if _has_key_truth(records) else {})
         for (first, name), key in COMPARISONS.items():
-            if first not in models or name not in models:
+            if first not in models or name not in models or key not in report.comparisons:
                 continue
-            for metric, statistic in metrics.items():
-                per_seed = {str(s): _clean(paired_bootstrap([(records[s][first], records[s][name])], statistic,
-                                                            n_bootstrap=n_bootstrap, seed=s)) for s in done}  # fmt: skip
-                groups = [(records[s][first], records[s][name]) for s in done]
-                pooled = paired_bootstrap(groups, statistic, n_bootstrap=n_bootstrap, seed=0)
-                seeds_rows = _clean(hierarchical_paired_bootstrap(groups, statistic, n_bootstrap=n_bootstrap, seed=0))
+            gap = ["exact_minus_k_hit"] if key in report.gain_gap and "exact_key" in metrics else []
+            for metric in [*metrics, *gap]:
+                groups: dict[int, Any]
+                if report.n_bootstrap is None:
+                    groups = {s: (records[s][first], records[s][name], metrics[metric]) for s in done}
+                else:
+                    groups = {s: [(sign, rate, records[s][first]) for sign, rate in _signed(metric)]
+                              + [(-sign, rate, records[s][name]) for sign, rate in _signed(metric)]
+                              for s in done}  # fmt: skip
+                per_seed, pooled, seeds_rows = _intervals(groups, n_bootstrap, report)
                 above = sum(1 for v in per_seed.values() if v["ci_low"] is not None and v["ci_low"] > 0)
-                comparisons[f"{metric}: {key}"] = {"per_seed": per_seed, "pooled": _clean(pooled),
+                comparisons[f"{metric}: {key}"] = {"per_seed": per_seed, "pooled": pooled,
                                                    "pooled_seeds": seeds_rows, "n_above": above,
                                                    "verdict": seed_level_verdict(seeds_rows, len(done))}  # fmt: skip
         summary["levels"][level_key(level)] = {
@@ -472,14 +573,74 @@ def summarize_study(output_dir: str | Path, seeds: list[int], levels: dict[Level
             summary["levels"][level_key(level)]["exact_key"] = {
                 name: {str(s): _nan_none(exact_key(records[s][name])) for s in done} for name in models
             }
+        if report.lesion_frames and _has_key_truth(records) and "sft" in models:
+            summary["levels"][level_key(level)]["lesion_frames"] = lesion_frames(runs, models, report)
         spread = spread_over_seeds(results, models)
         if spread:
             summary["levels"][level_key(level)]["spread"] = spread
-    trends = key_noise_trends(output_dir, levels, finished, n_bootstrap)
+    trends = key_noise_trends(output_dir, levels, finished, n_bootstrap, report)
     if trends:
         summary["trends"] = trends
+    if report.family:
+        summary["family"] = family(summary, report)
     summary["conclusions"] = conclusions(summary)
     return summary
+
+
+def lesion_frames(runs: dict[int, dict[str, Any]], models: list[str], report: Report) -> dict[str, Any]:
+    """Return K-Hit taken apart per model (`power.lesion_metrics`), each rate the mean over the seeds, with each model
+    minus SFT pooled over seeds and rows (`report.n_bootstrap` draws), and what a random lesion frame scores."""
+    from train.miniature.power import contrast_bootstrap, exact_key, k_hit, lesion_metrics, random_lesion_frame
+
+    first = next(iter(runs.values()))["results"]["config"]
+    span, n_frames = int(first["lesion_span"]), int(first["n_frames"])
+    rates = {"k_hit": k_hit, "exact_key": exact_key} | lesion_metrics(span)
+    scores = {s: run["scores"] for s, run in runs.items()}
+    chance = [random_lesion_frame(sc["sft"], span, n_frames) for sc in scores.values()]
+    out: dict[str, Any] = {"span": span, "n_bootstrap": report.n_bootstrap,
+                           "random_lesion_frame": {k: _nan_none(statistics.fmean(c[k] for c in chance))
+                                                   for k in chance[0]},
+                           "models": {}}  # fmt: skip
+    for name in models:
+        label = next(run["results"]["models"][name]["label"] for run in runs.values())
+        values = {m: _mean([v for sc in scores.values() if not math.isnan(v := rate(sc[name]))])
+                  for m, rate in rates.items()}  # fmt: skip
+        entry: dict[str, Any] = {"label": label, "values": values}
+        if name != "sft":
+            assert report.n_bootstrap is not None  # load_report refuses lesion_frames without it
+            entry["minus_sft"] = {
+                m: contrast_bootstrap([[(1.0, rate, sc[name]), (-1.0, rate, sc["sft"])] for sc in scores.values()],
+                                      n_bootstrap=report.n_bootstrap, seed=0, hierarchical=True)
+                for m, rate in rates.items()
+            }  # fmt: skip
+        out["models"][name] = entry
+    return out
+
+
+def family(summary: dict[str, Any], report: Report) -> dict[str, Any]:
+    """Return the family: every pooled difference of `report.family`'s metrics (each level's comparisons, then the
+    key-noise trends) with its seeds-and-rows p-value, Holm's and Benjamini-Hochberg's adjusted ones, and how many
+    fall below `FAMILY_ALPHA` under each."""
+    from train.miniature.power import benjamini_hochberg, holm
+
+    members = []
+    entries = [(level, key, comp) for level, entry in summary["levels"].items()
+               for key, comp in entry["comparisons"].items()]  # fmt: skip
+    entries += [(comp["level"], key, comp) for key, comp in summary.get("trends", {}).items()]
+    for level, key, comp in entries:
+        metric, name = key.split(": ", 1)
+        seeds_rows = comp["pooled_seeds"]
+        if metric in report.family and seeds_rows.get("p") is not None:
+            members.append({"level": level, "comparison": name.split(", ")[0], "trend": key in summary.get("trends", {}),
+                            "metric": metric, "diff": seeds_rows["diff"],
+                            "seeds_rows": [seeds_rows["ci_low"], seeds_rows["ci_high"]], "p": seeds_rows["p"],
+                            "mdd": seeds_rows["mdd"]})  # fmt: skip
+    p_values = [m["p"] for m in members]
+    for m, by_holm, by_bh in zip(members, holm(p_values), benjamini_hochberg(p_values), strict=True):
+        m["p_holm"], m["p_bh"] = by_holm, by_bh
+    return {"metrics": list(report.family), "n_bootstrap": report.n_bootstrap, "alpha": FAMILY_ALPHA,
+            "members": members, "below_alpha": {k: sum(1 for m in members if m[k] < FAMILY_ALPHA)
+                                                for k in ("p", "p_holm", "p_bh")}}  # fmt: skip
 
 
 def with_key_truth(record: dict[str, Any]) -> dict[str, Any]:
@@ -534,7 +695,7 @@ def spread_over_seeds(results: dict[int, dict[str, Any]], models: list[str]) -> 
 
 
 def key_noise_trends(output_dir: str | Path, levels: dict[Level, list[str]], finished: dict[Level, list[int]],
-                     n_bootstrap: int) -> dict[str, Any]:  # fmt: skip
+                     n_bootstrap: int, report: Report | None = None) -> dict[str, Any]:  # fmt: skip
     """Return, per key-frame-noise level and `TRENDS` pair, the paired difference at that rate minus the same
     difference on clean gold, over the seeds finished at both (the same test rows: the test split depends on the seed
     alone), with both intervals and the verdict."""
@@ -545,6 +706,7 @@ def key_noise_trends(output_dir: str | Path, levels: dict[Level, list[str]], fin
         paired_bootstrap,
     )
 
+    report = report or Report()
     out: dict[str, Any] = {}
     for level in sorted((lv for lv in levels if isinstance(lv, str)), key=level_order):
         done = [s for s in finished[level] if s in finished.get(0.0, [])]
@@ -559,6 +721,15 @@ def key_noise_trends(output_dir: str | Path, levels: dict[Level, list[str]], fin
             groups = [(list(zip(noisy[s][first], noisy[s][second], strict=True)),
                        list(zip(clean[s][first], clean[s][second], strict=True))) for s in done]  # fmt: skip
             for metric, statistic in metrics.items():
+                if report.n_bootstrap is not None:  # the difference at the rate minus the same on clean gold
+                    terms = {s: [(1.0, statistic, noisy[s][first]), (-1.0, statistic, noisy[s][second]),
+                                 (-1.0, statistic, clean[s][first]), (1.0, statistic, clean[s][second])]
+                             for s in done}  # fmt: skip
+                    per_seed, rows_only, seeds_rows = _intervals(terms, n_bootstrap, report)
+                    out[f"{metric}: {name}, {level} minus clean"] = {
+                        "level": level, "per_seed": per_seed, "pooled": rows_only, "pooled_seeds": seeds_rows,
+                        "verdict": seed_level_verdict(seeds_rows, len(done))}  # fmt: skip
+                    continue
 
                 def gap(rows: Any, statistic: Any = statistic) -> float:
                     return statistic([a for a, _ in rows]) - statistic([b for _, b in rows])
@@ -574,8 +745,13 @@ def key_noise_trends(output_dir: str | Path, levels: dict[Level, list[str]], fin
 
 
 VERDICTS = {"above": "above 0: claimed", "below": "below 0: claimed", "none": "no effect claimed",
-            "few": f"not decided: fewer than {MIN_FINISHED_SEEDS} seeds"}  # fmt: skip
-METRIC_LABELS = {"average_bacc": "average B-Acc", "k_hit": "K-Hit", "exact_key": "exact key (d = 0)"}
+            "few": f"not decided: fewer than {MIN_FINISHED_SEEDS} seeds",
+            "edge": "a bound at 0 within the draws' Monte Carlo error: no effect claimed"}  # fmt: skip
+METRIC_LABELS = {"average_bacc": "average B-Acc", "k_hit": "K-Hit", "exact_key": "exact key (d = 0)",
+                 "exact_minus_k_hit": "exact-key gain minus K-Hit gain"}  # fmt: skip
+LESION_LABELS = {"k_hit": "K-Hit", "exact_key": "exact key", "lesion_frame": "names a lesion frame",
+                 "k_hit_in_lesion": "K-Hit given a lesion frame", "exact_in_lesion": "exact given a lesion frame",
+                 "exact_of_hits": "exact share of K-Hits"}  # fmt: skip
 
 
 def seed_level_verdict(interval: dict[str, Any], n_seeds: int | None = None) -> str:
@@ -584,6 +760,8 @@ def seed_level_verdict(interval: dict[str, Any], n_seeds: int | None = None) -> 
     interval (`hierarchical_paired_bootstrap`) excludes 0 on that side, else "none" (no effect is claimed)."""
     if n_seeds is not None and n_seeds < MIN_FINISHED_SEEDS:
         return "few"
+    if interval.get("edge"):
+        return "edge"
     low, high = interval.get("ci_low"), interval.get("ci_high")
     if low is not None and low > 0:
         return "above"
@@ -622,16 +800,22 @@ def conclusions(summary: dict[str, Any]) -> list[dict[str, Any]]:
         n = len(comp["per_seed"])
         verdict = seed_level_verdict(seeds_rows, n)
         where = f"{comparison}, {METRIC_LABELS.get(metric, metric)}, {level_label(level)}"
-        text = f"{where}: {_interval(seeds_rows)} points over {n} seeds and their rows: "
+        p = f", p {_p(seeds_rows['p'])}" if seeds_rows.get("p") is not None else ""
+        text = f"{where}: {_interval(seeds_rows)} points{p} over {n} seeds and their rows: "
         if verdict == "few":
             alone = seed_level_verdict(seeds_rows) != "none"
             text += (f"not decided, {n} finished seeds where the rule needs {MIN_FINISHED_SEEDS}"
                      f"{' (the interval alone excludes 0)' if alone else ''}.")  # fmt: skip
+        elif verdict == "edge":
+            text += (f"no effect claimed: a bound lies within {EDGE_MC_ERRORS:g} Monte Carlo standard errors "
+                     f"({100 * seeds_rows['mc_error']:.2f} points) of 0 at {seeds_rows['n_bootstrap']} draws.")  # fmt: skip
         elif verdict != "none":
             text += f"{VERDICTS[verdict]}."
         else:
             text += (f"no effect claimed; the interval rules out effects above {100 * seeds_rows['ci_high']:+.1f} "
                      f"and below {100 * seeds_rows['ci_low']:+.1f} points.")  # fmt: skip
+            if seeds_rows.get("mdd") is not None:
+                text += f" Detectable with 80 % power: {100 * seeds_rows['mdd']:.1f} points."
             if seed_level_verdict(rows) != "none":
                 gaps = ", ".join(f"{100 * comp['per_seed'][s]['diff']:+.1f}" for s in comp["per_seed"])
                 text += (f" The rows-only interval {_interval(rows)} excludes 0; the seeds-and-rows one does not "
@@ -671,6 +855,14 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _pv(p: float) -> str:
+    return f"{p:.2g}" if p >= 0.001 else "< 0.001"
+
+
+def _p(p: float) -> str:
+    return f"= {p:.2g}" if p >= 0.001 else "< 0.001"
+
+
 def _interval(v: dict[str, Any]) -> str:
     if v["diff"] is None:
         return "n/a"
@@ -704,6 +896,8 @@ def study_markdown(summary: dict[str, Any]) -> str:
     if summary.get("conclusions"):
         lines += ["## Conclusions", "", CONCLUSION_RULE, ""]
         lines += [f"- {c['text']}" for c in summary["conclusions"]] + [""]
+    if summary.get("family"):
+        lines += family_markdown(summary["family"])
     for level, entry in summary["levels"].items():
         seeds = entry["finished"]
         finished = f"Finished: {len(seeds)} of {len(summary['seeds'])} seeds ({', '.join(map(str, seeds))})."
@@ -719,7 +913,8 @@ def study_markdown(summary: dict[str, Any]) -> str:
             lines.append(f"| {key} | {cells} | {_interval(comp['pooled'])} | "
                          f"{'n/a' if seeds_rows is None else _interval(seeds_rows)} | {verdict} | "
                          f"{comp['n_above']} of {len(seeds)} seeds |")  # fmt: skip
-        lines += ["", *exact_key_markdown(entry), *spread_markdown(entry.get("spread", {}))]
+        lines += ["", *exact_key_markdown(entry), *lesion_frames_markdown(entry.get("lesion_frames"))]
+        lines += spread_markdown(entry.get("spread", {}))
         lines += verifier_markdown(entry.get("verifier", {}))
     if summary.get("trends"):
         lines += [
@@ -746,6 +941,54 @@ def exact_key_markdown(entry: dict[str, Any]) -> list[str]:
         hits = [v for v in values.get(name, {}).get("k_hit", {}).values() if v is not None]
         cells = [f"{100 * statistics.fmean(v):.1f}" if v else "n/a" for v in (exact, hits)]
         lines.append(f"| {entry['seeds_table']['labels'].get(name, name)} | {cells[0]} | {cells[1]} |")
+    return [*lines, ""]
+
+
+def family_markdown(fam: dict[str, Any]) -> list[str]:
+    """Return the family's section: the method, the count below alpha under each adjustment, and every member by p."""
+    metrics = " and ".join(METRIC_LABELS[m] for m in fam["metrics"])
+    alpha, below, n = fam["alpha"], fam["below_alpha"], len(fam["members"])
+    lines = ["## The family of differences", "",
+             f"Every pooled {metrics} difference above (each level's, and each key-noise difference minus its "
+             f"clean-gold value): {n}. Each p is two-sided, from its seeds-and-rows draws ({fam['n_bootstrap']}; "
+             f"{EDGE_DRAWS} times as many where a bound lies within {EDGE_MC_ERRORS:g} Monte Carlo standard errors of "
+             "0): twice the smaller share of draws at or below 0 and at or above 0. Adjusted by Holm (family-wise error) "
+             f"and by Benjamini-Hochberg (false discovery rate). Below {alpha:g}: {below['p']} unadjusted, "
+             f"{below['p_holm']} after Holm, {below['p_bh']} after Benjamini-Hochberg; {alpha * n:.1f} would be "
+             f"expected below {alpha:g} unadjusted were none real.", "",
+             "| difference | metric | level | seeds and rows | p | Holm | BH | detectable (80 % power) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for m in sorted(fam["members"], key=lambda m: m["p"]):
+        what = m["comparison"] + (" at the rate minus on clean gold" if m["trend"] else "")
+        ci = _interval({"diff": m["diff"], "ci_low": m["seeds_rows"][0], "ci_high": m["seeds_rows"][1]})
+        lines.append(f"| {what} | {METRIC_LABELS[m['metric']]} | {level_label(m['level'])} | {ci} | {_pv(m['p'])} | "
+                     f"{_pv(m['p_holm'])} | {_pv(m['p_bh'])} | {100 * m['mdd']:.1f} |")  # fmt: skip
+    return [*lines, ""]
+
+
+def lesion_frames_markdown(lesion: dict[str, Any] | None) -> list[str]:
+    """Return the table of K-Hit taken apart: per model each rate (mean over the seeds) and its difference from SFT
+    pooled over seeds and rows, and a random lesion frame's rates."""
+    if not lesion:
+        return []
+    keys = list(LESION_LABELS)
+    lines = [f"K-Hit taken apart (%, mean over the seeds; a lesion frame: the report claims a lesion and names a frame "
+             f"within {lesion['span']} of the key frame; each model's difference from SFT over seeds and rows, "
+             f"{lesion['n_bootstrap']} draws, p two-sided):", "",
+             f"| model | {' | '.join(LESION_LABELS[k] for k in keys)} |", "| --- |" + " --- |" * len(keys)]  # fmt: skip
+    for entry in lesion["models"].values():
+        cells = []
+        for k in keys:
+            value = entry["values"][k]
+            cell = "n/a" if value is None else f"{100 * value:.1f}"
+            got = entry.get("minus_sft", {}).get(k)
+            if got and got["diff"] is not None and got["ci_low"] is not None:
+                cell += f"; {_interval(got)}, p {_p(got['p'])}"
+            cells.append(cell)
+        lines.append(f"| {entry['label']} | {' | '.join(cells)} |")
+    chance = lesion["random_lesion_frame"]
+    cells = ["n/a" if chance.get(k) is None else f"{100 * chance[k]:.1f}" for k in keys]
+    lines.append(f"| a random lesion frame | {' | '.join(cells)} |")
     return [*lines, ""]
 
 
@@ -857,8 +1100,9 @@ def main(argv: list[str] | None = None) -> None:
         raise TrainConfigError(f"--jobs {args.jobs} --threads {args.threads}: both must be at least 1")
     overrides = {k: yaml.safe_load(v) for k, _, v in (item.partition("=") for item in args.set)}
     cfg, seeds, levels = load_study(args.config, overrides)
+    report = load_report(args.config)
     if args.report_only:
-        write_summary(args.output_dir, seeds, levels, cfg.n_bootstrap)
+        write_summary(args.output_dir, seeds, levels, cfg.n_bootstrap, report)
         print(f"wrote {Path(args.output_dir) / 'study.md'} (.json, .png)", flush=True)
         return
     if len(seeds) < args.min_seeds:
@@ -868,7 +1112,7 @@ def main(argv: list[str] | None = None) -> None:
     stage = seeds if args.seeds is None else args.seeds
     if not set(stage) <= set(seeds):
         raise TrainConfigError(f"--seeds {stage}: each must be one of the config's study.seeds {seeds}")
-    run_study(cfg, seeds, levels, args.output_dir, jobs=args.jobs, threads=args.threads, only=stage)
+    run_study(cfg, seeds, levels, args.output_dir, jobs=args.jobs, threads=args.threads, only=stage, report=report)
 
 
 if __name__ == "__main__":
