@@ -27,7 +27,7 @@ TERM_BYTES = PER_XORB * (CHUNK + CHUNK_HEADER_BYTES)  # one xorb range as it goe
 
 @pytest.fixture
 def fresh_xet_session(monkeypatch: pytest.MonkeyPatch) -> None:
-    """hf_xet tries each request once (the outer retry is what these tests watch); a session made with that."""
+    """hf_xet tries each request once (the outer retry is what these tests watch), in a XetSession made anew."""
     monkeypatch.setenv("HF_XET_CLIENT_RETRY_MAX_ATTEMPTS", "1")
     monkeypatch.setattr(_xet, "_GLOBAL_XET_HOLDER", _xet.XetSessionHolder())
     monkeypatch.setattr(_xet, "XET_CONNECTION_INFO_CACHE", {})
