@@ -278,9 +278,17 @@ def _read_atlas(
         if parts_folder:
             hub = replace(hub, local_root=Path(atlas_root).resolve())
         done = curate_release(
-            repo_id, hub, out=out, cfg=cfg, store=store, test_fraction=sft_cfg.test_fraction, limit=limit,
-            runner=runner, case_timeout_s=case_timeout_s, curate_one=curate_bounded,
-        )  # fmt: skip
+            repo_id,
+            hub,
+            out=out,
+            cfg=cfg,
+            store=store,
+            test_fraction=sft_cfg.test_fraction,
+            limit=limit,
+            runner=runner,
+            case_timeout_s=case_timeout_s,
+            curate_one=curate_bounded,
+        )
         source = {"atlas_source": done.release.source, "atlas_revision": done.release.sha}
         return AtlasRead(
             done.release.source, done.plan, done.case_ids, done.keys, done.n_cached, 0, source, done.summary

@@ -211,8 +211,11 @@ def exchange(
         return _failed(f"connection error: {_describe(exc)}", retryable=True)
     except httpx.TimeoutException:
         late = getattr(_deadline, "cut", False) or time.monotonic() >= end
-        return _failed(_answer_timeout(deadlines) if late else f"timeout: no byte for {deadlines.first_byte_s:g} s "
-                       "(first-byte deadline)")  # fmt: skip
+        return _failed(
+            _answer_timeout(deadlines)
+            if late
+            else f"timeout: no byte for {deadlines.first_byte_s:g} s (first-byte deadline)"
+        )
     except httpx.DecodingError as exc:
         return _failed(f"undecodable response: {_describe(exc)}")
     except httpx.TransportError as exc:  # the connection broke (reset, closed mid-answer, a protocol violation)

@@ -172,9 +172,14 @@ class OpenAIBackend:
         self._client = make_client(max_concurrency, self.deadlines)
         logger.info(
             "OpenAIBackend: %s model=%s, dialect %s, concurrency %d, deadlines %s, API key from $%s: %s",
-            self.url, model, dialect, max_concurrency, self.deadlines, api_key_env,
+            self.url,
+            model,
+            dialect,
+            max_concurrency,
+            self.deadlines,
+            api_key_env,
             "set" if self._api_key else "not set",
-        )  # fmt: skip
+        )
 
     def __repr__(self) -> str:
         return (
@@ -254,9 +259,13 @@ class OpenAIBackend:
         """One GET of `path` under the server root (e.g. "/version"), no retries, deadlines capped at `max_seconds`."""
         root = self.url.removesuffix("/chat/completions").removesuffix("/v1")
         return exchange(
-            self._client, "GET", root + path, deadlines=self.deadlines.capped(max_seconds), headers=self._headers(),
+            self._client,
+            "GET",
+            root + path,
+            deadlines=self.deadlines.capped(max_seconds),
+            headers=self._headers(),
             max_bytes=self.max_answer_bytes,
-        )  # fmt: skip
+        )
 
     def send(self, label: str, body: Mapping[str, Any]) -> tuple[Answer | None, str, int]:
         """POST `body` with retries; return (the HTTP 200 answer or None, the last error (masked), attempts made).
@@ -268,9 +277,14 @@ class OpenAIBackend:
         attempt = 0
         for attempt in range(1, self.retries + 2):
             answer = exchange(
-                self._client, "POST", self.url, deadlines=self.deadlines, json_body=body, headers=self._headers(),
+                self._client,
+                "POST",
+                self.url,
+                deadlines=self.deadlines,
+                json_body=body,
+                headers=self._headers(),
                 max_bytes=self.max_answer_bytes,
-            )  # fmt: skip
+            )
             if answer.error is not None:
                 error, retry = self.safe_text(answer.error), answer.retryable
             elif answer.status == 200:

@@ -102,17 +102,40 @@ def serving_chat_template(checkpoint: str | Path, out_dir: Path = TEMPLATE_DIR) 
 
 
 def serve_command(
-    checkpoint: str | Path, *, host: str = "127.0.0.1", port: int = 8000, name: str | None = None,
-    max_model_len: int = 8192, side_env: Path = SIDE_ENV, template_dir: Path = TEMPLATE_DIR,
-) -> list[str]:  # fmt: skip
+    checkpoint: str | Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    name: str | None = None,
+    max_model_len: int = 8192,
+    side_env: Path = SIDE_ENV,
+    template_dir: Path = TEMPLATE_DIR,
+) -> list[str]:
     """Return the `vllm serve` command line with the project's recommended flags (module docstring)."""
-    cmd = [str(side_env / "bin" / "vllm"), "serve", str(checkpoint), "--host", host, "--port", str(port),
-           "--enforce-eager", "--dtype", "float32", "--max-model-len", str(max_model_len),
-           "--gpu-memory-utilization", "0.2",
-           "--limit-mm-per-prompt", json.dumps(LIMIT_MM_PER_PROMPT),
-           "--media-io-kwargs", json.dumps(MEDIA_IO_KWARGS),
-           "--mm-processor-kwargs", json.dumps(SERVER_MM_PROCESSOR_KWARGS),
-           "--chat-template", str(serving_chat_template(checkpoint, template_dir))]  # fmt: skip
+    cmd = [
+        str(side_env / "bin" / "vllm"),
+        "serve",
+        str(checkpoint),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--enforce-eager",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(max_model_len),
+        "--gpu-memory-utilization",
+        "0.2",
+        "--limit-mm-per-prompt",
+        json.dumps(LIMIT_MM_PER_PROMPT),
+        "--media-io-kwargs",
+        json.dumps(MEDIA_IO_KWARGS),
+        "--mm-processor-kwargs",
+        json.dumps(SERVER_MM_PROCESSOR_KWARGS),
+        "--chat-template",
+        str(serving_chat_template(checkpoint, template_dir)),
+    ]
     if name:
         cmd += ["--served-model-name", name]
     return cmd
@@ -120,8 +143,15 @@ def serve_command(
 
 def serve_env(workdir: Path | None = None) -> dict[str, str]:
     """The environment of the server: offline (nothing downloaded), no usage statistics, caches under `workdir`."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
-           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_TARGET_DEVICE": "cpu"}  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_TARGET_DEVICE": "cpu",
+    }
     env.pop("PYTHONPATH", None)  # `.venv`'s packages must not shadow the side environment's
     if workdir is not None:
         env["HF_HOME"] = str(workdir / "hf-home")
@@ -148,8 +178,16 @@ class VLLMServer:
             `wait()`, when the server exits or does not answer in time (with the end of its log).
     """
 
-    def __init__(self, checkpoint: str | Path, workdir: Path, *, name: str | None = None, port: int | None = None,
-                 side_env: Path = SIDE_ENV, drop_flags: Sequence[str] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        checkpoint: str | Path,
+        workdir: Path,
+        *,
+        name: str | None = None,
+        port: int | None = None,
+        side_env: Path = SIDE_ENV,
+        drop_flags: Sequence[str] = (),
+    ) -> None:
         check_checkpoint(checkpoint)
         self.version = installed_version(side_env)
         check_version(self.version)
@@ -162,8 +200,9 @@ class VLLMServer:
             at = cmd.index(flag)
             del cmd[at : at + 2]
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(cmd, cwd=workdir, env=serve_env(workdir), stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                cmd, cwd=workdir, env=serve_env(workdir), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     @property
     def base_url(self) -> str:
@@ -223,8 +262,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except VLLMServeError as exc:
         print(f"vllm-serve: {exc.problem}\n  fix: {exc.fix}", file=sys.stderr)
         return 2
-    cmd = serve_command(args.checkpoint, host=args.host, port=args.port, name=args.name,
-                        max_model_len=args.max_model_len)  # fmt: skip
+    cmd = serve_command(
+        args.checkpoint, host=args.host, port=args.port, name=args.name, max_model_len=args.max_model_len
+    )
     print(shlex.join(cmd), file=sys.stderr)
     os.execve(cmd[0], cmd, serve_env())
     return 0  # not reached

@@ -152,7 +152,7 @@ def write_standard_processor_files(directory: str | Path, image: dict[str, Any] 
     texts = {
         PROCESSOR_FILE: _dumps(
             {"image_processor": img, "processor_class": STANDARD_PROCESSOR_CLASS, "video_processor": vid}
-        ),  # fmt: skip
+        ),
         IMAGE_FILE: _dumps({**img, "processor_class": STANDARD_PROCESSOR_CLASS}),
         VIDEO_FILE: _dumps({**vid, "processor_class": STANDARD_PROCESSOR_CLASS}),
     }

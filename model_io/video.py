@@ -131,8 +131,9 @@ def encode_ct_video(frames: Any, fps: float = 1.0) -> tuple[torch.Tensor, torch.
     if n % TEMPORAL_PATCH:
         x = torch.cat([x, x[-1:].expand(TEMPORAL_PATCH - n % TEMPORAL_PATCH, -1, -1, -1)], 0)
     gt, gh, gw = video_grid(n, h, w)
-    p = x.reshape(1, gt, TEMPORAL_PATCH, 3, gh // MERGE_SIZE, MERGE_SIZE, PATCH_SIZE, gw // MERGE_SIZE, MERGE_SIZE,
-                  PATCH_SIZE)  # fmt: skip
+    p = x.reshape(
+        1, gt, TEMPORAL_PATCH, 3, gh // MERGE_SIZE, MERGE_SIZE, PATCH_SIZE, gw // MERGE_SIZE, MERGE_SIZE, PATCH_SIZE
+    )
     p = p.permute(0, 1, 4, 7, 5, 8, 3, 2, 6, 9).reshape(gt * gh * gw, 3 * TEMPORAL_PATCH * PATCH_SIZE * PATCH_SIZE)
     grid = torch.tensor([[gt, gh, gw]], dtype=torch.long)
     return p.contiguous(), grid, video_placeholder(gt, gh * gw // (MERGE_SIZE**2), fps, n_frames=n)

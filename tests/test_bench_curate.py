@@ -18,8 +18,15 @@ def _bench() -> Any:
 
 
 def _floor(cpu: float, png: float, sha: float, scan: float) -> dict[str, float]:
-    return {"cpu_s": cpu, "seconds": cpu, "png_cpu_s": png, "png_s": png, "sha256_cpu_s": sha, "scan_cpu_s": scan,
-            "peak_rss_mb": 100.0}  # fmt: skip
+    return {
+        "cpu_s": cpu,
+        "seconds": cpu,
+        "png_cpu_s": png,
+        "png_s": png,
+        "sha256_cpu_s": sha,
+        "scan_cpu_s": scan,
+        "peak_rss_mb": 100.0,
+    }
 
 
 def _ours(cpu: float, rss: float = 400.0) -> dict[str, float]:

@@ -218,18 +218,23 @@ def check_launch_settings(acc: dict[str, Any], train: dict[str, Any]) -> list[st
         fix = f"{key}: {per_step}"
         if int(target) % (n_proc * micro) == 0:
             fix = f"gradient_accumulation_steps: {int(target) // (n_proc * micro)} or {fix}"
-        problems.append(f"num_processes x per_device_train_batch_size x gradient_accumulation_steps = {n_proc} x "
-                        f"{micro} x {accum} = {per_step}, not {key}={target} (set {fix})")  # fmt: skip
+        problems.append(
+            f"num_processes x per_device_train_batch_size x gradient_accumulation_steps = {n_proc} x "
+            f"{micro} x {accum} = {per_step}, not {key}={target} (set {fix})"
+        )
     group = train.get("num_generations")
     if group:
         steps_per_gen = int(train.get("steps_per_generation") or accum)
         if per_step % int(group):
-            problems.append(f"{per_step} completions per step is not a whole number of groups of "
-                            f"num_generations={group}")  # fmt: skip
+            problems.append(
+                f"{per_step} completions per step is not a whole number of groups of num_generations={group}"
+            )
         elif (n_proc * micro * steps_per_gen) % int(group):
-            problems.append(f"the generation batch (num_processes x per_device_train_batch_size x steps_per_generation"
-                            f" = {n_proc * micro * steps_per_gen}) is not a whole number of groups of "
-                            f"num_generations={group}")  # fmt: skip
+            problems.append(
+                f"the generation batch (num_processes x per_device_train_batch_size x steps_per_generation"
+                f" = {n_proc * micro * steps_per_gen}) is not a whole number of groups of "
+                f"num_generations={group}"
+            )
     return problems
 
 
@@ -305,13 +310,16 @@ def main(argv: list[str] | None = None) -> None:
     try:
         acc = {} if args.accelerate_yaml == "none" else yaml.safe_load(Path(args.accelerate_yaml).read_text()) or {}
         if acc.get("distributed_type") == "DEEPSPEED" and importlib.util.find_spec("deepspeed") is None:
-            raise TrainConfigError(f"{args.accelerate_yaml} uses DeepSpeed, which is not installed; install it with "
-                                   "DS_BUILD_OPS=0 pip install --no-build-isolation '.[deepspeed]'.")  # fmt: skip
+            raise TrainConfigError(
+                f"{args.accelerate_yaml} uses DeepSpeed, which is not installed; install it with "
+                "DS_BUILD_OPS=0 pip install --no-build-isolation '.[deepspeed]'."
+            )
         overrides = {}
         if args.gradient_accumulation_steps is not None:
             overrides["gradient_accumulation_steps"] = args.gradient_accumulation_steps
-        validate_launch(args.accelerate_yaml, args.training_yaml, num_processes=args.num_processes,
-                        training_overrides=overrides)  # fmt: skip
+        validate_launch(
+            args.accelerate_yaml, args.training_yaml, num_processes=args.num_processes, training_overrides=overrides
+        )
     except (TrainConfigError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -111,15 +111,29 @@ def check_launch(stage: str, script_args: Any, training_args: Any, env: Mapping[
     acc = launch_settings_from_env(env)
     if acc.get("distributed_type") == "DEEPSPEED" and importlib.util.find_spec("deepspeed") is None:
         stage_no = acc["deepspeed_config"].get("zero_stage", "?")
-        raise TrainConfigError(f"the launch asks for DeepSpeed ZeRO-{stage_no} but deepspeed is not installed; "
-                               f"install it with {DEEPSPEED_INSTALL}, or launch with train/launch/ddp.yaml.")  # fmt: skip
+        raise TrainConfigError(
+            f"the launch asks for DeepSpeed ZeRO-{stage_no} but deepspeed is not installed; "
+            f"install it with {DEEPSPEED_INSTALL}, or launch with train/launch/ddp.yaml."
+        )
     problems = check_launch_settings(acc, training_settings(stage, script_args, training_args))
     if problems:
         raise TrainConfigError(f"{stage} launch ({acc['num_processes']} processes): " + "; ".join(problems))
     if stage == "sft" and acc.get("deepspeed_config", {}).get("zero_stage") == 3:
         if acc["deepspeed_config"].get("zero3_init_flag") and script_args.model_name_or_path is None:
-            raise TrainConfigError("ZeRO-3 with zero3_init_flag builds the weights sharded from a checkpoint; pass "
-                                   "--model_name_or_path (python -m train.tiny.model --output_dir D writes a tiny one).")  # fmt: skip
+            raise TrainConfigError(
+                "ZeRO-3 with zero3_init_flag builds the weights sharded from a checkpoint; pass "
+                "--model_name_or_path (python -m train.tiny.model --output_dir D writes a tiny one)."
+            )
+
+
+def end_process_group() -> None:
+    """Every rank waits for the others, then the process group is torn down: its gloo threads are joined before the
+    interpreter exits. Left alive, a rank exiting while its peer still writes the checkpoint could abort at exit
+    (`terminate called without an active exception`, SIGABRT: a C++ thread destroyed while joinable). No-op in a single
+    process."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def prepare_deepspeed_cpu(env: Mapping[str, str] | None = None) -> bool:

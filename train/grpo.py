@@ -66,22 +66,28 @@ class GrpoScriptArguments:
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N rows."})
     rewards: list[str] = field(
         default_factory=lambda: ["r_e", "r_f", "r_c"],
-        metadata={"help": "GRPO's reward terms by name (train.rewards.REWARD_TERMS), each name or name=weight; the "
-                  "terms of R (r_e, r_f, r_c) weigh as ScoringConfig says; a training-only term needs its weight; "
-                  "package.module.name imports the module registering it. Ablations: [r_e] | [r_e, r_f]."},
-    )  # fmt: skip
+        metadata={
+            "help": "GRPO's reward terms by name (train.rewards.REWARD_TERMS), each name or name=weight; the "
+            "terms of R (r_e, r_f, r_c) weigh as ScoringConfig says; a training-only term needs its weight; "
+            "package.module.name imports the module registering it. Ablations: [r_e] | [r_e, r_f]."
+        },
+    )
     verifier_max_new_tokens: int = field(default=128, metadata={"help": "Greedy tokens of the verifier answer."})
     box_weight: float = field(default=0.0, metadata={"help": "r_c box term weight (ablation; 0 = paper's r_c)."})
     negative_rows: str = field(
         default="skip",
-        metadata={"help": "r_c on true negatives: skip (None, the paper) | query_named_slice (the verifier is shown the "
-                  "frame a false positive names; docs/contract.md#scoring)."},
-    )  # fmt: skip
+        metadata={
+            "help": "r_c on true negatives: skip (None, the paper) | query_named_slice (the verifier is shown the "
+            "frame a false positive names; docs/contract.md#scoring)."
+        },
+    )
     cross_view: str = field(
         default="full",
-        metadata={"help": "r_c's view: full (the paper) | distance_only (the window term alone, no verifier) | "
-                  "random_frame (the verifier sees another row's frame: a blind control)."},
-    )  # fmt: skip
+        metadata={
+            "help": "r_c's view: full (the paper) | distance_only (the window term alone, no verifier) | "
+            "random_frame (the verifier sees another row's frame: a blind control)."
+        },
+    )
     dtype: str = field(
         default="float32",
         metadata={"help": "Weight dtype: float32 (fp32 masters); bfloat16 only for the frozen base of the LoRA path."},
@@ -99,9 +105,11 @@ class GrpoScriptArguments:
     )
     rollout_seed: str = field(
         default="global",
-        metadata={"help": "global: the process's generator; prompt: seeded by (seed, step, prompts), so rollouts "
-                  "do not depend on the number of processes (train.distributed.prompt_seeded_rng)."},
-    )  # fmt: skip
+        metadata={
+            "help": "global: the process's generator; prompt: seeded by (seed, step, prompts), so rollouts "
+            "do not depend on the number of processes (train.distributed.prompt_seeded_rng)."
+        },
+    )
     step_logs: bool = field(
         default=True,
         metadata={
@@ -123,8 +131,9 @@ class GrpoScriptArguments:
             TrainConfigError: naming the option and its allowed values.
         """
         try:
-            return ScoringConfig(box_weight=self.box_weight, negative_rows=self.negative_rows,
-                                 cross_view=self.cross_view)  # fmt: skip
+            return ScoringConfig(
+                box_weight=self.box_weight, negative_rows=self.negative_rows, cross_view=self.cross_view
+            )
         except ValueError as exc:
             raise TrainConfigError(f"GRPO option {exc}") from None
 

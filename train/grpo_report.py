@@ -66,8 +66,16 @@ def save_reward_curve_png(curve: Curve, path: str | Path, control: Curve | None 
     for source, style, suffix in ((curve, "-", "GRPO"), (control or {}, "--", "lr-0 control")):
         for key, points in sorted(source.items()):
             label, color = styles[key]
-            ax.plot([s for s, _ in points], [v for _, v in points], style, marker="o", ms=3, color=color,
-                    lw=2.2 if key == "reward" else 1.4, label=f"{label} ({suffix})")  # fmt: skip
+            ax.plot(
+                [s for s, _ in points],
+                [v for _, v in points],
+                style,
+                marker="o",
+                ms=3,
+                color=color,
+                lw=2.2 if key == "reward" else 1.4,
+                label=f"{label} ({suffix})",
+            )
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("mean reward over the step's completions")

@@ -142,15 +142,22 @@ class VideoGRPOTrainer(GRPOTrainer):
         check_weight_names(shapes, checkpoint_tensor_shapes(path))
         dtype = "float32" if cpu or not self.args.bf16 else "bfloat16"
         layout = RankLayout.from_env(cuda=not cpu)
-        fraction = engine_memory_fraction(self.args.vllm_gpu_memory_utilization, layout,
-                                          checkpoint_bytes(path, dtype), device_bytes(not cpu))  # fmt: skip
+        fraction = engine_memory_fraction(
+            self.args.vllm_gpu_memory_utilization, layout, checkpoint_bytes(path, dtype), device_bytes(not cpu)
+        )
         if cpu:
             check_host_kv_space(layout, checkpoint_bytes(path, dtype), psutil.virtual_memory().available)
         distributed = self.accelerator.num_processes > 1
         if distributed:
             self._check_ranks_agree(path, shapes)
-        self.vllm = VLLMRollout(path, max_model_len=max_len, gpu_memory_utilization=fraction, dtype=dtype,
-                                seed=self.args.seed + self.accelerator.process_index, distributed=distributed)  # fmt: skip
+        self.vllm = VLLMRollout(
+            path,
+            max_model_len=max_len,
+            gpu_memory_utilization=fraction,
+            dtype=dtype,
+            seed=self.args.seed + self.accelerator.process_index,
+            distributed=distributed,
+        )
         self.accelerator.wait_for_everyone()
         self.sync_vllm_weights()
 
@@ -244,8 +251,9 @@ class VideoGRPOTrainer(GRPOTrainer):
         with prompt_seeded_rng(self.args.seed, self.state.global_step, prompt_ids):
             return super()._generate_single_turn(prompt_ids, *args, **kwargs)
 
-    def _generate_vllm(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
-                       has_tool_images: bool = False) -> tuple[list[list[int]], list[list[float]] | None]:  # fmt: skip
+    def _generate_vllm(
+        self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int, has_tool_images: bool = False
+    ) -> tuple[list[list[int]], list[list[float]] | None]:
         """Generate through the engine: video rows with their frames, verifier rows with their key-frame image.
 
         Prompt ids are the ones TRL tokenised for the policy (each row repeated G times already); vLLM gets the
@@ -265,23 +273,26 @@ class VideoGRPOTrainer(GRPOTrainer):
                 if len(row_images) != 1:
                     raise ValueError(f"a verifier prompt holds one image; row {i} holds {len(row_images)}.")
                 image = row_images[0].convert("RGB") if hasattr(row_images[0], "convert") else row_images[0]
-                requests.append({"prompt_token_ids": collapse_runs(ids, proc.image_token_id),
-                                 "multi_modal_data": {"image": image}})  # fmt: skip
+                requests.append(
+                    {"prompt_token_ids": collapse_runs(ids, proc.image_token_id), "multi_modal_data": {"image": image}}
+                )
                 names.append(f"verifier query {i}")
             elif proc.video_token_id in ids:
                 if self._vllm_rows is None or len(self._vllm_rows) != len(prompt_ids):
                     raise RuntimeError("a video prompt reached vLLM without its frames; the row order was lost.")
                 frames, served, name = self._vllm_rows[i]
-                requests.append({"prompt_token_ids": served,
-                                 "multi_modal_data": {"video": video_input(frames, proc.video_fps)}})  # fmt: skip
+                requests.append(
+                    {"prompt_token_ids": served, "multi_modal_data": {"video": video_input(frames, proc.video_fps)}}
+                )
                 names.append(name)
             else:
                 requests.append({"prompt_token_ids": ids})
                 names.append(str(i))
         gen = self.generation_config
         vocab = self.accelerator.unwrap_model(self.model).config.text_config.vocab_size
-        params = sampling_params(gen, proc.vision_token_ids, vocab, seed=None,
-                                 logprobs=self.importance_sampling_correction)  # fmt: skip
+        params = sampling_params(
+            gen, proc.vision_token_ids, vocab, seed=None, logprobs=self.importance_sampling_correction
+        )
         if gen.do_sample and self.rollout_seed == "prompt":
             params = self._prompt_seeded(params, prompt_ids)
         try:

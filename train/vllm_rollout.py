@@ -212,13 +212,25 @@ def video_input(frames: Any, fps: float) -> tuple[Any, dict[str, Any]]:
     arr = frames_to_array(frames)
     n = arr.shape[0]
     rgb = np.repeat(arr[..., None], 3, axis=-1)
-    meta = {"fps": fps, "frames_indices": list(range(n)), "total_num_frames": n, "duration": n / fps,
-            "do_sample_frames": False, "video_backend": "emrl"}  # fmt: skip
+    meta = {
+        "fps": fps,
+        "frames_indices": list(range(n)),
+        "total_num_frames": n,
+        "duration": n / fps,
+        "do_sample_frames": False,
+        "video_backend": "emrl",
+    }
     return rgb, meta
 
 
-def sampling_params(generation_config: Any, suppress_tokens: Sequence[int], vocab_size: int, *, seed: int | None,
-                    logprobs: bool = False):  # fmt: skip
+def sampling_params(
+    generation_config: Any,
+    suppress_tokens: Sequence[int],
+    vocab_size: int,
+    *,
+    seed: int | None,
+    logprobs: bool = False,
+):
     """Return vLLM `SamplingParams` equal to the HF `generate` settings of `generation_config`.
 
     Greedy (`do_sample` false) maps to temperature 0. The suppressed tokens (the vision tokens) are left out of
@@ -250,9 +262,13 @@ def sampling_params(generation_config: Any, suppress_tokens: Sequence[int], voca
     }
     if not gen.do_sample:
         return SamplingParams(temperature=0.0, **common)
-    return SamplingParams(temperature=float(gen.temperature if gen.temperature is not None else 1.0),
-                          top_p=float(gen.top_p if gen.top_p is not None else 1.0),
-                          top_k=int(gen.top_k) if gen.top_k else 0, min_p=float(gen.min_p or 0.0), **common)  # fmt: skip
+    return SamplingParams(
+        temperature=float(gen.temperature if gen.temperature is not None else 1.0),
+        top_p=float(gen.top_p if gen.top_p is not None else 1.0),
+        top_k=int(gen.top_k) if gen.top_k else 0,
+        min_p=float(gen.min_p or 0.0),
+        **common,
+    )
 
 
 def checkpoint_tensor_shapes(model_path: str | Path) -> dict[str, tuple[int, ...]]:
@@ -434,8 +450,11 @@ def engine_memory_fraction(total: float, layout: RankLayout, weight_bytes: int, 
     need = 1.25 * weight_bytes  # the weights plus a quarter for activations and at least a small KV cache
     if share * device_bytes < need or total > 1:
         least = math.ceil(100 * need * layout.sharing_device / device_bytes) / 100
-        fix = (f"raise vllm_gpu_memory_utilization to at least {least:.2f}" if least <= 1 else
-               "put fewer ranks on each device")  # fmt: skip
+        fix = (
+            f"raise vllm_gpu_memory_utilization to at least {least:.2f}"
+            if least <= 1
+            else "put fewer ranks on each device"
+        )
         raise TrainConfigError(
             f"vllm_gpu_memory_utilization={total}: split over the {layout.sharing_device} ranks sharing a device, "
             f"each engine gets {share:.4f} of {device_bytes / 2**30:.1f} GiB = {share * device_bytes / 2**30:.2f} "
@@ -444,8 +463,9 @@ def engine_memory_fraction(total: float, layout: RankLayout, weight_bytes: int, 
     return share
 
 
-def check_host_kv_space(layout: RankLayout, weight_bytes: int, available_bytes: int,
-                        env: Mapping[str, str] | None = None) -> None:  # fmt: skip
+def check_host_kv_space(
+    layout: RankLayout, weight_bytes: int, available_bytes: int, env: Mapping[str, str] | None = None
+) -> None:
     """CPU: vLLM sizes each engine's KV cache by `VLLM_CPU_KVCACHE_SPACE` (GiB, per engine; the side environment
     sets 1) rather than by the fraction; refuse, in one line, when the engines of the host's ranks cannot all fit.
 
@@ -518,8 +538,16 @@ class VLLMRollout:
             collective: every rank constructs its engine at the same point); generation needs no collective.
     """
 
-    def __init__(self, model_path: str | Path, *, max_model_len: int = 8192, gpu_memory_utilization: float = 0.2,
-                 dtype: str = "float32", seed: int = 0, distributed: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        max_model_len: int = 8192,
+        gpu_memory_utilization: float = 0.2,
+        dtype: str = "float32",
+        seed: int = 0,
+        distributed: bool = False,
+    ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core and worker in this process
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -533,9 +561,18 @@ class VLLMRollout:
         self.model_path = str(model_path)
         self.max_model_len = max_model_len
         self.distributed = distributed
-        self.llm = LLM(model=self.model_path, enforce_eager=True, dtype=dtype, max_model_len=max_model_len,
-                       gpu_memory_utilization=gpu_memory_utilization, limit_mm_per_prompt={"video": 1, "image": 1},
-                       seed=seed, enable_prefix_caching=False, logprobs_mode="processed_logprobs", **extra)  # fmt: skip
+        self.llm = LLM(
+            model=self.model_path,
+            enforce_eager=True,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+            limit_mm_per_prompt={"video": 1, "image": 1},
+            seed=seed,
+            enable_prefix_caching=False,
+            logprobs_mode="processed_logprobs",
+            **extra,
+        )
         self.served_shapes = checkpoint_tensor_shapes(model_path)
         self.n_pushes = 0
 
@@ -557,8 +594,13 @@ class VLLMRollout:
                 parallel_state._WORLD = None
         gc.collect()
 
-    def generate(self, requests: Sequence[dict[str, Any]], params: Any, expected_prompt_ids: Sequence[Sequence[int]],
-                 names: Sequence[str] | None = None) -> tuple[list[list[int]], list[list[float]] | None]:  # fmt: skip
+    def generate(
+        self,
+        requests: Sequence[dict[str, Any]],
+        params: Any,
+        expected_prompt_ids: Sequence[Sequence[int]],
+        names: Sequence[str] | None = None,
+    ) -> tuple[list[list[int]], list[list[float]] | None]:
         """Generate one completion per request; return the completion token ids (through the first stop id) and, when
         the sampling params ask for log-probs, each sampled token's log-prob (else None).
 
@@ -589,8 +631,9 @@ class VLLMRollout:
                 )
             completions.append(list(out.outputs[0].token_ids))
             if out.outputs[0].logprobs is not None:
-                logprobs.append([float(step[t].logprob) for t, step in zip(completions[-1], out.outputs[0].logprobs,
-                                                                           strict=True)])  # fmt: skip
+                logprobs.append(
+                    [float(step[t].logprob) for t, step in zip(completions[-1], out.outputs[0].logprobs, strict=True)]
+                )
         return completions, (logprobs if len(logprobs) == len(completions) else None)
 
     def push_weight_groups(self, groups: Iterable[Mapping[str, Any]]) -> int:

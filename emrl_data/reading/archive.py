@@ -378,9 +378,15 @@ def _unpack(
 
 
 def _unwritable(
-    path: Path, info: tarfile.TarInfo, reading: PartReading, case_id: str, meter: ScratchMeter, err: OSError,
-    *, created: bool,
-) -> bool:  # fmt: skip
+    path: Path,
+    info: tarfile.TarInfo,
+    reading: PartReading,
+    case_id: str,
+    meter: ScratchMeter,
+    err: OSError,
+    *,
+    created: bool,
+) -> bool:
     """A member that cannot be written rejects its case (its bytes are skipped by the stream); a full disk is raised."""
     if err.errno in _FULL_DISK:
         raise err

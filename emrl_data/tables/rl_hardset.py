@@ -216,8 +216,9 @@ def write_split_metrics(
     text = "\n\n".join(f"## SFT model on the {s} split\n\n{r.to_markdown()}" for s, r in results.items())
     write_text_atomic(text + "\n", out_dir / "metrics.md")
     # The same values as `metrics_<split>/metrics.json` (that file is `to_json()` through a strict JSON round trip).
-    write_json_atomic({s: json.loads(json.dumps(r.to_json(), allow_nan=False)) for s, r in results.items()},
-                      out_dir / "metrics.json")  # fmt: skip
+    write_json_atomic(
+        {s: json.loads(json.dumps(r.to_json(), allow_nan=False)) for s, r in results.items()}, out_dir / "metrics.json"
+    )
     return text
 
 

@@ -93,8 +93,13 @@ def interval(draws: Sequence[float] | np.ndarray, level: float = 0.95) -> tuple[
 
 def _summary(diff: float, draws: Sequence[float], tail: float, groups: Groups) -> dict[str, float | int]:
     low, high = interval(draws, 1 - 2 * tail)
-    return {"diff": diff, "ci_low": low, "ci_high": high, "n_rows": sum(len(a) for a, _ in groups),
-            "n_groups": len(groups)}  # fmt: skip
+    return {
+        "diff": diff,
+        "ci_low": low,
+        "ci_high": high,
+        "n_rows": sum(len(a) for a, _ in groups),
+        "n_groups": len(groups),
+    }
 
 
 def _draw_rows(rng: np.random.Generator, sizes: Sequence[int]) -> list[np.ndarray]:
@@ -103,8 +108,9 @@ def _draw_rows(rng: np.random.Generator, sizes: Sequence[int]) -> list[np.ndarra
     return [rng.integers(n, size=n) for n in sizes]
 
 
-def _group_diff(a: Sequence[Any], b: Sequence[Any], statistic: Callable[[Sequence[Any]], float]
-                ) -> Callable[[np.ndarray], float]:  # fmt: skip
+def _group_diff(
+    a: Sequence[Any], b: Sequence[Any], statistic: Callable[[Sequence[Any]], float]
+) -> Callable[[np.ndarray], float]:
     """Return `idx -> statistic(a[idx]) - statistic(b[idx])` for one group: through column sums where the statistic
     is a `CountedStatistic` whose `counts` accepts both sides, else on the drawn rows."""
     form_a = form_b = None

@@ -58,8 +58,12 @@ class Difference:
 
     def to_json(self) -> dict[str, float | int | None]:
         """Return the cell as JSON-safe values (NaN -> None)."""
-        return {"diff": _json_float(self.value), "ci_low": _json_float(self.ci_low),
-                "ci_high": _json_float(self.ci_high), "n": self.n}  # fmt: skip
+        return {
+            "diff": _json_float(self.value),
+            "ci_low": _json_float(self.ci_low),
+            "ci_high": _json_float(self.ci_high),
+            "n": self.n,
+        }
 
     def to_markdown(self) -> str:
         """Return "+2.00 [+0.5, +3.5]" (percentage points), or "n/a"."""
@@ -105,7 +109,7 @@ class PairedComparison:
                 "paired": self.n_paired,
                 "reference_only": self.n_reference_only,
                 "model_only": self.n_model_only,
-            },  # fmt: skip
+            },
             "n_bootstrap": self.n_bootstrap,
             "seed": self.seed,
             "confidence": 0.95,
@@ -228,8 +232,15 @@ def paired_differences(
     k = len(_RATIO_METRICS)
     if n_bootstrap:
         sums = resampled_sums(stacked, n_bootstrap=n_bootstrap, seed=seed)
-        reps = [np.stack([_with_bacc(_ratio(s[:, i * 2 * k : i * 2 * k + k], s[:, i * 2 * k + k : (i + 1) * 2 * k]))
-                          for s in sums]) for i in (0, 1)]  # fmt: skip
+        reps = [
+            np.stack(
+                [
+                    _with_bacc(_ratio(s[:, i * 2 * k : i * 2 * k + k], s[:, i * 2 * k + k : (i + 1) * 2 * k]))
+                    for s in sums
+                ]
+            )
+            for i in (0, 1)
+        ]
     else:
         reps = [np.full((len(organs), 0, k + 1), np.nan)] * 2
     cells = [_cells(np.array([p[i] for p in points]), reps[i]) for i in (0, 1)]

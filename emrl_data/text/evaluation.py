@@ -83,8 +83,12 @@ class Metric:
 
     def to_json(self) -> dict[str, float | int | None]:
         """Return the cell as JSON-safe values (NaN -> None)."""
-        return {"value": _json_float(self.value), "ci_low": _json_float(self.ci_low),
-                "ci_high": _json_float(self.ci_high), "n": self.n}  # fmt: skip
+        return {
+            "value": _json_float(self.value),
+            "ci_low": _json_float(self.ci_low),
+            "ci_high": _json_float(self.ci_high),
+            "n": self.n,
+        }
 
     def to_markdown(self) -> str:
         """Return "87.93 [85.10, 90.20]" (percent), or "n/a"."""
@@ -511,9 +515,14 @@ def _figure(result: EvaluationResult) -> Any:
     axes = figure.subplots(1, 2)
     panels = (
         ("Table 1: detection", result.organs, result.table1, TABLE1_METRICS, TABLE1_LABELS),
-        ("Table 2: attributes over true positives", (*result.organs, AVERAGE), result.table2, TABLE2_METRICS,
-         TABLE2_LABELS),
-    )  # fmt: skip
+        (
+            "Table 2: attributes over true positives",
+            (*result.organs, AVERAGE),
+            result.table2,
+            TABLE2_METRICS,
+            TABLE2_LABELS,
+        ),
+    )
     for ax, (title, groups, table, metrics, labels) in zip(axes, panels, strict=True):
         width = 0.8 / len(metrics)
         x = np.arange(len(groups))

@@ -206,9 +206,21 @@ _SEGMENT_ITEM_RE = re.compile(r"(/|, and|,|&|\+|and|or|-|–|to)? ?(?:segments? 
 _MULTIPLE_N_RE = re.compile(r"multiple ?\( ?(\d+) ?\)")
 _COUNT_NOUN_RE = re.compile(r"(?:lesion|tumou?r|mass|nodule|cyst)(?:s|es)?\b")
 _COUNT_WORDS = {
-    "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10,
-    "a": 1, "an": 1, "single": 1, "solitary": 1,
-}  # fmt: skip
+    "one": 1,
+    "two": 2,
+    "three": 3,
+    "four": 4,
+    "five": 5,
+    "six": 6,
+    "seven": 7,
+    "eight": 8,
+    "nine": 9,
+    "ten": 10,
+    "a": 1,
+    "an": 1,
+    "single": 1,
+    "solitary": 1,
+}
 _MANY_WORDS = frozenset({"multiple", "several", "numerous", "many", "innumerable"})
 _UNIT_WORDS = frozenset({"cm", "mm", "x", "×", "cc", "by"})
 

@@ -57,7 +57,7 @@ def rows_digest(rows: Iterable[Mapping[str, Any]]) -> str:
                 str(bool(r["has_lesion"])),
                 repr(None if r.get("long_axis_mm") is None else float(r["long_axis_mm"])),
             ]
-        )  # fmt: skip
+        )
         for r in rows
     )
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
@@ -75,8 +75,12 @@ def dataset_source(predictions: Path) -> dict[str, Any]:
     """
     folder = predictions if predictions.is_dir() else predictions.parent
     manifest = next((p for p in (folder / "manifest.json", folder.parent / "manifest.json") if p.is_file()), None)
-    source: dict[str, Any] = {"path": str(predictions), "manifest_sha256": None, "sft_dir": None,
-                              "sft_manifest_sha256": None}  # fmt: skip
+    source: dict[str, Any] = {
+        "path": str(predictions),
+        "manifest_sha256": None,
+        "sft_dir": None,
+        "sft_manifest_sha256": None,
+    }
     if manifest is None:
         return source
     source["manifest_sha256"] = _file_sha256(manifest)
@@ -169,7 +173,7 @@ def make_card(
             "rows": len(rows),
             "rows_digest": rows_digest(rows),
             "sources": list(sources),
-        },  # fmt: skip
+        },
         "evaluations": dict(evaluations),
         "paired_differences": list(paired or []),
         "text_metrics": dict(text or {}),

@@ -52,8 +52,14 @@ logger = logging.getLogger(__name__)
 
 SECTIONS = ("findings", "impression")
 TEXT_METRICS = ("bleu1", "bleu2", "bleu3", "bleu4", "rouge_l", "cider_d")
-TEXT_LABELS = {"bleu1": "BLEU-1", "bleu2": "BLEU-2", "bleu3": "BLEU-3", "bleu4": "BLEU-4", "rouge_l": "ROUGE-L",
-               "cider_d": "CIDEr-D"}  # fmt: skip
+TEXT_LABELS = {
+    "bleu1": "BLEU-1",
+    "bleu2": "BLEU-2",
+    "bleu3": "BLEU-3",
+    "bleu4": "BLEU-4",
+    "rouge_l": "ROUGE-L",
+    "cider_d": "CIDEr-D",
+}
 OVERALL = "all"
 CIDER_SIGMA = 6.0
 _BLEU_STATS = 10  # sacrebleu's per-row statistics: hypothesis and reference length, correct 1..4, total 1..4
@@ -179,7 +185,7 @@ class TextMetrics:
                     organ: {
                         m: dict(zip(("value", "ci_low", "ci_high"), map(_json_float, v), strict=True))
                         for m, v in metrics.items()
-                    }  # fmt: skip
+                    }
                     for organ, metrics in organs.items()
                 }
                 for section, organs in self.cells.items()
@@ -202,8 +208,12 @@ class TextMetrics:
             rows = [
                 [o, str(self.counts[o])] + [text(cells[m], m) for m in TEXT_METRICS] for o, cells in organs.items()
             ]
-            lines += [f"#### Text metrics, {section}" + (f": {self.title}" if self.title else ""), "",
-                      *_markdown_table(["organ", "rows", *(TEXT_LABELS[m] for m in TEXT_METRICS)], rows), ""]  # fmt: skip
+            lines += [
+                f"#### Text metrics, {section}" + (f": {self.title}" if self.title else ""),
+                "",
+                *_markdown_table(["organ", "rows", *(TEXT_LABELS[m] for m in TEXT_METRICS)], rows),
+                "",
+            ]
         bootstrapped = f"{self.n_bootstrap} replicates, rows resampled within organ" if self.n_bootstrap else "none"
         lines.append(f"BLEU and ROUGE-L in %, CIDEr-D on its 0-10 scale; 95 % intervals: {bootstrapped}.")
         return "\n".join(lines) + "\n"

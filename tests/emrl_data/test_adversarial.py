@@ -577,9 +577,16 @@ def test_case_store_round_trips_without_pickle(tmp_path: Path) -> None:
     light = store.load_rows("k")
     assert light is not None
     assert light.rows == [
-        {"case_id": ID1, "organ": "liver", "long_axis_mm": 12.5, "location": ["5"], "bbox_xyxy_vox": None,
-         "lesion_count": 2, "frames_bytes": 11}
-    ]  # fmt: skip
+        {
+            "case_id": ID1,
+            "organ": "liver",
+            "long_axis_mm": 12.5,
+            "location": ["5"],
+            "bbox_xyxy_vox": None,
+            "lesion_count": 2,
+            "frames_bytes": 11,
+        }
+    ]
     assert light.rejections == _result().rejections and light.file_digests == {"ct.nii.gz": "ab"}
     assert store.load_frames("k") == {"liver": _result().rows[0]["frames"]}
 

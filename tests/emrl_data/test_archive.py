@@ -36,9 +36,14 @@ def _read(data: bytes, tmp_path: Path, allowance: int = 1 << 20, kind: str = "im
     files: list[tuple[str, str]] = []
     meter = ScratchMeter(allowance)
     reading = read_part(
-        io.BytesIO(data), name=NAME, kind=kind, dest=tmp_path / "scratch", case_range=(1, 3), meter=meter,
+        io.BytesIO(data),
+        name=NAME,
+        kind=kind,
+        dest=tmp_path / "scratch",
+        case_range=(1, 3),
+        meter=meter,
         on_file=lambda case, path: files.append((case, path.relative_to(tmp_path / "scratch").as_posix())),
-    )  # fmt: skip
+    )
     outside = [p for p in tmp_path.rglob("*") if not p.is_relative_to(tmp_path / "scratch")]
     assert outside == []  # never a write outside scratch
     return reading, files
@@ -150,9 +155,15 @@ MASK_NAME = "mask_only/AbdomenAtlas3_masks_BDMAP_BDMAP_00000001_BDMAP_00000003.t
 def _read_masks(data: bytes, tmp_path: Path, **kwargs):
     files: list[str] = []
     reading = read_part(
-        io.BytesIO(data), name=MASK_NAME, kind="mask_only", dest=tmp_path / "scratch", case_range=(1, 3),
-        meter=ScratchMeter(1 << 30), on_file=lambda case, path: files.append(path.name), **kwargs,
-    )  # fmt: skip
+        io.BytesIO(data),
+        name=MASK_NAME,
+        kind="mask_only",
+        dest=tmp_path / "scratch",
+        case_range=(1, 3),
+        meter=ScratchMeter(1 << 30),
+        on_file=lambda case, path: files.append(path.name),
+        **kwargs,
+    )
     return reading, files
 
 

@@ -30,9 +30,11 @@ def test_canonical_arrays_equal_monai_orientation_ras(tmp_path: Path, quirks: fr
     (ref,) = plan_atlas(tmp_path).refs
     ours = open_case(ref)
     load = monai_transforms.Compose(
-        [monai_transforms.LoadImage(image_only=True, ensure_channel_first=True, reader="NibabelReader"),
-         monai_transforms.Orientation(axcodes="RAS")]
-    )  # fmt: skip
+        [
+            monai_transforms.LoadImage(image_only=True, ensure_channel_first=True, reader="NibabelReader"),
+            monai_transforms.Orientation(axcodes="RAS"),
+        ]
+    )
     ct = np.asarray(load(str(ref.ct_path)))[0]
     np.testing.assert_array_equal(ours.ct_hu, ct.astype(np.int16))
     if "mask_cropped_grid" not in quirks:  # MONAI cannot place a cropped grid; same-grid masks must agree

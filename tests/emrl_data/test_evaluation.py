@@ -18,14 +18,32 @@ def pos(organ: str, long_mm: float, detected: bool, size=1.0, location=1.0, enha
     """A true-positive row; a missed lesion scores 0 on every attribute (as `score_report` does)."""
     if not detected:
         size = location = enhancement = k = 0.0
-    return {"organ": organ, "has_lesion": True, "long_axis_mm": long_mm, "score_existence": float(detected),
-            "score_size": size, "score_location": location, "score_enhancement": enhancement, "score_k_hit": k, "pred_has_lesion": detected}  # fmt: skip
+    return {
+        "organ": organ,
+        "has_lesion": True,
+        "long_axis_mm": long_mm,
+        "score_existence": float(detected),
+        "score_size": size,
+        "score_location": location,
+        "score_enhancement": enhancement,
+        "score_k_hit": k,
+        "pred_has_lesion": detected,
+    }
 
 
 def neg(organ: str, correct: bool) -> dict[str, Any]:
     """A true-negative row."""
-    return {"organ": organ, "has_lesion": False, "long_axis_mm": None, "score_existence": float(correct),
-            "score_size": None, "score_location": None, "score_enhancement": None, "score_k_hit": None, "pred_has_lesion": not correct}  # fmt: skip
+    return {
+        "organ": organ,
+        "has_lesion": False,
+        "long_axis_mm": None,
+        "score_existence": float(correct),
+        "score_size": None,
+        "score_location": None,
+        "score_enhancement": None,
+        "score_k_hit": None,
+        "pred_has_lesion": not correct,
+    }
 
 
 # liver: 4 positives (2 small: 1 detected; 2 large: both detected), 4 negatives (3 correct)
@@ -91,8 +109,13 @@ def test_averages_and_counts() -> None:
     assert result.average_bacc.value == pytest.approx((3 / 4 + 1 / 4) / 2)
     averages = [result.table2["average"][m].value for m in TABLE2_METRICS]
     assert result.table2_overall.value == pytest.approx(sum(averages) / 4)
-    assert result.counts["liver"] == {"rows": 8, "positives": 4, "negatives": 4, "positives_le2": 2,
-                                      "positives_gt2": 2}  # fmt: skip
+    assert result.counts["liver"] == {
+        "rows": 8,
+        "positives": 4,
+        "negatives": 4,
+        "positives_le2": 2,
+        "positives_gt2": 2,
+    }
     assert result.counts["all"]["rows"] == 11
     assert result.table1["liver"]["bacc"].n == 8 and result.table2["pancreas"]["size"].n == 2
 
@@ -113,8 +136,10 @@ def test_average_skips_organs_where_undefined() -> None:
 
 
 def test_missing_existence_falls_back_to_pred_has_lesion() -> None:
-    rows = [{"organ": "liver", "has_lesion": True, "long_axis_mm": 30.0, "pred_has_lesion": True},
-            {"organ": "liver", "has_lesion": False, "long_axis_mm": None, "pred_has_lesion": True}]  # fmt: skip
+    rows = [
+        {"organ": "liver", "has_lesion": True, "long_axis_mm": 30.0, "pred_has_lesion": True},
+        {"organ": "liver", "has_lesion": False, "long_axis_mm": None, "pred_has_lesion": True},
+    ]
     table = evaluate(rows, n_bootstrap=0).table1["liver"]
     assert (table["sen"].value, table["spec"].value) == (1.0, 0.0)
 
@@ -179,8 +204,17 @@ def test_docstring_examples() -> None:
 
 
 def test_score_predictions_reads_scores_and_leaves_out_failed_inferences() -> None:
-    truth = {"case_id": "BDMAP_00000001", "organ": "liver", "split": "test", "has_lesion": False, "long_axis_mm": None,
-             "location": [], "attenuation": None, "key_slice_frame": None, "n_frames": 8}  # fmt: skip
+    truth = {
+        "case_id": "BDMAP_00000001",
+        "organ": "liver",
+        "split": "test",
+        "has_lesion": False,
+        "long_axis_mm": None,
+        "location": [],
+        "attenuation": None,
+        "key_slice_frame": None,
+        "n_frames": 8,
+    }
     negative = "<findings>No focal liver lesion is identified.</findings> || <impression>No liver tumor.</impression>"
     raw = {**truth, "prediction": negative, "inference_error": None}
     failed = {**truth, "prediction": None, "inference_error": "timeout"}

@@ -17,11 +17,20 @@ def _rows(organ: str, n_pos: int, n_neg: int, *, missed: int = 0, false_alarms: 
     for i in range(n_pos + n_neg):
         positive = i < n_pos
         right = i >= missed if positive else i - n_pos >= false_alarms
-        row = {"case_id": f"BDMAP_{start + i:08d}", "organ": organ, "has_lesion": positive,
-               "long_axis_mm": 30.0 if positive else None, "score_existence": float(right)}  # fmt: skip
+        row = {
+            "case_id": f"BDMAP_{start + i:08d}",
+            "organ": organ,
+            "has_lesion": positive,
+            "long_axis_mm": 30.0 if positive else None,
+            "score_existence": float(right),
+        }
         if positive:
-            row |= {"score_size": float(right), "score_location": float(right), "score_enhancement": float(right),
-                    "score_k_hit": float(right)}  # fmt: skip
+            row |= {
+                "score_size": float(right),
+                "score_location": float(right),
+                "score_enhancement": float(right),
+                "score_k_hit": float(right),
+            }
         rows.append(row)
     return rows
 
@@ -57,8 +66,9 @@ def test_the_paired_interval_is_the_rows_only_paired_bootstrap_of_the_same_cell(
 
     expected = paired_bootstrap([(model, reference)], sen, n_bootstrap=500, seed=3)
     got = paired_differences(reference, model, n_bootstrap=500, seed=3).table1["liver"]["sen"]
-    assert (got.value, got.ci_low, got.ci_high) == pytest.approx((expected["diff"], expected["ci_low"],
-                                                                  expected["ci_high"]))  # fmt: skip
+    assert (got.value, got.ci_low, got.ci_high) == pytest.approx(
+        (expected["diff"], expected["ci_low"], expected["ci_high"])
+    )
 
 
 def test_two_identical_models_differ_by_zero_with_interval_zero_everywhere():

@@ -19,8 +19,12 @@ from emrl_data.text.text_metrics import (
 
 
 def _row(organ: str, findings: str, impression: str, gold_findings: str, gold_impression: str) -> dict:
-    return {"organ": organ, "prediction": f"<findings>{findings}</findings> || <impression>{impression}</impression>",
-            "findings": gold_findings, "impression": gold_impression}  # fmt: skip
+    return {
+        "organ": organ,
+        "prediction": f"<findings>{findings}</findings> || <impression>{impression}</impression>",
+        "findings": gold_findings,
+        "impression": gold_impression,
+    }
 
 
 def test_bleu_and_rouge_l_of_one_row_are_the_hand_computed_values():
@@ -28,8 +32,13 @@ def test_bleu_and_rouge_l_of_one_row_are_the_hand_computed_values():
     # BLEU-n is their geometric mean over orders 1..n; ROUGE-L: LCS "a b c" = 3 of 4 tokens either way, F = 3/4.
     got = text_metrics([_row("liver", "A b C d", "x y", "a b c e", "x y")], n_bootstrap=0)
     findings = got.cells["findings"]["liver"]
-    expected = {"bleu1": 0.75, "bleu2": math.sqrt(0.75 * 2 / 3), "bleu3": (0.75 * 2 / 3 * 0.5) ** (1 / 3),
-                "bleu4": (0.75 * 2 / 3 * 0.5 * 0.5) ** (1 / 4), "rouge_l": 0.75}  # fmt: skip
+    expected = {
+        "bleu1": 0.75,
+        "bleu2": math.sqrt(0.75 * 2 / 3),
+        "bleu3": (0.75 * 2 / 3 * 0.5) ** (1 / 3),
+        "bleu4": (0.75 * 2 / 3 * 0.5 * 0.5) ** (1 / 4),
+        "rouge_l": 0.75,
+    }
     assert {m: findings[m][0] for m in expected} == pytest.approx(expected)
     assert math.isnan(findings["bleu1"][1])  # no replicates, no interval
     impression = got.cells["impression"]["liver"]  # identical two-word impressions: no trigram, BLEU-3 = 0

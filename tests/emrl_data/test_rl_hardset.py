@@ -89,32 +89,63 @@ def test_organ_quotas_keep_everything_under_the_cap_and_sum_to_it_above() -> Non
 
 
 def test_prediction_row_uses_the_scorers_names_and_leaves_failed_inferences_unscored() -> None:
-    truth = {"case_id": "BDMAP_00000001", "organ": "liver", "split": "train", "has_lesion": False,
-             "long_axis_mm": None, "location": [], "attenuation": None, "key_slice_frame": None, "n_frames": 8}  # fmt: skip
+    truth = {
+        "case_id": "BDMAP_00000001",
+        "organ": "liver",
+        "split": "train",
+        "has_lesion": False,
+        "long_axis_mm": None,
+        "location": [],
+        "attenuation": None,
+        "key_slice_frame": None,
+        "n_frames": 8,
+    }
     negative = "<findings>No focal liver lesion is identified.</findings> || <impression>No liver tumor.</impression>"
     row, score = prediction_row(truth, {"text": negative, "error": None}, "m")
     assert score is not None and set(row) <= set(SCHEMAS["predictions"].names)
-    assert row == {**truth, "prediction": negative, "inference_error": None, "model": "m", **score.to_row(),
-                   "hard": False, "hard_reasons": []}  # fmt: skip
+    assert row == {
+        **truth,
+        "prediction": negative,
+        "inference_error": None,
+        "model": "m",
+        **score.to_row(),
+        "hard": False,
+        "hard_reasons": [],
+    }
     assert (row["score_existence"], row["parse_failure"]) == (1.0, None)
     failed, no_score = prediction_row(truth, {"text": None, "error": "timeout"}, "m")
     assert no_score is None and "parse_failure" not in failed and "score_existence" not in failed
-    assert failed == {**{c: truth[c] for c in PREDICTION_TRUTH_COLUMNS}, "prediction": None,
-                      "inference_error": "timeout", "model": "m"}  # fmt: skip
+    assert failed == {
+        **{c: truth[c] for c in PREDICTION_TRUTH_COLUMNS},
+        "prediction": None,
+        "inference_error": "timeout",
+        "model": "m",
+    }
 
 
 def _truth(case_id: str, split: str = "train") -> dict:
-    return {"case_id": case_id, "organ": "liver", "split": split, "has_lesion": False, "long_axis_mm": None,
-            "location": [], "attenuation": None, "key_slice_frame": None, "n_frames": 8}  # fmt: skip
+    return {
+        "case_id": case_id,
+        "organ": "liver",
+        "split": split,
+        "has_lesion": False,
+        "long_axis_mm": None,
+        "location": [],
+        "attenuation": None,
+        "key_slice_frame": None,
+        "n_frames": 8,
+    }
 
 
 def _collected():
     rows = {
-        "train": [_truth("BDMAP_00000002") | {"frames": [{"bytes": b"abc"}, {"bytes": b"de"}]},
-                  _truth("BDMAP_00000001") | {"frames": [{"bytes": b"f"}]},
-                  _truth("BDMAP_00000003") | {"frames": [{"bytes": b"gh"}]}],
+        "train": [
+            _truth("BDMAP_00000002") | {"frames": [{"bytes": b"abc"}, {"bytes": b"de"}]},
+            _truth("BDMAP_00000001") | {"frames": [{"bytes": b"f"}]},
+            _truth("BDMAP_00000003") | {"frames": [{"bytes": b"gh"}]},
+        ],
         "test": [_truth("BDMAP_00000004", "test") | {"frames": [{"bytes": b"ijkl"}]}],
-    }  # fmt: skip
+    }
     results = {
         "BDMAP_00000001/liver": {"text": _report(), "error": None},  # a lesion where there is none: hard
         "BDMAP_00000002/liver": {"text": None, "error": "timeout"},  # failed: in the table, not scored
@@ -126,12 +157,15 @@ def _collected():
 def test_collect_predictions_scores_each_predicted_row_once_and_sizes_its_frames() -> None:
     collected = _collected()
     assert [(p["case_id"], p["inference_error"]) for p in collected.predictions] == [
-        ("BDMAP_00000002", "timeout"), ("BDMAP_00000001", None), ("BDMAP_00000004", None)
-    ]  # fmt: skip
+        ("BDMAP_00000002", "timeout"),
+        ("BDMAP_00000001", None),
+        ("BDMAP_00000004", None),
+    ]
     assert [p["case_id"] for p in collected.failed] == ["BDMAP_00000002"]
     assert {s: [(r["case_id"], r["hard"]) for r, _ in v] for s, v in collected.scored.items()} == {
-        "train": [("BDMAP_00000001", True)], "test": [("BDMAP_00000004", False)]
-    }  # fmt: skip
+        "train": [("BDMAP_00000001", True)],
+        "test": [("BDMAP_00000004", False)],
+    }
     assert collected.frame_bytes == {"BDMAP_00000002/liver": 5, "BDMAP_00000001/liver": 1, "BDMAP_00000004/liver": 4}
 
 
@@ -140,14 +174,25 @@ def test_hard_set_rows_join_the_chosen_rows_to_their_frames_and_prediction(monke
         "emrl_data.tables.rl_hardset.check_required", lambda table, row: None
     )  # toy rows lack the label columns
     chosen = [HardRow("BDMAP_00000001", "liver", ("existence",), 1, 0.25)]
-    predictions = [{"case_id": "BDMAP_00000001", "organ": "liver", "prediction": "text 1"},
-                   {"case_id": "BDMAP_00000002", "organ": "liver", "prediction": "text 2"}]  # fmt: skip
-    sft = [{"case_id": "BDMAP_00000001", "organ": "liver", "frames": [b"a"]},
-           {"case_id": "BDMAP_00000002", "organ": "liver", "frames": [b"b"]}]  # fmt: skip
+    predictions = [
+        {"case_id": "BDMAP_00000001", "organ": "liver", "prediction": "text 1"},
+        {"case_id": "BDMAP_00000002", "organ": "liver", "prediction": "text 2"},
+    ]
+    sft = [
+        {"case_id": "BDMAP_00000001", "organ": "liver", "frames": [b"a"]},
+        {"case_id": "BDMAP_00000002", "organ": "liver", "frames": [b"b"]},
+    ]
     assert list(hard_set_rows(sft, chosen, predictions)) == [
-        {"case_id": "BDMAP_00000001", "organ": "liver", "frames": [b"a"], "hard_reasons": ["existence"],
-         "hard_rank": 1, "sft_prediction": "text 1", "sft_reward": 0.25}
-    ]  # fmt: skip
+        {
+            "case_id": "BDMAP_00000001",
+            "organ": "liver",
+            "frames": [b"a"],
+            "hard_reasons": ["existence"],
+            "hard_rank": 1,
+            "sft_prediction": "text 1",
+            "sft_reward": 0.25,
+        }
+    ]
     light = [({"split": "train", "organ": "liver", "case_id": c}, None) for c in ("BDMAP_00000002", "BDMAP_00000001")]
     assert [r["case_id"] for r in chosen_light_rows(light, chosen)] == ["BDMAP_00000001"]
 
@@ -166,20 +211,31 @@ def test_write_split_metrics_writes_each_split_and_merges_them_in_memory(tmp_pat
 
 
 def test_build_summary_and_markdown_describe_the_hard_set() -> None:
-    chosen = [HardRow("BDMAP_00000001", "liver", ("existence", "size"), 1, 0.25),
-              HardRow("BDMAP_00000003", "liver", ("size",), 2, 0.5)]  # fmt: skip
+    chosen = [
+        HardRow("BDMAP_00000001", "liver", ("existence", "size"), 1, 0.25),
+        HardRow("BDMAP_00000003", "liver", ("size",), 2, 0.5),
+    ]
     assert reason_counts(chosen) == {"existence": 1, "size": 2}
     provenance = {"model": "m", "target_size": 2}
     summary = build_summary(
         provenance=provenance, collected=_collected(), chosen=chosen, out=Path("/o"), elapsed_s=2.5
     )
     assert summary == {
-        "model": "m", "target_size": 2, "predictions": 3, "failed_predictions": 1, "retried_errors": 0,
-        "kept_errors": False, "other_model_answers": {}, "hard_in_train": 1,
-        "train_rows_scored": 1, "rl_hardset_rows": 2, "rl_hardset_by_organ": {"liver": 2, "pancreas": 0, "kidney": 0},
-        "reasons": {"existence": 1, "size": 2}, "seconds": 2.5,
+        "model": "m",
+        "target_size": 2,
+        "predictions": 3,
+        "failed_predictions": 1,
+        "retried_errors": 0,
+        "kept_errors": False,
+        "other_model_answers": {},
+        "hard_in_train": 1,
+        "train_rows_scored": 1,
+        "rl_hardset_rows": 2,
+        "rl_hardset_by_organ": {"liver": 2, "pancreas": 0, "kidney": 0},
+        "reasons": {"existence": 1, "size": 2},
+        "seconds": 2.5,
         "tables": {"predictions": "/o/predictions", "rl_hardset": "/o/rl_hardset"},
-    }  # fmt: skip
+    }
     assert summary_markdown(summary, "METRICS") == (
         "# build-rl-hardset\n\n- model: `m`\n- predictions: **3** (1 failed)\n"
         "- hard train rows: 1 of 1; chosen: **2** (cap 2) liver 2, pancreas 0, kidney 0\n"
@@ -190,8 +246,14 @@ def test_build_summary_and_markdown_describe_the_hard_set() -> None:
 
 def test_summary_counts_errors_sent_again_and_answers_naming_another_model() -> None:
     inference = {"retried_errors": 4, "kept_errors": False, "other_model_answers": {"gpt-4o-mini-2024-07-18": 3}}
-    summary = build_summary(provenance={"model": "gpt-4o-mini", "target_size": 2}, collected=_collected(), chosen=[],
-                            out=Path("/o"), elapsed_s=1.0, inference=inference)  # fmt: skip
+    summary = build_summary(
+        provenance={"model": "gpt-4o-mini", "target_size": 2},
+        collected=_collected(),
+        chosen=[],
+        out=Path("/o"),
+        elapsed_s=1.0,
+        inference=inference,
+    )
     assert {k: summary[k] for k in inference} == inference
     lines = summary_markdown(summary, "").splitlines()
     assert lines[3] == "- predictions: **3** (1 failed; 4 stored as errors by an earlier run, sent again)"

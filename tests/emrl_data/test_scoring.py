@@ -83,24 +83,42 @@ NEG_REPORT = render_report(
     [
         # a positive row: mm -> cm rounded to one decimal, list -> tuple
         (
-            {"organ": "liver", "has_lesion": True, "long_axis_mm": 31.04, "location": ["5", "8"],
-             "attenuation": "hypo", "key_slice_frame": 12},
+            {
+                "organ": "liver",
+                "has_lesion": True,
+                "long_axis_mm": 31.04,
+                "location": ["5", "8"],
+                "attenuation": "hypo",
+                "key_slice_frame": 12,
+            },
             Truth(Organ.LIVER, True, 3.1, ("5", "8"), "hypo", 12),
         ),
         # a negative row with nulls
         (
-            {"organ": "kidney", "has_lesion": False, "long_axis_mm": None, "location": [], "attenuation": None,
-             "key_slice_frame": None},
+            {
+                "organ": "kidney",
+                "has_lesion": False,
+                "long_axis_mm": None,
+                "location": [],
+                "attenuation": None,
+                "key_slice_frame": None,
+            },
             Truth(Organ.KIDNEY, False, None, (), None, None),
         ),
         # NaN nulls (pandas) and numpy-like ints
         (
-            {"organ": "pancreas", "has_lesion": 0, "long_axis_mm": float("nan"), "location": None,
-             "attenuation": None, "key_slice_frame": float("nan")},
+            {
+                "organ": "pancreas",
+                "has_lesion": 0,
+                "long_axis_mm": float("nan"),
+                "location": None,
+                "attenuation": None,
+                "key_slice_frame": float("nan"),
+            },
             Truth(Organ.PANCREAS, False, None, (), None, None),
         ),
     ],
-)  # fmt: skip
+)
 def test_truth_from_row(row: dict, expected: Truth) -> None:
     assert truth_from_row(row) == expected
 
@@ -383,8 +401,9 @@ def test_score_report_true_negative() -> None:
 
 
 def test_score_report_parse_failure_scores_zero_everywhere() -> None:
-    s = score_report("<findings>No liver lesion.</findings> || <impression>Liver mass.</impression>", POS,
-                     verifier_text=VERIFIER_OK)  # fmt: skip
+    s = score_report(
+        "<findings>No liver lesion.</findings> || <impression>Liver mass.</impression>", POS, verifier_text=VERIFIER_OK
+    )
     assert s.parse_failure == "contradiction"
     assert (s.score_existence, s.score_size, s.score_location, s.score_enhancement, s.score_k_hit) == (
         0.0,

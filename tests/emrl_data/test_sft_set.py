@@ -34,11 +34,17 @@ def _light(i: int, organ: str, split: str, has_lesion: bool) -> dict:
 
 # Train: liver 2 positives + 3 negatives, pancreas 1 positive, kidney 2 negatives (no positive); test: 2 rows.
 _ROWS = [
-    _light(5, "liver", "train", False), _light(1, "liver", "train", True), _light(2, "liver", "train", True),
-    _light(3, "liver", "train", False), _light(4, "liver", "train", False), _light(6, "pancreas", "train", True),
-    _light(7, "kidney", "train", False), _light(8, "kidney", "train", False), _light(9, "liver", "test", False),
+    _light(5, "liver", "train", False),
+    _light(1, "liver", "train", True),
+    _light(2, "liver", "train", True),
+    _light(3, "liver", "train", False),
+    _light(4, "liver", "train", False),
+    _light(6, "pancreas", "train", True),
+    _light(7, "kidney", "train", False),
+    _light(8, "kidney", "train", False),
+    _light(9, "liver", "test", False),
     _light(10, "kidney", "test", True),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(
@@ -66,15 +72,26 @@ def test_select_sft_rows_samples_negatives_per_organ_and_keeps_the_test_split(
 
 
 def _row(case_id: str, organ: str, split: str, has_lesion: bool, frame: bytes) -> dict:
-    return {"case_id": case_id, "organ": organ, "split": split, "has_lesion": has_lesion,
-            "frames": [{"bytes": frame, "path": f"{case_id}/{organ}/1.png"}]}  # fmt: skip
+    return {
+        "case_id": case_id,
+        "organ": organ,
+        "split": split,
+        "has_lesion": has_lesion,
+        "frames": [{"bytes": frame, "path": f"{case_id}/{organ}/1.png"}],
+    }
 
 
 def _store(tmp_path: Path) -> tuple[CaseStore, dict[str, str]]:
     store = CaseStore(tmp_path / "cases")
-    store.save("kb", CaseResult(B, [_row(B, "pancreas", "train", True, b"pp"), _row(B, "liver", "test", False, b"l")],
-                                [Rejection(B, "kidney", "labels", RejectReason.EMPTY_ORGAN_MASK, "no voxel")],
-                                {"ct.nii.gz": "d2"}))  # fmt: skip
+    store.save(
+        "kb",
+        CaseResult(
+            B,
+            [_row(B, "pancreas", "train", True, b"pp"), _row(B, "liver", "test", False, b"l")],
+            [Rejection(B, "kidney", "labels", RejectReason.EMPTY_ORGAN_MASK, "no voxel")],
+            {"ct.nii.gz": "d2"},
+        ),
+    )
     store.save("ka", CaseResult(A, [_row(A, "liver", "train", False, b"abc")], [], {"ct.nii.gz": "d1"}))
     return store, {A: "ka", B: "kb"}
 
@@ -128,15 +145,30 @@ def test_check_every_case_accounted_names_the_cases_with_neither() -> None:
 
 
 def _summary(out: Path) -> dict:
-    rows = [{"case_id": A, "organ": "liver", "split": "train", "has_lesion": True},
-            {"case_id": B, "organ": "liver", "split": "test", "has_lesion": False}]  # fmt: skip
+    rows = [
+        {"case_id": A, "organ": "liver", "split": "train", "has_lesion": True},
+        {"case_id": B, "organ": "liver", "split": "test", "has_lesion": False},
+    ]
     return build_summary(
-        provenance={"pipeline_version": "0.1.0", "git_sha": "abc", "config_fingerprint": "f00", "config": {"x": 1},
-                    "split_source": "hash"},
-        atlas_root=Path("/atlas"), output_dir=out, n_cases=3, n_resumed=1, rows=rows, sft_rows=rows[:1],
-        rejections=[Rejection(C, None, "load", RejectReason.UNEXPECTED_ERROR, "boom")], qa_flags={"tiny_organ": 2},
-        warnings=["CSV has 2 unknown cases"], file_digests={f"{A}/ct.nii.gz": "d1"}, elapsed_s=1.5,
-    )  # fmt: skip
+        provenance={
+            "pipeline_version": "0.1.0",
+            "git_sha": "abc",
+            "config_fingerprint": "f00",
+            "config": {"x": 1},
+            "split_source": "hash",
+        },
+        atlas_root=Path("/atlas"),
+        output_dir=out,
+        n_cases=3,
+        n_resumed=1,
+        rows=rows,
+        sft_rows=rows[:1],
+        rejections=[Rejection(C, None, "load", RejectReason.UNEXPECTED_ERROR, "boom")],
+        qa_flags={"tiny_organ": 2},
+        warnings=["CSV has 2 unknown cases"],
+        file_digests={f"{A}/ct.nii.gz": "d1"},
+        elapsed_s=1.5,
+    )
 
 
 def test_build_summary_counts_rows_rejections_and_leaves_the_full_config_out() -> None:

@@ -89,8 +89,11 @@ def markdown_problems(markdown: str) -> list[str]:
     images = _IMAGE.findall(markdown)
     if len(images) > 1:
         problems.append(f"{len(images)} inline pictures > 1")
-    problems += [f"inline picture of {len(base64.b64decode(b))} bytes" for _, b in images
-                 if len(base64.b64decode(b)) > MAX_IMAGE_BYTES]  # fmt: skip
+    problems += [
+        f"inline picture of {len(base64.b64decode(b))} bytes"
+        for _, b in images
+        if len(base64.b64decode(b)) > MAX_IMAGE_BYTES
+    ]
     rest = _IMAGE.sub("", markdown)
     if "data:" in rest or "base64," in rest:
         problems.append("a data: URI or base64 outside a markdown picture (the UI would print it as text)")
@@ -137,14 +140,31 @@ def test_the_checker_names_each_problem() -> None:
 
 def _positive(organ: str, long_mm: float, detected: bool) -> dict[str, Any]:
     s = float(detected)
-    return {"organ": organ, "has_lesion": True, "long_axis_mm": long_mm, "score_existence": s, "score_size": s,
-            "score_location": s, "score_enhancement": s, "score_k_hit": s, "pred_has_lesion": detected}  # fmt: skip
+    return {
+        "organ": organ,
+        "has_lesion": True,
+        "long_axis_mm": long_mm,
+        "score_existence": s,
+        "score_size": s,
+        "score_location": s,
+        "score_enhancement": s,
+        "score_k_hit": s,
+        "pred_has_lesion": detected,
+    }
 
 
 def _negative(organ: str, correct: bool) -> dict[str, Any]:
-    return {"organ": organ, "has_lesion": False, "long_axis_mm": None, "score_existence": float(correct),
-            "score_size": None, "score_location": None, "score_enhancement": None, "score_k_hit": None,
-            "pred_has_lesion": not correct}  # fmt: skip
+    return {
+        "organ": organ,
+        "has_lesion": False,
+        "long_axis_mm": None,
+        "score_existence": float(correct),
+        "score_size": None,
+        "score_location": None,
+        "score_enhancement": None,
+        "score_k_hit": None,
+        "pred_has_lesion": not correct,
+    }
 
 
 # liver: every answer right (the widest cells: 100.00 and 100.0–100.0); pancreas: 1 of 2 lesions (one small, missed),
@@ -161,17 +181,21 @@ def test_evaluation_tables_fit_with_exact_values() -> None:
     markdown = evaluate(PREDICTIONS, n_bootstrap=0).to_markdown()
     assert markdown_problems(markdown) == []
     assert markdown_tables(markdown) == [
-        [["organ", "pos / neg", "Sen", "Sen ≤2", "Sen >2", "Spec", "B-Acc"],
-         ["liver", "80 / 40", "100.00", "100.00", "100.00", "100.00", "100.00"],
-         ["pancreas", "2 / 2", "50.00", "0.00", "100.00", "50.00", "50.00"],
-         ["kidney", "1 / 0", "100.00", "n/a", "100.00", "n/a", "n/a"],
-         ["average", "", "", "", "", "", "75.00"]],
-        [["organ", "pos", "Size", "Location", "Enhancement", "K-Hit"],
-         ["liver", "80", "100.00", "100.00", "100.00", "100.00"],
-         ["pancreas", "2", "50.00", "50.00", "50.00", "50.00"],
-         ["kidney", "1", "100.00", "100.00", "100.00", "100.00"],
-         ["average", "", "83.33", "83.33", "83.33", "83.33"]],
-    ]  # fmt: skip
+        [
+            ["organ", "pos / neg", "Sen", "Sen ≤2", "Sen >2", "Spec", "B-Acc"],
+            ["liver", "80 / 40", "100.00", "100.00", "100.00", "100.00", "100.00"],
+            ["pancreas", "2 / 2", "50.00", "0.00", "100.00", "50.00", "50.00"],
+            ["kidney", "1 / 0", "100.00", "n/a", "100.00", "n/a", "n/a"],
+            ["average", "", "", "", "", "", "75.00"],
+        ],
+        [
+            ["organ", "pos", "Size", "Location", "Enhancement", "K-Hit"],
+            ["liver", "80", "100.00", "100.00", "100.00", "100.00"],
+            ["pancreas", "2", "50.00", "50.00", "50.00", "50.00"],
+            ["kidney", "1", "100.00", "100.00", "100.00", "100.00"],
+            ["average", "", "83.33", "83.33", "83.33", "83.33"],
+        ],
+    ]
     assert "Table 2 overall (mean of its four averages): **83.33**" in markdown
     assert markdown.endswith("No intervals (n_bootstrap=0).\n")
 
@@ -193,39 +217,62 @@ def test_evaluation_interval_tables_fit() -> None:
 
 
 def _sft_summary() -> dict[str, Any]:
-    big = {"kidney/negative": 21043, "kidney/positive": 12001, "liver/negative": 20876, "liver/positive": 10987,
-           "pancreas/negative": 23456, "pancreas/positive": 9876}  # fmt: skip
+    big = {
+        "kidney/negative": 21043,
+        "kidney/positive": 12001,
+        "liver/negative": 20876,
+        "liver/positive": 10987,
+        "pancreas/negative": 23456,
+        "pancreas/positive": 9876,
+    }
     return {
-        "pipeline_version": "0.1.0", "git_sha": "8703ee7d0eb4e91e2b5afbb33d5c8eb00b9efc25-dirty",
-        "config_fingerprint": "b096f6162c919f18", "split_source": "IID split files", "cases": 9262,
-        "cases_resumed_from_store": 0, "seconds": 5000.0, "cases_per_s": 1.852,
+        "pipeline_version": "0.1.0",
+        "git_sha": "8703ee7d0eb4e91e2b5afbb33d5c8eb00b9efc25-dirty",
+        "config_fingerprint": "b096f6162c919f18",
+        "split_source": "IID split files",
+        "cases": 9262,
+        "cases_resumed_from_store": 0,
+        "seconds": 5000.0,
+        "cases_per_s": 1.852,
         "organ_rows": {"test": dict(big, total=sum(big.values())), "train": dict(big, total=sum(big.values()))},
         "sft_rows": {"train": {"liver/positive": 10987, "liver/negative": 10987, "total": 21974}},
         "rejections": {"labels/mask_grid_mismatch": 12, "load/corrupt_gzip": 3},
-        "qa_flags": {"organ_volume_low": 4}, "warnings": [], "output_dir": "/data/out",
+        "qa_flags": {"organ_volume_low": 4},
+        "warnings": [],
+        "output_dir": "/data/out",
         "tables": {"findings": "/data/out/findings", "sft": "/data/out/sft", "rejections": "/data/out/rejections"},
-    }  # fmt: skip
+    }
 
 
 def test_sft_summary_fits_with_five_digit_counts() -> None:
     markdown = sft_summary_markdown(_sft_summary(), Path("/data/out/contact_sheet.png"))
     assert markdown_problems(markdown) == []
     assert markdown_tables(markdown) == [
-        [["table", "split", "rows", "liver", "pancreas", "kidney"],
-         ["organ_rows", "test", "98239", "10987 / 20876", "9876 / 23456", "12001 / 21043"],
-         ["organ_rows", "train", "98239", "10987 / 20876", "9876 / 23456", "12001 / 21043"],
-         ["sft_rows", "train", "21974", "10987 / 10987", "0 / 0", "0 / 0"]],
+        [
+            ["table", "split", "rows", "liver", "pancreas", "kidney"],
+            ["organ_rows", "test", "98239", "10987 / 20876", "9876 / 23456", "12001 / 21043"],
+            ["organ_rows", "train", "98239", "10987 / 20876", "9876 / 23456", "12001 / 21043"],
+            ["sft_rows", "train", "21974", "10987 / 10987", "0 / 0", "0 / 0"],
+        ],
         [["step/reason", "cases"], ["labels/mask_grid_mismatch", "12"], ["load/corrupt_gzip", "3"]],
-    ]  # fmt: skip
+    ]
     assert "\nRows per organ: positive / negative.\n" in markdown
 
 
 def test_hardset_summary_fits() -> None:
-    summary = {"model": "http://127.0.0.1:8000/v1#Qwen/Qwen3-VL-2B-Instruct", "predictions": 27786,
-               "failed_predictions": 0, "hard_in_train": 9000, "train_rows_scored": 21974, "rl_hardset_rows": 2000,
-               "target_size": 2000, "rl_hardset_by_organ": {"liver": 700, "pancreas": 600, "kidney": 700},
-               "reasons": {"existence": 900, "size": 1500}, "seconds": 812.5,
-               "tables": {"predictions": "/data/out/predictions", "rl_hardset": "/data/out/rl_hardset"}}  # fmt: skip
+    summary = {
+        "model": "http://127.0.0.1:8000/v1#Qwen/Qwen3-VL-2B-Instruct",
+        "predictions": 27786,
+        "failed_predictions": 0,
+        "hard_in_train": 9000,
+        "train_rows_scored": 21974,
+        "rl_hardset_rows": 2000,
+        "target_size": 2000,
+        "rl_hardset_by_organ": {"liver": 700, "pancreas": 600, "kidney": 700},
+        "reasons": {"existence": 900, "size": 1500},
+        "seconds": 812.5,
+        "tables": {"predictions": "/data/out/predictions", "rl_hardset": "/data/out/rl_hardset"},
+    }
     metrics = "## SFT model on the train split\n\n" + evaluate(PREDICTIONS, n_bootstrap=50).to_markdown()
     markdown = hardset_summary_markdown(summary, metrics)
     assert markdown_problems(markdown) == []
@@ -234,20 +281,33 @@ def test_hardset_summary_fits() -> None:
 
 def test_publish_summary_fits_with_a_long_location() -> None:
     location = "file:///home/someone/projects/e-mrl/demo-output/releases/emrl/abdomen-atlas-sft/.tags/v1.0.0"
-    result = {"repo_id": "emrl/abdomen-atlas-sft", "tag": "v1.0.0", "status": "published", "target": "local",
-              "message": f"Published emrl/abdomen-atlas-sft v1.0.0 to {location[7:]}.", "url": location,
-              "commit": None, "uploaded": True, "rows": {"test": 30, "train": 74},
-              "images_decoded": {"test": 8, "train": 8},
-              "plan": [{"path": "README.md", "action": "add", "bytes": 10217},
-                       {"path": "data/train-00000-of-00001.parquet", "action": "add", "bytes": 1469150}]}  # fmt: skip
+    result = {
+        "repo_id": "emrl/abdomen-atlas-sft",
+        "tag": "v1.0.0",
+        "status": "published",
+        "target": "local",
+        "message": f"Published emrl/abdomen-atlas-sft v1.0.0 to {location[7:]}.",
+        "url": location,
+        "commit": None,
+        "uploaded": True,
+        "rows": {"test": 30, "train": 74},
+        "images_decoded": {"test": 8, "train": 8},
+        "plan": [
+            {"path": "README.md", "action": "add", "bytes": 10217},
+            {"path": "data/train-00000-of-00001.parquet", "action": "add", "bytes": 1469150},
+        ],
+    }
     markdown = publish_summary_markdown(result)
     assert markdown_problems(markdown) == []
     assert f"- location: {location}\n" in markdown  # a list line wraps; a table cell would be cut off
     assert markdown_tables(markdown) == [
         [["split", "rows", "images"], ["test", "30", "8"], ["train", "74", "8"]],
-        [["file", "action", "bytes"], ["README.md", "add", "10217"],
-         ["data/train-00000-of-00001.parquet", "add", "1469150"]],
-    ]  # fmt: skip
+        [
+            ["file", "action", "bytes"],
+            ["README.md", "add", "10217"],
+            ["data/train-00000-of-00001.parquet", "add", "1469150"],
+        ],
+    ]
 
 
 def test_rejection_table_shortens_the_detail() -> None:
@@ -259,11 +319,19 @@ def test_rejection_table_shortens_the_detail() -> None:
     ]
     table = rejection_table(rejections)
     assert table == [
-        {"case_id": "BDMAP_00000015", "organ": "liver", "step/reason": "labels/mask_grid_mismatch",
-         "detail": "segmentations/liver.nii.gz: mask grid i…"},
-        {"case_id": "BDMAP_00000014", "organ": "", "step/reason": "load/corrupt_gzip",
-         "detail": "gzip member 1 is corrupt"},
-    ]  # fmt: skip
+        {
+            "case_id": "BDMAP_00000015",
+            "organ": "liver",
+            "step/reason": "labels/mask_grid_mismatch",
+            "detail": "segmentations/liver.nii.gz: mask grid i…",
+        },
+        {
+            "case_id": "BDMAP_00000014",
+            "organ": "",
+            "step/reason": "load/corrupt_gzip",
+            "detail": "gzip member 1 is corrupt",
+        },
+    ]
     assert len(table[0]["detail"]) == 40
     assert table_artifact_problems(table) == []
     assert rejection_table([]) == [{"case_id": "", "organ": "", "step/reason": "none", "detail": ""}]
@@ -298,17 +366,26 @@ def built(prefect_harness, tmp_path_factory: pytest.TempPathFactory) -> tuple[Pa
     root = tmp_path_factory.mktemp("artifacts")
     write_atlas(root / "atlas", demo_specs(16))
     state = build_sft_set_flow(
-        atlas_root=str(root / "atlas"), output_dir=str(root / "out"), cases_per_task=4, max_workers=2,
-        config=SMALL_FRAMES, return_state=True,
-    )  # fmt: skip
+        atlas_root=str(root / "atlas"),
+        output_dir=str(root / "out"),
+        cases_per_task=4,
+        max_workers=2,
+        config=SMALL_FRAMES,
+        return_state=True,
+    )
     return root / "out", {a.key: a for a in _artifacts_of(state.state_details.flow_run_id) if a.key}
 
 
 @pytest.mark.slow
 def test_every_artifact_of_a_build_sft_set_run_fits(built: tuple[Path, dict[str, Any]]) -> None:
     _, artifacts = built
-    assert set(artifacts) == {"build-sft-set-counts", "build-sft-set-rejections", "build-sft-set-summary",
-                              "build-sft-set-qa", "build-sft-set-contact-sheet"}  # fmt: skip
+    assert set(artifacts) == {
+        "build-sft-set-counts",
+        "build-sft-set-rejections",
+        "build-sft-set-summary",
+        "build-sft-set-qa",
+        "build-sft-set-contact-sheet",
+    }
     assert _problems(artifacts) == {key: [] for key in artifacts}
     (picture,) = _IMAGE.findall(artifacts["build-sft-set-contact-sheet"].data)
     assert base64.b64decode(picture[1])[:2] == b"\xff\xd8"  # a JPEG thumbnail, shown as a picture, never as a link
@@ -332,9 +409,14 @@ def test_every_artifact_of_a_build_rl_hardset_run_fits(
 
     out, _ = built
     state = build_rl_hardset_flow(
-        sft_dir=str(out / "sft"), output_dir=str(tmp_path), backend="openai", endpoint_url=negative_model,
-        endpoint_model="negative-stub", n_bootstrap=50, return_state=True,
-    )  # fmt: skip
+        sft_dir=str(out / "sft"),
+        output_dir=str(tmp_path),
+        backend="openai",
+        endpoint_url=negative_model,
+        endpoint_model="negative-stub",
+        n_bootstrap=50,
+        return_state=True,
+    )
     artifacts = {a.key: a for a in _artifacts_of(state.state_details.flow_run_id) if a.key}
     assert set(artifacts) == {"build-rl-hardset-summary", "build-rl-hardset-rows"}
     assert _problems(artifacts) == {key: [] for key in artifacts}

@@ -43,9 +43,13 @@ def _rows(path: Path) -> list[dict]:
 def test_rl_hardset_end_to_end_and_resume(sft_out: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = save_tiny(tmp_path / "tiny", seed=0)
     summary = build_rl_hardset_flow(
-        sft_dir=str(sft_out / "sft"), output_dir=str(sft_out), model_path=str(model), max_new_tokens=12,
-        n_bootstrap=20, target_size=3,
-    )  # fmt: skip
+        sft_dir=str(sft_out / "sft"),
+        output_dir=str(sft_out),
+        model_path=str(model),
+        max_new_tokens=12,
+        n_bootstrap=20,
+        target_size=3,
+    )
 
     sft_rows = _rows(sft_out / "sft/data")
     predictions = _rows(sft_out / "predictions/data")
@@ -73,7 +77,11 @@ def test_rl_hardset_end_to_end_and_resume(sft_out: Path, tmp_path: Path, monkeyp
 
     monkeypatch.setattr(TransformersBackend, "generate", no_generation)
     again = build_rl_hardset_flow(
-        sft_dir=str(sft_out / "sft"), output_dir=str(sft_out), model_path=str(model), max_new_tokens=12,
-        n_bootstrap=20, target_size=3,
-    )  # fmt: skip
+        sft_dir=str(sft_out / "sft"),
+        output_dir=str(sft_out),
+        model_path=str(model),
+        max_new_tokens=12,
+        n_bootstrap=20,
+        target_size=3,
+    )
     assert again["rl_hardset_rows"] == summary["rl_hardset_rows"]

@@ -284,8 +284,9 @@ def test_a_run_killed_mid_part_resumes_that_part_and_reads_no_finished_one(
     archive = archive_path(scratch, second, second.image)
     partial = archive.with_name(archive.name + ".incomplete")
     log = open(tmp_path / "killed.log", "wb")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen([sys.executable, "-c", run, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", run, *args], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 180
         while not (partial.exists() and partial.stat().st_size > 0):

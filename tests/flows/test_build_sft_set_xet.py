@@ -38,7 +38,7 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, b
 
 
 @pytest.fixture(scope="module")
-def on_disk(release: tuple[Path, dict[str, bytes]], tmp_path_factory: pytest.TempPathFactory, prefect_harness) -> Path:  # fmt: skip
+def on_disk(release: tuple[Path, dict[str, bytes]], tmp_path_factory: pytest.TempPathFactory, prefect_harness) -> Path:
     out = tmp_path_factory.mktemp("xet-disk")
     build_sft_set_flow(atlas_root=str(release[0]), output_dir=str(out), config=FRAMES)
     return out
@@ -175,8 +175,13 @@ def test_a_xet_run_killed_at_60_percent_resumes_fetching_at_most_one_range_twice
     partial = archive_path(scratch, second, second.image)
     partial = partial.with_name(partial.name + ".incomplete")
     log = open(tmp_path / "killed.log", "wb")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen([sys.executable, "-c", run, ROOT, str(out), json.dumps(FRAMES), str(scratch), budget],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", run, ROOT, str(out), json.dumps(FRAMES), str(scratch), budget],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while not (partial.exists() and partial.stat().st_size >= 0.6 * len(files[image])):

@@ -29,8 +29,11 @@ def test_dead_server_then_rerun_predicts_every_row_once_and_never_writes_the_key
     out = build_small_sft_set(tmp_path_factory, frame_px=32)
     n_rows = len(_rows(out / "sft" / "data"))
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
-    argv = lambda url: ["build-rl-hardset", str(out / "sft"), str(out), "--endpoint", url, "--endpoint-model",  # noqa: E731
-                        "tiny", "--dialect", "openai", "--max-new-tokens", "32", "--bootstrap", "20"]  # fmt: skip
+
+    def argv(url: str) -> list[str]:
+        return ["build-rl-hardset", str(out / "sft"), str(out), "--endpoint", url, "--endpoint-model", "tiny",
+                "--dialect", "openai", "--max-new-tokens", "32", "--bootstrap", "20"]  # fmt: skip
+
     with HostileServer(dies_after=3) as dying:  # the probe's 2 answers, then 1 row, then it dies
         dying.faults.extend(["echo:503", "echo:500"])  # the key in error bodies, headers and reason phrases
         dying.always = "model_echo"

@@ -101,9 +101,13 @@ class _Handler(BaseHTTPRequestHandler):
         auth = self.headers.get("authorization", "")
         key = auth.removeprefix("Bearer ")
         kind, _, arg = (fault or "").partition(":")
-        answer: dict[str, Any] = {"id": "x", "object": "chat.completion", "model": body.get("model"),
-                                  "choices": [{"index": 0, "message": {"role": "assistant", "content": TEXT}}],
-                                  "usage": {"prompt_tokens": 10 + len(json.dumps(body)) // 1000}}  # fmt: skip
+        answer: dict[str, Any] = {
+            "id": "x",
+            "object": "chat.completion",
+            "model": body.get("model"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": TEXT}}],
+            "usage": {"prompt_tokens": 10 + len(json.dumps(body)) // 1000},
+        }
         if kind == "status" or kind == "echo":
             return self._error(int(arg), auth if kind == "echo" else None)
         if kind == "hold":

@@ -57,8 +57,15 @@ logger = logging.getLogger(__name__)
 
 API_KEY_ENV = "EMRL_TEST_SERVER_API_KEY"
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error"}
-_DEFAULTS: dict[str, Any] = {"faults": [], "hold": False, "hold_until": 0, "strict": False, "drop_frames": False,
-                             "usage": True, "last_request": None}  # fmt: skip
+_DEFAULTS: dict[str, Any] = {
+    "faults": [],
+    "hold": False,
+    "hold_until": 0,
+    "strict": False,
+    "drop_frames": False,
+    "usage": True,
+    "last_request": None,
+}
 
 
 def standard_fields() -> frozenset[str]:
@@ -254,8 +261,11 @@ def complete(
     if usage:
         prompt_tokens = backend.count_prompt_tokens(request, with_frames=not drop_frames)  # type: ignore[attr-defined]
         completion_tokens = backend.count_text_tokens(result.text)  # type: ignore[attr-defined]
-        content["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                            "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
+        content["usage"] = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
     return JSONResponse(content=content)
 
 

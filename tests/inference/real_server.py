@@ -44,10 +44,27 @@ class ServerProcess:
         (workdir / "hf-cache").mkdir(parents=True, exist_ok=True)
         self.log = workdir / "transformers-serve.log"  # a file, not a pipe: a full pipe would block the server
         self.port = free_port()
-        env = {**os.environ, "PYTHONPATH": str(torchvision_side.DIR), "HF_HUB_OFFLINE": "1",
-               "HF_HUB_CACHE": str(workdir / "hf-cache"), "HF_HUB_DISABLE_TELEMETRY": "1"}  # fmt: skip
-        cmd = [sys.executable, str(LAUNCHER), "serve", str(model_dir), "--host", "127.0.0.1", "--port",
-               str(self.port), "--device", "cpu", "--dtype", "float32"]  # fmt: skip
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(torchvision_side.DIR),
+            "HF_HUB_OFFLINE": "1",
+            "HF_HUB_CACHE": str(workdir / "hf-cache"),
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+        }
+        cmd = [
+            sys.executable,
+            str(LAUNCHER),
+            "serve",
+            str(model_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+        ]
         with self.log.open("wb") as err:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=err, stderr=subprocess.STDOUT)
 

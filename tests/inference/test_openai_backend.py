@@ -38,8 +38,15 @@ def server(tiny_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("server")
     port_file, log = workdir / "port", workdir / "server.log"  # a file, not a pipe: a full pipe would block it
     env = {**os.environ, "PYTHONPATH": str(ROOT), API_KEY_ENV: API_KEY, "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "tests.inference.openai_server", "--model-path", str(tiny_dir),
-           "--port-file", str(port_file)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "tests.inference.openai_server",
+        "--model-path",
+        str(tiny_dir),
+        "--port-file",
+        str(port_file),
+    ]
     with log.open("wb") as err:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
     try:

@@ -73,8 +73,23 @@ def test_the_vllm_dialect_is_refused_in_one_line(endpoint: str, checkpoint: Path
 
 
 def _mine(sft_out: Path, out: Path, endpoint: str, model: str) -> list[str]:
-    return ["build-rl-hardset", str(sft_out / "sft"), str(out), "--endpoint", endpoint, "--endpoint-model", model,
-            "--dialect", "openai", "--limit", "2", "--max-new-tokens", "12", "--bootstrap", "10"]  # fmt: skip
+    return [
+        "build-rl-hardset",
+        str(sft_out / "sft"),
+        str(out),
+        "--endpoint",
+        endpoint,
+        "--endpoint-model",
+        model,
+        "--dialect",
+        "openai",
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "12",
+        "--bootstrap",
+        "10",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -102,14 +117,42 @@ def test_emrl_eval_puts_the_served_model_beside_ours(
 ) -> None:
     # "Our model": the same tiny weights (seed 0), run locally on the test split (frames as one video).
     ours = tmp_path / "ours"
-    main(["build-rl-hardset", str(sft_out / "sft"), str(ours), "--model", str(tiny_dir), "--device", "cpu",
-          "--split", "test", "--limit", "2", "--max-new-tokens", "12", "--bootstrap", "10"])  # fmt: skip
+    main(
+        [
+            "build-rl-hardset",
+            str(sft_out / "sft"),
+            str(ours),
+            "--model",
+            str(tiny_dir),
+            "--device",
+            "cpu",
+            "--split",
+            "test",
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "12",
+            "--bootstrap",
+            "10",
+        ]
+    )
     assert {r["split"] for r in pq.read_table(ours / "predictions" / "data").to_pylist()} == {"test"}
     capsys.readouterr()
 
     eval_dir = tmp_path / "eval"
-    main(["eval", str(ours / "predictions"), str(mined / "predictions"), "--split", "test", "--out", str(eval_dir),
-          "--bootstrap", "10"])  # fmt: skip
+    main(
+        [
+            "eval",
+            str(ours / "predictions"),
+            str(mined / "predictions"),
+            "--split",
+            "test",
+            "--out",
+            str(eval_dir),
+            "--bootstrap",
+            "10",
+        ]
+    )
     printed = capsys.readouterr().out
     served_name = pq.read_table(mined / "predictions" / "data", columns=["model"]).to_pylist()[0]["model"]
     for index, name in enumerate((str(tiny_dir), served_name), start=1):

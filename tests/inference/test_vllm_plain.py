@@ -25,8 +25,12 @@ def plain_vllm(prefect_harness, tmp_path_factory: pytest.TempPathFactory):
     """(base URL, OUT with an sft set) of vLLM started as a user might from vLLM's own docs: no project chat template,
     no server-side processor settings. The SFT set is built while it starts."""
     checkpoint = save_tiny(tmp_path_factory.mktemp("vllm-plain-ckpt") / "tiny-qwen3-vl")
-    server = VLLMServer(checkpoint, tmp_path_factory.mktemp("vllm-plain"), name=NAME,
-                        drop_flags=("--chat-template", "--mm-processor-kwargs"))  # fmt: skip
+    server = VLLMServer(
+        checkpoint,
+        tmp_path_factory.mktemp("vllm-plain"),
+        name=NAME,
+        drop_flags=("--chat-template", "--mm-processor-kwargs"),
+    )
     try:
         sft_out = build_small_sft_set(tmp_path_factory, FRAME_PX)
         yield server.wait(), sft_out
@@ -41,8 +45,21 @@ def test_mining_against_a_vllm_without_the_project_flags_stops_in_one_line(
 ) -> None:
     endpoint, sft_out = plain_vllm
     with pytest.raises(SystemExit) as exited:
-        main(["build-rl-hardset", str(sft_out / "sft"), str(tmp_path), "--endpoint", endpoint, "--endpoint-model",
-              NAME, "--dialect", "vllm", "--max-new-tokens", "12"])  # fmt: skip
+        main(
+            [
+                "build-rl-hardset",
+                str(sft_out / "sft"),
+                str(tmp_path),
+                "--endpoint",
+                endpoint,
+                "--endpoint-model",
+                NAME,
+                "--dialect",
+                "vllm",
+                "--max-new-tokens",
+                "12",
+            ]
+        )
     out, err = capsys.readouterr()
     assert exited.value.code == 1 and "Traceback" not in out + err
     problem, fix = err.splitlines()[-2:]

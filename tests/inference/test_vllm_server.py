@@ -112,8 +112,18 @@ def test_the_probe_sees_one_more_frame_pair(endpoint, sft_out, local) -> None:
 
 
 def _mine(sft_out: Path, out: Path, *source: str) -> None:
-    main(["build-rl-hardset", str(sft_out / "sft"), str(out), *source, "--max-new-tokens", str(MAX_NEW_TOKENS),
-          "--bootstrap", "10"])  # fmt: skip
+    main(
+        [
+            "build-rl-hardset",
+            str(sft_out / "sft"),
+            str(out),
+            *source,
+            "--max-new-tokens",
+            str(MAX_NEW_TOKENS),
+            "--bootstrap",
+            "10",
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -145,8 +155,19 @@ def test_mining_through_vllm_equals_the_local_backend(mined, sft_out: Path, endp
 def test_emrl_eval_gives_vllm_and_local_the_same_tables(mined, tmp_path: Path, capsys) -> None:
     through_vllm, through_local = mined
     out = tmp_path / "eval"
-    main(["eval", str(through_local / "predictions"), str(through_vllm / "predictions"), "--split", "test",
-          "--out", str(out), "--bootstrap", "10"])  # fmt: skip
+    main(
+        [
+            "eval",
+            str(through_local / "predictions"),
+            str(through_vllm / "predictions"),
+            "--split",
+            "test",
+            "--out",
+            str(out),
+            "--bootstrap",
+            "10",
+        ]
+    )
     capsys.readouterr()
     local_metrics, vllm_metrics = (json.loads((out / f"model-{i}" / "metrics.json").read_text()) for i in (1, 2))
     assert local_metrics.pop("model") != vllm_metrics.pop("model")  # the card names each model: the rest is equal

@@ -65,8 +65,9 @@ def _reload_without_processing(worker, items: list) -> None:
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
     def drop_without_repacking(self, layer) -> None:
-        layer.weight = torch.nn.Parameter(torch.empty(0, dtype=layer.weight.dtype, device=layer.weight.device),
-                                          requires_grad=False)  # fmt: skip
+        layer.weight = torch.nn.Parameter(
+            torch.empty(0, dtype=layer.weight.dtype, device=layer.weight.device), requires_grad=False
+        )
 
     original = UnquantizedLinearMethod.process_weights_after_loading
     UnquantizedLinearMethod.process_weights_after_loading = drop_without_repacking
@@ -77,11 +78,28 @@ def _reload_without_processing(worker, items: list) -> None:
 
 
 def _args(out: Path, use_vllm: bool, **kw) -> GRPOConfig:
-    base = dict(output_dir=str(out), num_generations=2, per_device_train_batch_size=2, gradient_accumulation_steps=1,
-                max_completion_length=COMPLETION_TOKENS, max_steps=3, beta=0.0, learning_rate=1e-3, logging_steps=1,
-                use_cpu=True, bf16=False, report_to="none", save_strategy="no", loss_type="grpo", seed=0,
-                use_vllm=use_vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=0.1,
-                vllm_max_model_length=2048, disable_tqdm=True)  # fmt: skip
+    base = dict(
+        output_dir=str(out),
+        num_generations=2,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=1,
+        max_completion_length=COMPLETION_TOKENS,
+        max_steps=3,
+        beta=0.0,
+        learning_rate=1e-3,
+        logging_steps=1,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        loss_type="grpo",
+        seed=0,
+        use_vllm=use_vllm,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=0.1,
+        vllm_max_model_length=2048,
+        disable_tqdm=True,
+    )
     base.update(kw)
     return GRPOConfig(**base)
 
@@ -95,16 +113,23 @@ def _greedy(config):
 def _hf_greedy(trainer, messages, n_new):
     """Greedy HF `generate` of the live policy (checkpointing off, as TRL's path does)."""
     model, proc = trainer.accelerator.unwrap_model(trainer.model), trainer.processing_class
-    inputs = proc.apply_chat_template([messages], add_generation_prompt=True, tokenize=True, return_dict=True,
-                                      return_tensors="pt")  # fmt: skip
+    inputs = proc.apply_chat_template(
+        [messages], add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+    )
     eos = list(trainer.eos_token_ids)
     was_on = model.is_gradient_checkpointing
     if was_on:
         model.gradient_checkpointing_disable()
     try:
         with torch.no_grad():
-            out = model.generate(**inputs, max_new_tokens=n_new, do_sample=False, suppress_tokens=proc.vision_token_ids,
-                                 eos_token_id=eos, pad_token_id=eos[0])  # fmt: skip
+            out = model.generate(
+                **inputs,
+                max_new_tokens=n_new,
+                do_sample=False,
+                suppress_tokens=proc.vision_token_ids,
+                eos_token_id=eos,
+                pad_token_id=eos[0],
+            )
     finally:
         if was_on:
             model.gradient_checkpointing_enable(
@@ -152,8 +177,10 @@ def _direct_engine_row(trainer, row, n_new):
     gen = _greedy(trainer.generation_config)
     gen.max_new_tokens = n_new
     params = sampling_params(gen, proc.vision_token_ids, trainer.model.config.text_config.vocab_size, seed=None)
-    request = {"prompt_token_ids": served_prompt_ids(proc, msgs),
-               "multi_modal_data": {"video": video_input(row["frames"], proc.video_fps)}}  # fmt: skip
+    request = {
+        "prompt_token_ids": served_prompt_ids(proc, msgs),
+        "multi_modal_data": {"video": video_input(row["frames"], proc.video_fps)},
+    }
     return trainer.vllm.generate([request], params, [list(ids[0])])[0][0]
 
 
@@ -211,8 +238,15 @@ def _run(tiny, ds, out: Path, use_vllm: bool, stale: bool = False) -> dict:
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     logp_diff = [h.get("sampling/sampling_logp_difference/mean") for h in trainer.state.log_history if "reward" in h]
     pushes = trainer.vllm.n_pushes if trainer.vllm is not None else 0
-    return {"rewards": rewards, "completions": rec.completions, "verifier": rec.verifier_texts, "pushes": pushes,
-            "seconds": seconds, "steps": trainer.state.global_step, "logp_diff": logp_diff}  # fmt: skip
+    return {
+        "rewards": rewards,
+        "completions": rec.completions,
+        "verifier": rec.verifier_texts,
+        "pushes": pushes,
+        "seconds": seconds,
+        "steps": trainer.state.global_step,
+        "logp_diff": logp_diff,
+    }
 
 
 def main(out_json: str) -> None:
@@ -224,26 +258,39 @@ def main(out_json: str) -> None:
         ds = load_split(table, "train")
 
         # Scenario "step"
-        trainer = build_grpo_trainer(str(tiny), ds, _args(tmp / "step", True, max_steps=1, learning_rate=5e-2,
-                                                          num_generations=4, per_device_train_batch_size=4),
-                                     reward_funcs=[lambda completions, **kw: [float(len(c[0]["content"]) % 7)
-                                                                              for c in completions]])  # fmt: skip
+        trainer = build_grpo_trainer(
+            str(tiny),
+            ds,
+            _args(
+                tmp / "step", True, max_steps=1, learning_rate=5e-2, num_generations=4, per_device_train_batch_size=4
+            ),
+            reward_funcs=[lambda completions, **kw: [float(len(c[0]["content"]) % 7) for c in completions]],
+        )
         row = dict(ds[0])
         frame = frames_to_array(row["frames"])[row["key_slice_frame"] - 1]
         before = {
             k: v.detach().clone() for k, v in trainer.accelerator.unwrap_model(trainer.model).state_dict().items()
         }
-        step = {"before_row": _vllm_greedy_row(trainer, row, COMPLETION_TOKENS)[1],
-                "before_verifier": _vllm_verifier(trainer, frame)[1]}  # fmt: skip
+        step = {
+            "before_row": _vllm_greedy_row(trainer, row, COMPLETION_TOKENS)[1],
+            "before_verifier": _vllm_verifier(trainer, frame)[1],
+        }
         trainer.train()
         step["pushes_during_train"] = trainer.vllm.n_pushes
         policy_ids, vllm_row = _vllm_greedy_row(trainer, row, COMPLETION_TOKENS)  # syncs: global_step moved to 1
         hf_ids, hf_row = _hf_greedy(trainer, user_messages(row["prompt"], row["frames"]), COMPLETION_TOKENS)
         v_ids, v_answer, v_text = _vllm_verifier(trainer, frame)
         hf_v_ids, hf_v_answer = _hf_greedy(trainer, verifier_messages(frame, VERIFIER_PROMPT), VERIFIER_TOKENS)
-        step.update(vllm_row=vllm_row, hf_row=hf_row, vllm_verifier=v_answer, hf_verifier=hf_v_answer,
-                    prompt_equal=policy_ids == hf_ids, verifier_prompt_equal=v_ids == hf_v_ids,
-                    verifier_text=v_text, n_prompt_tokens=len(policy_ids))  # fmt: skip
+        step.update(
+            vllm_row=vllm_row,
+            hf_row=hf_row,
+            vllm_verifier=v_answer,
+            hf_verifier=hf_v_answer,
+            prompt_equal=policy_ids == hf_ids,
+            verifier_prompt_equal=v_ids == hf_v_ids,
+            verifier_text=v_text,
+            n_prompt_tokens=len(policy_ids),
+        )
         # Stale-weights control: old weights back (finalized), then the new ones without the repacking step.
         model = trainer.accelerator.unwrap_model(trainer.model)
         trainer.vllm.push_weights(before)

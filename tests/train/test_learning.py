@@ -60,8 +60,20 @@ def policy(tmp_path_factory):
     train = make_visible_rows(48, seed=0, **ROWS)
     processor = build_processor()
     model = build_model(processor.tokenizer, seed=0)
-    lm_warmup(model, processor, train[:-8], train[-8:], max_steps=600, learning_rate=3e-3, batch_size=4,
-              eval_every=30, target_parse_rate=1.0, target_sampled_parse_rate=0.5, balanced=False, log=lambda _: None)  # fmt: skip
+    lm_warmup(
+        model,
+        processor,
+        train[:-8],
+        train[-8:],
+        max_steps=600,
+        learning_rate=3e-3,
+        batch_size=4,
+        eval_every=30,
+        target_parse_rate=1.0,
+        target_sampled_parse_rate=0.5,
+        balanced=False,
+        log=lambda _: None,
+    )
     model.save_pretrained(root / "policy")
     processor.save_pretrained(root / "policy")
     table = write_rows(root / "train", {"train": train})
@@ -73,10 +85,25 @@ def policy(tmp_path_factory):
 
 
 def _args(tmp, lr):
-    return GRPOConfig(output_dir=str(tmp), num_generations=4, per_device_train_batch_size=16, max_completion_length=96,
-                      max_steps=STEPS, beta=0.01, learning_rate=lr, lr_scheduler_type="constant", logging_steps=1,
-                      use_cpu=True, bf16=False, report_to="none", save_strategy="no", loss_type="grpo", seed=0,
-                      temperature=1.0, disable_tqdm=True)  # fmt: skip
+    return GRPOConfig(
+        output_dir=str(tmp),
+        num_generations=4,
+        per_device_train_batch_size=16,
+        max_completion_length=96,
+        max_steps=STEPS,
+        beta=0.01,
+        learning_rate=lr,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        loss_type="grpo",
+        seed=0,
+        temperature=1.0,
+        disable_tqdm=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -88,11 +115,20 @@ def runs(policy, tmp_path_factory):
     model_dir, table, held_out, opposite = policy
     ds = load_split(table, "train")
     out = {}
-    for name, lr, tamper in (("control", 0.0, None), ("run", LR, None), ("flip", LR, GradientTamper("flip")),
-                             ("noise", LR, GradientTamper("noise", seed=0))):  # fmt: skip
+    for name, lr, tamper in (
+        ("control", 0.0, None),
+        ("run", LR, None),
+        ("flip", LR, GradientTamper("flip")),
+        ("noise", LR, GradientTamper("noise", seed=0)),
+    ):
         torch.manual_seed(0)
-        trainer = build_grpo_trainer(str(model_dir), ds, _args(tmp_path_factory.mktemp(name), lr),
-                                     rewards=["r_e", "r_f", "r_c"], verifier_max_new_tokens=32)  # fmt: skip
+        trainer = build_grpo_trainer(
+            str(model_dir),
+            ds,
+            _args(tmp_path_factory.mktemp(name), lr),
+            rewards=["r_e", "r_f", "r_c"],
+            verifier_max_new_tokens=32,
+        )
         if tamper is not None:
             trainer.add_callback(tamper)
         trainer.train()
@@ -145,8 +181,13 @@ def test_advantage_correlates_with_logprob_change(policy, tmp_path):
 
     model_dir, table, _, _ = policy
     torch.manual_seed(1)
-    trainer = build_grpo_trainer(str(model_dir), load_split(table, "train"), _args(tmp_path, 1e-3),
-                                 rewards=["r_e", "r_f", "r_c"], verifier_max_new_tokens=32)  # fmt: skip
+    trainer = build_grpo_trainer(
+        str(model_dir),
+        load_split(table, "train"),
+        _args(tmp_path, 1e-3),
+        rewards=["r_e", "r_f", "r_c"],
+        verifier_max_new_tokens=32,
+    )
     trainer.model.train()
     rows = [dict(trainer.train_dataset[i]) for i in range(4) for _ in range(4)]  # 4 prompts x G = 4
     corr, details = logprob_shift_correlation(trainer, rows, lr=1e-3)

@@ -17,8 +17,11 @@ from train.miniature.study import STAGES, Miniature, main, more_sft_steps
 
 
 def _model(bacc, khit, half=(0.05, 0.1)):
-    return {"label": "m", "average_bacc": {"value": bacc, "ci_low": bacc - half[0], "ci_high": bacc + half[0]},
-            "k_hit": {"value": khit, "ci_low": khit - half[1], "ci_high": khit + half[1]}}  # fmt: skip
+    return {
+        "label": "m",
+        "average_bacc": {"value": bacc, "ci_low": bacc - half[0], "ci_high": bacc + half[0]},
+        "k_hit": {"value": khit, "ci_low": khit - half[1], "ci_high": khit + half[1]},
+    }
 
 
 def test_more_sft_steps_see_as_many_rows_as_grpo_prompts():
@@ -59,12 +62,31 @@ def test_seed_summary_gaps_means_and_counts():
     assert "(a) beats (d) and (e)" not in md  # neither ran
 
 
-TOY = {"n_train": 8, "n_test": 4, "n_frames": 4, "size_px": 32, "organs": ["kidney"], "min_test_rows_per_class": 1,
-       "warmup_max_steps": 2, "warmup_eval_every": 2, "warmup_val_rows": 2, "warmup_target_parse_rate": 0.0,
-       "warmup_target_sampled_parse_rate": 0.0, "sft_steps": 2, "sft_batch_size": 2, "grpo_steps": 1,
-       "grpo_prompts_per_step": 2, "num_generations": 2, "max_completion_length": 8, "verifier_max_new_tokens": 4,
-       "eval_max_new_tokens": 8, "n_bootstrap": 40, "warmup_target_verifier_accuracy": 0.0,
-       "verifier_eval_frames": 4, "lesion_span": 1}  # fmt: skip
+TOY = {
+    "n_train": 8,
+    "n_test": 4,
+    "n_frames": 4,
+    "size_px": 32,
+    "organs": ["kidney"],
+    "min_test_rows_per_class": 1,
+    "warmup_max_steps": 2,
+    "warmup_eval_every": 2,
+    "warmup_val_rows": 2,
+    "warmup_target_parse_rate": 0.0,
+    "warmup_target_sampled_parse_rate": 0.0,
+    "sft_steps": 2,
+    "sft_batch_size": 2,
+    "grpo_steps": 1,
+    "grpo_prompts_per_step": 2,
+    "num_generations": 2,
+    "max_completion_length": 8,
+    "verifier_max_new_tokens": 4,
+    "eval_max_new_tokens": 8,
+    "n_bootstrap": 40,
+    "warmup_target_verifier_accuracy": 0.0,
+    "verifier_eval_frames": 4,
+    "lesion_span": 1,
+}
 
 
 @pytest.fixture(scope="module")
@@ -140,8 +162,9 @@ def test_trainer_rollouts_at_a_near_zero_temperature_are_the_greedy_reports(toy_
 
     out, _ = toy_run
     rows = [dict(r) for r in load_split(out / "data", "train")][:3]  # 3 prompts, 2 per call: a padded, partial batch
-    groups, texts = trainer_rollout_groups(out / "sft", rows, num_generations=2, temperature=1e-4, max_new_tokens=8,
-                                           prompts_per_call=2, seed=0)  # fmt: skip
+    groups, texts = trainer_rollout_groups(
+        out / "sft", rows, num_generations=2, temperature=1e-4, max_new_tokens=8, prompts_per_call=2, seed=0
+    )
     model, proc = load_model_and_processor(out / "sft", dtype=torch.float32)
     greedy = generate_texts(model, proc, [user_messages(r["prompt"], r["frames"]) for r in rows], 8)
     assert texts == [g for g in greedy for _ in range(2)]  # GRPO's rollout path samples the policy's own report

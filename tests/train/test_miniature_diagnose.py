@@ -23,9 +23,11 @@ from train.miniature.study import DIAGNOSE, Miniature
 
 TRUTH = Truth(Organ.LIVER, True, 3.1, ("2",), "hyper", 5)
 NEGATIVE = Truth(Organ.LIVER, False, None, (), None, None)
-RIGHT = ("<findings>A hyperattenuating lesion in hepatic segment 2 measures 3.1 x 2.2 cm (volume 8.9 cc).</findings> "
-         "|| <impression>Hyperattenuating liver mass in hepatic segment 2, measuring 3.1 cm.</impression> || The key "
-         "lesion is in image <key_slice>5</key_slice>, <bbox>[625, 516, 844, 734]</bbox>")  # fmt: skip
+RIGHT = (
+    "<findings>A hyperattenuating lesion in hepatic segment 2 measures 3.1 x 2.2 cm (volume 8.9 cc).</findings> "
+    "|| <impression>Hyperattenuating liver mass in hepatic segment 2, measuring 3.1 cm.</impression> || The key "
+    "lesion is in image <key_slice>5</key_slice>, <bbox>[625, 516, 844, 734]</bbox>"
+)
 WRONG_SIZE_FAR_KEY = (
     RIGHT.replace("3.1 x 2.2", "9.0 x 6.3")
     .replace("measuring 3.1", "measuring 9.0")
@@ -37,8 +39,17 @@ VERIFIER_RIGHT = "A 3.1 cm hyperattenuating lesion in hepatic segment 2."
 
 def test_completion_record_scores_as_grpo_does():
     right = completion_record(RIGHT, TRUTH, VERIFIER_RIGHT)
-    assert right == {"r_e": 1.0, "r_f": 1.0, "r_c": 1.0, "reward_a": pytest.approx(1.0), "reward_b": 0.8,
-                     "existence": 1.0, "attributes": 1.0, "k_hit": 1.0, "parse_ok": 1.0}  # fmt: skip
+    assert right == {
+        "r_e": 1.0,
+        "r_f": 1.0,
+        "r_c": 1.0,
+        "reward_a": pytest.approx(1.0),
+        "reward_b": 0.8,
+        "existence": 1.0,
+        "attributes": 1.0,
+        "k_hit": 1.0,
+        "parse_ok": 1.0,
+    }
     # size wrong (9.0 vs 3.1 cm), key frame 2 away (window IoU 1/5); the verifier sees no lesion there
     far = completion_record(WRONG_SIZE_FAR_KEY, TRUTH, "No focal liver lesion.")
     assert far["r_f"] == pytest.approx(2 / 3) and far["attributes"] == pytest.approx(2 / 3)
@@ -62,9 +73,17 @@ def test_completion_record_scores_as_grpo_does():
 
 
 def _c(r_e, r_f, r_c, existence, attributes, k_hit, parse_ok=1.0):
-    return {"r_e": r_e, "r_f": r_f, "r_c": r_c, "reward_a": 0.3 * r_e + 0.5 * r_f + 0.2 * (r_c or 0.0),
-            "reward_b": 0.3 * r_e + 0.5 * r_f, "existence": existence, "attributes": attributes, "k_hit": k_hit,
-            "parse_ok": parse_ok}  # fmt: skip
+    return {
+        "r_e": r_e,
+        "r_f": r_f,
+        "r_c": r_c,
+        "reward_a": 0.3 * r_e + 0.5 * r_f + 0.2 * (r_c or 0.0),
+        "reward_b": 0.3 * r_e + 0.5 * r_f,
+        "existence": existence,
+        "attributes": attributes,
+        "k_hit": k_hit,
+        "parse_ok": parse_ok,
+    }
 
 
 def test_group_summary_spread_and_within_group_correlations():
@@ -75,8 +94,13 @@ def test_group_summary_spread_and_within_group_correlations():
     ]
     s = group_summary(groups)
     assert (s["n_groups"], s["group_size"]) == (3, 2)
-    assert s["spread"] == {"r_e": pytest.approx(1 / 3), "r_f": pytest.approx(2 / 3), "r_c": 0.5,
-                           "reward_a": pytest.approx(2 / 3), "reward_b": pytest.approx(2 / 3)}  # fmt: skip
+    assert s["spread"] == {
+        "r_e": pytest.approx(1 / 3),
+        "r_f": pytest.approx(2 / 3),
+        "r_c": 0.5,
+        "reward_a": pytest.approx(2 / 3),
+        "reward_b": pytest.approx(2 / 3),
+    }
     assert s["spread_groups"] == {"r_e": 3, "r_f": 3, "r_c": 2, "reward_a": 3, "reward_b": 3}
     # centred per group: R_a deviations +-0.48 (group 1), 0 (group 2), +-1/6 (group 3)
     sxx = 2 * 0.48**2 + 2 * (1 / 6) ** 2
@@ -84,14 +108,23 @@ def test_group_summary_spread_and_within_group_correlations():
     assert s["corr"]["reward_a"]["k_hit"] == pytest.approx((2 * 0.48 * 0.5 - 2 * (1 / 6) * 0.5) / math.sqrt(sxx))
     assert s["corr_groups"]["reward_a"]["k_hit"] == 2
     assert s["corr"]["reward_a"]["parse_ok"] is None  # no variance
-    assert s["sampled_rate"] == {"existence": pytest.approx(5 / 6), "attributes": pytest.approx(7 / 12),
-                                 "k_hit": 0.5, "parse_ok": 1.0}  # fmt: skip
+    assert s["sampled_rate"] == {
+        "existence": pytest.approx(5 / 6),
+        "attributes": pytest.approx(7 / 12),
+        "k_hit": 0.5,
+        "parse_ok": 1.0,
+    }
 
 
 def test_verifier_record_and_summary():
     same = verifier_record(RIGHT, VERIFIER_RIGHT, TRUTH, frame_shows_lesion=True)
-    assert same == {"unreadable": False, "says_no_lesion": False, "differs_from_report": False,
-                    "frame_shows_lesion": True, "attributes_vs_truth": 1.0}  # fmt: skip
+    assert same == {
+        "unreadable": False,
+        "says_no_lesion": False,
+        "differs_from_report": False,
+        "frame_shows_lesion": True,
+        "attributes_vs_truth": 1.0,
+    }
     differs = verifier_record(WRONG_SIZE_FAR_KEY, VERIFIER_RIGHT, TRUTH, frame_shows_lesion=True)
     assert differs["differs_from_report"] is True  # 3.1 vs the report's 9.0 cm
     blind = verifier_record(RIGHT, "No focal liver lesion.", TRUTH, frame_shows_lesion=False)
@@ -99,17 +132,29 @@ def test_verifier_record_and_summary():
     empty = verifier_record(RIGHT, "", TRUTH, frame_shows_lesion=True)
     assert (empty["unreadable"], empty["says_no_lesion"]) == (True, False)
     v = verifier_summary([same, differs, blind, empty], n_positive_completions=8)
-    assert v == {"n_queries": 4, "n_positive_completions": 8, "no_query_rate": 0.5, "unreadable": 0.25,
-                 "says_no_lesion": 0.25, "differs_from_report": 0.5, "frame_shows_lesion": 0.75}  # fmt: skip
+    assert v == {
+        "n_queries": 4,
+        "n_positive_completions": 8,
+        "no_query_rate": 0.5,
+        "unreadable": 0.25,
+        "says_no_lesion": 0.25,
+        "differs_from_report": 0.5,
+        "frame_shows_lesion": 0.75,
+    }
 
 
 def test_summary_markdown_row():
     s = group_summary([[_c(1, 1, 0.5, 1, 1, 1), _c(0, 0, -0.3, 0, 0, 0)]])
-    s |= {"temperature": 0.7, "greedy_rate": {"existence": 1.0, "attributes": 1.0, "k_hit": 0.0, "parse_ok": 1.0},
-          "verifier": verifier_summary([], 0)}  # fmt: skip
+    s |= {
+        "temperature": 0.7,
+        "greedy_rate": {"existence": 1.0, "attributes": 1.0, "k_hit": 0.0, "parse_ok": 1.0},
+        "verifier": verifier_summary([], 0),
+    }
     row = summary_markdown([s]).splitlines()[2]
-    assert row == ("| 0.7 | 1 x 2 | 100 % / 100 % / 100 % / 100 % | +1.00 / +1.00 / +1.00 / n/a | +1.00 / +1.00 / "
-                   "+1.00 / n/a | 50 % / 50 % | 100 % / 0 % | n/a / n/a / n/a / n/a / n/a |")  # fmt: skip
+    assert row == (
+        "| 0.7 | 1 x 2 | 100 % / 100 % / 100 % / 100 % | +1.00 / +1.00 / +1.00 / n/a | +1.00 / +1.00 / "
+        "+1.00 / n/a | 50 % / 50 % | 100 % / 0 % | n/a / n/a / n/a / n/a / n/a |"
+    )
 
 
 def test_miniature_grpo_temperature_is_a_grpo_only_key_and_diagnose_needs_sft(tmp_path):
@@ -139,8 +184,10 @@ def test_eval_needs_sft_and_a_and_the_claim_check_works_without_b_or_c(tmp_path)
         mini.run(("eval",))
 
     def model(bacc, khit):
-        return {"average_bacc": {"value": bacc, "ci_low": bacc - 0.05, "ci_high": bacc + 0.05},
-                "k_hit": {"value": khit, "ci_low": khit - 0.1, "ci_high": khit + 0.1}}  # fmt: skip
+        return {
+            "average_bacc": {"value": bacc, "ci_low": bacc - 0.05, "ci_high": bacc + 0.05},
+            "k_hit": {"value": khit, "ci_low": khit - 0.1, "ci_high": khit + 0.1},
+        }
 
     claim = claim_check({"sft": model(0.6, 0.3), "grpo_a": model(0.6, 0.45), "grpo_c": model(0.6, 0.3)})
     assert not any("grpo_b" in key for key in claim)
@@ -168,8 +215,13 @@ def test_reward_spread_counts_equal_rewards_as_no_signal_where_trl_counts_float3
     # R as TRL sums it: a None (r_c on a true negative) is left out
     assert weighted_rewards([[1.0, 0.0], [0.5, 0.5], [None, -0.3]], [0.3, 0.5, 0.2]) == [0.55, 0.25 - 0.06]
     calls = [[[1.0, 1.0, 0.0, 1.0]], [[1.0, 1.0, 1.0, 1.0]]]  # one step, two reward functions, 2 groups of 2
-    assert spread_per_step(calls, [0.5, 0.5], 2) == {"tol": SPREAD_TOL, "groups": [2], "without_signal": [1],
-                                                     "total_groups": 2, "total_without_signal": 1}  # fmt: skip
+    assert spread_per_step(calls, [0.5, 0.5], 2) == {
+        "tol": SPREAD_TOL,
+        "groups": [2],
+        "without_signal": [1],
+        "total_groups": 2,
+        "total_without_signal": 1,
+    }
 
 
 def test_the_verifier_by_distance_reads_size_at_the_key_frame_against_the_slice_and_the_key():
@@ -182,23 +234,47 @@ def test_the_verifier_by_distance_reads_size_at_the_key_frame_against_the_slice_
     row = next(r for r in rows if r["has_lesion"] and r["key_slice_frame"] <= 16)
     key = row["key_slice_frame"]
     # radius 12 px at the key frame, 9 / 6 / 3 px at d = 1 / 2 / 3, none at d = 4: frames key .. key + 4
-    assert distance_frames(row, 3) == [(0, key - 1, 56.0), (1, key, 42.0), (2, key + 1, 28.0), (3, key + 2, 14.0),
-                                       (4, key + 3, None)]  # fmt: skip
+    assert distance_frames(row, 3) == [
+        (0, key - 1, 56.0),
+        (1, key, 42.0),
+        (2, key + 1, 28.0),
+        (3, key + 2, 14.0),
+        (4, key + 3, None),
+    ]
 
     def says(mm):
-        return render_findings(Organ.KIDNEY, has_lesion=True, lesion_count=1, long_axis_mm=mm,
-                               short_axis_mm=round(mm * 0.7, 1), volume_mm3=round(mm**3 * 0.3),
-                               location=tuple(row["location"]), attenuation=row["attenuation"])  # fmt: skip
+        return render_findings(
+            Organ.KIDNEY,
+            has_lesion=True,
+            lesion_count=1,
+            long_axis_mm=mm,
+            short_axis_mm=round(mm * 0.7, 1),
+            volume_mm3=round(mm**3 * 0.3),
+            location=tuple(row["location"]),
+            attenuation=row["attenuation"],
+        )
 
     asked = [(row, d, mm) for d, _, mm in distance_frames(row, 3)]
     # a verifier that reads each slice right, then one that names the key frame's size everywhere the lesion shows
     right = [says(mm) if mm else NEGATIVE_FINDINGS[Organ.KIDNEY] for _, _, mm in asked]
     key_size = [says(56.0) if mm else says(56.0) for _, _, mm in asked]
     got = score_by_distance(asked + asked, right + key_size)
-    assert got["0"] == {"presence": 1.0, "location": 1.0, "attenuation": 1.0, "size_slice": 1.0, "size_key": 1.0,
-                        "n": 2}  # fmt: skip
-    assert got["1"] == {"presence": 1.0, "location": 1.0, "attenuation": 1.0, "size_slice": 0.5, "size_key": 0.5,
-                        "n": 2}  # fmt: skip
+    assert got["0"] == {
+        "presence": 1.0,
+        "location": 1.0,
+        "attenuation": 1.0,
+        "size_slice": 1.0,
+        "size_key": 1.0,
+        "n": 2,
+    }
+    assert got["1"] == {
+        "presence": 1.0,
+        "location": 1.0,
+        "attenuation": 1.0,
+        "size_slice": 0.5,
+        "size_key": 0.5,
+        "n": 2,
+    }
     assert got["4"] == {
         "presence": 0.5,
         "location": None,

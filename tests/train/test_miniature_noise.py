@@ -14,8 +14,18 @@ from train.tiny.synthetic import make_visible_rows
 
 
 SIZES = (31.0, 48.0, 90.0)
-LABELS = ("has_lesion", "long_axis_mm", "short_axis_mm", "volume_mm3", "location", "attenuation", "key_slice_frame",
-          "bbox_qwen", "lesion_count", "report")  # fmt: skip
+LABELS = (
+    "has_lesion",
+    "long_axis_mm",
+    "short_axis_mm",
+    "volume_mm3",
+    "location",
+    "attenuation",
+    "key_slice_frame",
+    "bbox_qwen",
+    "lesion_count",
+    "report",
+)
 
 
 def _rows():
@@ -93,9 +103,21 @@ def _positive(case: int, key: int, n_frames: int = 10) -> dict:
     from emrl_data.types import Organ
     from train.tiny.synthetic import row_report
 
-    row = {"case_id": f"c{case}", "organ": "kidney", "has_lesion": True, "lesion_count": 1, "n_frames": n_frames,
-           "long_axis_mm": 31.0, "short_axis_mm": 21.7, "volume_mm3": 8937, "location": ["left"],
-           "attenuation": "hypo", "key_slice_frame": key, "bbox_qwen": [200, 400, 400, 600], "frames": [b"x"]}  # fmt: skip
+    row = {
+        "case_id": f"c{case}",
+        "organ": "kidney",
+        "has_lesion": True,
+        "lesion_count": 1,
+        "n_frames": n_frames,
+        "long_axis_mm": 31.0,
+        "short_axis_mm": 21.7,
+        "volume_mm3": 8937,
+        "location": ["left"],
+        "attenuation": "hypo",
+        "key_slice_frame": key,
+        "bbox_qwen": [200, 400, 400, 600],
+        "frames": [b"x"],
+    }
     from emrl_data.text.report import render_evidence
 
     row["report"] = row_report(row, Organ.KIDNEY, render_evidence(key, row["bbox_qwen"]))
@@ -103,9 +125,22 @@ def _positive(case: int, key: int, n_frames: int = 10) -> dict:
 
 
 def _negative(case: int) -> dict:
-    return {"case_id": f"n{case}", "organ": "kidney", "has_lesion": False, "lesion_count": 0, "n_frames": 10,
-            "long_axis_mm": None, "short_axis_mm": None, "volume_mm3": None, "location": [], "attenuation": None,
-            "key_slice_frame": None, "bbox_qwen": None, "report": "no lesion", "frames": [b"y"]}  # fmt: skip
+    return {
+        "case_id": f"n{case}",
+        "organ": "kidney",
+        "has_lesion": False,
+        "lesion_count": 0,
+        "n_frames": 10,
+        "long_axis_mm": None,
+        "short_axis_mm": None,
+        "volume_mm3": None,
+        "location": [],
+        "attenuation": None,
+        "key_slice_frame": None,
+        "bbox_qwen": None,
+        "report": "no lesion",
+        "frames": [b"y"],
+    }
 
 
 def test_key_frame_noise_moves_only_key_frames_by_2_to_4_on_the_stated_fraction_of_positives():

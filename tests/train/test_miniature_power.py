@@ -59,9 +59,15 @@ def _row(organ, positive, existence, khit=None):
 
 
 def test_metrics_from_per_row_scores():
-    rows = [_row("liver", True, 1.0, 1.0), _row("liver", True, 0.0, 0.0), _row("liver", False, 1.0),
-            _row("kidney", True, 1.0, 1.0), _row("kidney", False, 0.0), _row("kidney", False, 1.0),
-            _row("pancreas", True, 1.0, None)]  # fmt: skip
+    rows = [
+        _row("liver", True, 1.0, 1.0),
+        _row("liver", True, 0.0, 0.0),
+        _row("liver", False, 1.0),
+        _row("kidney", True, 1.0, 1.0),
+        _row("kidney", False, 0.0),
+        _row("kidney", False, 1.0),
+        _row("pancreas", True, 1.0, None),
+    ]
     # liver (0.5 + 1) / 2 = 0.75, kidney (1 + 0.5) / 2 = 0.75, pancreas has no negative row: left out
     assert average_bacc(rows) == 0.75
     assert k_hit(rows) == 0.75  # liver 0.5, kidney 1.0; pancreas has no K-Hit
@@ -83,9 +89,13 @@ def test_exact_key_counts_only_the_true_key_frame_itself_per_organ():
     def row(organ, pred, key, hit):
         return {"organ": organ, "has_lesion": True, "pred_key_slice": pred, "key_slice_frame": key, "score_k_hit": hit}
 
-    rows = [row("liver", 5, 5, 1.0), row("liver", 6, 5, 1.0), row("kidney", 3, 4, 1.0), row("kidney", 9, 4, 0.0),
-            {"organ": "kidney", "has_lesion": False, "pred_key_slice": None, "key_slice_frame": None,
-             "score_k_hit": None}]  # fmt: skip
+    rows = [
+        row("liver", 5, 5, 1.0),
+        row("liver", 6, 5, 1.0),
+        row("kidney", 3, 4, 1.0),
+        row("kidney", 9, 4, 0.0),
+        {"organ": "kidney", "has_lesion": False, "pred_key_slice": None, "key_slice_frame": None, "score_k_hit": None},
+    ]
     assert exact_key(rows) == (0.5 + 0.0) / 2 and k_hit(rows) == (1.0 + 0.5) / 2
     assert math.isnan(exact_key(rows[-1:]))
 
@@ -96,9 +106,17 @@ def test_the_metrics_column_sums_give_the_bootstrap_of_the_drawn_rows_bit_for_bi
     rng = np.random.default_rng(3)
 
     def rows(n):
-        return [{"organ": ("liver", "kidney", "pancreas")[int(rng.integers(3))], "has_lesion": bool(rng.integers(2)),
-                 "score_existence": float(rng.integers(2)), "score_k_hit": (None, 0.0, 1.0)[int(rng.integers(3))],
-                 "pred_key_slice": int(rng.integers(1, 4)), "key_slice_frame": 2} for _ in range(n)]  # fmt: skip
+        return [
+            {
+                "organ": ("liver", "kidney", "pancreas")[int(rng.integers(3))],
+                "has_lesion": bool(rng.integers(2)),
+                "score_existence": float(rng.integers(2)),
+                "score_k_hit": (None, 0.0, 1.0)[int(rng.integers(3))],
+                "pred_key_slice": int(rng.integers(1, 4)),
+                "key_slice_frame": 2,
+            }
+            for _ in range(n)
+        ]
 
     groups = [(rows(n), rows(n)) for n in (30, 17, 9)]
     for metric in (average_bacc, k_hit, exact_key):
@@ -127,8 +145,15 @@ def test_holm_and_benjamini_hochberg_adjust_given_p_values():
 
 def _pos(organ, pred, key=10, claims=True):
     hit = None if key is None else float(claims and pred is not None and abs(pred - key) <= 1)
-    return {"organ": organ, "has_lesion": True, "pred_has_lesion": claims, "pred_key_slice": pred,
-            "key_slice_frame": key, "score_k_hit": hit, "score_existence": float(claims)}  # fmt: skip
+    return {
+        "organ": organ,
+        "has_lesion": True,
+        "pred_has_lesion": claims,
+        "pred_key_slice": pred,
+        "key_slice_frame": key,
+        "score_k_hit": hit,
+        "score_existence": float(claims),
+    }
 
 
 def test_k_hit_taken_apart_on_constructed_rows():
@@ -136,10 +161,25 @@ def test_k_hit_taken_apart_on_constructed_rows():
 
     # liver: exact, d = 1, d = 3 (a lesion frame, no K-Hit), d = 4 (outside), no frame named, a frame but no lesion
     # claimed; kidney: exact, d = 2; a negative row, which no rate counts
-    rows = [_pos("liver", 10), _pos("liver", 11), _pos("liver", 7), _pos("liver", 14), _pos("liver", None),
-            _pos("liver", 10, claims=False), _pos("kidney", 5, key=5), _pos("kidney", 3, key=5),
-            {"organ": "kidney", "has_lesion": False, "pred_has_lesion": False, "pred_key_slice": None,
-             "key_slice_frame": None, "score_k_hit": None, "score_existence": 1.0}]  # fmt: skip
+    rows = [
+        _pos("liver", 10),
+        _pos("liver", 11),
+        _pos("liver", 7),
+        _pos("liver", 14),
+        _pos("liver", None),
+        _pos("liver", 10, claims=False),
+        _pos("kidney", 5, key=5),
+        _pos("kidney", 3, key=5),
+        {
+            "organ": "kidney",
+            "has_lesion": False,
+            "pred_has_lesion": False,
+            "pred_key_slice": None,
+            "key_slice_frame": None,
+            "score_k_hit": None,
+            "score_existence": 1.0,
+        },
+    ]
     assert [names_lesion_frame(r, 3) for r in rows] == [True, True, True, False, False, False, True, True, False]
     got = {name: rate(rows) for name, rate in lesion_metrics(3).items()}
     assert got["lesion_frame"] == pytest.approx((3 / 6 + 2 / 2) / 2)
@@ -149,19 +189,42 @@ def test_k_hit_taken_apart_on_constructed_rows():
     assert lesion_metrics(1)["lesion_frame"](rows) == pytest.approx((2 / 6 + 1 / 2) / 2)  # d = 2, 3 fall outside
     # a random visible frame: key 10 of 20 shows 7 frames (3 within 1 of the key), key 2 of 20 shows frames 1-5
     chance = random_lesion_frame([_pos("liver", None, key=10), _pos("kidney", None, key=2), rows[-1]], 3, 20)
-    assert chance == pytest.approx({"k_hit": (3 / 7 + 3 / 5) / 2, "exact_key": (1 / 7 + 1 / 5) / 2,
-                                    "lesion_frame": 1.0, "k_hit_in_lesion": (3 / 7 + 3 / 5) / 2,
-                                    "exact_in_lesion": (1 / 7 + 1 / 5) / 2, "exact_of_hits": 1 / 3})  # fmt: skip
+    assert chance == pytest.approx(
+        {
+            "k_hit": (3 / 7 + 3 / 5) / 2,
+            "exact_key": (1 / 7 + 1 / 5) / 2,
+            "lesion_frame": 1.0,
+            "k_hit_in_lesion": (3 / 7 + 3 / 5) / 2,
+            "exact_in_lesion": (1 / 7 + 1 / 5) / 2,
+            "exact_of_hits": 1 / 3,
+        }
+    )
 
 
 def test_the_many_draw_columns_give_each_metric_of_the_drawn_rows():
     from train.miniature.power import exact_key, lesion_metrics
 
     rng = np.random.default_rng(7)
-    rows = [_pos(("liver", "kidney", "pancreas")[i % 3], int(rng.integers(1, 21)), key=int(rng.integers(2, 20)),
-                 claims=bool(rng.integers(4))) for i in range(40)]  # fmt: skip
-    rows += [{"organ": "liver", "has_lesion": False, "pred_has_lesion": False, "pred_key_slice": None,
-              "key_slice_frame": None, "score_k_hit": None, "score_existence": 1.0}] * 5  # fmt: skip
+    rows = [
+        _pos(
+            ("liver", "kidney", "pancreas")[i % 3],
+            int(rng.integers(1, 21)),
+            key=int(rng.integers(2, 20)),
+            claims=bool(rng.integers(4)),
+        )
+        for i in range(40)
+    ]
+    rows += [
+        {
+            "organ": "liver",
+            "has_lesion": False,
+            "pred_has_lesion": False,
+            "pred_key_slice": None,
+            "key_slice_frame": None,
+            "score_k_hit": None,
+            "score_existence": 1.0,
+        }
+    ] * 5
     draws = [rng.integers(len(rows), size=len(rows)) for _ in range(20)]
     for metric in (average_bacc, k_hit, exact_key, *lesion_metrics(3).values()):
         columns, of_sums = metric.columns(rows)

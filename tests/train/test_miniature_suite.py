@@ -145,8 +145,14 @@ def test_runs_go_seed_by_seed_and_the_summary_covers_the_finished_ones(micro_stu
 
     out, _, lines = micro_study
     order = [line.split(": ")[0] for line in lines if line.startswith("=== ")]
-    assert order == ["=== gold noise 0.00, seed 0", "=== gold noise 0.30, seed 0", f"=== {KEY}, seed 0",
-                     "=== gold noise 0.00, seed 1", "=== gold noise 0.30, seed 1", f"=== {KEY}, seed 1"]  # fmt: skip
+    assert order == [
+        "=== gold noise 0.00, seed 0",
+        "=== gold noise 0.30, seed 0",
+        f"=== {KEY}, seed 0",
+        "=== gold noise 0.00, seed 1",
+        "=== gold noise 0.30, seed 1",
+        f"=== {KEY}, seed 1",
+    ]
     partial = tmp_path / "partial"
     shutil.copytree(out, partial)
     record_path(partial, 0.3, 1).unlink()  # seed 1's noisy run stopped before its record
@@ -170,8 +176,11 @@ def test_a_rerun_skips_every_recorded_run(micro_study):
     lines: list[str] = []
     again = run_study(cfg, seeds, levels, out, log=lines.append)
     runs = [line for line in lines if line.startswith("=== ")]
-    assert runs == [f"=== {describe(level)}, seed {seed}: recorded in {record_path(out, level, seed)}, skipped"
-                    for seed in (0, 1) for level in (0.0, 0.3, KEY)]  # fmt: skip
+    assert runs == [
+        f"=== {describe(level)}, seed {seed}: recorded in {record_path(out, level, seed)}, skipped"
+        for seed in (0, 1)
+        for level in (0.0, 0.3, KEY)
+    ]
     assert not [line for line in lines if line.startswith("== ")]  # no stage was even looked at
     assert again == summary
 
@@ -248,8 +257,11 @@ def test_a_seed_whose_warmup_misses_its_gates_is_excluded_and_the_study_goes_on(
     again: list[str] = []
     run_study(missing, seeds, levels, tmp_path, log=again.append, jobs=jobs, threads=1)
     skipped = [line for line in again if line.startswith("=== ") and "excluded" in line]
-    assert skipped == [f"=== {describe(level)}, seed {s}: excluded ({exclusion_path(tmp_path, s)}), skipped"
-                       for s in seeds for level in sorted(levels, key=level_order)]  # fmt: skip
+    assert skipped == [
+        f"=== {describe(level)}, seed {s}: excluded ({exclusion_path(tmp_path, s)}), skipped"
+        for s in seeds
+        for level in sorted(levels, key=level_order)
+    ]
 
 
 @pytest.mark.slow  # the micro study: about 35 s
@@ -361,8 +373,12 @@ def test_the_verifier_table_averages_each_rate_over_the_seeds_that_measured_it()
     def run(sens, loc):
         rates = {"sensitivity": sens, "specificity": 1.0, "location": loc, "attenuation": 0.5}
         blind = {"sensitivity": 0.25, "specificity": 0.75, "location": None, "attenuation": None}
-        return {"models": {"sft": {"label": "SFT", "verifier": {"seen": rates, "blind": blind}},
-                           "more_sft_llm": {"label": "(e)", "verifier": None}}}  # fmt: skip
+        return {
+            "models": {
+                "sft": {"label": "SFT", "verifier": {"seen": rates, "blind": blind}},
+                "more_sft_llm": {"label": "(e)", "verifier": None},
+            }
+        }
 
     out = verifier_over_seeds({0: run(0.5, None), 1: run(1.0, 0.75)}, ["sft", "more_sft_llm"])
     assert out == {
@@ -395,10 +411,19 @@ def test_each_run_gets_its_r_c_options():
         for stage in ("grpo_a", "grpo_b", "grpo_f", "grpo_g", "grpo_h")
     }
     assert {k: v.cross_view for k, v in got.items()} == {
-        "grpo_a": "full", "grpo_b": "full", "grpo_f": "distance_only", "grpo_g": "random_frame", "grpo_h": "full"
-    }  # fmt: skip
-    assert {k: v.iou_penalty for k, v in got.items()} == {"grpo_a": 0.3, "grpo_b": 0.3, "grpo_f": 0.3, "grpo_g": 0.3,
-                                                          "grpo_h": 0.0}  # fmt: skip
+        "grpo_a": "full",
+        "grpo_b": "full",
+        "grpo_f": "distance_only",
+        "grpo_g": "random_frame",
+        "grpo_h": "full",
+    }
+    assert {k: v.iou_penalty for k, v in got.items()} == {
+        "grpo_a": 0.3,
+        "grpo_b": 0.3,
+        "grpo_f": 0.3,
+        "grpo_g": 0.3,
+        "grpo_h": 0.0,
+    }
     assert reward_options("grpo_a", "query_named_slice")["scoring_config"].negative_rows == "query_named_slice"
     with pytest.raises(TrainConfigError, match=r"negative_rows='sometimes' must be one of skip \| query_named_slice"):
         load_config(None, {"negative_rows": "sometimes"})
@@ -424,9 +449,11 @@ def test_the_config_knows_every_run_the_study_labels():
 @pytest.mark.slow  # the paired bootstrap over every shipped record: about 2 min
 @pytest.mark.parametrize(
     ("records", "config", "report"),
-    [("miniature_study", "miniature_study_8_frames.yaml", "miniature_study"),
-     ("miniature_key_study", "miniature_study.yaml", "miniature_key_study")],
-)  # fmt: skip
+    [
+        ("miniature_study", "miniature_study_8_frames.yaml", "miniature_study"),
+        ("miniature_key_study", "miniature_study.yaml", "miniature_key_study"),
+    ],
+)
 def test_the_shipped_records_give_the_shipped_study_summary(tmp_path, records, config, report):
     import shutil
     from pathlib import Path
@@ -451,23 +478,39 @@ def test_an_effect_is_claimed_only_where_the_seeds_and_rows_interval_excludes_ze
     assert seed_level_verdict({"diff": None, "ci_low": None, "ci_high": None}) == "none"
 
     def comp(rows, seeds_rows, per_seed):
-        return {"per_seed": {s: {"diff": d} for s, d in per_seed.items()}, "n_above": 1,
-                "pooled": {"diff": rows[0], "ci_low": rows[1], "ci_high": rows[2]},
-                "pooled_seeds": {"diff": seeds_rows[0], "ci_low": seeds_rows[1], "ci_high": seeds_rows[2]}}  # fmt: skip
+        return {
+            "per_seed": {s: {"diff": d} for s, d in per_seed.items()},
+            "n_above": 1,
+            "pooled": {"diff": rows[0], "ci_low": rows[1], "ci_high": rows[2]},
+            "pooled_seeds": {"diff": seeds_rows[0], "ci_low": seeds_rows[1], "ci_high": seeds_rows[2]},
+        }
 
     eight = {str(s): 0.01 for s in range(8)}
-    summary = {"levels": {
-        "0.15": {"comparisons": {"k_hit: (a) - (e)": comp((0.04, 0.013, 0.067), (0.04, -0.041, 0.141),
-                                                          eight | {"0": -0.02, "2": 0.221})}},
-        "0.00": {"comparisons": {"average_bacc: (a) - (b)": comp((0.021, 0.015, 0.028), (0.021, 0.002, 0.053), eight),
-                                 "average_bacc: (a) - (f)": comp((0.021, 0.015, 0.028), (0.021, 0.002, 0.053),
-                                                                 {"0": 0.01, "2": 0.03})}},
-    }}  # fmt: skip
+    summary = {
+        "levels": {
+            "0.15": {
+                "comparisons": {
+                    "k_hit: (a) - (e)": comp(
+                        (0.04, 0.013, 0.067), (0.04, -0.041, 0.141), eight | {"0": -0.02, "2": 0.221}
+                    )
+                }
+            },
+            "0.00": {
+                "comparisons": {
+                    "average_bacc: (a) - (b)": comp((0.021, 0.015, 0.028), (0.021, 0.002, 0.053), eight),
+                    "average_bacc: (a) - (f)": comp(
+                        (0.021, 0.015, 0.028), (0.021, 0.002, 0.053), {"0": 0.01, "2": 0.03}
+                    ),
+                }
+            },
+        }
+    }
     got = conclusions(summary)
     assert [(c["level"], c["comparison"], c["metric"], c["verdict"]) for c in got] == [
-        ("0.15", "(a) - (e)", "k_hit", "none"), ("0.00", "(a) - (b)", "average_bacc", "above"),
+        ("0.15", "(a) - (e)", "k_hit", "none"),
+        ("0.00", "(a) - (b)", "average_bacc", "above"),
         ("0.00", "(a) - (f)", "average_bacc", "few"),
-    ]  # fmt: skip
+    ]
     assert got[0]["text"] == (
         "(a) - (e), K-Hit, 15 % noisy gold: +4.0 [-4.1, +14.1] points over 8 seeds and their rows: no effect claimed; "
         "the interval rules out effects above +14.1 and below -4.1 points. The rows-only interval +4.0 [+1.3, +6.7] "
@@ -501,10 +544,18 @@ def test_a_record_without_the_truths_key_frame_gets_it_from_its_redrawn_test_spl
     from train.miniature.suite import with_key_truth
     from train.tiny.synthetic import make_visible_rows
 
-    cfg = {"n_test": 6, "seed": 3, "n_frames": 8, "size_px": 32, "organs": ["kidney"], "sizes_mm": [31.0, 90.0],
-           "lesion_span": 2}  # fmt: skip
-    test = make_visible_rows(6, split="test", seed=1003, n_frames=8, size_px=32, organs=("kidney",),
-                             sizes_mm=(31.0, 90.0), span=2)  # fmt: skip
+    cfg = {
+        "n_test": 6,
+        "seed": 3,
+        "n_frames": 8,
+        "size_px": 32,
+        "organs": ["kidney"],
+        "sizes_mm": [31.0, 90.0],
+        "lesion_span": 2,
+    }
+    test = make_visible_rows(
+        6, split="test", seed=1003, n_frames=8, size_px=32, organs=("kidney",), sizes_mm=(31.0, 90.0), span=2
+    )
     scores = [{"organ": r["organ"], "has_lesion": r["has_lesion"], "pred_key_slice": 4} for r in test]
     record = {"results": {"config": cfg}, "scores": {"sft": scores, "grpo_a": scores}}
     got = with_key_truth(record)
@@ -521,16 +572,32 @@ def test_a_key_noise_trend_is_the_difference_at_the_rate_minus_the_same_differen
     from train.miniature.suite import key_noise_trends
 
     def rows(hits):
-        return [{"organ": "kidney", "has_lesion": True, "score_existence": 1.0, "score_k_hit": h,
-                 "pred_key_slice": 5 if h else 9, "key_slice_frame": 5} for h in hits]  # fmt: skip
+        return [
+            {
+                "organ": "kidney",
+                "has_lesion": True,
+                "score_existence": 1.0,
+                "score_k_hit": h,
+                "pred_key_slice": 5 if h else 9,
+                "key_slice_frame": 5,
+            }
+            for h in hits
+        ]
 
     levels = {0.0: ["sft", "grpo_a", "grpo_f"], "key-noise-0.50": ["sft", "grpo_a", "grpo_f"]}
-    scores = {0.0: {"grpo_a": [1, 1, 0, 0], "grpo_f": [1, 0, 0, 0]},
-              "key-noise-0.50": {"grpo_a": [1, 1, 1, 0], "grpo_f": [1, 0, 0, 0]}}  # fmt: skip
+    scores = {
+        0.0: {"grpo_a": [1, 1, 0, 0], "grpo_f": [1, 0, 0, 0]},
+        "key-noise-0.50": {"grpo_a": [1, 1, 1, 0], "grpo_f": [1, 0, 0, 0]},
+    }
     for level, models in scores.items():
         for seed in (0, 1):
-            record = {"gold_noise": level, "seed": seed, "models": levels[level], "results": {"config": {}},
-                      "scores": {name: rows(hits) for name, hits in models.items()}}  # fmt: skip
+            record = {
+                "gold_noise": level,
+                "seed": seed,
+                "models": levels[level],
+                "results": {"config": {}},
+                "scores": {name: rows(hits) for name, hits in models.items()},
+            }
             path = record_path(tmp_path, level, seed)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(gzip.compress(json.dumps(record).encode()))
@@ -548,12 +615,25 @@ def test_the_study_pools_the_first_seeds_in_list_order_to_finish_every_setting(t
     from train.miniature.suite import study_seeds
 
     levels = {0.0: ["sft", "grpo_a"], KEY: ["sft", "grpo_a"]}
-    rows = [{"organ": "kidney", "has_lesion": True, "score_existence": 1.0, "score_k_hit": 1, "pred_key_slice": 5,
-             "key_slice_frame": 5}]  # fmt: skip
+    rows = [
+        {
+            "organ": "kidney",
+            "has_lesion": True,
+            "score_existence": 1.0,
+            "score_k_hit": 1,
+            "pred_key_slice": 5,
+            "key_slice_frame": 5,
+        }
+    ]
 
     def finish(seed: int, level) -> None:
-        record = {"gold_noise": level, "seed": seed, "models": levels[level], "results": {"config": {}},
-                  "scores": {name: rows for name in levels[level]}}  # fmt: skip
+        record = {
+            "gold_noise": level,
+            "seed": seed,
+            "models": levels[level],
+            "results": {"config": {}},
+            "scores": {name: rows for name in levels[level]},
+        }
         path = record_path(tmp_path, level, seed)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(gzip.compress(json.dumps(record).encode()))
@@ -583,10 +663,12 @@ def test_a_study_report_section_is_checked_in_one_line(tmp_path):
     assert load_report(path) == Report() and Report().comparisons == DEFAULT_COMPARISONS
     path.write_text(base + ", report: {n_bootstrap: 2000, family: [k_hit], comparisons: ['(f) - (b)']}}\n")
     assert load_report(path) == Report(n_bootstrap=2000, family=("k_hit",), comparisons=("(f) - (b)",))
-    for report, message in [("{draws: 10}", "study.report takes the keys"),
-                            ("{comparisons: ['(z) - (b)']}", r"unknown comparisons \['\(z\) - \(b\)'\]"),
-                            ("{family: [bleu], n_bootstrap: 2000}", "family takes metrics"),
-                            ("{family: [k_hit]}", "need n_bootstrap >= 1000")]:  # fmt: skip
+    for report, message in [
+        ("{draws: 10}", "study.report takes the keys"),
+        ("{comparisons: ['(z) - (b)']}", r"unknown comparisons \['\(z\) - \(b\)'\]"),
+        ("{family: [bleu], n_bootstrap: 2000}", "family takes metrics"),
+        ("{family: [k_hit]}", "need n_bootstrap >= 1000"),
+    ]:
         path.write_text(f"{base}, report: {report}}}\n")
         with pytest.raises(TrainConfigError, match=message) as err:
             load_study(path)
@@ -600,15 +682,27 @@ def test_the_family_counts_what_survives_holm_and_benjamini_hochberg():
         return {"pooled_seeds": {"diff": diff, "ci_low": diff - 0.01, "ci_high": diff + 0.01, "p": p, "mdd": 0.05}}
 
     summary = {
-        "levels": {"0.00": {"comparisons": {"k_hit: (a) - (b)": comp(0.001), "exact_key: (a) - (b)": comp(0.02),
-                                            "average_bacc: (a) - (b)": comp(0.0001)}}},  # not in the family
-        "trends": {"k_hit: (a) - (f), key-noise-0.25 minus clean": {"level": "key-noise-0.25", **comp(0.03)},
-                   "exact_key: (a) - (f), key-noise-0.25 minus clean": {"level": "key-noise-0.25", **comp(0.5)}},
-    }  # fmt: skip
+        "levels": {
+            "0.00": {
+                "comparisons": {
+                    "k_hit: (a) - (b)": comp(0.001),
+                    "exact_key: (a) - (b)": comp(0.02),
+                    "average_bacc: (a) - (b)": comp(0.0001),
+                }
+            }
+        },  # not in the family
+        "trends": {
+            "k_hit: (a) - (f), key-noise-0.25 minus clean": {"level": "key-noise-0.25", **comp(0.03)},
+            "exact_key: (a) - (f), key-noise-0.25 minus clean": {"level": "key-noise-0.25", **comp(0.5)},
+        },
+    }
     got = family(summary, Report(n_bootstrap=1000, family=("k_hit", "exact_key")))
     assert [(m["comparison"], m["metric"], m["trend"]) for m in got["members"]] == [
-        ("(a) - (b)", "k_hit", False), ("(a) - (b)", "exact_key", False), ("(a) - (f)", "k_hit", True),
-        ("(a) - (f)", "exact_key", True)]  # fmt: skip
+        ("(a) - (b)", "k_hit", False),
+        ("(a) - (b)", "exact_key", False),
+        ("(a) - (f)", "k_hit", True),
+        ("(a) - (f)", "exact_key", True),
+    ]
     # Holm: 0.001 x 4 = 0.004, 0.02 x 3 = 0.06, 0.03 x 2 = 0.06, 0.5; BH: 0.004, 0.03 x 4/3 = 0.04, 0.04, 0.5
     assert [m["p_holm"] for m in got["members"]] == pytest.approx([0.004, 0.06, 0.06, 0.5])
     assert [m["p_bh"] for m in got["members"]] == pytest.approx([0.004, 0.04, 0.04, 0.5])
@@ -635,8 +729,9 @@ def test_a_bound_within_its_monte_carlo_error_of_zero_is_drawn_again_and_then_no
 
     # the seeds' gains 1/8, 2/8, ..., 8/8 on every row: each draw is a mean of 8 drawn seeds' gains, its lower bound
     # about 0.37; with the bound counted near 0 up to 10^4 Monte Carlo errors, it is drawn again and then at the edge
-    groups = {s: [(1.0, k_hit, [row(1.0)] * (s + 1) + [row(0.0)] * (7 - s)), (-1.0, k_hit, [row(0.0)] * 8)]
-              for s in range(8)}  # fmt: skip
+    groups = {
+        s: [(1.0, k_hit, [row(1.0)] * (s + 1) + [row(0.0)] * (7 - s)), (-1.0, k_hit, [row(0.0)] * 8)] for s in range(8)
+    }
     _, _, seeds_rows = _intervals(groups, 1000, Report(n_bootstrap=1000))
     assert (seeds_rows["n_bootstrap"], seeds_rows.get("edge")) == (1000, None)
     monkeypatch.setattr(suite, "EDGE_MC_ERRORS", 1e4)

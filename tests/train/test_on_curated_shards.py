@@ -35,15 +35,40 @@ def test_sft_step_on_curated_shards(curated: Path, tiny_dir: Path, tmp_path: Pat
     (shard,) = (curated / "sft/data").glob("train-*.parquet")
     assert pq.read_table(shard).num_rows >= 2
     out = tmp_path / "sft"
-    sft_main(["--config", "train/configs/sft_tiny.yaml", "--dataset_dir", str(curated / "sft"), "--output_dir",
-              str(out), "--model_name_or_path", str(tiny_dir), "--max_steps", "1"])  # fmt: skip
+    sft_main(
+        [
+            "--config",
+            "train/configs/sft_tiny.yaml",
+            "--dataset_dir",
+            str(curated / "sft"),
+            "--output_dir",
+            str(out),
+            "--model_name_or_path",
+            str(tiny_dir),
+            "--max_steps",
+            "1",
+        ]
+    )
     assert (out / "config.json").is_file()
 
 
 @pytest.mark.slow
 def test_grpo_step_on_curated_shards(curated: Path, tiny_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "grpo"
-    grpo_main(["--config", "train/configs/grpo_tiny.yaml", "--dataset_dir", str(curated / "sft"),
-               "--model_name_or_path", str(tiny_dir), "--output_dir", str(out), "--max_steps", "1",
-               "--max_completion_length", "8"])  # fmt: skip
+    grpo_main(
+        [
+            "--config",
+            "train/configs/grpo_tiny.yaml",
+            "--dataset_dir",
+            str(curated / "sft"),
+            "--model_name_or_path",
+            str(tiny_dir),
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "1",
+            "--max_completion_length",
+            "8",
+        ]
+    )
     assert (out / "reward_curve.png").exists()

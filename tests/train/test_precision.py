@@ -25,8 +25,16 @@ class _NonzeroGrads(TrainerCallback):
 @pytest.mark.slow
 def test_one_adamw_step_at_5e_6_changes_99_percent_of_weights_with_a_gradient(tiny_dir, sft_table, tmp_path):
     model, processor = load_model_and_processor(tiny_dir, dtype=torch.float32)
-    args = make_sft_config(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2, learning_rate=5e-6,
-                           lr_scheduler_type="constant", use_cpu=True, bf16=True, save_strategy="no")  # fmt: skip
+    args = make_sft_config(
+        output_dir=str(tmp_path),
+        max_steps=1,
+        per_device_train_batch_size=2,
+        learning_rate=5e-6,
+        lr_scheduler_type="constant",
+        use_cpu=True,
+        bf16=True,
+        save_strategy="no",
+    )
     trainer = build_sft_trainer(model, processor, load_split(sft_table, "train"), args)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     recorder = _NonzeroGrads(model)
@@ -34,8 +42,11 @@ def test_one_adamw_step_at_5e_6_changes_99_percent_of_weights_with_a_gradient(ti
     trainer.train()
     assert all(p.dtype == torch.float32 for p in model.parameters() if p.requires_grad)  # masters stayed fp32
     with_grad = sum(int(m.sum()) for m in recorder.masks.values())
-    changed = sum(int(((p.detach() != before[n]) & recorder.masks[n]).sum()) for n, p in model.named_parameters()
-                  if n in recorder.masks)  # fmt: skip
+    changed = sum(
+        int(((p.detach() != before[n]) & recorder.masks[n]).sum())
+        for n, p in model.named_parameters()
+        if n in recorder.masks
+    )
     assert with_grad > 10_000
     assert changed / with_grad >= 0.99
 

@@ -64,14 +64,28 @@ def setup(tiny_dir, tmp_path_factory):
     table = write_rows(tmp / "table", {"train": rows})
     grpo = yaml.safe_load(Path("train/configs/grpo_tiny.yaml").read_text())
     grpo.pop("max_train_samples")
-    grpo.update(num_generations=4, per_device_train_batch_size=4, gradient_accumulation_steps=1, max_steps=1,
-                max_completion_length=len(_report_bias(tiny_dir, rows[0]["report"])) + 2, verifier_max_new_tokens=4,
-                rollout_seed="prompt", generation_kwargs={"sequence_bias": _report_bias(tiny_dir, rows[0]["report"])},
-                ddp_timeout=60, completions_per_step=8)  # fmt: skip
+    grpo.update(
+        num_generations=4,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=1,
+        max_steps=1,
+        max_completion_length=len(_report_bias(tiny_dir, rows[0]["report"])) + 2,
+        verifier_max_new_tokens=4,
+        rollout_seed="prompt",
+        generation_kwargs={"sequence_bias": _report_bias(tiny_dir, rows[0]["report"])},
+        ddp_timeout=60,
+        completions_per_step=8,
+    )
     sft = yaml.safe_load(Path("train/configs/sft_tiny.yaml").read_text())
     sft.pop("max_train_samples")
-    sft.update(per_device_train_batch_size=1, gradient_accumulation_steps=1, max_steps=1, logging_steps=1,
-               ddp_timeout=60, samples_per_step=2)  # fmt: skip
+    sft.update(
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=1,
+        max_steps=1,
+        logging_steps=1,
+        ddp_timeout=60,
+        samples_per_step=2,
+    )
     configs = {}
     for stage, cfg, one_rank in (("grpo", grpo, {"steps_per_generation": 1}), ("sft", sft, {})):
         (tmp / f"{stage}2.yaml").write_text(yaml.safe_dump(cfg))
@@ -83,8 +97,19 @@ def setup(tiny_dir, tmp_path_factory):
 
 def _command(setup: dict, stage: str, accel: str | None, out: Path, *extra: str) -> list[str]:
     one, two = setup["configs"][stage]
-    args = ["-m", f"train.{stage}", "--config", str(two if accel else one), "--dataset_dir", str(setup["table"]),
-            "--model_name_or_path", str(setup["model"]), "--output_dir", str(out), *extra]  # fmt: skip
+    args = [
+        "-m",
+        f"train.{stage}",
+        "--config",
+        str(two if accel else one),
+        "--dataset_dir",
+        str(setup["table"]),
+        "--model_name_or_path",
+        str(setup["model"]),
+        "--output_dir",
+        str(out),
+        *extra,
+    ]
     if accel is None:
         return [sys.executable, *args]
     return [str(BIN / "accelerate"), "launch", "--config_file", str(setup["accel"][accel]), *args]
@@ -97,8 +122,9 @@ def _env(report_dir: Path) -> dict[str, str]:
 def _run(setup: dict, stage: str, accel: str | None) -> dict:
     name = f"{stage}_{accel or 'one'}"
     out, reports = setup["tmp"] / name, setup["tmp"] / f"{name}_reports"
-    proc = subprocess.run(_command(setup, stage, accel, out), env=_env(reports), capture_output=True, text=True,
-                          timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
+    proc = subprocess.run(
+        _command(setup, stage, accel, out), env=_env(reports), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     n = 2 if accel else 1
     ranks = [json.loads((reports / f"rank{r}.json").read_text()) for r in range(n)]  # both ranks finished
@@ -169,8 +195,9 @@ def test_a_rank_that_dies_mid_step_ends_the_launch(setup):
     """Rank 1 is killed when its step 3 begins; torchrun stops rank 0 (blocked in the all-reduce) and exits nonzero."""
     reports = setup["tmp"] / "die_reports"
     cmd = _command(setup, "sft", "ddp", setup["tmp"] / "die", "--max_steps", "200")
-    proc = subprocess.Popen(cmd, env=_env(reports), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, env=_env(reports), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     marker, deadline = reports / "rank1.step3", time.monotonic() + LAUNCH_TIMEOUT_S
     try:
         while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:

@@ -55,8 +55,9 @@ def _config(tmp_path, rewards):
 
 def _call(func, texts, rows):
     cols = {k: [r[k] for r in rows] for k in rows[0]}
-    return func(prompts=[None] * len(texts), completions=[[{"role": "assistant", "content": t}] for t in texts],
-                **cols)  # fmt: skip
+    return func(
+        prompts=[None] * len(texts), completions=[[{"role": "assistant", "content": t}] for t in texts], **cols
+    )
 
 
 def test_the_three_terms_are_registered_alike():
@@ -82,13 +83,25 @@ def test_a_term_in_its_own_module_is_one_config_line(tmp_path, processor):
     assert args.reward_weights == [0.3, 0.5, 0.2, 0.05]  # R's terms keep ScoringConfig's weights
     assert reward_weights_for([{"r_len": 0.05}, "r_e"]) == [0.05, 0.3]  # the YAML mapping form
     # The report draws it: TRL logs `rewards/<name>/mean` per function, in the config's order.
-    log = [{"step": s, "reward": 0.5, **{f"rewards/{n}/mean": 0.1 * s for n in ("r_e", "r_f", "r_c", "r_len")},
-            "frac_reward_zero_std": 0.0, "grad_norm": 1.0} for s in (1, 2)]  # fmt: skip
+    log = [
+        {
+            "step": s,
+            "reward": 0.5,
+            **{f"rewards/{n}/mean": 0.1 * s for n in ("r_e", "r_f", "r_c", "r_len")},
+            "frac_reward_zero_std": 0.0,
+            "grad_norm": 1.0,
+        }
+        for s in (1, 2)
+    ]
     curve = reward_curve(log)
     assert list(curve) == ["reward", "rewards/r_e/mean", "rewards/r_f/mean", "rewards/r_c/mean", "rewards/r_len/mean"]
     styles = curve_styles(curve)
     assert [styles[f"rewards/{n}/mean"] for n in ("r_e", "r_f", "r_c", "r_len")] == [
-        ("r_e", "C0"), ("r_f", "C1"), ("r_c", "C2"), ("r_len", "C3")]  # fmt: skip
+        ("r_e", "C0"),
+        ("r_f", "C1"),
+        ("r_c", "C2"),
+        ("r_len", "C3"),
+    ]
     assert styles["reward"] == ("R", "black")
     assert any(line.strip().startswith("rewards/r_len/mean:") for line in summary_lines(curve, curve, log))
     assert save_reward_curve_png(curve, tmp_path / "curve.png", control=curve).stat().st_size > 0
@@ -115,8 +128,10 @@ def test_shipped_configs_name_the_three_terms_with_scoring_configs_weights(tmp_p
 )
 def test_a_bad_reward_entry_is_a_one_line_error_from_the_cli(rewards, needle, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
-        run_cli(grpo_main, ["--config", "train/configs/grpo_tiny.yaml", "--output_dir", str(tmp_path),
-                            "--rewards", *rewards])  # fmt: skip
+        run_cli(
+            grpo_main,
+            ["--config", "train/configs/grpo_tiny.yaml", "--output_dir", str(tmp_path), "--rewards", *rewards],
+        )
     stderr = capsys.readouterr().err
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert exc.value.code == 2 and "Traceback" not in stderr and len(errors) == 1
@@ -141,8 +156,11 @@ def test_a_training_only_term_changes_grpos_rewards_not_the_score():
     pos["frames"] = np.zeros((8, 4, 4), dtype=np.uint8)
     answer = pos["report"].split("</findings>")[0] + "</findings>"
     k = pos["key_slice_frame"]
-    texts = [pos["report"], pos["report"].replace(f"<key_slice>{k}</key_slice>", f"<key_slice>{k + 2}</key_slice>"),
-             "garbage"]  # fmt: skip
+    texts = [
+        pos["report"],
+        pos["report"].replace(f"<key_slice>{k}</key_slice>", f"<key_slice>{k + 2}</key_slice>"),
+        "garbage",
+    ]
     rows = [pos] * len(texts)
 
     def grpo_reward(entries):

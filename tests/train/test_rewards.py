@@ -35,8 +35,13 @@ class _StubVerifier:
 def _call(func, texts, rows):
     cols = {k: [r[k] for r in rows] for k in rows[0]}
     logged = {}
-    out = func(prompts=[None] * len(texts), completions=[[{"role": "assistant", "content": t}] for t in texts],
-               log_extra=lambda c, v: logged.setdefault(c, v), log_metric=lambda n, v: None, **cols)  # fmt: skip
+    out = func(
+        prompts=[None] * len(texts),
+        completions=[[{"role": "assistant", "content": t}] for t in texts],
+        log_extra=lambda c, v: logged.setdefault(c, v),
+        log_metric=lambda n, v: None,
+        **cols,
+    )
     return out, logged
 
 
@@ -143,10 +148,19 @@ def _rows(n=2):
 
 
 def _lesion_report(organ, k, location, long_mm=20.0):
-    findings = render_findings(organ, has_lesion=True, lesion_count=1, long_axis_mm=long_mm, short_axis_mm=10.0,
-                               volume_mm3=1000.0, location=location, attenuation="hypo")  # fmt: skip
-    impression = render_impression(organ, has_lesion=True, lesion_count=1, long_axis_mm=long_mm, location=location,
-                                   attenuation="hypo")  # fmt: skip
+    findings = render_findings(
+        organ,
+        has_lesion=True,
+        lesion_count=1,
+        long_axis_mm=long_mm,
+        short_axis_mm=10.0,
+        volume_mm3=1000.0,
+        location=location,
+        attenuation="hypo",
+    )
+    impression = render_impression(
+        organ, has_lesion=True, lesion_count=1, long_axis_mm=long_mm, location=location, attenuation="hypo"
+    )
     return render_report(findings, impression, render_evidence(k, (10, 20, 30, 40)))
 
 
@@ -156,8 +170,17 @@ def _train_and_eval(cfg, texts, rows, verifier_text, verifier=None):
         verifier = _StubVerifier(verifier_text)
     (r_c,) = make_reward_funcs(["r_c"], verifier=verifier, scoring_config=cfg)
     trained, _ = _call(r_c, texts, rows)
-    evaluated = [score_report(t, truth_from_row(r), verifier_text=verifier_text, cfg=cfg, n_frames=r["n_frames"],
-                              truth_bbox=r.get("bbox_qwen")).r_c for t, r in zip(texts, rows, strict=True)]  # fmt: skip
+    evaluated = [
+        score_report(
+            t,
+            truth_from_row(r),
+            verifier_text=verifier_text,
+            cfg=cfg,
+            n_frames=r["n_frames"],
+            truth_bbox=r.get("bbox_qwen"),
+        ).r_c
+        for t, r in zip(texts, rows, strict=True)
+    ]
     assert trained == evaluated
     return trained
 
@@ -298,12 +321,23 @@ def test_script_options_build_the_scoring_config_and_the_reward_functions(tmp_pa
     script = GrpoScriptArguments(negative_rows="query_named_slice", cross_view="random_frame", box_weight=0.5)
     cfg = script.scoring_config()
     assert (cfg.negative_rows, cfg.cross_view, cfg.box_weight, cfg.reward_weights) == (
-        "query_named_slice", "random_frame", 0.5, ScoringConfig().reward_weights)  # fmt: skip
+        "query_named_slice",
+        "random_frame",
+        0.5,
+        ScoringConfig().reward_weights,
+    )
     assert GrpoScriptArguments().scoring_config() == ScoringConfig()  # defaults: today's r_c
 
     def args(batch):
-        return GRPOConfig(output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=batch, use_cpu=True,
-                          bf16=False, report_to="none", seed=3)  # fmt: skip
+        return GRPOConfig(
+            output_dir=str(tmp_path),
+            num_generations=4,
+            per_device_train_batch_size=batch,
+            use_cpu=True,
+            bf16=False,
+            report_to="none",
+            seed=3,
+        )
 
     with pytest.raises(TrainConfigError, match=r"random_frame .* 4 completions = 1 prompt\(s\) .* >= 8\."):
         _reward_funcs(["r_e", "r_f", "r_c"], args(4), cfg, 16)

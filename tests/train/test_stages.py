@@ -56,8 +56,14 @@ def _plain_generate(model, inputs, max_new_tokens, suppress, eos_ids, gc_kwargs=
     `gc_kwargs` are the checkpointing kwargs to restore afterwards (the trainer's `gradient_checkpointing_kwargs`).
     """
     with _checkpointing_off(model, gc_kwargs), torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, suppress_tokens=suppress,
-                             eos_token_id=eos_ids, pad_token_id=eos_ids[0])  # fmt: skip
+        out = model.generate(
+            **inputs,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            suppress_tokens=suppress,
+            eos_token_id=eos_ids,
+            pad_token_id=eos_ids[0],
+        )
     return [until_eos(row, eos_ids) for row in out[:, inputs["input_ids"].shape[1] :].tolist()]
 
 
@@ -115,8 +121,9 @@ class _VerifierReward:
 
         self.training_with_checkpointing.append(model.training and model.is_gradient_checkpointing)
         msgs = [verifier_messages(f, VERIFIER_PROMPT) for f in shown]  # same batch as the verifier's call
-        inputs = proc.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True,
-                                          return_tensors="pt", padding=True)  # fmt: skip
+        inputs = proc.apply_chat_template(
+            msgs, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt", padding=True
+        )
         eos = list(trainer.eos_token_ids)
         direct = _plain_generate(
             model, inputs, 4, proc.vision_token_ids, eos, trainer.args.gradient_checkpointing_kwargs
@@ -128,9 +135,22 @@ class _VerifierReward:
 
 
 def _grpo_args(tmp_path, **kw):
-    base = dict(output_dir=str(tmp_path / "grpo"), num_generations=4, per_device_train_batch_size=4,
-                max_completion_length=10, max_steps=2, beta=0.01, learning_rate=1e-4, logging_steps=1, use_cpu=True,
-                bf16=False, report_to="none", save_strategy="no", loss_type="grpo", seed=0)  # fmt: skip
+    base = dict(
+        output_dir=str(tmp_path / "grpo"),
+        num_generations=4,
+        per_device_train_batch_size=4,
+        max_completion_length=10,
+        max_steps=2,
+        beta=0.01,
+        learning_rate=1e-4,
+        logging_steps=1,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        loss_type="grpo",
+        seed=0,
+    )
     base.update(kw)
     return GRPOConfig(**base)
 
@@ -139,8 +159,9 @@ def _grpo_args(tmp_path, **kw):
 def grpo_run(tiny_dir, sft_table, tmp_path_factory):
     ds = load_split(sft_table, "train")
     reward = _VerifierReward()
-    trainer = build_grpo_trainer(str(tiny_dir), ds, _grpo_args(tmp_path_factory.mktemp("g")),
-                                 reward_funcs=[_length_reward, reward])  # fmt: skip
+    trainer = build_grpo_trainer(
+        str(tiny_dir), ds, _grpo_args(tmp_path_factory.mktemp("g")), reward_funcs=[_length_reward, reward]
+    )
     before = _snapshot(trainer.model)
     trainer.train()
     return trainer, before, reward
@@ -148,8 +169,15 @@ def grpo_run(tiny_dir, sft_table, tmp_path_factory):
 
 def test_sft_step_trains_vision_and_projector_only(tiny_dir, sft_table, tmp_path):
     model, processor = load_model_and_processor(tiny_dir, dtype=torch.float32)
-    args = make_sft_config(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2, learning_rate=1e-2,
-                           use_cpu=True, bf16=False, save_strategy="no")  # fmt: skip
+    args = make_sft_config(
+        output_dir=str(tmp_path),
+        max_steps=1,
+        per_device_train_batch_size=2,
+        learning_rate=1e-2,
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+    )
     trainer = build_sft_trainer(model, processor, load_split(sft_table, "train"), args)
     before = _snapshot(model)
     trainer.train()
@@ -211,8 +239,13 @@ def greedy_rollout(grpo_run):
 def _row_inputs(proc, row):
     """Plain processor inputs of one GRPO row (unpadded): the sample's user turn, rendered as in SFT."""
     prompt = row["prompt"][-1]["content"]
-    return proc.apply_chat_template([user_messages(prompt, row["frames"])], add_generation_prompt=True,
-                                    tokenize=True, return_dict=True, return_tensors="pt")  # fmt: skip
+    return proc.apply_chat_template(
+        [user_messages(prompt, row["frames"])],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+        return_tensors="pt",
+    )
 
 
 @pytest.mark.slow
@@ -255,9 +288,14 @@ def test_loss_logprobs_equal_a_plain_forward_of_prompt_and_completion(greedy_rol
         full = torch.cat([inputs["input_ids"], completion[None]], 1)  # unpadded prompt + completion
         mm = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(completion)[None]], 1)
         with torch.no_grad():
-            logits = model(input_ids=full, attention_mask=torch.ones_like(full), mm_token_type_ids=mm,
-                           pixel_values_videos=inputs["pixel_values_videos"], video_grid_thw=inputs["video_grid_thw"],
-                           use_cache=False).logits  # fmt: skip
+            logits = model(
+                input_ids=full,
+                attention_mask=torch.ones_like(full),
+                mm_token_type_ids=mm,
+                pixel_values_videos=inputs["pixel_values_videos"],
+                video_grid_thw=inputs["video_grid_thw"],
+                use_cache=False,
+            ).logits
         n_prompt = inputs["input_ids"].shape[1]
         step_logps = torch.log_softmax(logits[0, n_prompt - 1 : -1].float() / trainer.temperature, -1)
         expected = step_logps.gather(-1, completion[:, None])[:, 0]
@@ -266,19 +304,24 @@ def test_loss_logprobs_equal_a_plain_forward_of_prompt_and_completion(greedy_rol
 
 def _logps(trainer, frames_list, prompt="Describe the liver."):
     proc = trainer.processing_class
-    texts = [proc.apply_chat_template(user_messages(prompt * (i + 1), f), add_generation_prompt=True, tokenize=False)
-             for i, f in enumerate(frames_list)]  # fmt: skip
+    texts = [
+        proc.apply_chat_template(user_messages(prompt * (i + 1), f), add_generation_prompt=True, tokenize=False)
+        for i, f in enumerate(frames_list)
+    ]
     batch = proc(text=texts, videos=[frames_to_array(f) for f in frames_list], padding=True, return_tensors="pt")
     completion = proc.tokenizer(["<findings>No focal liver lesion.</findings>"] * len(texts), return_tensors="pt")
     ids = torch.cat([batch["input_ids"], completion["input_ids"]], 1)
     mask = torch.cat([batch["attention_mask"], completion["attention_mask"]], 1)
-    videos = [proc.expand_videos([t], [frames_to_array(f)])[1:] for t, f in zip(
-        ["<|vision_start|><|video_pad|><|vision_end|>"] * len(texts), frames_list, strict=True)]  # fmt: skip
+    videos = [
+        proc.expand_videos([t], [frames_to_array(f)])[1:]
+        for t, f in zip(["<|vision_start|><|video_pad|><|vision_end|>"] * len(texts), frames_list, strict=True)
+    ]
     trainer._ct_videos = [(p[0], g[0]) for p, g in videos]
     try:
         with torch.no_grad():
-            logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask,
-                                                                      completion["input_ids"].shape[1])  # fmt: skip
+            logps, _, _ = trainer._get_per_token_logps_and_entropies(
+                trainer.model, ids, mask, completion["input_ids"].shape[1]
+            )
     finally:
         trainer._ct_videos = None
     return logps

@@ -34,16 +34,32 @@ from train.tools.upgrade_checkpoint import main as upgrade_main
 
 PROMPT = "Describe the liver."  # the prompt tests/train/hf_reference.py uses
 REPO = Path(__file__).resolve().parents[2]
-PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json",
-                   "tokenizer_config.json")  # fmt: skip
+PROCESSOR_FILES = (
+    "processor_config.json",
+    "preprocessor_config.json",
+    "video_preprocessor_config.json",
+    "tokenizer_config.json",
+)
 
 
 @pytest.fixture(scope="module")
 def sft_ckpt(sft_table, tiny_dir, tmp_path_factory) -> Path:
     """The checkpoint `python -m train.sft` writes (tiny model, one step)."""
     out = tmp_path_factory.mktemp("std") / "sft"
-    sft_main(["--config", "train/configs/sft_tiny.yaml", "--dataset_dir", str(sft_table), "--output_dir", str(out),
-              "--model_name_or_path", str(tiny_dir), "--max_steps", "1"])  # fmt: skip
+    sft_main(
+        [
+            "--config",
+            "train/configs/sft_tiny.yaml",
+            "--dataset_dir",
+            str(sft_table),
+            "--output_dir",
+            str(out),
+            "--model_name_or_path",
+            str(tiny_dir),
+            "--max_steps",
+            "1",
+        ]
+    )
     return out
 
 
@@ -250,8 +266,9 @@ def test_image_path_equals_stock_processor(stock, sft_ckpt, frames):
     """(a) through the real AutoProcessor (torchvision image processor, as a GPU server loads it)."""
     ref, info, _ = stock
     proc = CTQwen3VLProcessor.from_pretrained(sft_ckpt)
-    ours = proc(text=[info["image_text"]], images=[Image.fromarray(f).convert("RGB") for f in frames],
-                return_tensors="pt")  # fmt: skip
+    ours = proc(
+        text=[info["image_text"]], images=[Image.fromarray(f).convert("RGB") for f in frames], return_tensors="pt"
+    )
     assert ours["input_ids"][0].tolist() == ref["image_input_ids"].tolist()
     assert ours["image_grid_thw"].tolist() == ref["image_grid_thw"].tolist()
     assert np.abs(ours["pixel_values"].numpy() - ref["pixel_values"]).max() <= 1e-6
@@ -316,12 +333,24 @@ def test_emrl_upgrade_checkpoint(sft_ckpt, tmp_path):
     shutil.copytree(sft_ckpt, old)
     _write_old_form(old)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "cli.main", "upgrade-checkpoint", str(old)], cwd=REPO, env=env,
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "cli.main", "upgrade-checkpoint", str(old)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert_standard(old)
-    bad = subprocess.run([sys.executable, "-m", "cli.main", "upgrade-checkpoint", str(tmp_path)], cwd=REPO, env=env,
-                         capture_output=True, text=True, check=False)  # fmt: skip
+    bad = subprocess.run(
+        [sys.executable, "-m", "cli.main", "upgrade-checkpoint", str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [f"error: {tmp_path} is not a checkpoint: no config.json."]
 
@@ -352,8 +381,14 @@ def test_device_check_auto_processor_step(tmp_path, n, px, grid):
     5 frames: the odd frame is repeated as the stock processor does; 70 px: resized to 64 exactly as torchvision does.
     """
     env = {**os.environ, "PYTHONPATH": f"{_torchvision_dir()}{os.pathsep}{REPO}"}
-    done = subprocess.run([sys.executable, "-c", _DEVICE_STEP, str(tmp_path), str(n), str(px)], cwd=REPO, env=env,
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _DEVICE_STEP, str(tmp_path), str(n), str(px)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert (result["processor"], result["video_processor"]) == ("Qwen3VLProcessor", "Qwen3VLVideoProcessor")

@@ -50,9 +50,15 @@ def setup(tiny_dir, tmp_path_factory) -> dict:
         accel[name] = tmp / f"{name}_cpu2.yaml"
         accel[name].write_text(yaml.safe_dump(acc))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(PYTHONPATH=f"{ROOT}{os.pathsep}{DEEPSPEED_DIR}", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               VLLM_NO_USAGE_STATS="1", OMP_NUM_THREADS="1", HF_HOME=str(tmp / "hf-home"),
-               VLLM_CACHE_ROOT=str(tmp / "vllm-cache"))  # fmt: skip
+    env.update(
+        PYTHONPATH=f"{ROOT}{os.pathsep}{DEEPSPEED_DIR}",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        OMP_NUM_THREADS="1",
+        HF_HOME=str(tmp / "hf-home"),
+        VLLM_CACHE_ROOT=str(tmp / "vllm-cache"),
+    )
     return {"tmp": tmp, "table": table, "model": tiny_dir, "accel": accel, "env": env, "runs": {}}
 
 
@@ -128,8 +134,10 @@ def test_two_ranks_reward_what_one_rank_rewards_on_the_same_global_batch(setup) 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("stage", "fault", "marker"), [("ddp", "die-building", "rank1.building"),
-                                                       ("zero3", "die-pushing", "rank1.pushing")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("stage", "fault", "marker"),
+    [("ddp", "die-building", "rank1.building"), ("zero3", "die-pushing", "rank1.pushing")],
+)
 def test_a_rank_that_dies_building_or_pushing_ends_the_launch(setup, stage, fault, marker) -> None:
     done, out, seconds = _launch(setup, stage, f"fault-{fault}", fault)
     assert (out / marker).exists()  # rank 1 died where it was meant to
@@ -141,8 +149,10 @@ def test_a_rank_that_dies_building_or_pushing_ends_the_launch(setup, stage, faul
 def test_ranks_with_different_vllm_versions_are_refused_in_one_line(setup) -> None:
     done, out, _ = _launch(setup, "ddp", "fault-other-vllm", "other-vllm")
     assert done.returncode != 0
-    line = ("use_vllm: true: rank 1 runs vLLM 0.32.1+cpu but rank 0 runs vLLM 0.32.0+cpu; install the same vLLM "
-            "on every node (the side environment of train/vllm_rollout.py).")  # fmt: skip
+    line = (
+        "use_vllm: true: rank 1 runs vLLM 0.32.1+cpu but rank 0 runs vLLM 0.32.0+cpu; install the same vLLM "
+        "on every node (the side environment of train/vllm_rollout.py)."
+    )
     assert f"error: {line}" in done.stderr, done.stderr[-3000:]
 
 

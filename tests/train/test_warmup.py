@@ -108,8 +108,9 @@ def test_legacy_verifier_examples_without_a_span_and_labels_cover_the_answer_onl
     assert pairs[0][1] == positive["report"].split("<findings>")[1].split("</findings>")[0]
     if len(pairs) > 1:  # a frame at least 3 away from the key frame, described as lesion-free
         assert pairs[1][1] == NEGATIVE_FINDINGS[Organ.KIDNEY]
-        assert any((pairs[1][0] == f).all() and abs(i + 1 - positive["key_slice_frame"]) >= 3
-                   for i, f in enumerate(frames))  # fmt: skip
+        assert any(
+            (pairs[1][0] == f).all() and abs(i + 1 - positive["key_slice_frame"]) >= 3 for i, f in enumerate(frames)
+        )
     spanned = verifier_examples(positive, np.random.default_rng(0), lesion_span=1)
     assert [a for _, a in spanned] == [t.answer for t in frame_targets(positive, 1)]
     processor = build_processor()
@@ -123,14 +124,25 @@ def test_score_verifier_rates_and_gates():
     hypo_left = FrameTarget(0, "x", True, ("left",), "hypo")
     clear = FrameTarget(1, "y", False)
     asked = [("kidney", hypo_left)] * 4 + [("kidney", clear)] * 2
-    texts = ["A hypodense lesion in the left kidney measures 3.1 x 2.2 cm.",  # all right
-             "A hyperdense lesion in the left kidney measures 3.1 x 2.2 cm.",  # attenuation wrong
-             "A hypodense lesion in the right kidney measures 3.1 x 2.2 cm.",  # location wrong
-             "No focal renal lesion.",  # missed
-             "No focal renal lesion.", ""]  # right; unreadable = wrong  # fmt: skip
+    texts = [
+        "A hypodense lesion in the left kidney measures 3.1 x 2.2 cm.",  # all right
+        "A hyperdense lesion in the left kidney measures 3.1 x 2.2 cm.",  # attenuation wrong
+        "A hypodense lesion in the right kidney measures 3.1 x 2.2 cm.",  # location wrong
+        "No focal renal lesion.",  # missed
+        "No focal renal lesion.",
+        "",
+    ]  # right; unreadable = wrong
     acc = score_verifier(asked, texts)
-    assert acc == {"sensitivity": 0.75, "specificity": 0.5, "location": 0.5, "attenuation": 0.5, "size": 0.0,
-                   "n_lesion_frames": 4, "n_clear_frames": 2, "n_key_frames": 0}  # fmt: skip
+    assert acc == {
+        "sensitivity": 0.75,
+        "specificity": 0.5,
+        "location": 0.5,
+        "attenuation": 0.5,
+        "size": 0.0,
+        "n_lesion_frames": 4,
+        "n_clear_frames": 2,
+        "n_key_frames": 0,
+    }
     assert verifier_gaps(acc, 0.6) == ["specificity 50% < 60%", "location 50% < 60%", "attenuation 50% < 60%"]
     assert verifier_gaps(acc, 0.0) == []
     assert format_verifier(acc) == "sens 75%, spec 50%, location 50%, attenuation 50%, size 0% (4 + 2 frames)"
@@ -142,10 +154,25 @@ def test_warmup_that_misses_its_verifier_gates_fails_in_one_line():
     model = build_model(processor.tokenizer, seed=0)
     lines: list[str] = []
     with pytest.raises(TrainConfigError) as err:
-        lm_warmup(model, processor, rows[:3], rows[3:], max_steps=2, learning_rate=1e-3, batch_size=1,
-                  verifier_batch_size=2, eval_every=2, target_parse_rate=0.0, max_new_tokens=4, lesion_span=1,
-                  target_verifier_accuracy=0.9, verifier_eval_frames=4, verifier_max_new_tokens=4, log=lines.append,
-                  keys=MINIATURE_WARMUP_KEYS)  # fmt: skip
+        lm_warmup(
+            model,
+            processor,
+            rows[:3],
+            rows[3:],
+            max_steps=2,
+            learning_rate=1e-3,
+            batch_size=1,
+            verifier_batch_size=2,
+            eval_every=2,
+            target_parse_rate=0.0,
+            max_new_tokens=4,
+            lesion_span=1,
+            target_verifier_accuracy=0.9,
+            verifier_eval_frames=4,
+            verifier_max_new_tokens=4,
+            log=lines.append,
+            keys=MINIATURE_WARMUP_KEYS,
+        )
     message = str(err.value)
     assert "\n" not in message and "verifier accuracy below its gates" in message
     assert "after the step cap warmup_max_steps=2; raise warmup_max_steps, or" in message
@@ -158,19 +185,41 @@ def test_warmup_that_misses_its_criterion_fails_in_one_line():
     processor = build_processor()
     model = build_model(processor.tokenizer, seed=0)
     with pytest.raises(TrainConfigError) as err:
-        lm_warmup(model, processor, rows[:3], rows[3:], max_steps=2, learning_rate=1e-3, batch_size=1,
-                  verifier_batch_size=1, eval_every=2, target_parse_rate=1.0, max_new_tokens=4, log=lambda _: None)  # fmt: skip
+        lm_warmup(
+            model,
+            processor,
+            rows[:3],
+            rows[3:],
+            max_steps=2,
+            learning_rate=1e-3,
+            batch_size=1,
+            verifier_batch_size=1,
+            eval_every=2,
+            target_parse_rate=1.0,
+            max_new_tokens=4,
+            log=lambda _: None,
+        )
     message = str(err.value)
     assert "\n" not in message and "lm_warmup_steps=2" in message and "below its target" in message
 
 
 def test_warmup_plan_errors_name_the_callers_keys():
     rows = make_visible_rows(2, n_frames=4, size_px=32, seed=0, organs=("kidney",))
-    for keys, expected in ((None, "lm_warmup_eval_every=5 must be in 1..lm_warmup_steps (2)."),
-                           (MINIATURE_WARMUP_KEYS, "warmup_eval_every=5 must be in 1..warmup_max_steps (2).")):  # fmt: skip
+    for keys, expected in (
+        (None, "lm_warmup_eval_every=5 must be in 1..lm_warmup_steps (2)."),
+        (MINIATURE_WARMUP_KEYS, "warmup_eval_every=5 must be in 1..warmup_max_steps (2)."),
+    ):
         with pytest.raises(TrainConfigError) as err:
-            lm_warmup(None, None, rows[:1], rows[1:], max_steps=2, learning_rate=1e-3, eval_every=5,
-                      **({} if keys is None else {"keys": keys}))  # fmt: skip
+            lm_warmup(
+                None,
+                None,
+                rows[:1],
+                rows[1:],
+                max_steps=2,
+                learning_rate=1e-3,
+                eval_every=5,
+                **({} if keys is None else {"keys": keys}),
+            )
         assert str(err.value) == expected
 
 
@@ -244,8 +293,10 @@ def test_miniature_reuses_data_warmup_and_sft_of_a_run_that_differs_only_in_grpo
 
 def test_claim_check_compares_gaps_with_interval_half_widths():
     def model(bacc, khit):
-        return {"average_bacc": {"value": bacc, "ci_low": bacc - 0.05, "ci_high": bacc + 0.05},
-                "k_hit": {"value": khit, "ci_low": khit - 0.1, "ci_high": khit + 0.1}}  # fmt: skip
+        return {
+            "average_bacc": {"value": bacc, "ci_low": bacc - 0.05, "ci_high": bacc + 0.05},
+            "k_hit": {"value": khit, "ci_low": khit - 0.1, "ci_high": khit + 0.1},
+        }
 
     results = {
         "sft": model(0.6, 0.3),
@@ -265,9 +316,24 @@ def test_sft_cli_warmup_cap_is_a_one_line_error(sft_table, tmp_path, capsys):
     from train.checks import run_cli
     from train.tiny.demo_sft import main as sft_main
 
-    argv = ["--config", "train/configs/sft_demo.yaml", "--dataset_dir", str(sft_table), "--output_dir",
-            str(tmp_path / "sft"), "--lm_warmup_steps", "2", "--lm_warmup_target_parse_rate", "0.95",
-            "--lm_warmup_eval_every", "2", "--lm_warmup_val_rows", "2", "--gradient_checkpointing", "false"]  # fmt: skip
+    argv = [
+        "--config",
+        "train/configs/sft_demo.yaml",
+        "--dataset_dir",
+        str(sft_table),
+        "--output_dir",
+        str(tmp_path / "sft"),
+        "--lm_warmup_steps",
+        "2",
+        "--lm_warmup_target_parse_rate",
+        "0.95",
+        "--lm_warmup_eval_every",
+        "2",
+        "--lm_warmup_val_rows",
+        "2",
+        "--gradient_checkpointing",
+        "false",
+    ]
     with pytest.raises(SystemExit) as exit_info:
         run_cli(sft_main, argv)
     assert exit_info.value.code == 2
@@ -294,9 +360,26 @@ def test_demo_sft_that_misses_both_classes_within_its_rounds_fails_or_notes_in_o
     from train.tiny.demo_sft import main as sft_main
 
     # No warm-up: the random tiny model writes nothing parse_report reads, so sensitivity is 0 after each round.
-    argv = ["--config", "train/configs/sft_demo.yaml", "--dataset_dir", str(sft_table), "--output_dir",
-            str(tmp_path / "sft"), "--lm_warmup_steps", "0", "--max_steps", "1", "--sft_max_rounds", "2",
-            "--sft_stop_split", "test", "--parse_rate_split", "test", "--sft_cap_is_error", str(cap_is_error)]  # fmt: skip
+    argv = [
+        "--config",
+        "train/configs/sft_demo.yaml",
+        "--dataset_dir",
+        str(sft_table),
+        "--output_dir",
+        str(tmp_path / "sft"),
+        "--lm_warmup_steps",
+        "0",
+        "--max_steps",
+        "1",
+        "--sft_max_rounds",
+        "2",
+        "--sft_stop_split",
+        "test",
+        "--parse_rate_split",
+        "test",
+        "--sft_cap_is_error",
+        str(cap_is_error),
+    ]
     missed = (
         "demo SFT: the test split's existence sensitivity 0%, specificity 0% after sft_max_rounds=2 rounds of 1 steps"
     )
@@ -334,16 +417,29 @@ def test_warmup_that_never_claims_both_classes_fails_in_one_line():
     processor = build_processor()
     model = build_model(processor.tokenizer, seed=0)
     with pytest.raises(TrainConfigError) as err:
-        lm_warmup(model, processor, rows[:4], rows[4:], max_steps=2, learning_rate=1e-3, batch_size=1,
-                  verifier_batch_size=1, eval_every=2, target_parse_rate=0.0, max_new_tokens=4,
-                  require_both_classes=True, log=lambda _: None)  # fmt: skip
+        lm_warmup(
+            model,
+            processor,
+            rows[:4],
+            rows[4:],
+            max_steps=2,
+            learning_rate=1e-3,
+            batch_size=1,
+            verifier_batch_size=1,
+            eval_every=2,
+            target_parse_rate=0.0,
+            max_new_tokens=4,
+            require_both_classes=True,
+            log=lambda _: None,
+        )
     message = str(err.value)
     assert "\n" not in message and "never claimed a lesion on a positive row" in message
 
 
 @pytest.mark.parametrize(("target_parse_rate", "class_rows_generated"), [(0.0, 1), (2.0, 0)])
-def test_warmup_reads_both_classes_on_its_class_rows_once_the_rest_is_met(monkeypatch, target_parse_rate,
-                                                                          class_rows_generated):  # fmt: skip
+def test_warmup_reads_both_classes_on_its_class_rows_once_the_rest_is_met(
+    monkeypatch, target_parse_rate, class_rows_generated
+):
     import train.tiny.warmup as warmup
 
     rows = make_visible_rows(8, n_frames=4, size_px=32, seed=0, organs=("kidney",))
@@ -359,23 +455,52 @@ def test_warmup_reads_both_classes_on_its_class_rows_once_the_rest_is_met(monkey
     processor = build_processor()
     lines: list[str] = []
     with pytest.raises(TrainConfigError):
-        lm_warmup(build_model(processor.tokenizer, seed=0), processor, train_rows, val_rows, class_rows=class_rows,
-                  max_steps=1, learning_rate=1e-3, batch_size=1, verifier_batch_size=1, eval_every=1,
-                  target_parse_rate=target_parse_rate, max_new_tokens=4, require_both_classes=True,
-                  log=lines.append)  # fmt: skip
+        lm_warmup(
+            build_model(processor.tokenizer, seed=0),
+            processor,
+            train_rows,
+            val_rows,
+            class_rows=class_rows,
+            max_steps=1,
+            learning_rate=1e-3,
+            batch_size=1,
+            verifier_batch_size=1,
+            eval_every=1,
+            target_parse_rate=target_parse_rate,
+            max_new_tokens=4,
+            require_both_classes=True,
+            log=lines.append,
+        )
     assert asked == [1] + [3] * class_rows_generated  # the held-out row; the 3 class rows only when the rest is met
     assert lines[0].endswith("; not both classes claimed on the 3 class rows, 1 rows")
 
 
 def test_a_rows_lesion_frames_are_asked_key_frame_first_then_the_outermost() -> None:
-    rows = [r for r in make_visible_rows(8, n_frames=20, size_px=64, seed=1, organs=("liver",), span=3)
-            if r["has_lesion"] and 4 <= r["key_slice_frame"] <= 17][:2]  # fmt: skip
+    rows = [
+        r
+        for r in make_visible_rows(8, n_frames=20, size_px=64, seed=1, organs=("liver",), span=3)
+        if r["has_lesion"] and 4 <= r["key_slice_frame"] <= 17
+    ][:2]
     assert len(rows) == 2
     asked = _eval_frames(rows, lesion_span=3, max_frames=28)  # half of them, 14, show the lesion
     lesion = [(i, t.distance) for i, t in asked if t.present]
     # round-robin over the 2 rows: each row's key frame, then its two frames 3 away, then 2 away, then 1 away
-    assert lesion == [(0, 0), (1, 0), (0, 3), (1, 3), (0, 3), (1, 3), (0, 2), (1, 2), (0, 2), (1, 2), (0, 1), (1, 1),
-                      (0, 1), (1, 1)]  # fmt: skip
+    assert lesion == [
+        (0, 0),
+        (1, 0),
+        (0, 3),
+        (1, 3),
+        (0, 3),
+        (1, 3),
+        (0, 2),
+        (1, 2),
+        (0, 2),
+        (1, 2),
+        (0, 1),
+        (1, 1),
+        (0, 1),
+        (1, 1),
+    ]
     first_row_frames = [t.frame + 1 - rows[0]["key_slice_frame"] for i, t in asked if i == 0 and t.present]
     assert first_row_frames == [0, -3, 3, -2, 2, -1, 1]  # the earlier frame first at a tie
 
@@ -384,10 +509,12 @@ def test_the_size_rate_reads_the_slice_and_gates_only_where_asked() -> None:
     key = FrameTarget(9, "x", True, ("left",), "hypo", long_axis_mm=56.0, distance=0)
     outer = FrameTarget(12, "y", True, ("left",), "hypo", long_axis_mm=20.0, distance=3)
     asked = [("kidney", key), ("kidney", key), ("kidney", outer), ("kidney", outer)]
-    texts = ["A hypodense lesion in the left kidney measures 5.6 x 3.9 cm.",  # the key's size
-             "A hypodense lesion in the left kidney measures 4.0 x 2.8 cm.",  # 4.0 vs 5.6: beyond 20 %
-             "A hypodense lesion in the left kidney measures 2.3 x 1.6 cm.",  # 2.3 vs 2.0: within 0.5 cm / 20 %
-             "A hypodense lesion in the left kidney measures 5.6 x 3.9 cm."]  # the key's size on an outer slice  # fmt: skip
+    texts = [
+        "A hypodense lesion in the left kidney measures 5.6 x 3.9 cm.",  # the key's size
+        "A hypodense lesion in the left kidney measures 4.0 x 2.8 cm.",  # 4.0 vs 5.6: beyond 20 %
+        "A hypodense lesion in the left kidney measures 2.3 x 1.6 cm.",  # 2.3 vs 2.0: within 0.5 cm / 20 %
+        "A hypodense lesion in the left kidney measures 5.6 x 3.9 cm.",
+    ]  # the key's size on an outer slice
     acc = score_verifier(asked, texts)
     assert acc["size"] == 0.5 and acc["sensitivity"] == acc["location"] == acc["attenuation"] == 1.0
     assert acc["n_key_frames"] == 2 and acc["specificity"] is None
@@ -399,8 +526,16 @@ def test_the_size_rate_reads_the_slice_and_gates_only_where_asked() -> None:
 def test_an_unknown_verifier_gate_is_one_line_naming_the_gates() -> None:
     rows = make_visible_rows(2, n_frames=4, size_px=32, seed=0, organs=("kidney",))
     with pytest.raises(TrainConfigError) as err:
-        lm_warmup(None, None, rows[:1], rows[1:], max_steps=2, learning_rate=1e-3, eval_every=1,
-                  verifier_gates=("sensitivity", "sizes"))  # fmt: skip
+        lm_warmup(
+            None,
+            None,
+            rows[:1],
+            rows[1:],
+            max_steps=2,
+            learning_rate=1e-3,
+            eval_every=1,
+            verifier_gates=("sensitivity", "sizes"),
+        )
     assert str(err.value) == (
         "LM warm-up: unknown verifier gates ['sizes']; the gates are "
         "['sensitivity', 'specificity', 'location', 'attenuation', 'size']"

@@ -48,13 +48,31 @@ ADAM_EPSILON = 1e-6
 
 
 def _args(out: Path, accumulation: int) -> GRPOConfig:
-    return GRPOConfig(output_dir=str(out), num_generations=GROUP, per_device_train_batch_size=GROUP,
-                      gradient_accumulation_steps=accumulation, steps_per_generation=1, max_steps=2, beta=0.0,
-                      max_completion_length=COMPLETION_TOKENS, learning_rate=3e-3, adam_epsilon=ADAM_EPSILON,
-                      logging_steps=1, use_cpu=True,
-                      bf16=False, report_to="none", save_strategy="no", loss_type="grpo", seed=0, use_vllm=True,
-                      vllm_mode="colocate", vllm_gpu_memory_utilization=0.1, vllm_max_model_length=2048,
-                      disable_tqdm=True, ddp_timeout=120)  # fmt: skip
+    return GRPOConfig(
+        output_dir=str(out),
+        num_generations=GROUP,
+        per_device_train_batch_size=GROUP,
+        gradient_accumulation_steps=accumulation,
+        steps_per_generation=1,
+        max_steps=2,
+        beta=0.0,
+        max_completion_length=COMPLETION_TOKENS,
+        learning_rate=3e-3,
+        adam_epsilon=ADAM_EPSILON,
+        logging_steps=1,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        loss_type="grpo",
+        seed=0,
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=0.1,
+        vllm_max_model_length=2048,
+        disable_tqdm=True,
+        ddp_timeout=120,
+    )
 
 
 def _digest(tensors: dict) -> str:
@@ -114,12 +132,19 @@ def _hf_greedy(trainer, messages, n_new):
     from trl.models import unwrap_model_for_generation
 
     proc = trainer.processing_class
-    inputs = proc.apply_chat_template([messages], add_generation_prompt=True, tokenize=True, return_dict=True,
-                                      return_tensors="pt")  # fmt: skip
+    inputs = proc.apply_chat_template(
+        [messages], add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+    )
     eos = list(trainer.eos_token_ids)
     with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model, torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=n_new, do_sample=False, suppress_tokens=proc.vision_token_ids,
-                             eos_token_id=eos, pad_token_id=eos[0])  # fmt: skip
+        out = model.generate(
+            **inputs,
+            max_new_tokens=n_new,
+            do_sample=False,
+            suppress_tokens=proc.vision_token_ids,
+            eos_token_id=eos,
+            pad_token_id=eos[0],
+        )
     return until_eos(out[0, inputs["input_ids"].shape[1] :].tolist(), eos)
 
 
@@ -164,27 +189,34 @@ def main(model_dir: str, table: str, out_dir: str, fault: str = "") -> None:
     def r_length(completions, **kw):  # longer is better: the steps move the policy away from stopping early
         return [float(len(c[0]["content"])) for c in completions]
 
-    trainer = build_grpo_trainer(model_dir, ds, _args(out / "trainer", accumulation=2 // world),
-                                 reward_funcs=[r_length])  # fmt: skip
+    trainer = build_grpo_trainer(
+        model_dir, ds, _args(out / "trainer", accumulation=2 // world), reward_funcs=[r_length]
+    )
     trainer.rollout_seed = "prompt"
     row = dict(ds[rank])
     frame = frames_to_array(row["frames"])[(row["key_slice_frame"] or 1) - 1]  # a negative row: the first frame
     pushed = _record_pushes(trainer)
-    before = {"row": _vllm_greedy_row(trainer, row, COMPLETION_TOKENS)[1],
-              "engine": trainer.vllm.llm.collective_rpc(_engine_digest)[0]}  # fmt: skip
+    before = {
+        "row": _vllm_greedy_row(trainer, row, COMPLETION_TOKENS)[1],
+        "engine": trainer.vllm.llm.collective_rpc(_engine_digest)[0],
+    }
     trainer.train()
     trainer.sync_vllm_weights()  # the sync after the step (every rank: a collective under ZeRO-3)
     result = {
-        "rank": rank, "world": world, "pushes": trainer.vllm.n_pushes,
-        "before_row": before["row"], "engine_before": before["engine"],
+        "rank": rank,
+        "world": world,
+        "pushes": trainer.vllm.n_pushes,
+        "before_row": before["row"],
+        "engine_before": before["engine"],
         "vllm_row": _vllm_greedy_row(trainer, row, COMPLETION_TOKENS)[1],
         "hf_row": _hf_greedy(trainer, user_messages(row["prompt"], row["frames"]), COMPLETION_TOKENS),
         "vllm_verifier": _vllm_verifier(trainer, frame)[1],
         "hf_verifier": _hf_greedy(trainer, verifier_messages(frame, VERIFIER_PROMPT), VERIFIER_TOKENS),
         "engine_after": trainer.vllm.llm.collective_rpc(_engine_digest)[0],
-        "pushed_sha256": _digest(pushed), "pushed_names": len(pushed),
+        "pushed_sha256": _digest(pushed),
+        "pushed_names": len(pushed),
         "rewards": [h["reward"] for h in trainer.state.log_history if "reward" in h],
-    }  # fmt: skip
+    }
     if rank == 0:
         from safetensors.torch import save_file
 

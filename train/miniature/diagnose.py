@@ -99,10 +99,13 @@ def record_rewards(trainer: Any) -> list[list[list[Any]]]:
 def spread_per_step(calls: list[list[list[Any]]], weights: Sequence[float], group_size: int) -> dict[str, Any]:
     """Return, per recorded generation batch, the groups and the groups without signal, and their totals."""
     steps = [group_spread(weighted_rewards([c[j] for c in calls], weights), group_size) for j in range(len(calls[0]))]
-    return {"tol": SPREAD_TOL, "groups": [s["groups"] for s in steps],
-            "without_signal": [s["without_signal"] for s in steps],
-            "total_groups": sum(s["groups"] for s in steps),
-            "total_without_signal": sum(s["without_signal"] for s in steps)}  # fmt: skip
+    return {
+        "tol": SPREAD_TOL,
+        "groups": [s["groups"] for s in steps],
+        "without_signal": [s["without_signal"] for s in steps],
+        "total_groups": sum(s["groups"] for s in steps),
+        "total_without_signal": sum(s["without_signal"] for s in steps),
+    }
 
 
 FINDINGS = ("existence", "attributes", "k_hit", "parse_ok")
@@ -110,8 +113,9 @@ REWARDS = ("r_e", "r_f", "r_c", "reward_a", "reward_b")
 _TOL = 1e-9
 
 
-def completion_record(report: str, truth: sc.Truth, verifier_text: str | None, cfg: sc.ScoringConfig = sc.DEFAULT_CONFIG
-                      ) -> dict[str, Any]:  # fmt: skip
+def completion_record(
+    report: str, truth: sc.Truth, verifier_text: str | None, cfg: sc.ScoringConfig = sc.DEFAULT_CONFIG
+) -> dict[str, Any]:
     """Return one completion's rewards (as GRPO computes them) and scored findings.
 
     `verifier_text` is the verifier's answer on the report's key frame, or None when no query was made (a negative
@@ -192,13 +196,24 @@ def group_summary(groups: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, An
     for finding in FINDINGS:
         values = [c[finding] for g in groups for c in g if c[finding] is not None]
         rates[finding] = sum(values) / len(values) if values else None
-    return {"n_groups": len(groups), "group_size": max((len(g) for g in groups), default=0), "spread": spread,
-            "spread_groups": spread_groups, "corr": corr, "corr_groups": corr_groups,
-            "sampled_rate": rates}  # fmt: skip
+    return {
+        "n_groups": len(groups),
+        "group_size": max((len(g) for g in groups), default=0),
+        "spread": spread,
+        "spread_groups": spread_groups,
+        "corr": corr,
+        "corr_groups": corr_groups,
+        "sampled_rate": rates,
+    }
 
 
-def verifier_record(report: str, verifier_text: str, truth: sc.Truth, frame_shows_lesion: bool,
-                    cfg: sc.ScoringConfig = sc.DEFAULT_CONFIG) -> dict[str, Any]:  # fmt: skip
+def verifier_record(
+    report: str,
+    verifier_text: str,
+    truth: sc.Truth,
+    frame_shows_lesion: bool,
+    cfg: sc.ScoringConfig = sc.DEFAULT_CONFIG,
+) -> dict[str, Any]:
     """Compare the verifier's answer on the report's key frame with the report (and the truth).
 
     Returns `unreadable` (the answer does not parse), `says_no_lesion`, `differs_from_report` (it parses, claims a
@@ -207,15 +222,22 @@ def verifier_record(report: str, verifier_text: str, truth: sc.Truth, frame_show
     """
     pred = parse_report(report, truth.organ)
     answer = parse_free_text(verifier_text, truth.organ)
-    out: dict[str, Any] = {"unreadable": not isinstance(answer, ParsedReport), "says_no_lesion": False,
-                           "differs_from_report": None, "frame_shows_lesion": frame_shows_lesion,
-                           "attributes_vs_truth": sc.r_c(verifier_text, truth.key_slice, truth, cfg)}  # fmt: skip
+    out: dict[str, Any] = {
+        "unreadable": not isinstance(answer, ParsedReport),
+        "says_no_lesion": False,
+        "differs_from_report": None,
+        "frame_shows_lesion": frame_shows_lesion,
+        "attributes_vs_truth": sc.r_c(verifier_text, truth.key_slice, truth, cfg),
+    }
     if isinstance(answer, ParsedReport):
         out["says_no_lesion"] = not answer.has_lesion
         if answer.has_lesion and isinstance(pred, ParsedReport):
-            size_same = (answer.long_axis_cm is not None and pred.long_axis_cm is not None
-                         and abs(answer.long_axis_cm - pred.long_axis_cm)
-                         <= max(cfg.size_abs_tol_cm, cfg.size_rel_tol * pred.long_axis_cm) + _TOL)  # fmt: skip
+            size_same = (
+                answer.long_axis_cm is not None
+                and pred.long_axis_cm is not None
+                and abs(answer.long_axis_cm - pred.long_axis_cm)
+                <= max(cfg.size_abs_tol_cm, cfg.size_rel_tol * pred.long_axis_cm) + _TOL
+            )
             same = size_same and answer.location == pred.location and answer.attenuation == pred.attenuation
             out["differs_from_report"] = not same
     return out
@@ -230,19 +252,34 @@ def verifier_summary(records: Sequence[Mapping[str, Any]], n_positive_completion
         values = [bool(r[key]) for r in records if r[key] is not None]
         return sum(values) / len(values) if values else None
 
-    return {"n_queries": n, "n_positive_completions": n_positive_completions,
-            "no_query_rate": (n_positive_completions - n) / n_positive_completions if n_positive_completions else None,
-            "unreadable": rate("unreadable"), "says_no_lesion": rate("says_no_lesion"),
-            "differs_from_report": rate("differs_from_report"), "frame_shows_lesion": rate("frame_shows_lesion")}  # fmt: skip
+    return {
+        "n_queries": n,
+        "n_positive_completions": n_positive_completions,
+        "no_query_rate": (n_positive_completions - n) / n_positive_completions if n_positive_completions else None,
+        "unreadable": rate("unreadable"),
+        "says_no_lesion": rate("says_no_lesion"),
+        "differs_from_report": rate("differs_from_report"),
+        "frame_shows_lesion": rate("frame_shows_lesion"),
+    }
 
 
 # -- sampling (torch) ----------------------------------------------------------------------------------------------
 
 
-def sample_groups(model: Any, processor: Any, rows: Sequence[Mapping[str, Any]], *, num_generations: int,
-                  temperature: float, seed: int, max_new_tokens: int, verifier_max_new_tokens: int, lesion_span: int,
-                  cfg: sc.ScoringConfig = sc.DEFAULT_CONFIG, log: Callable[[str], None] | None = None
-                  ) -> dict[str, Any]:  # fmt: skip
+def sample_groups(
+    model: Any,
+    processor: Any,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    num_generations: int,
+    temperature: float,
+    seed: int,
+    max_new_tokens: int,
+    verifier_max_new_tokens: int,
+    lesion_span: int,
+    cfg: sc.ScoringConfig = sc.DEFAULT_CONFIG,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Sample `num_generations` completions per row at `temperature`, query the verifier, and summarise.
 
     Sampling is seeded per row (`seed + row index`), top-k and top-p off (TRL's GRPO defaults); the verifier and the
@@ -262,13 +299,21 @@ def sample_groups(model: Any, processor: Any, rows: Sequence[Mapping[str, Any]],
     for i, row in enumerate(rows):
         truth = sc.truth_from_row(row)
         msg = user_messages(row["prompt"], row["frames"])
-        inputs = processor.apply_chat_template([msg], add_generation_prompt=True, tokenize=True, return_dict=True,
-                                               return_tensors="pt")  # fmt: skip
+        inputs = processor.apply_chat_template(
+            [msg], add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+        )
         torch.manual_seed(seed + i)
         with torch.no_grad():
-            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature,
-                                 top_k=0, top_p=1.0, num_return_sequences=num_generations,
-                                 suppress_tokens=processor.vision_token_ids)  # fmt: skip
+            out = model.generate(
+                **inputs,
+                max_new_tokens=max_new_tokens,
+                do_sample=True,
+                temperature=temperature,
+                top_k=0,
+                top_p=1.0,
+                num_return_sequences=num_generations,
+                suppress_tokens=processor.vision_token_ids,
+            )
         reports = processor.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
         frames = frames_to_array(row["frames"])
         answers: dict[int, str] = {}
@@ -280,17 +325,16 @@ def sample_groups(model: Any, processor: Any, rows: Sequence[Mapping[str, Any]],
             text = None
             if k is not None:
                 if k not in answers:
-                    answers[k] = generate_texts(model, processor, [verifier_messages(frames[k - 1], VERIFIER_PROMPT)],
-                                                verifier_max_new_tokens)[0]  # fmt: skip
+                    answers[k] = generate_texts(
+                        model, processor, [verifier_messages(frames[k - 1], VERIFIER_PROMPT)], verifier_max_new_tokens
+                    )[0]
                 text = answers[k]
                 shows = truth.key_slice is not None and abs(k - truth.key_slice) <= lesion_span
                 verifier_records.append(verifier_record(report, text, truth, shows, cfg))
             n_positive += int(truth.has_lesion)
             group.append(completion_record(report, truth, text, cfg))
         groups.append(group)
-        examples.append({"row": i, "organ": row["organ"], "has_lesion": truth.has_lesion,
-                         "key_slice": truth.key_slice, "reports": reports[:3],
-                         "verifier": {str(k): v for k, v in sorted(answers.items())}})  # fmt: skip
+        examples.append(_example(i, row, truth, reports, answers))
         greedy_text = generate_texts(model, processor, [msg], max_new_tokens)[0]
         greedy.append(completion_record(greedy_text, truth, None, cfg))
         if log:
@@ -302,6 +346,15 @@ def sample_groups(model: Any, processor: Any, rows: Sequence[Mapping[str, Any]],
     summary["temperature"] = temperature
     summary["examples"] = examples
     return summary
+
+
+def _example(
+    i: int, row: Mapping[str, Any], truth: Any, reports: Sequence[str], answers: Mapping[int, str]
+) -> dict[str, Any]:
+    """A few sampled reports of row `i` and the verifier's answer for each frame they named."""
+    verifier = {str(k): v for k, v in sorted(answers.items())}
+    example = {"row": i, "organ": row["organ"], "has_lesion": truth.has_lesion, "key_slice": truth.key_slice}
+    return {**example, "reports": list(reports[:3]), "verifier": verifier}
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -328,20 +381,33 @@ def summary_markdown(summaries: Sequence[Mapping[str, Any]]) -> str:
         lines.append(
             f"| {s['temperature']} | {s['n_groups']} x {s['group_size']} | "
             + " / ".join(pct(sp[k]) for k in ("r_e", "r_f", "r_c", "reward_a"))
-            + " | " + " / ".join(num(ca[f]) for f in FINDINGS)
-            + " | " + " / ".join(num(cb[f]) for f in FINDINGS)
+            + " | "
+            + " / ".join(num(ca[f]) for f in FINDINGS)
+            + " | "
+            + " / ".join(num(cb[f]) for f in FINDINGS)
             + f" | {pct(s['sampled_rate']['existence'])} / {pct(s['sampled_rate']['k_hit'])}"
             + f" | {pct(s['greedy_rate']['existence'])} / {pct(s['greedy_rate']['k_hit'])}"
-            + " | " + " / ".join(pct(v[k]) for k in ("no_query_rate", "unreadable", "says_no_lesion",
-                                                      "differs_from_report", "frame_shows_lesion"))
+            + " | "
+            + " / ".join(
+                pct(v[k])
+                for k in ("no_query_rate", "unreadable", "says_no_lesion", "differs_from_report", "frame_shows_lesion")
+            )
             + " |"
-        )  # fmt: skip
+        )
     return "\n".join(lines) + "\n"
 
 
-def trainer_rollout_groups(model_dir: str | Path, rows: Sequence[Mapping[str, Any]], *, num_generations: int,
-                           temperature: float, max_new_tokens: int, prompts_per_call: int, seed: int,
-                           cfg: sc.ScoringConfig = sc.DEFAULT_CONFIG) -> tuple[list[list[dict[str, Any]]], list[str]]:  # fmt: skip
+def trainer_rollout_groups(
+    model_dir: str | Path,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    num_generations: int,
+    temperature: float,
+    max_new_tokens: int,
+    prompts_per_call: int,
+    seed: int,
+    cfg: sc.ScoringConfig = sc.DEFAULT_CONFIG,
+) -> tuple[list[list[dict[str, Any]]], list[str]]:
     """Sample `num_generations` completions per row through GRPO's own rollout path and score them (no verifier).
 
     The rows go through `VideoGRPOTrainer._generate_and_score_completions`, `prompts_per_call` prompts at a time (a
@@ -358,12 +424,25 @@ def trainer_rollout_groups(model_dir: str | Path, rows: Sequence[Mapping[str, An
 
     torch.manual_seed(seed)
     with tempfile.TemporaryDirectory() as tmp:
-        args = GRPOConfig(output_dir=tmp, num_generations=num_generations, max_completion_length=max_new_tokens,
-                          per_device_train_batch_size=prompts_per_call * num_generations, max_steps=1,
-                          learning_rate=0.0, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
-                          loss_type="grpo", seed=seed, temperature=temperature, disable_tqdm=True)  # fmt: skip
-        trainer = build_grpo_trainer(str(model_dir), Dataset.from_list([dict(r) for r in rows]), args,
-                                     rewards=["r_e", "r_f"])  # fmt: skip
+        args = GRPOConfig(
+            output_dir=tmp,
+            num_generations=num_generations,
+            max_completion_length=max_new_tokens,
+            per_device_train_batch_size=prompts_per_call * num_generations,
+            max_steps=1,
+            learning_rate=0.0,
+            use_cpu=True,
+            bf16=False,
+            report_to="none",
+            save_strategy="no",
+            loss_type="grpo",
+            seed=seed,
+            temperature=temperature,
+            disable_tqdm=True,
+        )
+        trainer = build_grpo_trainer(
+            str(model_dir), Dataset.from_list([dict(r) for r in rows]), args, rewards=["r_e", "r_f"]
+        )
         proc = trainer.processing_class
         texts: list[str] = []
         for start in range(0, len(rows), prompts_per_call):
@@ -374,14 +453,23 @@ def trainer_rollout_groups(model_dir: str | Path, rows: Sequence[Mapping[str, An
             ids = [c[m.bool()].tolist() for c, m in zip(out["completion_ids"], out["completion_mask"], strict=True)]
             texts += proc.batch_decode(ids, skip_special_tokens=True)
     groups = [
-        [completion_record(t, sc.truth_from_row(row), None, cfg) for t in texts[i * num_generations : (i + 1) * num_generations]]
+        [
+            completion_record(t, sc.truth_from_row(row), None, cfg)
+            for t in texts[i * num_generations : (i + 1) * num_generations]
+        ]
         for i, row in enumerate(rows)
-    ]  # fmt: skip
+    ]
     return groups, texts
 
 
-def compare_rollouts(model_dir: str | Path, rows: Sequence[Mapping[str, Any]], cfg: Any, temperature: float,
-                     out_dir: str | Path, log: Callable[[str], None] | None = None) -> dict[str, Any]:  # fmt: skip
+def compare_rollouts(
+    model_dir: str | Path,
+    rows: Sequence[Mapping[str, Any]],
+    cfg: Any,
+    temperature: float,
+    out_dir: str | Path,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Do GRPO's batched rollouts sample what the policy samples on its own? The same rows both ways, one table.
 
     Writes `rollouts_T<temperature>.json` to `out_dir`: `group_summary` of the trainer's rollouts
@@ -392,30 +480,54 @@ def compare_rollouts(model_dir: str | Path, rows: Sequence[Mapping[str, Any]], c
 
     from model_io.processor import load_model_and_processor
 
-    trainer_groups, _ = trainer_rollout_groups(model_dir, rows, num_generations=cfg.num_generations,
-                                               temperature=temperature, max_new_tokens=cfg.max_completion_length,
-                                               prompts_per_call=cfg.grpo_prompts_per_step, seed=cfg.seed)  # fmt: skip
+    trainer_groups, _ = trainer_rollout_groups(
+        model_dir,
+        rows,
+        num_generations=cfg.num_generations,
+        temperature=temperature,
+        max_new_tokens=cfg.max_completion_length,
+        prompts_per_call=cfg.grpo_prompts_per_step,
+        seed=cfg.seed,
+    )
     model, processor = load_model_and_processor(model_dir, dtype=torch.float32)
-    own = sample_groups(model, processor, rows, num_generations=cfg.num_generations, temperature=temperature,
-                        seed=cfg.seed, max_new_tokens=cfg.max_completion_length,
-                        verifier_max_new_tokens=cfg.verifier_max_new_tokens, lesion_span=cfg.lesion_span)  # fmt: skip
-    result = {"temperature": temperature, "trainer": group_summary(trainer_groups),
-              "own": {k: v for k, v in own.items() if k != "examples"}}  # fmt: skip
+    own = sample_groups(
+        model,
+        processor,
+        rows,
+        num_generations=cfg.num_generations,
+        temperature=temperature,
+        seed=cfg.seed,
+        max_new_tokens=cfg.max_completion_length,
+        verifier_max_new_tokens=cfg.verifier_max_new_tokens,
+        lesion_span=cfg.lesion_span,
+    )
+    result = {
+        "temperature": temperature,
+        "trainer": group_summary(trainer_groups),
+        "own": {k: v for k, v in own.items() if k != "examples"},
+    }
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rollouts_T{temperature}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     if log:
         for name in ("trainer", "own"):
             s: Any = result[name]
-            log(f"   {name} sampling at T {temperature}, {s['n_groups']} x {s['group_size']}: existence "
+            log(
+                f"   {name} sampling at T {temperature}, {s['n_groups']} x {s['group_size']}: existence "
                 f"{s['sampled_rate']['existence']:.3f}, K-Hit {s['sampled_rate']['k_hit'] or 0:.3f}, parses "
                 f"{s['sampled_rate']['parse_ok']:.3f}; groups with spread r_e {s['spread']['r_e'] or 0:.2f}, "
-                f"r_f {s['spread']['r_f'] or 0:.2f}, R_b {s['spread']['reward_b'] or 0:.2f}")  # fmt: skip
+                f"r_f {s['spread']['r_f'] or 0:.2f}, R_b {s['spread']['reward_b'] or 0:.2f}"
+            )
     return result
 
 
-def diagnose_checkpoint(model_dir: str | Path, rows: Sequence[Mapping[str, Any]], cfg: Any, out_dir: str | Path,
-                        log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def diagnose_checkpoint(
+    model_dir: str | Path,
+    rows: Sequence[Mapping[str, Any]],
+    cfg: Any,
+    out_dir: str | Path,
+    log: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
     """Run `sample_groups` at each of `cfg.diagnose_temperatures` (a `MiniatureConfig`) on the checkpoint in
     `model_dir`; write `diagnose.json` (with example reports) and `diagnose.md` to `out_dir`; return the summaries."""
     import torch
@@ -424,11 +536,20 @@ def diagnose_checkpoint(model_dir: str | Path, rows: Sequence[Mapping[str, Any]]
 
     model, processor = load_model_and_processor(model_dir, dtype=torch.float32)
     summaries = [
-        sample_groups(model, processor, rows, num_generations=cfg.num_generations, temperature=float(t),
-                      seed=cfg.seed, max_new_tokens=cfg.max_completion_length,
-                      verifier_max_new_tokens=cfg.verifier_max_new_tokens, lesion_span=cfg.lesion_span, log=log)
+        sample_groups(
+            model,
+            processor,
+            rows,
+            num_generations=cfg.num_generations,
+            temperature=float(t),
+            seed=cfg.seed,
+            max_new_tokens=cfg.max_completion_length,
+            verifier_max_new_tokens=cfg.verifier_max_new_tokens,
+            lesion_span=cfg.lesion_span,
+            log=log,
+        )
         for t in cfg.diagnose_temperatures
-    ]  # fmt: skip
+    ]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "diagnose.json").write_text(json.dumps(summaries, indent=2, default=str) + "\n")
@@ -451,25 +572,42 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", default="train", choices=("train", "test"))
     parser.add_argument("--prompts", type=int, default=None, help="default: the run's diagnose_prompts")
     parser.add_argument("--temperatures", type=float, nargs="+", default=None)
-    parser.add_argument("--rollouts", action="store_true",
-                        help="instead: compare GRPO's batched rollouts with per-prompt sampling on the same prompts")  # fmt: skip
+    parser.add_argument(
+        "--rollouts",
+        action="store_true",
+        help="instead: compare GRPO's batched rollouts with per-prompt sampling on the same prompts",
+    )
     args = parser.parse_args(argv)
     run = Path(args.run_dir)
     if not (run / "config.json").exists():
         raise TrainConfigError(f"--run_dir {run}: no config.json there; pass a miniature output folder")
     if not (run / args.model / "done.json").exists():
         raise TrainConfigError(f"--model {args.model}: that stage has not finished in {run}; run it first")
-    overrides = {k: v for k, v in (("diagnose_prompts", args.prompts), ("diagnose_temperatures", args.temperatures))
-                 if v is not None}  # fmt: skip
+    overrides = {
+        k: v
+        for k, v in (("diagnose_prompts", args.prompts), ("diagnose_temperatures", args.temperatures))
+        if v is not None
+    }
     cfg = load_config(None, json.loads((run / "config.json").read_text()) | overrides)
     rows = [dict(r) for r in load_split(run / "data", args.split)][: cfg.diagnose_prompts]
     if args.rollouts:
         for t in cfg.diagnose_temperatures:
-            compare_rollouts(run / args.model, rows, cfg, float(t), run / f"diagnose_{args.model}_{args.split}",
-                             log=lambda line: print(line, flush=True))  # fmt: skip
+            compare_rollouts(
+                run / args.model,
+                rows,
+                cfg,
+                float(t),
+                run / f"diagnose_{args.model}_{args.split}",
+                log=lambda line: print(line, flush=True),
+            )
         return
-    diagnose_checkpoint(run / args.model, rows, cfg, run / f"diagnose_{args.model}_{args.split}",
-                        log=lambda line: print(line, flush=True))  # fmt: skip
+    diagnose_checkpoint(
+        run / args.model,
+        rows,
+        cfg,
+        run / f"diagnose_{args.model}_{args.split}",
+        log=lambda line: print(line, flush=True),
+    )
 
 
 if __name__ == "__main__":
@@ -533,8 +671,10 @@ def score_by_distance(
         for key, mm in (("size_slice", slice_mm), ("size_key", float(row["long_axis_mm"]))):
             truth = sc.Truth(organ, True, round(mm / 10, 1), location, attenuation, int(row["key_slice_frame"]))
             got[key].append(claims and sc.size_score(parsed, truth) == 1.0)  # type: ignore[arg-type]
-    return {str(d): {k: (sum(v) / len(v) if v else None) for k, v in got.items()} | {"n": len(got["presence"])}
-            for d, got in sorted(hits.items())}  # fmt: skip
+    return {
+        str(d): {k: (sum(v) / len(v) if v else None) for k, v in got.items()} | {"n": len(got["presence"])}
+        for d, got in sorted(hits.items())
+    }
 
 
 def verifier_by_distance(

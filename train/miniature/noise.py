@@ -88,8 +88,15 @@ def move_key_frames(
     log = []
     for i in sorted(int(j) for j in rng.choice(positives, size=n, replace=False)):
         before = out[i]["key_slice_frame"]
-        log.append({"row": i, "case_id": out[i]["case_id"], "field": "key_slice_frame", "from": before,
-                    "to": _move_key(out[i], rng)})  # fmt: skip
+        log.append(
+            {
+                "row": i,
+                "case_id": out[i]["case_id"],
+                "field": "key_slice_frame",
+                "from": before,
+                "to": _move_key(out[i], rng),
+            }
+        )
         _rerender(out[i])
     return out, log
 
@@ -97,13 +104,27 @@ def move_key_frames(
 def _flip_existence(row: dict[str, Any], rng: np.random.Generator, sizes_mm: Sequence[float]) -> bool:
     """Flip a row's existence label; a new positive gets an invented lesion (size, side, attenuation, key, box)."""
     if row["has_lesion"]:
-        row.update(has_lesion=False, lesion_count=0, long_axis_mm=None, short_axis_mm=None, volume_mm3=None,
-                   location=[], attenuation=None, key_slice_frame=None, bbox_qwen=None)  # fmt: skip
+        row.update(
+            has_lesion=False,
+            lesion_count=0,
+            long_axis_mm=None,
+            short_axis_mm=None,
+            volume_mm3=None,
+            location=[],
+            attenuation=None,
+            key_slice_frame=None,
+            bbox_qwen=None,
+        )
         return False
     n = int(row["n_frames"])
     side = int(rng.integers(2))
-    row.update(has_lesion=True, lesion_count=1, location=list(side_locations(row["organ"])[side]),
-               attenuation=str(rng.choice(list(VISIBLE_INTENSITY))), key_slice_frame=int(rng.integers(2, n)))  # fmt: skip
+    row.update(
+        has_lesion=True,
+        lesion_count=1,
+        location=list(side_locations(row["organ"])[side]),
+        attenuation=str(rng.choice(list(VISIBLE_INTENSITY))),
+        key_slice_frame=int(rng.integers(2, n)),
+    )
     _set_size(row, float(rng.choice(list(sizes_mm))))
     x = 300 if side == 0 else 700
     row["bbox_qwen"] = [x - 100, 400, x + 100, 600]
@@ -140,13 +161,27 @@ def corrupt_gold(
         )
     log = []
     for i in flips:
-        log.append({"row": i, "case_id": out[i]["case_id"], "field": "has_lesion", "from": out[i]["has_lesion"],
-                    "to": _flip_existence(out[i], rng, sizes_mm)})  # fmt: skip
+        log.append(
+            {
+                "row": i,
+                "case_id": out[i]["case_id"],
+                "field": "has_lesion",
+                "from": out[i]["has_lesion"],
+                "to": _flip_existence(out[i], rng, sizes_mm),
+            }
+        )
     for j, i in enumerate(positives[: n - n_flip]):
         name = FIELDS[j % len(FIELDS)]
         before = copy.deepcopy(out[i][name])
-        log.append({"row": i, "case_id": out[i]["case_id"], "field": name, "from": before,
-                    "to": _corrupt_field(out[i], name, rng, sizes_mm)})  # fmt: skip
+        log.append(
+            {
+                "row": i,
+                "case_id": out[i]["case_id"],
+                "field": name,
+                "from": before,
+                "to": _corrupt_field(out[i], name, rng, sizes_mm),
+            }
+        )
     for i in {entry["row"] for entry in log}:
         _rerender(out[i])
     return out, sorted(log, key=lambda e: e["row"])

@@ -58,8 +58,14 @@ class OrganRate:
     with a value, nan without one.
     """
 
-    def __init__(self, name: str, cell: Cell, n_slots: int,
-                 combine: Callable[[list[tuple[float, float]]], float | None], doc: str) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        cell: Cell,
+        n_slots: int,
+        combine: Callable[[list[tuple[float, float]]], float | None],
+        doc: str,
+    ) -> None:
         self.__name__, self.__doc__ = name, doc
         self._cell, self._slots, self._combine = cell, n_slots, combine
         self._combine_arrays = _COMBINE_ARRAYS[combine]
@@ -219,17 +225,27 @@ def lesion_metrics(span: int) -> dict[str, OrganRate]:
         return float(r["pred_key_slice"] == r["key_slice_frame"])
 
     cells: dict[str, tuple[Cell, str]] = {
-        "lesion_frame": (lambda r: (0, float(names_lesion_frame(r, span))) if scored(r) else None,
-                         "the share of K-Hit's rows whose report names a lesion frame"),
-        "k_hit_in_lesion": (lambda r: (0, r["score_k_hit"]) if scored(r) and names_lesion_frame(r, span) else None,
-                            "K-Hit among the rows whose report names a lesion frame"),
-        "exact_in_lesion": (lambda r: (0, exact(r)) if scored(r) and names_lesion_frame(r, span) else None,
-                            "the exact key frame among the rows whose report names a lesion frame"),
-        "exact_of_hits": (lambda r: (0, exact(r)) if scored(r) and r["score_k_hit"] == 1 else None,
-                          "the exact key frame among the K-Hits"),
-    }  # fmt: skip
-    return {name: OrganRate(name, cell, 1, _rate, f"Return the organ-averaged {doc}.") for name, (cell, doc) in
-            cells.items()}  # fmt: skip
+        "lesion_frame": (
+            lambda r: (0, float(names_lesion_frame(r, span))) if scored(r) else None,
+            "the share of K-Hit's rows whose report names a lesion frame",
+        ),
+        "k_hit_in_lesion": (
+            lambda r: (0, r["score_k_hit"]) if scored(r) and names_lesion_frame(r, span) else None,
+            "K-Hit among the rows whose report names a lesion frame",
+        ),
+        "exact_in_lesion": (
+            lambda r: (0, exact(r)) if scored(r) and names_lesion_frame(r, span) else None,
+            "the exact key frame among the rows whose report names a lesion frame",
+        ),
+        "exact_of_hits": (
+            lambda r: (0, exact(r)) if scored(r) and r["score_k_hit"] == 1 else None,
+            "the exact key frame among the K-Hits",
+        ),
+    }
+    return {
+        name: OrganRate(name, cell, 1, _rate, f"Return the organ-averaged {doc}.")
+        for name, (cell, doc) in cells.items()
+    }
 
 
 def random_lesion_frame(rows: Records, span: int, n_frames: int) -> dict[str, float]:
@@ -252,8 +268,14 @@ def random_lesion_frame(rows: Records, span: int, n_frames: int) -> dict[str, fl
         return statistics.fmean(statistics.fmean(v[i] for v in by_organ[o]) for o in organs)
 
     exact, hit = rate(0), rate(1)
-    return {"k_hit": hit, "exact_key": exact, "lesion_frame": 1.0 if organs else float("nan"),
-            "k_hit_in_lesion": hit, "exact_in_lesion": exact, "exact_of_hits": rate(2)}  # fmt: skip
+    return {
+        "k_hit": hit,
+        "exact_key": exact,
+        "lesion_frame": 1.0 if organs else float("nan"),
+        "k_hit_in_lesion": hit,
+        "exact_in_lesion": exact,
+        "exact_of_hits": rate(2),
+    }
 
 
 # A contrast of one group (a seed's test rows): terms (sign, metric, rows), every rows list the same rows in order
@@ -285,8 +307,9 @@ def _weights(rng: np.random.Generator, n_draws: int, n_rows: int) -> np.ndarray:
     return np.bincount(idx.ravel(), minlength=n_draws * n_rows).reshape(n_draws, n_rows).astype(np.float64)
 
 
-def contrast_draws(groups: Sequence[Sequence[Term]], *, n_bootstrap: int, seed: int, hierarchical: bool
-                   ) -> tuple[float, np.ndarray]:  # fmt: skip
+def contrast_draws(
+    groups: Sequence[Sequence[Term]], *, n_bootstrap: int, seed: int, hierarchical: bool
+) -> tuple[float, np.ndarray]:
     """Return the contrast (the mean over the groups of each group's value) and its bootstrap draws: rows only (every
     group kept, its rows redrawn) or, `hierarchical`, seeds and rows (the groups drawn with replacement, then each
     drawn group's rows). A draw is nan where a drawn group's contrast is undefined."""
@@ -310,8 +333,9 @@ def contrast_draws(groups: Sequence[Sequence[Term]], *, n_bootstrap: int, seed: 
     return point, per_slot.mean(axis=1)
 
 
-def contrast_bootstrap(groups: Sequence[Sequence[Term]], *, n_bootstrap: int, seed: int, hierarchical: bool,
-                       level: float = 0.95) -> dict[str, float | int | None]:  # fmt: skip
+def contrast_bootstrap(
+    groups: Sequence[Sequence[Term]], *, n_bootstrap: int, seed: int, hierarchical: bool, level: float = 0.95
+) -> dict[str, float | int | None]:
     """Return the contrast with its percentile interval (`emrl_data.text.bootstrap.interval`), `p` (the two-sided
     bootstrap p-value of 0: twice the smaller share of draws at or below 0 and at or above 0, at most 1), `se` (the
     draws' standard deviation), `mdd` (the smallest true contrast found with 80 % power at a two-sided 5 % level
@@ -323,10 +347,17 @@ def contrast_bootstrap(groups: Sequence[Sequence[Term]], *, n_bootstrap: int, se
         raise ValueError(f"contrast_bootstrap: n_bootstrap={n_bootstrap} is too few for a {level:.0%} interval")
     point, draws = contrast_draws(groups, n_bootstrap=n_bootstrap, seed=seed, hierarchical=hierarchical)
     kept = draws[~np.isnan(draws)]
-    out: dict[str, float | int | None] = {"diff": None if math.isnan(point) else point, "ci_low": None,
-                                          "ci_high": None, "p": None, "se": None, "mdd": None, "mc_error": None,
-                                          "n_rows": sum(len(terms[0][2]) for terms in groups),
-                                          "n_groups": len(groups)}  # fmt: skip
+    out: dict[str, float | int | None] = {
+        "diff": None if math.isnan(point) else point,
+        "ci_low": None,
+        "ci_high": None,
+        "p": None,
+        "se": None,
+        "mdd": None,
+        "mc_error": None,
+        "n_rows": sum(len(terms[0][2]) for terms in groups),
+        "n_groups": len(groups),
+    }
     if kept.size:
         out["ci_low"], out["ci_high"] = interval(kept, level)
         out["p"] = min(1.0, 2 * min(float(np.mean(kept <= 0)), float(np.mean(kept >= 0))))

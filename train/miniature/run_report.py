@@ -17,9 +17,16 @@ def pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0%}"
 
 
-PAIRED = {"more_sft_llm": "(a) - (e)", "grpo_f": "(a) - (f)", "grpo_b": "(a) - (b)", "grpo_g": "(a) - (g)",
-          "grpo_h": "(a) - (h)",
-          "sft": "(a) - SFT", "grpo_c": "(a) - (c)", "more_sft": "(a) - (d)"}  # fmt: skip
+PAIRED = {
+    "more_sft_llm": "(a) - (e)",
+    "grpo_f": "(a) - (f)",
+    "grpo_b": "(a) - (b)",
+    "grpo_g": "(a) - (g)",
+    "grpo_h": "(a) - (h)",
+    "sft": "(a) - SFT",
+    "grpo_c": "(a) - (c)",
+    "more_sft": "(a) - (d)",
+}
 
 
 def paired_against_a(records: dict[str, list[dict[str, Any]]], n_bootstrap: int, seed: int) -> dict[str, Any]:
@@ -91,24 +98,34 @@ def results_markdown(results: dict[str, Any], claim: dict[str, Any], paired: dic
         low, high = m.get("ci_low"), m.get("ci_high")
         return f"{100 * m['value']:.1f} [{100 * (low or 0):.1f}, {100 * (high or 0):.1f}]"
 
-    lines = ["| model | parse | average B-Acc (95 % CI) | K-Hit (95 % CI) | Table 2 overall (95 % CI) |",
-             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "| model | parse | average B-Acc (95 % CI) | K-Hit (95 % CI) | Table 2 overall (95 % CI) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for r in results.values():
-        lines.append(f"| {r['label']} | {r['parse_rate']:.0%} | {cell(r['average_bacc'])} | {cell(r['k_hit'])} | "
-                     f"{cell(r['table2_overall'])} |")  # fmt: skip
+        lines.append(
+            f"| {r['label']} | {r['parse_rate']:.0%} | {cell(r['average_bacc'])} | {cell(r['k_hit'])} | "
+            f"{cell(r['table2_overall'])} |"
+        )
     lines.append("")
     for key, value in claim.items():
         if isinstance(value, dict) and value["gap"] is None:
             lines.append(f"- {key}: n/a: {_verdict(value)}")
         elif isinstance(value, dict):
-            lines.append(f"- {key}: {100 * value['gap']:+.1f} points (half-width {100 * value['half_width']:.1f}): "
-                         f"{_verdict(value)}")  # fmt: skip
+            lines.append(
+                f"- {key}: {100 * value['gap']:+.1f} points (half-width {100 * value['half_width']:.1f}): "
+                f"{_verdict(value)}"
+            )
     lines.append(f"- claim ((a) beats SFT and (c) beyond the intervals on B-Acc or K-Hit): {claim['claim_holds']}")
-    lines.append(f"- verdict: the claim held in {int(claim['claim_holds'])} of 1 seeds (this run; across seeds: "
-                 "`--seeds`, `make miniature-seeds`, `make miniature-study`)")  # fmt: skip
+    lines.append(
+        f"- verdict: the claim held in {int(claim['claim_holds'])} of 1 seeds (this run; across seeds: "
+        "`--seeds`, `make miniature-seeds`, `make miniature-study`)"
+    )
     if claim.get("beats_more_sft") is not None:
-        lines.append("- beyond the claim ((a) beats more SFT on the same rows, (d) and (e), beyond the intervals on "
-                     f"B-Acc or K-Hit): {claim['beats_more_sft']}")  # fmt: skip
+        lines.append(
+            "- beyond the claim ((a) beats more SFT on the same rows, (d) and (e), beyond the intervals on "
+            f"B-Acc or K-Hit): {claim['beats_more_sft']}"
+        )
     lines += _paired_lines(paired or {}) + _verifier_lines(results)
     return "\n".join(lines) + "\n"
 
@@ -129,8 +146,12 @@ def _verifier_lines(results: dict[str, Any]) -> list[str]:
     """Return the verifier-accuracy lines (the models that have one)."""
     from train.tiny.warmup_checks import format_verifier  # loads torch: waits until a run is reported
 
-    lines = [f"- verifier of {r['label']}: {format_verifier(r['verifier']['seen'])}; blind control "
-             f"{format_verifier(r['verifier']['blind'])}" for r in results.values() if r.get("verifier")]  # fmt: skip
+    lines = [
+        f"- verifier of {r['label']}: {format_verifier(r['verifier']['seen'])}; blind control "
+        f"{format_verifier(r['verifier']['blind'])}"
+        for r in results.values()
+        if r.get("verifier")
+    ]
     return ["", *lines] if lines else []
 
 

@@ -19,9 +19,14 @@ MODELS = {
 # (d), (e): SFT continued from the SFT checkpoint on as many train rows as GRPO's prompts (`more_sft_steps`), with the
 # paper's SFT freezing (d) or GRPO's (e): does GRPO beat plain supervised training given the same rows?
 MORE_SFT_RUNS = {"more_sft": "sft", "more_sft_llm": "grpo"}  # stage -> the freezing (train.freeze.STAGE_TRAINABLE)
-GRPO_RUNS = {"grpo_a": (["r_e", "r_f", "r_c"], False), "grpo_b": (["r_e", "r_f"], False),
-             "grpo_c": (["r_e", "r_f", "r_c"], True), "grpo_f": (["r_e", "r_f", "r_c"], False),
-             "grpo_g": (["r_e", "r_f", "r_c"], False), "grpo_h": (["r_e", "r_f", "r_c"], False)}  # fmt: skip
+GRPO_RUNS = {
+    "grpo_a": (["r_e", "r_f", "r_c"], False),
+    "grpo_b": (["r_e", "r_f"], False),
+    "grpo_c": (["r_e", "r_f", "r_c"], True),
+    "grpo_f": (["r_e", "r_f", "r_c"], False),
+    "grpo_g": (["r_e", "r_f", "r_c"], False),
+    "grpo_h": (["r_e", "r_f", "r_c"], False),
+}
 # r_c's cross-view option per run (train/rewards.py `cross_view`): (f) keeps only the key-frame window's distance term,
 # (g) shows the verifier a random frame of another row: is r_c's gain from reading the named slice? (h) keeps the
 # verifier's reading of the named slice and drops the distance term (`reward_options`: lambda = 0).

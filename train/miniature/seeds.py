@@ -45,8 +45,13 @@ def summarize_seeds(results: dict[int, dict[str, Any]]) -> dict[str, Any]:
                 comparisons[key]["beyond"][seed] = entry["beyond_interval"]
     for entry in comparisons.values():
         gaps = list(entry["gaps"].values())
-        entry.update(n_seeds=len(gaps), mean_gap=statistics.fmean(gaps), min_gap=min(gaps), max_gap=max(gaps),
-                     n_beyond=sum(entry["beyond"].values()))  # fmt: skip
+        entry.update(
+            n_seeds=len(gaps),
+            mean_gap=statistics.fmean(gaps),
+            min_gap=min(gaps),
+            max_gap=max(gaps),
+            n_beyond=sum(entry["beyond"].values()),
+        )
     flags = {
         flag: {seed: results[seed]["claim"].get(flag) for seed in seeds} for flag in ("claim_holds", "beats_more_sft")
     }
@@ -111,8 +116,13 @@ def save_seeds_png(results: dict[int, dict[str, Any]], path: Path) -> Path:
         ax.set_title(f"{title} (%), 95 % intervals", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.text(0.5, 0.01, "  ".join(results[seeds[0]]["models"][n]["label"] for n in names if n in results[seeds[0]]["models"]),
-             ha="center", fontsize=7)  # fmt: skip
+    fig.text(
+        0.5,
+        0.01,
+        "  ".join(results[seeds[0]]["models"][n]["label"] for n in names if n in results[seeds[0]]["models"]),
+        ha="center",
+        fontsize=7,
+    )
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)

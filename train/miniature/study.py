@@ -50,17 +50,46 @@ from train.tiny.synthetic import make_visible_rows, write_rows
 
 logger = logging.getLogger(__name__)
 
-ALL_STAGES = ("data", "warmup", "sft", "grpo_a", "grpo_b", "grpo_c", "grpo_f", "grpo_g", "grpo_h", "more_sft",
-              "more_sft_llm", "eval")  # fmt: skip
+ALL_STAGES = (
+    "data",
+    "warmup",
+    "sft",
+    "grpo_a",
+    "grpo_b",
+    "grpo_c",
+    "grpo_f",
+    "grpo_g",
+    "grpo_h",
+    "more_sft",
+    "more_sft_llm",
+    "eval",
+)
 STAGES = tuple(s for s in ALL_STAGES if s not in ("grpo_f", "grpo_g", "grpo_h"))  # the default `models`' stages
 DIAGNOSE = "diagnose"  # on request only (`--stages diagnose`): the reward signal at the SFT model (miniature_diagnose)
 # The configuration keys the warm-up's error lines name (`train.tiny.warmup.WarmupPlan.keys`).
-MINIATURE_WARMUP_KEYS = {"max_steps": "warmup_max_steps", "eval_every": "warmup_eval_every",
-                         "learning_rate": "warmup_learning_rate"}  # fmt: skip
+MINIATURE_WARMUP_KEYS = {
+    "max_steps": "warmup_max_steps",
+    "eval_every": "warmup_eval_every",
+    "learning_rate": "warmup_learning_rate",
+}
 SHARED_STAGES = ("data", "warmup", "sft")  # what `--reuse_from` copies: the stages before GRPO
-GRPO_ONLY_KEYS = frozenset({"models", "negative_rows", "grpo_steps", "grpo_learning_rate", "grpo_prompts_per_step", "num_generations",
-                            "grpo_temperature", "max_completion_length", "beta", "verifier_max_new_tokens",
-                            "n_bootstrap", "diagnose_prompts", "diagnose_temperatures"})  # fmt: skip
+GRPO_ONLY_KEYS = frozenset(
+    {
+        "models",
+        "negative_rows",
+        "grpo_steps",
+        "grpo_learning_rate",
+        "grpo_prompts_per_step",
+        "num_generations",
+        "grpo_temperature",
+        "max_completion_length",
+        "beta",
+        "verifier_max_new_tokens",
+        "n_bootstrap",
+        "diagnose_prompts",
+        "diagnose_temperatures",
+    }
+)
 
 
 def check_split(rows: list[dict[str, Any]], cfg: MiniatureConfig) -> None:
@@ -201,8 +230,13 @@ class Miniature:
 
     def _stage_data(self, stage: str) -> dict[str, Any]:
         cfg = self.cfg
-        kw: dict[str, Any] = {"n_frames": cfg.n_frames, "size_px": cfg.size_px, "organs": tuple(cfg.organs),
-              "sizes_mm": tuple(float(v) for v in cfg.sizes_mm), "span": cfg.lesion_span}  # fmt: skip
+        kw: dict[str, Any] = {
+            "n_frames": cfg.n_frames,
+            "size_px": cfg.size_px,
+            "organs": tuple(cfg.organs),
+            "sizes_mm": tuple(float(v) for v in cfg.sizes_mm),
+            "span": cfg.lesion_span,
+        }
         clean = make_visible_rows(cfg.n_train, split="train", seed=cfg.seed, **kw)
         test = make_visible_rows(cfg.n_test, split="test", seed=cfg.seed + 1000, **kw)
         check_split(test, cfg)
@@ -220,8 +254,13 @@ class Miniature:
         self.log(
             f"   {len(train)} train rows ({pos['train']} positive), {len(test)} test rows ({pos['test']} positive)"
         )
-        return {"n_train": len(train), "n_test": len(test), "positives": pos, "gold_noise": cfg.gold_noise,
-                "corrupted": {f: sum(e["field"] == f for e in noise_log) for f in sorted({e["field"] for e in noise_log})}}  # fmt: skip
+        return {
+            "n_train": len(train),
+            "n_test": len(test),
+            "positives": pos,
+            "gold_noise": cfg.gold_noise,
+            "corrupted": {f: sum(e["field"] == f for e in noise_log) for f in sorted({e["field"] for e in noise_log})},
+        }
 
     def _rows(self, split: str, clean: bool = False) -> list[dict[str, Any]]:
         """Return a split's rows (`clean`: the warm-up's rows, its pool or the training rows before any noise)."""
@@ -244,28 +283,57 @@ class Miniature:
         val = set(held_out_indices(len(rows), cfg.warmup_val_rows))
         processor = build_processor()
         model = build_model(processor.tokenizer, seed=cfg.seed)
-        result = lm_warmup(model, processor, [r for i, r in enumerate(rows) if i not in val],
-                           [rows[i] for i in sorted(val)], max_steps=cfg.warmup_max_steps,
-                           learning_rate=cfg.warmup_learning_rate, batch_size=cfg.warmup_batch_size,
-                           verifier_batch_size=cfg.warmup_verifier_batch_size,
-                           eval_every=cfg.warmup_eval_every, target_parse_rate=cfg.warmup_target_parse_rate,
-                           max_new_tokens=cfg.eval_max_new_tokens, seed=cfg.seed, log=self.log,
-                           target_sampled_parse_rate=cfg.warmup_target_sampled_parse_rate,
-                           lesion_span=cfg.lesion_span, target_verifier_accuracy=cfg.warmup_target_verifier_accuracy,
-                           verifier_gates=tuple(cfg.warmup_verifier_gates),
-                           verifier_eval_frames=cfg.verifier_eval_frames,
-                           verifier_max_new_tokens=cfg.verifier_max_new_tokens, keys=MINIATURE_WARMUP_KEYS)  # fmt: skip
-        blind = verifier_accuracy(model, processor, [rows[i] for i in sorted(val)], cfg.lesion_span, blind=True,
-                                  max_frames=cfg.verifier_eval_frames, max_new_tokens=cfg.verifier_max_new_tokens)  # fmt: skip
+        result = lm_warmup(
+            model,
+            processor,
+            [r for i, r in enumerate(rows) if i not in val],
+            [rows[i] for i in sorted(val)],
+            max_steps=cfg.warmup_max_steps,
+            learning_rate=cfg.warmup_learning_rate,
+            batch_size=cfg.warmup_batch_size,
+            verifier_batch_size=cfg.warmup_verifier_batch_size,
+            eval_every=cfg.warmup_eval_every,
+            target_parse_rate=cfg.warmup_target_parse_rate,
+            max_new_tokens=cfg.eval_max_new_tokens,
+            seed=cfg.seed,
+            log=self.log,
+            target_sampled_parse_rate=cfg.warmup_target_sampled_parse_rate,
+            lesion_span=cfg.lesion_span,
+            target_verifier_accuracy=cfg.warmup_target_verifier_accuracy,
+            verifier_gates=tuple(cfg.warmup_verifier_gates),
+            verifier_eval_frames=cfg.verifier_eval_frames,
+            verifier_max_new_tokens=cfg.verifier_max_new_tokens,
+            keys=MINIATURE_WARMUP_KEYS,
+        )
+        blind = verifier_accuracy(
+            model,
+            processor,
+            [rows[i] for i in sorted(val)],
+            cfg.lesion_span,
+            blind=True,
+            max_frames=cfg.verifier_eval_frames,
+            max_new_tokens=cfg.verifier_max_new_tokens,
+        )
         self.log(f"   verifier, blind control (a frame of another row): {format_verifier(blind)}")
-        record = {"steps": result.steps, "parse_rates": result.parse_rates, "verifier_accuracy": result.verifier_accuracy,
-                  "verifier_blind": blind}  # fmt: skip
+        record = {
+            "steps": result.steps,
+            "parse_rates": result.parse_rates,
+            "verifier_accuracy": result.verifier_accuracy,
+            "verifier_blind": blind,
+        }
         if cfg.verifier_distance_rows > 0:  # the held-out rows' frames by distance from the key frame, size included
-            record["verifier_by_distance"] = distances = verifier_by_distance(model, processor, [rows[i] for i in sorted(val)],
-                                                                  cfg.lesion_span, cfg.verifier_distance_rows,
-                                                                  cfg.verifier_max_new_tokens)  # fmt: skip
-            self.log("   verifier by distance from the key frame (presence / size of the key): " + ", ".join(
-                f"d={d} {pct(r['presence'])}/{pct(r['size_key'])}" for d, r in distances.items()))  # fmt: skip
+            record["verifier_by_distance"] = distances = verifier_by_distance(
+                model,
+                processor,
+                [rows[i] for i in sorted(val)],
+                cfg.lesion_span,
+                cfg.verifier_distance_rows,
+                cfg.verifier_max_new_tokens,
+            )
+            self.log(
+                "   verifier by distance from the key frame (presence / size of the key): "
+                + ", ".join(f"d={d} {pct(r['presence'])}/{pct(r['size_key'])}" for d, r in distances.items())
+            )
         model.save_pretrained(self.out / stage)
         processor.save_pretrained(self.out / stage)
         return record
@@ -291,13 +359,23 @@ class Miniature:
             raise TrainConfigError(f"miniature: stage {stage} needs the {start} stage in {self.out}; run it first")
         torch.manual_seed(cfg.seed)
         model, processor = load_policy(str(self.out / start))
-        args = make_sft_config(output_dir=str(self.out / stage), max_steps=steps,
-                               learning_rate=cfg.sft_learning_rate, lr_scheduler_type="constant",
-                               per_device_train_batch_size=cfg.sft_batch_size, use_cpu=True, bf16=False,
-                               gradient_checkpointing=False, logging_steps=10, save_strategy="no", seed=cfg.seed,
-                               disable_tqdm=True)  # fmt: skip
-        trainer = bar_only(build_sft_trainer(model, processor, load_split(self.out / "data", "train"), args,
-                                             stage=freezing))  # fmt: skip
+        args = make_sft_config(
+            output_dir=str(self.out / stage),
+            max_steps=steps,
+            learning_rate=cfg.sft_learning_rate,
+            lr_scheduler_type="constant",
+            per_device_train_batch_size=cfg.sft_batch_size,
+            use_cpu=True,
+            bf16=False,
+            gradient_checkpointing=False,
+            logging_steps=10,
+            save_strategy="no",
+            seed=cfg.seed,
+            disable_tqdm=True,
+        )
+        trainer = bar_only(
+            build_sft_trainer(model, processor, load_split(self.out / "data", "train"), args, stage=freezing)
+        )
         trainer.train()
         trainer.save_model(str(self.out / stage))
         processor.save_pretrained(str(self.out / stage))
@@ -315,22 +393,42 @@ class Miniature:
         cfg = self.cfg
         rewards, control = GRPO_RUNS[stage]
         torch.manual_seed(cfg.seed)
-        args = GRPOConfig(output_dir=str(self.out / stage), num_generations=cfg.num_generations,
-                          per_device_train_batch_size=cfg.grpo_prompts_per_step * cfg.num_generations,
-                          max_completion_length=cfg.max_completion_length, max_steps=cfg.grpo_steps, beta=cfg.beta,
-                          learning_rate=0.0 if control else cfg.grpo_learning_rate, lr_scheduler_type="constant",
-                          logging_steps=1, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
-                          loss_type="grpo", seed=cfg.seed, temperature=cfg.grpo_temperature, disable_tqdm=True)  # fmt: skip
-        trainer = build_grpo_trainer(str(self.out / "sft"), load_split(self.out / "data", "train"), args,
-                                     rewards=rewards, verifier_max_new_tokens=cfg.verifier_max_new_tokens,
-                                     **reward_options(stage, cfg.negative_rows))  # fmt: skip
+        args = GRPOConfig(
+            output_dir=str(self.out / stage),
+            num_generations=cfg.num_generations,
+            per_device_train_batch_size=cfg.grpo_prompts_per_step * cfg.num_generations,
+            max_completion_length=cfg.max_completion_length,
+            max_steps=cfg.grpo_steps,
+            beta=cfg.beta,
+            learning_rate=0.0 if control else cfg.grpo_learning_rate,
+            lr_scheduler_type="constant",
+            logging_steps=1,
+            use_cpu=True,
+            bf16=False,
+            report_to="none",
+            save_strategy="no",
+            loss_type="grpo",
+            seed=cfg.seed,
+            temperature=cfg.grpo_temperature,
+            disable_tqdm=True,
+        )
+        trainer = build_grpo_trainer(
+            str(self.out / "sft"),
+            load_split(self.out / "data", "train"),
+            args,
+            rewards=rewards,
+            verifier_max_new_tokens=cfg.verifier_max_new_tokens,
+            **reward_options(stage, cfg.negative_rows),
+        )
         bar_only(trainer)  # the per-step metrics stay in trainer_state.json and done.json
         trainer.add_callback(_progress_callback(self.log, every=10))
         calls = record_rewards(trainer)
         trainer.train()
         spread = spread_per_step(calls, [float(w) for w in trainer.reward_weights], cfg.num_generations)
-        self.log(f"   groups without reward spread (std <= {spread['tol']:g}): {spread['total_without_signal']} of "
-                 f"{spread['total_groups']}")  # fmt: skip
+        self.log(
+            f"   groups without reward spread (std <= {spread['tol']:g}): {spread['total_without_signal']} of "
+            f"{spread['total_groups']}"
+        )
         trainer.save_model(str(self.out / stage))
         trainer.save_state()
         trainer.processing_class.save_pretrained(str(self.out / stage))
@@ -338,9 +436,15 @@ class Miniature:
         logs = [h for h in trainer.state.log_history if "frac_reward_zero_std" in h]
         line = " ".join(f"{v:.2f}" for _, v in curve.get("reward", []))
         self.log(f"   reward per step: {line}")
-        return {"rewards": rewards, "cross_view": CROSS_VIEW[stage], "learning_rate": args.learning_rate, "curve": curve,
-                "frac_reward_zero_std": [h["frac_reward_zero_std"] for h in logs], "spread": spread,
-                "kl": [h.get("kl") for h in logs]}  # fmt: skip
+        return {
+            "rewards": rewards,
+            "cross_view": CROSS_VIEW[stage],
+            "learning_rate": args.learning_rate,
+            "curve": curve,
+            "frac_reward_zero_std": [h["frac_reward_zero_std"] for h in logs],
+            "spread": spread,
+            "kl": [h.get("kl") for h in logs],
+        }
 
     _stage_grpo_a = _stage_grpo_b = _stage_grpo_c = _stage_grpo_f = _stage_grpo_g = _stage_grpo_h = _grpo
 
@@ -370,8 +474,14 @@ class Miniature:
         claim = claim_check(results)
         paired = paired_against_a(records, cfg.n_bootstrap, cfg.seed)
         curves = {name: self.done(name)["curve"] for name in GRPO_RUNS if name in names}  # type: ignore[index]
-        out = {"config": asdict(cfg), "models": results, "claim": claim, "paired": paired, "reward_curves": curves,
-               "stages": {s: self.done(s) for s in ALL_STAGES if s != "eval" and self.done(s) is not None}}  # fmt: skip
+        out = {
+            "config": asdict(cfg),
+            "models": results,
+            "claim": claim,
+            "paired": paired,
+            "reward_curves": curves,
+            "stages": {s: self.done(s) for s in ALL_STAGES if s != "eval" and self.done(s) is not None},
+        }
         (self.out / "results.json").write_text(json.dumps(out, indent=2, default=str, allow_nan=False) + "\n")
         (self.out / "results.md").write_text(results_markdown(results, claim, paired))
         save_curves_png(curves, self.out / "reward_curves.png")
@@ -397,8 +507,9 @@ class Miniature:
             texts = [json.loads(line)["prediction"] for line in kept.read_text().splitlines()]
         else:
             assert processor is not None  # loaded above: the predictions file is missing
-            texts = generate_texts(model, processor, [user_messages(r["prompt"], r["frames"]) for r in rows],
-                                   cfg.eval_max_new_tokens)  # fmt: skip
+            texts = generate_texts(
+                model, processor, [user_messages(r["prompt"], r["frames"]) for r in rows], cfg.eval_max_new_tokens
+            )
         preds = [
             {k: v for k, v in r.items() if k != "frames"} | {"prediction": t} for r, t in zip(rows, texts, strict=True)
         ]
@@ -413,21 +524,32 @@ class Miniature:
                 "max_frames": cfg.verifier_eval_frames,
                 "max_new_tokens": cfg.verifier_max_new_tokens,
             }
-            verifier = {"seen": verifier_accuracy(model, processor, rows, cfg.lesion_span, **kw),
-                        "blind": verifier_accuracy(model, processor, rows, cfg.lesion_span, blind=True, **kw)}  # fmt: skip
+            verifier = {
+                "seen": verifier_accuracy(model, processor, rows, cfg.lesion_span, **kw),
+                "blind": verifier_accuracy(model, processor, rows, cfg.lesion_span, blind=True, **kw),
+            }
             if cfg.verifier_distance_rows > 0:  # by distance from the key frame, size included (diagnose)
-                verifier["by_distance"] = verifier_by_distance(model, processor, rows, cfg.lesion_span,
-                                                               cfg.verifier_distance_rows, cfg.verifier_max_new_tokens)  # fmt: skip
+                verifier["by_distance"] = verifier_by_distance(
+                    model, processor, rows, cfg.lesion_span, cfg.verifier_distance_rows, cfg.verifier_max_new_tokens
+                )
             write_text_atomic(json.dumps(verifier, indent=2) + "\n", kept_verifier)
         scored = score_predictions(preds)
         result = evaluate(scored, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
         write_evaluation(result, folder, model=label)
         parse = sum(s["parse_failure"] is None for s in scored) / len(scored)
-        entry = {"label": label, "parse_rate": parse, "average_bacc": result.average_bacc.to_json(),
-                 "k_hit": result.table2["average"]["k_hit"].to_json(), "verifier": verifier,
-                 "table2_overall": result.table2_overall.to_json(), "tables": result.to_json()}  # fmt: skip
-        line = (f"   {label}: average B-Acc {result.average_bacc.to_markdown()}, "
-                f"K-Hit {result.table2['average']['k_hit'].to_markdown()}, parse {parse:.0%}")  # fmt: skip
+        entry = {
+            "label": label,
+            "parse_rate": parse,
+            "average_bacc": result.average_bacc.to_json(),
+            "k_hit": result.table2["average"]["k_hit"].to_json(),
+            "verifier": verifier,
+            "table2_overall": result.table2_overall.to_json(),
+            "tables": result.to_json(),
+        }
+        line = (
+            f"   {label}: average B-Acc {result.average_bacc.to_markdown()}, "
+            f"K-Hit {result.table2['average']['k_hit'].to_markdown()}, parse {parse:.0%}"
+        )
         if verifier is not None:
             line += f"; verifier {format_verifier(verifier['seen'])}, blind {format_verifier(verifier['blind'])}"
         self.log(line)
@@ -455,8 +577,10 @@ def _progress_callback(log: Any, every: int) -> Any:
     class Progress(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
             if logs and "reward" in logs and state.global_step % every == 0:
-                log(f"   step {state.global_step}/{state.max_steps}: R {logs['reward']:.3f}, KL {logs.get('kl', 0):.3f}, "
-                    f"{time.perf_counter() - start:.0f} s")  # fmt: skip
+                log(
+                    f"   step {state.global_step}/{state.max_steps}: R {logs['reward']:.3f}, KL {logs.get('kl', 0):.3f}, "
+                    f"{time.perf_counter() - start:.0f} s"
+                )
 
     return Progress()
 
@@ -467,12 +591,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default=None)
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    parser.add_argument("--stages", nargs="*", default=None, choices=(*ALL_STAGES, DIAGNOSE),
-                        help=f"default: those of the config's models; {DIAGNOSE} on its own, after sft")  # fmt: skip
-    parser.add_argument("--reuse_from", default=None, metavar="DIR",
-                        help="copy the finished data, warm-up and SFT stages of DIR (GRPO settings may differ)")  # fmt: skip
-    parser.add_argument("--seeds", type=int, nargs="+", default=None, metavar="SEED",
-                        help="one run per seed in OUTPUT_DIR/seed-<SEED> (the seed key overridden), then seeds.md")  # fmt: skip
+    parser.add_argument(
+        "--stages",
+        nargs="*",
+        default=None,
+        choices=(*ALL_STAGES, DIAGNOSE),
+        help=f"default: those of the config's models; {DIAGNOSE} on its own, after sft",
+    )
+    parser.add_argument(
+        "--reuse_from",
+        default=None,
+        metavar="DIR",
+        help="copy the finished data, warm-up and SFT stages of DIR (GRPO settings may differ)",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="SEED",
+        help="one run per seed in OUTPUT_DIR/seed-<SEED> (the seed key overridden), then seeds.md",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     overrides = {}

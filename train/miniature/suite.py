@@ -52,10 +52,16 @@ from train.miniature.study import Miniature
 
 
 # The paired differences a study may report: (first run, second run) -> its name; each where a level has both runs.
-COMPARISONS = {("grpo_a", "more_sft_llm"): "(a) - (e)", ("grpo_a", "grpo_f"): "(a) - (f)",
-               ("grpo_a", "grpo_b"): "(a) - (b)", ("grpo_f", "grpo_b"): "(f) - (b)", ("grpo_a", "grpo_g"): "(a) - (g)",
-               ("grpo_g", "grpo_f"): "(g) - (f)", ("grpo_h", "grpo_f"): "(h) - (f)",
-               ("grpo_h", "grpo_b"): "(h) - (b)"}  # fmt: skip
+COMPARISONS = {
+    ("grpo_a", "more_sft_llm"): "(a) - (e)",
+    ("grpo_a", "grpo_f"): "(a) - (f)",
+    ("grpo_a", "grpo_b"): "(a) - (b)",
+    ("grpo_f", "grpo_b"): "(f) - (b)",
+    ("grpo_a", "grpo_g"): "(a) - (g)",
+    ("grpo_g", "grpo_f"): "(g) - (f)",
+    ("grpo_h", "grpo_f"): "(h) - (f)",
+    ("grpo_h", "grpo_b"): "(h) - (b)",
+}
 # Those a study reports when its config's `study.report` does not name them.
 DEFAULT_COMPARISONS = ("(a) - (e)", "(a) - (f)", "(a) - (b)", "(a) - (g)", "(g) - (f)", "(h) - (f)", "(h) - (b)")
 FAMILY_ALPHA = 0.05
@@ -166,9 +172,17 @@ def run_dir(output_dir: str | Path, level: Level, seed: int) -> Path:
     return Path(output_dir) / level_name(level) / f"seed-{seed}"
 
 
-def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[Level, list[str]], output_dir: str | Path,
-              log: Any = None, jobs: int = 1, threads: int | None = None, only: list[int] | None = None,
-              report: Report | None = None) -> dict[str, Any]:  # fmt: skip
+def run_study(
+    cfg: MiniatureConfig,
+    seeds: list[int],
+    levels: dict[Level, list[str]],
+    output_dir: str | Path,
+    log: Any = None,
+    jobs: int = 1,
+    threads: int | None = None,
+    only: list[int] | None = None,
+    report: Report | None = None,
+) -> dict[str, Any]:
     """Run (or resume) every run of the study, rewriting the summary after each (drawn as `report` says); return the
     last summary.
 
@@ -195,8 +209,7 @@ def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[Level, list[s
             if seed in excluded and not finished_seeds(output_dir, level, [seed], levels[level]):
                 log(f"=== {describe(level)}, seed {seed}: excluded ({exclusion_path(output_dir, seed)}), skipped")
             elif finished_seeds(output_dir, level, [seed], levels[level]):
-                log(f"=== {describe(level)}, seed {seed}: recorded in {record_path(output_dir, level, seed)}, "
-                    "skipped")  # fmt: skip
+                log(f"=== {describe(level)}, seed {seed}: recorded in {record_path(output_dir, level, seed)}, skipped")
             else:
                 tasks.append((level, seed))
     summary = None
@@ -213,21 +226,35 @@ def run_study(cfg: MiniatureConfig, seeds: list[int], levels: dict[Level, list[s
                 log(f"=== {describe(level)}, seed {seed}: after the study's seeds, skipped")
                 continue
             threads_used = _run_one(cfg, levels, output_dir, level, seed, log)
-            summary = None if threads_used is None else _record_and_summarize(
-                cfg, seeds, levels, output_dir, level, seed, threads_used, report)  # fmt: skip
+            summary = (
+                None
+                if threads_used is None
+                else _record_and_summarize(cfg, seeds, levels, output_dir, level, seed, threads_used, report)
+            )
     else:
-        for level, seed, threads_used in _run_in_processes(cfg, levels, output_dir, tasks, jobs, threads, log,
-                                                           in_study):  # fmt: skip
-            summary = None if threads_used is None else _record_and_summarize(
-                cfg, seeds, levels, output_dir, level, seed, threads_used, report)  # fmt: skip
+        for level, seed, threads_used in _run_in_processes(
+            cfg, levels, output_dir, tasks, jobs, threads, log, in_study
+        ):
+            summary = (
+                None
+                if threads_used is None
+                else _record_and_summarize(cfg, seeds, levels, output_dir, level, seed, threads_used, report)
+            )
     if summary is None:  # every run was recorded before, or the last one was excluded
         summary = write_summary(output_dir, seeds, levels, cfg.n_bootstrap, report)
     log((Path(output_dir) / "study.md").read_text())
     return summary
 
 
-def _run_one(cfg: MiniatureConfig, levels: dict[Level, list[str]], output_dir: str | Path, level: Level, seed: int,
-             log: Any, warmup_only: bool = False) -> int | None:  # fmt: skip
+def _run_one(
+    cfg: MiniatureConfig,
+    levels: dict[Level, list[str]],
+    output_dir: str | Path,
+    level: Level,
+    seed: int,
+    log: Any,
+    warmup_only: bool = False,
+) -> int | None:
     """Run (or resume) one run of the study, or with `warmup_only` the data and warm-up of its seed's clean run;
     return the torch threads it ran with, or None when the seed's warm-up missed its targets by its step cap: the seed
     is then excluded (`write_exclusion`)."""
@@ -257,15 +284,29 @@ def _run_one(cfg: MiniatureConfig, levels: dict[Level, list[str]], output_dir: s
     return torch.get_num_threads()
 
 
-def _record_and_summarize(cfg: MiniatureConfig, seeds: list[int], levels: dict[Level, list[str]],
-                          output_dir: str | Path, level: Level, seed: int, threads: int,
-                          report: Report | None = None) -> dict[str, Any]:  # fmt: skip
+def _record_and_summarize(
+    cfg: MiniatureConfig,
+    seeds: list[int],
+    levels: dict[Level, list[str]],
+    output_dir: str | Path,
+    level: Level,
+    seed: int,
+    threads: int,
+    report: Report | None = None,
+) -> dict[str, Any]:
     write_record(output_dir, level, seed, levels[level], torch_threads=threads)
     return write_summary(output_dir, seeds, levels, cfg.n_bootstrap, report)  # the finished runs so far
 
 
-def _worker(threads: int, cfg: MiniatureConfig, levels: dict[Level, list[str]], output_dir: str, level: Level,
-            seed: int, warmup_only: bool) -> int | None:  # fmt: skip
+def _worker(
+    threads: int,
+    cfg: MiniatureConfig,
+    levels: dict[Level, list[str]],
+    output_dir: str,
+    level: Level,
+    seed: int,
+    warmup_only: bool,
+) -> int | None:
     import torch
 
     torch.set_num_threads(threads)
@@ -274,9 +315,16 @@ def _worker(threads: int, cfg: MiniatureConfig, levels: dict[Level, list[str]], 
     return _run_one(cfg, levels, output_dir, level, seed, log, warmup_only=warmup_only)
 
 
-def _run_in_processes(cfg: MiniatureConfig, levels: dict[Level, list[str]], output_dir: str | Path,
-                      tasks: list[tuple[Level, int]], jobs: int, threads: int | None, log: Any,
-                      in_study: Any = None) -> Iterator[tuple[Level, int, int | None]]:  # fmt: skip
+def _run_in_processes(
+    cfg: MiniatureConfig,
+    levels: dict[Level, list[str]],
+    output_dir: str | Path,
+    tasks: list[tuple[Level, int]],
+    jobs: int,
+    threads: int | None,
+    log: Any,
+    in_study: Any = None,
+) -> Iterator[tuple[Level, int, int | None]]:
     """Run `tasks` (level, seed) in `jobs` spawned processes; yield each (level, seed, threads) as it finishes, with
     threads None where the seed's warm-up missed its targets (its other runs then do not start). `in_study(seed)`,
     asked after each finished run: False drops the seed's runs not yet started (the study has its seeds).
@@ -343,8 +391,13 @@ def exit_with_parent(parent_pid: int, interval_s: float = 2.0) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def write_summary(output_dir: str | Path, seeds: list[int], levels: dict[Level, list[str]], n_bootstrap: int,
-                  report: Report | None = None) -> dict[str, Any]:  # fmt: skip
+def write_summary(
+    output_dir: str | Path,
+    seeds: list[int],
+    levels: dict[Level, list[str]],
+    n_bootstrap: int,
+    report: Report | None = None,
+) -> dict[str, Any]:
     """Write `study.json`, `study.md` and `study.png` of the runs finished so far; return the summary."""
     summary = summarize_study(output_dir, seeds, levels, n_bootstrap, report)
     out = Path(output_dir)
@@ -376,8 +429,14 @@ def write_record(output_dir: str | Path, level: Level, seed: int, models: list[s
             s | {"key_slice_frame": r.get("key_slice_frame")}
             for s, r in zip(score_predictions(rows), rows, strict=True)
         ]
-    record = {"gold_noise": level, "seed": seed, "models": models, "torch_threads": torch_threads,
-              "results": json.loads((folder / "results.json").read_text()), "scores": scores}  # fmt: skip
+    record = {
+        "gold_noise": level,
+        "seed": seed,
+        "models": models,
+        "torch_threads": torch_threads,
+        "results": json.loads((folder / "results.json").read_text()),
+        "scores": scores,
+    }
     path = record_path(output_dir, level, seed)
     write_bytes_atomic(gzip.compress(json.dumps(record).encode(), mtime=0), path)
     return path
@@ -433,8 +492,9 @@ def finished_seeds(output_dir: str | Path, level: Level, seeds: list[int], model
     return done
 
 
-def study_seeds(output_dir: str | Path, seeds: list[int], levels: dict[Level, list[str]],
-                needed: int = MIN_FINISHED_SEEDS) -> list[int]:  # fmt: skip
+def study_seeds(
+    output_dir: str | Path, seeds: list[int], levels: dict[Level, list[str]], needed: int = MIN_FINISHED_SEEDS
+) -> list[int]:
     """Return the seeds the study pools: `seeds` up to the one with which `needed` of them have finished every setting,
     each seed before it finished or excluded; all of `seeds` until then.
 
@@ -479,11 +539,13 @@ def _intervals(groups: dict[int, Any], n_bootstrap: int, report: Report) -> tupl
     if report.n_bootstrap is None:
         statistic = next(iter(groups.values()))[2]
         pairs = {s: (a, b) for s, (a, b, _) in groups.items()}
-        per_seed = {str(s): _clean(paired_bootstrap([g], statistic, n_bootstrap=n_bootstrap, seed=s))
-                    for s, g in pairs.items()}  # fmt: skip
+        per_seed = {
+            str(s): _clean(paired_bootstrap([g], statistic, n_bootstrap=n_bootstrap, seed=s)) for s, g in pairs.items()
+        }
         rows = _clean(paired_bootstrap(list(pairs.values()), statistic, n_bootstrap=n_bootstrap, seed=0))
-        seeds_rows = _clean(hierarchical_paired_bootstrap(list(pairs.values()), statistic, n_bootstrap=n_bootstrap,
-                                                          seed=0))  # fmt: skip
+        seeds_rows = _clean(
+            hierarchical_paired_bootstrap(list(pairs.values()), statistic, n_bootstrap=n_bootstrap, seed=0)
+        )
         return per_seed, rows, seeds_rows
     n = report.n_bootstrap
     per_seed = {str(s): contrast_bootstrap([g], n_bootstrap=n, seed=s, hierarchical=False) for s, g in groups.items()}
@@ -517,8 +579,13 @@ def _signed(metric: str) -> list[tuple[float, Any]]:
     )
 
 
-def summarize_study(output_dir: str | Path, seeds: list[int], levels: dict[Level, list[str]], n_bootstrap: int,
-                    report: Report | None = None) -> dict[str, Any]:  # fmt: skip
+def summarize_study(
+    output_dir: str | Path,
+    seeds: list[int],
+    levels: dict[Level, list[str]],
+    n_bootstrap: int,
+    report: Report | None = None,
+) -> dict[str, Any]:
     """Return per level: each seed's results, and each comparison's paired differences per seed and pooled; with the
     `report` options, the family's adjusted p-values and K-Hit taken apart."""
     from train.miniature.power import KEY_METRICS, METRICS, exact_key
@@ -528,8 +595,12 @@ def summarize_study(output_dir: str | Path, seeds: list[int], levels: dict[Level
 
     listed, seeds = seeds, study_seeds(output_dir, seeds, levels)
     summary: dict[str, Any] = {"seeds": seeds, "excluded": read_exclusions(output_dir, seeds), "levels": {}}
-    beyond = [s for s in listed[len(seeds) :] if exclusion_path(output_dir, s).exists()
-              or any(finished_seeds(output_dir, level, [s], levels[level]) for level in levels)]  # fmt: skip
+    beyond = [
+        s
+        for s in listed[len(seeds) :]
+        if exclusion_path(output_dir, s).exists()
+        or any(finished_seeds(output_dir, level, [s], levels[level]) for level in levels)
+    ]
     if beyond:  # recorded after the study had its seeds: kept on disk, never pooled
         summary["beyond"] = beyond
     finished = {level: finished_seeds(output_dir, level, seeds, models) for level, models in levels.items()}
@@ -554,21 +625,18 @@ def summarize_study(output_dir: str | Path, seeds: list[int], levels: dict[Level
                 if report.n_bootstrap is None:
                     groups = {s: (records[s][first], records[s][name], metrics[metric]) for s in done}
                 else:
-                    groups = {s: [(sign, rate, records[s][first]) for sign, rate in _signed(metric)]
-                              + [(-sign, rate, records[s][name]) for sign, rate in _signed(metric)]
-                              for s in done}  # fmt: skip
+                    groups = {
+                        s: [(sign, rate, records[s][first]) for sign, rate in _signed(metric)]
+                        + [(-sign, rate, records[s][name]) for sign, rate in _signed(metric)]
+                        for s in done
+                    }
                 per_seed, pooled, seeds_rows = _intervals(groups, n_bootstrap, report)
                 above = sum(1 for v in per_seed.values() if v["ci_low"] is not None and v["ci_low"] > 0)
-                comparisons[f"{metric}: {key}"] = {"per_seed": per_seed, "pooled": pooled,
-                                                   "pooled_seeds": seeds_rows, "n_above": above,
-                                                   "verdict": seed_level_verdict(seeds_rows, len(done))}  # fmt: skip
-        summary["levels"][level_key(level)] = {
-            "models": models,
-            "finished": done,
-            "seeds_table": summarize_seeds(results),
-            "comparisons": comparisons,
-            "verifier": verifier_over_seeds(results, models),
-        }
+                entry = {"per_seed": per_seed, "pooled": pooled, "pooled_seeds": seeds_rows, "n_above": above}
+                comparisons[f"{metric}: {key}"] = {**entry, "verdict": seed_level_verdict(seeds_rows, len(done))}
+        at_level = {"models": models, "finished": done, "seeds_table": summarize_seeds(results)}
+        summary["levels"][level_key(level)] = {**at_level, "comparisons": comparisons}
+        summary["levels"][level_key(level)]["verifier"] = verifier_over_seeds(results, models)
         if _has_key_truth(records):  # exact key (d = 0) beside K-Hit, per model and seed
             summary["levels"][level_key(level)]["exact_key"] = {
                 name: {str(s): _nan_none(exact_key(records[s][name])) for s in done} for name in models
@@ -597,22 +665,29 @@ def lesion_frames(runs: dict[int, dict[str, Any]], models: list[str], report: Re
     rates = {"k_hit": k_hit, "exact_key": exact_key} | lesion_metrics(span)
     scores = {s: run["scores"] for s, run in runs.items()}
     chance = [random_lesion_frame(sc["sft"], span, n_frames) for sc in scores.values()]
-    out: dict[str, Any] = {"span": span, "n_bootstrap": report.n_bootstrap,
-                           "random_lesion_frame": {k: _nan_none(statistics.fmean(c[k] for c in chance))
-                                                   for k in chance[0]},
-                           "models": {}}  # fmt: skip
+    out: dict[str, Any] = {
+        "span": span,
+        "n_bootstrap": report.n_bootstrap,
+        "random_lesion_frame": {k: _nan_none(statistics.fmean(c[k] for c in chance)) for k in chance[0]},
+        "models": {},
+    }
     for name in models:
         label = next(run["results"]["models"][name]["label"] for run in runs.values())
-        values = {m: _mean([v for sc in scores.values() if not math.isnan(v := rate(sc[name]))])
-                  for m, rate in rates.items()}  # fmt: skip
+        values = {
+            m: _mean([v for sc in scores.values() if not math.isnan(v := rate(sc[name]))]) for m, rate in rates.items()
+        }
         entry: dict[str, Any] = {"label": label, "values": values}
         if name != "sft":
             assert report.n_bootstrap is not None  # load_report refuses lesion_frames without it
             entry["minus_sft"] = {
-                m: contrast_bootstrap([[(1.0, rate, sc[name]), (-1.0, rate, sc["sft"])] for sc in scores.values()],
-                                      n_bootstrap=report.n_bootstrap, seed=0, hierarchical=True)
+                m: contrast_bootstrap(
+                    [[(1.0, rate, sc[name]), (-1.0, rate, sc["sft"])] for sc in scores.values()],
+                    n_bootstrap=report.n_bootstrap,
+                    seed=0,
+                    hierarchical=True,
+                )
                 for m, rate in rates.items()
-            }  # fmt: skip
+            }
         out["models"][name] = entry
     return out
 
@@ -624,23 +699,36 @@ def family(summary: dict[str, Any], report: Report) -> dict[str, Any]:
     from train.miniature.power import benjamini_hochberg, holm
 
     members = []
-    entries = [(level, key, comp) for level, entry in summary["levels"].items()
-               for key, comp in entry["comparisons"].items()]  # fmt: skip
+    entries = [
+        (level, key, comp) for level, entry in summary["levels"].items() for key, comp in entry["comparisons"].items()
+    ]
     entries += [(comp["level"], key, comp) for key, comp in summary.get("trends", {}).items()]
     for level, key, comp in entries:
         metric, name = key.split(": ", 1)
         seeds_rows = comp["pooled_seeds"]
         if metric in report.family and seeds_rows.get("p") is not None:
-            members.append({"level": level, "comparison": name.split(", ")[0], "trend": key in summary.get("trends", {}),
-                            "metric": metric, "diff": seeds_rows["diff"],
-                            "seeds_rows": [seeds_rows["ci_low"], seeds_rows["ci_high"]], "p": seeds_rows["p"],
-                            "mdd": seeds_rows["mdd"]})  # fmt: skip
+            members.append(
+                {
+                    "level": level,
+                    "comparison": name.split(", ")[0],
+                    "trend": key in summary.get("trends", {}),
+                    "metric": metric,
+                    "diff": seeds_rows["diff"],
+                    "seeds_rows": [seeds_rows["ci_low"], seeds_rows["ci_high"]],
+                    "p": seeds_rows["p"],
+                    "mdd": seeds_rows["mdd"],
+                }
+            )
     p_values = [m["p"] for m in members]
     for m, by_holm, by_bh in zip(members, holm(p_values), benjamini_hochberg(p_values), strict=True):
         m["p_holm"], m["p_bh"] = by_holm, by_bh
-    return {"metrics": list(report.family), "n_bootstrap": report.n_bootstrap, "alpha": FAMILY_ALPHA,
-            "members": members, "below_alpha": {k: sum(1 for m in members if m[k] < FAMILY_ALPHA)
-                                                for k in ("p", "p_holm", "p_bh")}}  # fmt: skip
+    return {
+        "metrics": list(report.family),
+        "n_bootstrap": report.n_bootstrap,
+        "alpha": FAMILY_ALPHA,
+        "members": members,
+        "below_alpha": {k: sum(1 for m in members if m[k] < FAMILY_ALPHA) for k in ("p", "p_holm", "p_bh")},
+    }
 
 
 def with_key_truth(record: dict[str, Any]) -> dict[str, Any]:
@@ -656,17 +744,28 @@ def with_key_truth(record: dict[str, Any]) -> dict[str, Any]:
     from train.tiny.synthetic import make_visible_rows
 
     cfg = record["results"]["config"]
-    test = make_visible_rows(cfg["n_test"], split="test", seed=cfg["seed"] + 1000, n_frames=cfg["n_frames"],
-                             size_px=cfg["size_px"], organs=tuple(cfg["organs"]),
-                             sizes_mm=tuple(float(v) for v in cfg["sizes_mm"]), span=cfg["lesion_span"])  # fmt: skip
+    test = make_visible_rows(
+        cfg["n_test"],
+        split="test",
+        seed=cfg["seed"] + 1000,
+        n_frames=cfg["n_frames"],
+        size_px=cfg["size_px"],
+        organs=tuple(cfg["organs"]),
+        sizes_mm=tuple(float(v) for v in cfg["sizes_mm"]),
+        span=cfg["lesion_span"],
+    )
     truth = [(r["organ"], bool(r["has_lesion"]), r["key_slice_frame"]) for r in test]
     for rows in scores.values():
         if len(rows) != len(truth) or any(
             (r["organ"], bool(r["has_lesion"])) != t[:2] for r, t in zip(rows, truth, strict=True)
         ):
             return record
-    return record | {"scores": {name: [r | {"key_slice_frame": t[2]} for r, t in zip(rows, truth, strict=True)]
-                                for name, rows in scores.items()}}  # fmt: skip
+    return record | {
+        "scores": {
+            name: [r | {"key_slice_frame": t[2]} for r, t in zip(rows, truth, strict=True)]
+            for name, rows in scores.items()
+        }
+    }
 
 
 def _nan_none(value: float) -> float | None:
@@ -688,14 +787,23 @@ def spread_over_seeds(results: dict[int, dict[str, Any]], models: list[str]) -> 
         if not measured:
             continue
         trl = [v for st in stages for v in st.get("frac_reward_zero_std", [])]
-        out[name] = {"groups": sum(m["total_groups"] for m in measured),
-                     "without_signal": sum(m["total_without_signal"] for m in measured), "n_seeds": len(measured),
-                     "tol": measured[0]["tol"], "trl_frac_zero_std": statistics.fmean(trl) if trl else None}  # fmt: skip
+        out[name] = {
+            "groups": sum(m["total_groups"] for m in measured),
+            "without_signal": sum(m["total_without_signal"] for m in measured),
+            "n_seeds": len(measured),
+            "tol": measured[0]["tol"],
+            "trl_frac_zero_std": statistics.fmean(trl) if trl else None,
+        }
     return out
 
 
-def key_noise_trends(output_dir: str | Path, levels: dict[Level, list[str]], finished: dict[Level, list[int]],
-                     n_bootstrap: int, report: Report | None = None) -> dict[str, Any]:  # fmt: skip
+def key_noise_trends(
+    output_dir: str | Path,
+    levels: dict[Level, list[str]],
+    finished: dict[Level, list[int]],
+    n_bootstrap: int,
+    report: Report | None = None,
+) -> dict[str, Any]:
     """Return, per key-frame-noise level and `TRENDS` pair, the paired difference at that rate minus the same
     difference on clean gold, over the seeds finished at both (the same test rows: the test split depends on the seed
     alone), with both intervals and the verdict."""
@@ -718,17 +826,32 @@ def key_noise_trends(output_dir: str | Path, levels: dict[Level, list[str]], fin
         for (first, second), name in TRENDS.items():
             if not all(m in levels[level] and m in levels[0.0] for m in (first, second)):
                 continue
-            groups = [(list(zip(noisy[s][first], noisy[s][second], strict=True)),
-                       list(zip(clean[s][first], clean[s][second], strict=True))) for s in done]  # fmt: skip
+            groups = [
+                (
+                    list(zip(noisy[s][first], noisy[s][second], strict=True)),
+                    list(zip(clean[s][first], clean[s][second], strict=True)),
+                )
+                for s in done
+            ]
             for metric, statistic in metrics.items():
                 if report.n_bootstrap is not None:  # the difference at the rate minus the same on clean gold
-                    terms = {s: [(1.0, statistic, noisy[s][first]), (-1.0, statistic, noisy[s][second]),
-                                 (-1.0, statistic, clean[s][first]), (1.0, statistic, clean[s][second])]
-                             for s in done}  # fmt: skip
+                    terms = {
+                        s: [
+                            (1.0, statistic, noisy[s][first]),
+                            (-1.0, statistic, noisy[s][second]),
+                            (-1.0, statistic, clean[s][first]),
+                            (1.0, statistic, clean[s][second]),
+                        ]
+                        for s in done
+                    }
                     per_seed, rows_only, seeds_rows = _intervals(terms, n_bootstrap, report)
                     out[f"{metric}: {name}, {level} minus clean"] = {
-                        "level": level, "per_seed": per_seed, "pooled": rows_only, "pooled_seeds": seeds_rows,
-                        "verdict": seed_level_verdict(seeds_rows, len(done))}  # fmt: skip
+                        "level": level,
+                        "per_seed": per_seed,
+                        "pooled": rows_only,
+                        "pooled_seeds": seeds_rows,
+                        "verdict": seed_level_verdict(seeds_rows, len(done)),
+                    }
                     continue
 
                 def gap(rows: Any, statistic: Any = statistic) -> float:
@@ -736,22 +859,41 @@ def key_noise_trends(output_dir: str | Path, levels: dict[Level, list[str]], fin
 
                 rows_only = _clean(paired_bootstrap(groups, gap, n_bootstrap=n_bootstrap, seed=0))
                 seeds_rows = _clean(hierarchical_paired_bootstrap(groups, gap, n_bootstrap=n_bootstrap, seed=0))
-                per_seed = {str(s): _clean(paired_bootstrap([g], gap, n_bootstrap=n_bootstrap, seed=s))
-                            for s, g in zip(done, groups, strict=True)}  # fmt: skip
+                per_seed = {
+                    str(s): _clean(paired_bootstrap([g], gap, n_bootstrap=n_bootstrap, seed=s))
+                    for s, g in zip(done, groups, strict=True)
+                }
                 out[f"{metric}: {name}, {level} minus clean"] = {
-                    "level": level, "per_seed": per_seed, "pooled": rows_only, "pooled_seeds": seeds_rows,
-                    "verdict": seed_level_verdict(seeds_rows, len(done))}  # fmt: skip
+                    "level": level,
+                    "per_seed": per_seed,
+                    "pooled": rows_only,
+                    "pooled_seeds": seeds_rows,
+                    "verdict": seed_level_verdict(seeds_rows, len(done)),
+                }
     return out
 
 
-VERDICTS = {"above": "above 0: claimed", "below": "below 0: claimed", "none": "no effect claimed",
-            "few": f"not decided: fewer than {MIN_FINISHED_SEEDS} seeds",
-            "edge": "a bound at 0 within the draws' Monte Carlo error: no effect claimed"}  # fmt: skip
-METRIC_LABELS = {"average_bacc": "average B-Acc", "k_hit": "K-Hit", "exact_key": "exact key (d = 0)",
-                 "exact_minus_k_hit": "exact-key gain minus K-Hit gain"}  # fmt: skip
-LESION_LABELS = {"k_hit": "K-Hit", "exact_key": "exact key", "lesion_frame": "names a lesion frame",
-                 "k_hit_in_lesion": "K-Hit given a lesion frame", "exact_in_lesion": "exact given a lesion frame",
-                 "exact_of_hits": "exact share of K-Hits"}  # fmt: skip
+VERDICTS = {
+    "above": "above 0: claimed",
+    "below": "below 0: claimed",
+    "none": "no effect claimed",
+    "few": f"not decided: fewer than {MIN_FINISHED_SEEDS} seeds",
+    "edge": "a bound at 0 within the draws' Monte Carlo error: no effect claimed",
+}
+METRIC_LABELS = {
+    "average_bacc": "average B-Acc",
+    "k_hit": "K-Hit",
+    "exact_key": "exact key (d = 0)",
+    "exact_minus_k_hit": "exact-key gain minus K-Hit gain",
+}
+LESION_LABELS = {
+    "k_hit": "K-Hit",
+    "exact_key": "exact key",
+    "lesion_frame": "names a lesion frame",
+    "k_hit_in_lesion": "K-Hit given a lesion frame",
+    "exact_in_lesion": "exact given a lesion frame",
+    "exact_of_hits": "exact share of K-Hits",
+}
 
 
 def seed_level_verdict(interval: dict[str, Any], n_seeds: int | None = None) -> str:
@@ -787,8 +929,9 @@ def conclusions(summary: dict[str, Any]) -> list[dict[str, Any]]:
     rules out (its power), and a note where the rows-only interval alone would have claimed one.
     """
     out = []
-    entries = [(level, key, comp) for level, entry in summary["levels"].items()
-               for key, comp in entry["comparisons"].items()]  # fmt: skip
+    entries = [
+        (level, key, comp) for level, entry in summary["levels"].items() for key, comp in entry["comparisons"].items()
+    ]
     entries += [(comp["level"], key, comp) for key, comp in summary.get("trends", {}).items()]
     for level, key, comp in entries:
         metric, comparison = key.split(": ", 1)
@@ -804,25 +947,42 @@ def conclusions(summary: dict[str, Any]) -> list[dict[str, Any]]:
         text = f"{where}: {_interval(seeds_rows)} points{p} over {n} seeds and their rows: "
         if verdict == "few":
             alone = seed_level_verdict(seeds_rows) != "none"
-            text += (f"not decided, {n} finished seeds where the rule needs {MIN_FINISHED_SEEDS}"
-                     f"{' (the interval alone excludes 0)' if alone else ''}.")  # fmt: skip
+            text += (
+                f"not decided, {n} finished seeds where the rule needs {MIN_FINISHED_SEEDS}"
+                f"{' (the interval alone excludes 0)' if alone else ''}."
+            )
         elif verdict == "edge":
-            text += (f"no effect claimed: a bound lies within {EDGE_MC_ERRORS:g} Monte Carlo standard errors "
-                     f"({100 * seeds_rows['mc_error']:.2f} points) of 0 at {seeds_rows['n_bootstrap']} draws.")  # fmt: skip
+            text += (
+                f"no effect claimed: a bound lies within {EDGE_MC_ERRORS:g} Monte Carlo standard errors "
+                f"({100 * seeds_rows['mc_error']:.2f} points) of 0 at {seeds_rows['n_bootstrap']} draws."
+            )
         elif verdict != "none":
             text += f"{VERDICTS[verdict]}."
         else:
-            text += (f"no effect claimed; the interval rules out effects above {100 * seeds_rows['ci_high']:+.1f} "
-                     f"and below {100 * seeds_rows['ci_low']:+.1f} points.")  # fmt: skip
+            text += (
+                f"no effect claimed; the interval rules out effects above {100 * seeds_rows['ci_high']:+.1f} "
+                f"and below {100 * seeds_rows['ci_low']:+.1f} points."
+            )
             if seeds_rows.get("mdd") is not None:
                 text += f" Detectable with 80 % power: {100 * seeds_rows['mdd']:.1f} points."
             if seed_level_verdict(rows) != "none":
                 gaps = ", ".join(f"{100 * comp['per_seed'][s]['diff']:+.1f}" for s in comp["per_seed"])
-                text += (f" The rows-only interval {_interval(rows)} excludes 0; the seeds-and-rows one does not "
-                         f"(per seed: {gaps}).")  # fmt: skip
-        out.append({"level": level, "comparison": comparison, "metric": metric, "diff": seeds_rows["diff"],
-                    "seeds_rows": [seeds_rows["ci_low"], seeds_rows["ci_high"]],
-                    "rows_only": [rows["ci_low"], rows["ci_high"]], "verdict": verdict, "text": text})  # fmt: skip
+                text += (
+                    f" The rows-only interval {_interval(rows)} excludes 0; the seeds-and-rows one does not "
+                    f"(per seed: {gaps})."
+                )
+        out.append(
+            {
+                "level": level,
+                "comparison": comparison,
+                "metric": metric,
+                "diff": seeds_rows["diff"],
+                "seeds_rows": [seeds_rows["ci_low"], seeds_rows["ci_high"]],
+                "rows_only": [rows["ci_low"], rows["ci_high"]],
+                "verdict": verdict,
+                "text": text,
+            }
+        )
     return out
 
 
@@ -837,8 +997,10 @@ def verifier_over_seeds(results: dict[int, dict[str, Any]], models: list[str]) -
         runs = [r["models"][name]["verifier"] for r in results.values() if r["models"].get(name, {}).get("verifier")]
         if not runs:
             continue
-        out[name] = {"label": next(r["models"][name]["label"] for r in results.values() if name in r["models"]),
-                     "n_seeds": len(runs)}  # fmt: skip
+        out[name] = {
+            "label": next(r["models"][name]["label"] for r in results.values() if name in r["models"]),
+            "n_seeds": len(runs),
+        }
         for view in ("seen", "blind"):
             rates = {k: [v[view][k] for v in runs if v[view].get(k) is not None] for k in VERIFIER_GATES}
             out[name][view] = {k: (sum(v) / len(v) if v else None) for k, v in rates.items()}
@@ -885,14 +1047,19 @@ def study_markdown(summary: dict[str, Any]) -> str:
 
     lines = []
     for seed, reason in summary.get("excluded", {}).items():
-        lines += [f"Seed {seed} is excluded: its warm-up missed its targets by its step cap, so it trained nothing "
-                  f"further ({reason}).", ""]  # fmt: skip
+        lines += [
+            f"Seed {seed} is excluded: its warm-up missed its targets by its step cap, so it trained nothing "
+            f"further ({reason}).",
+            "",
+        ]
     if not summary["levels"]:
         lines += ["No run of the study has finished yet.", ""]
     if summary.get("beyond"):
-        lines += [f"Recorded after the study's {len(summary['seeds'])} seeds (up to seed {summary['seeds'][-1]}, "
-                  f"{MIN_FINISHED_SEEDS} of them finished), not pooled: seed {', '.join(map(str, summary['beyond']))}.",
-                  ""]  # fmt: skip
+        lines += [
+            f"Recorded after the study's {len(summary['seeds'])} seeds (up to seed {summary['seeds'][-1]}, "
+            f"{MIN_FINISHED_SEEDS} of them finished), not pooled: seed {', '.join(map(str, summary['beyond']))}.",
+            "",
+        ]
     if summary.get("conclusions"):
         lines += ["## Conclusions", "", CONCLUSION_RULE, ""]
         lines += [f"- {c['text']}" for c in summary["conclusions"]] + [""]
@@ -904,15 +1071,20 @@ def study_markdown(summary: dict[str, Any]) -> str:
         table = seeds_markdown(entry["seeds_table"], claims=False).rstrip()
         lines += [f"## gold noise {level}", "", finished, "", table, ""]
         head = " | ".join(f"seed {s}" for s in seeds)
-        lines += [f"| paired difference | {head} | pooled, rows only | pooled, seeds and rows | verdict | "
-                  "seed interval above 0 |", "| --- |" + " --- |" * (len(seeds) + 4)]  # fmt: skip
+        lines += [
+            f"| paired difference | {head} | pooled, rows only | pooled, seeds and rows | verdict | "
+            "seed interval above 0 |",
+            "| --- |" + " --- |" * (len(seeds) + 4),
+        ]
         for key, comp in entry["comparisons"].items():
             cells = " | ".join(_interval(comp["per_seed"][str(s)]) for s in seeds)
             seeds_rows = comp.get("pooled_seeds")
             verdict = VERDICTS[comp["verdict"]] if "verdict" in comp else "n/a"
-            lines.append(f"| {key} | {cells} | {_interval(comp['pooled'])} | "
-                         f"{'n/a' if seeds_rows is None else _interval(seeds_rows)} | {verdict} | "
-                         f"{comp['n_above']} of {len(seeds)} seeds |")  # fmt: skip
+            lines.append(
+                f"| {key} | {cells} | {_interval(comp['pooled'])} | "
+                f"{'n/a' if seeds_rows is None else _interval(seeds_rows)} | {verdict} | "
+                f"{comp['n_above']} of {len(seeds)} seeds |"
+            )
         lines += ["", *exact_key_markdown(entry), *lesion_frames_markdown(entry.get("lesion_frames"))]
         lines += spread_markdown(entry.get("spread", {}))
         lines += verifier_markdown(entry.get("verifier", {}))
@@ -924,8 +1096,10 @@ def study_markdown(summary: dict[str, Any]) -> str:
             "| --- | --- | --- | --- |",
         ]
         for key, comp in summary["trends"].items():
-            lines.append(f"| {key} | {_interval(comp['pooled'])} | {_interval(comp['pooled_seeds'])} | "
-                         f"{VERDICTS[comp['verdict']]} |")  # fmt: skip
+            lines.append(
+                f"| {key} | {_interval(comp['pooled'])} | {_interval(comp['pooled_seeds'])} | "
+                f"{VERDICTS[comp['verdict']]} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -948,21 +1122,27 @@ def family_markdown(fam: dict[str, Any]) -> list[str]:
     """Return the family's section: the method, the count below alpha under each adjustment, and every member by p."""
     metrics = " and ".join(METRIC_LABELS[m] for m in fam["metrics"])
     alpha, below, n = fam["alpha"], fam["below_alpha"], len(fam["members"])
-    lines = ["## The family of differences", "",
-             f"Every pooled {metrics} difference above (each level's, and each key-noise difference minus its "
-             f"clean-gold value): {n}. Each p is two-sided, from its seeds-and-rows draws ({fam['n_bootstrap']}; "
-             f"{EDGE_DRAWS} times as many where a bound lies within {EDGE_MC_ERRORS:g} Monte Carlo standard errors of "
-             "0): twice the smaller share of draws at or below 0 and at or above 0. Adjusted by Holm (family-wise error) "
-             f"and by Benjamini-Hochberg (false discovery rate). Below {alpha:g}: {below['p']} unadjusted, "
-             f"{below['p_holm']} after Holm, {below['p_bh']} after Benjamini-Hochberg; {alpha * n:.1f} would be "
-             f"expected below {alpha:g} unadjusted were none real.", "",
-             "| difference | metric | level | seeds and rows | p | Holm | BH | detectable (80 % power) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "## The family of differences",
+        "",
+        f"Every pooled {metrics} difference above (each level's, and each key-noise difference minus its "
+        f"clean-gold value): {n}. Each p is two-sided, from its seeds-and-rows draws ({fam['n_bootstrap']}; "
+        f"{EDGE_DRAWS} times as many where a bound lies within {EDGE_MC_ERRORS:g} Monte Carlo standard errors of "
+        "0): twice the smaller share of draws at or below 0 and at or above 0. Adjusted by Holm (family-wise error) "
+        f"and by Benjamini-Hochberg (false discovery rate). Below {alpha:g}: {below['p']} unadjusted, "
+        f"{below['p_holm']} after Holm, {below['p_bh']} after Benjamini-Hochberg; {alpha * n:.1f} would be "
+        f"expected below {alpha:g} unadjusted were none real.",
+        "",
+        "| difference | metric | level | seeds and rows | p | Holm | BH | detectable (80 % power) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for m in sorted(fam["members"], key=lambda m: m["p"]):
         what = m["comparison"] + (" at the rate minus on clean gold" if m["trend"] else "")
         ci = _interval({"diff": m["diff"], "ci_low": m["seeds_rows"][0], "ci_high": m["seeds_rows"][1]})
-        lines.append(f"| {what} | {METRIC_LABELS[m['metric']]} | {level_label(m['level'])} | {ci} | {_pv(m['p'])} | "
-                     f"{_pv(m['p_holm'])} | {_pv(m['p_bh'])} | {100 * m['mdd']:.1f} |")  # fmt: skip
+        lines.append(
+            f"| {what} | {METRIC_LABELS[m['metric']]} | {level_label(m['level'])} | {ci} | {_pv(m['p'])} | "
+            f"{_pv(m['p_holm'])} | {_pv(m['p_bh'])} | {100 * m['mdd']:.1f} |"
+        )
     return [*lines, ""]
 
 
@@ -972,10 +1152,14 @@ def lesion_frames_markdown(lesion: dict[str, Any] | None) -> list[str]:
     if not lesion:
         return []
     keys = list(LESION_LABELS)
-    lines = [f"K-Hit taken apart (%, mean over the seeds; a lesion frame: the report claims a lesion and names a frame "
-             f"within {lesion['span']} of the key frame; each model's difference from SFT over seeds and rows, "
-             f"{lesion['n_bootstrap']} draws, p two-sided):", "",
-             f"| model | {' | '.join(LESION_LABELS[k] for k in keys)} |", "| --- |" + " --- |" * len(keys)]  # fmt: skip
+    lines = [
+        f"K-Hit taken apart (%, mean over the seeds; a lesion frame: the report claims a lesion and names a frame "
+        f"within {lesion['span']} of the key frame; each model's difference from SFT over seeds and rows, "
+        f"{lesion['n_bootstrap']} draws, p two-sided):",
+        "",
+        f"| model | {' | '.join(LESION_LABELS[k] for k in keys)} |",
+        "| --- |" + " --- |" * len(keys),
+    ]
     for entry in lesion["models"].values():
         cells = []
         for k in keys:
@@ -997,8 +1181,10 @@ def spread_markdown(spread: dict[str, Any]) -> list[str]:
     if not spread:
         return []
     tol = next(iter(spread.values()))["tol"]
-    lines = [f"| GRPO run | groups | without reward spread (std <= {tol:g}) | TRL frac_reward_zero_std, mean |",
-             "| --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        f"| GRPO run | groups | without reward spread (std <= {tol:g}) | TRL frac_reward_zero_std, mean |",
+        "| --- | --- | --- | --- |",
+    ]
     for name, entry in spread.items():
         trl = "n/a" if entry["trl_frac_zero_std"] is None else f"{entry['trl_frac_zero_std']:.3f}"
         share = entry["without_signal"] / entry["groups"] if entry["groups"] else 0.0
@@ -1017,8 +1203,12 @@ def verifier_markdown(verifier: dict[str, Any]) -> list[str]:
         return "n/a" if value is None else f"{100 * value:.0f}"
 
     head = " | ".join(VERIFIER_GATES)
-    lines = ["Verifier on the test split's frames (%, mean over the finished seeds; blind: shown another row's frame):",
-             "", f"| model | {head} | blind: {head} |", "| --- |" + " --- |" * (2 * len(VERIFIER_GATES))]  # fmt: skip
+    lines = [
+        "Verifier on the test split's frames (%, mean over the finished seeds; blind: shown another row's frame):",
+        "",
+        f"| model | {head} | blind: {head} |",
+        "| --- |" + " --- |" * (2 * len(VERIFIER_GATES)),
+    ]
     for entry in verifier.values():
         seen = " | ".join(pct(entry["seen"][k]) for k in VERIFIER_GATES)
         blind = " | ".join(pct(entry["blind"][k]) for k in VERIFIER_GATES)
@@ -1026,14 +1216,18 @@ def verifier_markdown(verifier: dict[str, Any]) -> list[str]:
     lines.append("")
     distance = {name: e["by_distance"] for name, e in verifier.items() if e.get("by_distance")}
     if distance:
-        lines += ["Verifier by distance d from the key frame (%, mean over the seeds; d = span + 1 shows no lesion; "
-                  "size_key: the answer's size matches the key frame's, what r_c credits):", "",
-                  "| model | d | presence | location | attenuation | size_slice | size_key |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [
+            "Verifier by distance d from the key frame (%, mean over the seeds; d = span + 1 shows no lesion; "
+            "size_key: the answer's size matches the key frame's, what r_c credits):",
+            "",
+            "| model | d | presence | location | attenuation | size_slice | size_key |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for name, per_d in distance.items():
             for d, rates in per_d.items():
-                cells = " | ".join(pct(rates[k]) for k in ("presence", "location", "attenuation", "size_slice",
-                                                             "size_key"))  # fmt: skip
+                cells = " | ".join(
+                    pct(rates[k]) for k in ("presence", "location", "attenuation", "size_slice", "size_key")
+                )
                 lines.append(f"| {verifier[name]['label']} | {d} | {cells} |")
         lines.append("")
     return lines
@@ -1087,14 +1281,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     parser.add_argument("--min_seeds", type=int, default=MIN_SEEDS, help="refuse a study with fewer seeds")
-    parser.add_argument("--seeds", type=int, nargs="+", default=None, metavar="SEED",
-                        help="run only these of the config's seeds now (a stage); the report covers every seed of "
-                        "the config finished so far")  # fmt: skip
-    parser.add_argument("--report_only", action="store_true", help="train nothing: write study.json, study.md and "
-                        "study.png of the runs recorded under --output_dir")  # fmt: skip
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="SEED",
+        help="run only these of the config's seeds now (a stage); the report covers every seed of "
+        "the config finished so far",
+    )
+    parser.add_argument(
+        "--report_only",
+        action="store_true",
+        help="train nothing: write study.json, study.md and study.png of the runs recorded under --output_dir",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, each its own process (default 1)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads per run (default: the cores "
-                        "shared out among the jobs)")  # fmt: skip
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per run (default: the cores shared out among the jobs)",
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1 or (args.threads is not None and args.threads < 1):
         raise TrainConfigError(f"--jobs {args.jobs} --threads {args.threads}: both must be at least 1")

@@ -54,28 +54,36 @@ class DemoSftArguments(SftScriptArguments):
     )
     lm_warmup_both_classes: bool = field(
         default=False,
-        metadata={"help": "The warm-up also waits for held-out reports that claim a lesion on some positive row and "
-                  "none on some negative row."},
-    )  # fmt: skip
+        metadata={
+            "help": "The warm-up also waits for held-out reports that claim a lesion on some positive row and "
+            "none on some negative row."
+        },
+    )
     lm_warmup_both_classes_split: str | None = field(
         default=None,
-        metadata={"help": "The split whose greedy reports that target reads (None = the held-out train rows); the "
-                  "SFT's stop split, so the SFT starts from a model that already meets its criterion."},
-    )  # fmt: skip
+        metadata={
+            "help": "The split whose greedy reports that target reads (None = the held-out train rows); the "
+            "SFT's stop split, so the SFT starts from a model that already meets its criterion."
+        },
+    )
     parse_rate_split: str | None = field(
         default=None, metadata={"help": "After SFT, print the greedy parse rate of this split (e.g. test)."}
     )
     sft_stop_split: str | None = field(
         default=None,
-        metadata={"help": "SFT runs max_steps a round until the greedy reports of this split have existence "
-                  "sensitivity and specificity both above 0 (None = one round)."},
-    )  # fmt: skip
+        metadata={
+            "help": "SFT runs max_steps a round until the greedy reports of this split have existence "
+            "sensitivity and specificity both above 0 (None = one round)."
+        },
+    )
     sft_max_rounds: int = field(default=1, metadata={"help": "The cap on those rounds."})
     sft_cap_is_error: bool = field(
         default=True,
-        metadata={"help": "Reaching sft_max_rounds before the criterion is an error (false: a one-line note, and the "
-                  "last round's model is kept)."},
-    )  # fmt: skip
+        metadata={
+            "help": "Reaching sft_max_rounds before the criterion is an error (false: a one-line note, and the "
+            "last round's model is kept)."
+        },
+    )
 
 
 def _criterion_warmup(model: Any, processor: Any, dataset: Any, args: DemoSftArguments, config: SFTConfig) -> None:
@@ -93,13 +101,21 @@ def _criterion_warmup(model: Any, processor: Any, dataset: Any, args: DemoSftArg
     split = args.lm_warmup_both_classes_split
     class_rows = None if split is None else [dict(r) for r in load_split(str(args.dataset_dir), split)]
     result = lm_warmup(
-        model, processor, train_rows, val_rows, class_rows=class_rows, max_steps=args.lm_warmup_steps,
+        model,
+        processor,
+        train_rows,
+        val_rows,
+        class_rows=class_rows,
+        max_steps=args.lm_warmup_steps,
         learning_rate=args.lm_warmup_learning_rate or config.learning_rate,
-        batch_size=config.per_device_train_batch_size, eval_every=args.lm_warmup_eval_every,
+        batch_size=config.per_device_train_batch_size,
+        eval_every=args.lm_warmup_eval_every,
         target_parse_rate=args.lm_warmup_target_parse_rate,
-        target_sampled_parse_rate=args.lm_warmup_target_sampled_parse_rate, seed=config.seed,
-        verifier_task=args.lm_warmup_verifier_task, require_both_classes=args.lm_warmup_both_classes,
-    )  # fmt: skip
+        target_sampled_parse_rate=args.lm_warmup_target_sampled_parse_rate,
+        seed=config.seed,
+        verifier_task=args.lm_warmup_verifier_task,
+        require_both_classes=args.lm_warmup_both_classes,
+    )
     sampled = f", sampled {result.sampled_parse_rate:.0%}" if result.sampled_parse_rates else ""
     print(
         f"LM warm-up (demo only): {result.steps} full-model steps in {result.seconds:.0f} s, held-out parse rate "

@@ -28,12 +28,17 @@ def generate_reports(model: Any, processor: Any, rows: list[dict[str, Any]], max
     texts = []
     model.eval()
     for row in rows:
-        inputs = processor.apply_chat_template([user_messages(row["prompt"], frames_to_array(row["frames"]))],
-                                               add_generation_prompt=True, tokenize=True, return_dict=True,
-                                               return_tensors="pt")  # fmt: skip
+        inputs = processor.apply_chat_template(
+            [user_messages(row["prompt"], frames_to_array(row["frames"]))],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            return_tensors="pt",
+        )
         with torch.no_grad():
-            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
-                                 suppress_tokens=processor.vision_token_ids)  # fmt: skip
+            out = model.generate(
+                **inputs, max_new_tokens=max_new_tokens, do_sample=False, suppress_tokens=processor.vision_token_ids
+            )
         texts.append(processor.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)[0])
     return texts
 

@@ -121,8 +121,9 @@ def _corpus() -> list[str]:
             for att in ("hypo", "iso", "hyper"):
                 kw: dict[str, Any] = {"long_axis_mm": 31.0 + 7 * i, "location": loc, "attenuation": att}
                 for count in (1, 3):
-                    f = render_findings(organ, has_lesion=True, lesion_count=count, short_axis_mm=22.0,
-                                        volume_mm3=5400.0, **kw)  # fmt: skip
+                    f = render_findings(
+                        organ, has_lesion=True, lesion_count=count, short_axis_mm=22.0, volume_mm3=5400.0, **kw
+                    )
                     imp = render_impression(organ, has_lesion=True, lesion_count=count, **kw)
                     lines.append(render_report(f, imp, render_evidence(12 + i, [120, 345, 567, 890])))
     lines.append(" ".join(str(n) for n in range(0, 1001)))

@@ -84,8 +84,9 @@ def row_report(row: dict[str, Any], organ: Organ, evidence: str | None) -> str:
     """Return the target report the row's label columns describe (findings, impression, evidence)."""
     positive = row["has_lesion"]
     kw = {k: row[k] for k in ("lesion_count", "long_axis_mm", "location", "attenuation")}
-    findings = render_findings(organ, has_lesion=positive, short_axis_mm=row["short_axis_mm"],
-                               volume_mm3=row["volume_mm3"], **kw)  # fmt: skip
+    findings = render_findings(
+        organ, has_lesion=positive, short_axis_mm=row["short_axis_mm"], volume_mm3=row["volume_mm3"], **kw
+    )
     return render_report(findings, render_impression(organ, has_lesion=positive, **kw), evidence)
 
 
@@ -208,8 +209,17 @@ def make_visible_frames(
     right half (`side` 1), drawn at `VISIBLE_INTENSITY[attenuation]`. Returns the frames and the lesion box
     `[x1, y1, x2, y2)` in pixels (None without a lesion); `make_visible_volume` also returns the mask.
     """
-    frames, box, _ = make_visible_volume(n_frames, size_px, rng, key_frame=key_frame, long_mm=long_mm, side=side,
-                                         attenuation=attenuation, span=span, organ=organ)  # fmt: skip
+    frames, box, _ = make_visible_volume(
+        n_frames,
+        size_px,
+        rng,
+        key_frame=key_frame,
+        long_mm=long_mm,
+        side=side,
+        attenuation=attenuation,
+        span=span,
+        organ=organ,
+    )
     return frames, box
 
 
@@ -252,13 +262,27 @@ def make_visible_rows(
             long_mm = float(rng.choice(sizes_mm))
             side = int(rng.integers(2))
             att = str(rng.choice(list(VISIBLE_INTENSITY)))
-            frames, box, mask = make_visible_volume(n_frames, size_px, rng, key_frame=key, long_mm=long_mm, side=side,
-                                                    attenuation=att, span=span,
-                                                    organ=organ if organ_outline else None)  # fmt: skip
+            frames, box, mask = make_visible_volume(
+                n_frames,
+                size_px,
+                rng,
+                key_frame=key,
+                long_mm=long_mm,
+                side=side,
+                attenuation=att,
+                span=span,
+                organ=organ if organ_outline else None,
+            )
             assert box is not None
             loc = list(side_locations(organ)[side])
-            row.update(long_axis_mm=long_mm, short_axis_mm=round(long_mm * 0.7, 1), volume_mm3=round(long_mm**3 * 0.3),
-                       location=loc, attenuation=att, key_slice_frame=key)  # fmt: skip
+            row.update(
+                long_axis_mm=long_mm,
+                short_axis_mm=round(long_mm * 0.7, 1),
+                volume_mm3=round(long_mm**3 * 0.3),
+                location=loc,
+                attenuation=att,
+                key_slice_frame=key,
+            )
             row["bbox_qwen"] = [int(round(min(max(v, 0), size_px) * 1000 / size_px)) for v in box]
             evidence = render_evidence(key, row["bbox_qwen"])
         else:

@@ -71,9 +71,16 @@ def frame_targets(row: Mapping[str, Any], lesion_span: int) -> list[FrameTarget]
             out.append(FrameTarget(i, negative, False, distance=distance))
             continue
         long_mm = visible_slice_long_mm(float(row["long_axis_mm"]), radius, radii[int(key) - 1])
-        answer = render_findings(organ, has_lesion=True, lesion_count=1, long_axis_mm=long_mm,
-                                 short_axis_mm=round(long_mm * 0.7, 1), volume_mm3=round(long_mm**3 * 0.3),
-                                 location=location, attenuation=attenuation)  # fmt: skip
+        answer = render_findings(
+            organ,
+            has_lesion=True,
+            lesion_count=1,
+            long_axis_mm=long_mm,
+            short_axis_mm=round(long_mm * 0.7, 1),
+            volume_mm3=round(long_mm**3 * 0.3),
+            location=location,
+            attenuation=attenuation,
+        )
         out.append(FrameTarget(i, answer, True, location, attenuation, long_mm, distance))
     return out
 
@@ -105,8 +112,13 @@ def verifier_examples(
 class BalancedPairs:
     """Draw verifier pairs half from frames that show a lesion, half from frames that do not (seeded)."""
 
-    def __init__(self, rows: Sequence[Mapping[str, Any]], rng: np.random.Generator, lesion_span: int | None,
-                 balanced: bool = True):  # fmt: skip
+    def __init__(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        rng: np.random.Generator,
+        lesion_span: int | None,
+        balanced: bool = True,
+    ):
         self.rng, self.balanced = rng, balanced
         self.all: list[tuple[np.ndarray, str]] = []
         self.present: list[tuple[np.ndarray, str]] = []

@@ -93,8 +93,11 @@ def held_out_indices(n_rows: int, n_val: int) -> list[int]:
 
 
 # The demo's configuration keys (`train.tiny.demo_sft`) for `WarmupPlan.keys`; the miniature passes its own.
-DEMO_WARMUP_KEYS = {"max_steps": "lm_warmup_steps", "eval_every": "lm_warmup_eval_every",
-                    "learning_rate": "lm_warmup_learning_rate"}  # fmt: skip
+DEMO_WARMUP_KEYS = {
+    "max_steps": "lm_warmup_steps",
+    "eval_every": "lm_warmup_eval_every",
+    "learning_rate": "lm_warmup_learning_rate",
+}
 
 
 @dataclass
@@ -165,9 +168,15 @@ def _train_step(model: Any, opt: Any, params: list, batch: Any, vbatch: Any, res
     opt.step()
 
 
-def _check(model: Any, processor: Any, val_rows: Sequence[Mapping[str, Any]], plan: WarmupPlan,
-           result: WarmupResult, step: int,
-           class_rows: Sequence[Mapping[str, Any]] | None = None) -> tuple[bool, str]:  # fmt: skip
+def _check(
+    model: Any,
+    processor: Any,
+    val_rows: Sequence[Mapping[str, Any]],
+    plan: WarmupPlan,
+    result: WarmupResult,
+    step: int,
+    class_rows: Sequence[Mapping[str, Any]] | None = None,
+) -> tuple[bool, str]:
     """Measure the criterion at `step`; return (met, the progress line)."""
     rate, reports = report_parse_rate(model, processor, val_rows, plan.max_new_tokens)
     result.parse_rates.append((step, rate))
@@ -181,8 +190,14 @@ def _check(model: Any, processor: Any, val_rows: Sequence[Mapping[str, Any]], pl
     if plan.verifier_task:
         line += f", verifier loss {result.verifier_loss:.3f}"
         if plan.lesion_span is not None:
-            acc = verifier_accuracy(model, processor, val_rows, plan.lesion_span, max_frames=plan.verifier_eval_frames,
-                                    max_new_tokens=plan.verifier_max_new_tokens)  # fmt: skip
+            acc = verifier_accuracy(
+                model,
+                processor,
+                val_rows,
+                plan.lesion_span,
+                max_frames=plan.verifier_eval_frames,
+                max_new_tokens=plan.verifier_max_new_tokens,
+            )
             result.verifier_accuracy.append((step, acc))
             verifier_ok = not verifier_gaps(acc, plan.target_verifier_accuracy, plan.verifier_gates)
             line += f", verifier {format_verifier(acc)}"
@@ -190,8 +205,11 @@ def _check(model: Any, processor: Any, val_rows: Sequence[Mapping[str, Any]], pl
             vrate = verifier_claim_rate(model, processor, val_rows)
             if vrate is not None:
                 result.verifier_rates.append((step, vrate))
-            line += ", no positive held-out row for the verifier" if vrate is None else (
-                f", verifier names the lesion on {vrate:.0%} of key frames")  # fmt: skip
+            line += (
+                ", no positive held-out row for the verifier"
+                if vrate is None
+                else (f", verifier names the lesion on {vrate:.0%} of key frames")
+            )
     line += f"; held-out parse rate {rate:.0%} (target {plan.target_parse_rate:.0%})"
     if plan.target_sampled_parse_rate > 0:
         line += f", sampled {result.sampled_parse_rate:.0%} (target {plan.target_sampled_parse_rate:.0%})"
@@ -229,8 +247,11 @@ def _raise_if_missed(result: WarmupResult, plan: WarmupPlan) -> None:
             "LM warm-up: the greedy reports (held-out or class rows) never claimed a lesion on a positive row and "
             f"none on a negative one by the step cap {cap}={plan.max_steps}; raise {cap}"
         )
-    gaps = verifier_gaps(result.verifier_accuracy[-1][1], plan.target_verifier_accuracy, plan.verifier_gates) if (
-        result.verifier_accuracy) else []  # fmt: skip
+    gaps = (
+        verifier_gaps(result.verifier_accuracy[-1][1], plan.target_verifier_accuracy, plan.verifier_gates)
+        if (result.verifier_accuracy)
+        else []
+    )
     if gaps:
         raise WarmupMissed(
             f"LM warm-up: held-out verifier accuracy below its gates ({'; '.join(gaps)}) after the step cap "
@@ -288,9 +309,11 @@ def lm_warmup(
     result = WarmupResult(steps=0)
     start = time.perf_counter()
     for step in range(1, plan.max_steps + 1):
-        drawn = balanced_rows(rows, rng, plan.batch_size) if plan.balanced else [
-            rows[int(i)] for i in rng.integers(len(rows), size=plan.batch_size)
-        ]  # fmt: skip
+        drawn = (
+            balanced_rows(rows, rng, plan.batch_size)
+            if plan.balanced
+            else [rows[int(i)] for i in rng.integers(len(rows), size=plan.batch_size)]
+        )
         batch = report_collate(drawn)
         vbatch = verifier_collate(pairs.draw(plan.verifier_batch_size)) if pairs is not None and len(pairs) else None
         _train_step(model, opt, params, batch, vbatch, result)

@@ -33,22 +33,29 @@ def generate_texts(
     was_training = model.training
     model.eval()
     for i, msg in enumerate(messages):
-        inputs: Any = processor.apply_chat_template([msg], add_generation_prompt=True, tokenize=True, return_dict=True,
-                                                    return_tensors="pt")  # fmt: skip
+        inputs: Any = processor.apply_chat_template(
+            [msg], add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+        )
         sampling: dict[str, Any] = {"do_sample": False}
         if sample_seed is not None:
             torch.manual_seed(sample_seed + i)
             sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
         with torch.no_grad():
-            out = model.generate(**inputs, max_new_tokens=max_new_tokens, suppress_tokens=processor.vision_token_ids,
-                                 **sampling)  # fmt: skip
+            out = model.generate(
+                **inputs, max_new_tokens=max_new_tokens, suppress_tokens=processor.vision_token_ids, **sampling
+            )
         texts.append(processor.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)[0])
     model.train(was_training)
     return texts
 
 
-def report_parse_rate(model: Any, processor: CTQwen3VLProcessor, rows: Sequence[Mapping[str, Any]],
-                      max_new_tokens: int = 128, sample_seed: int | None = None) -> tuple[float, list[str]]:  # fmt: skip
+def report_parse_rate(
+    model: Any,
+    processor: CTQwen3VLProcessor,
+    rows: Sequence[Mapping[str, Any]],
+    max_new_tokens: int = 128,
+    sample_seed: int | None = None,
+) -> tuple[float, list[str]]:
     """Return (fraction of rows whose report parses, the reports): greedy, or sampled with `sample_seed`."""
     msgs = [user_messages(r["prompt"], r["frames"]) for r in rows]
     reports = generate_texts(model, processor, msgs, max_new_tokens, sample_seed)
@@ -61,8 +68,9 @@ def fails_to_parse(text: str, organ: str) -> bool:
     return isinstance(parse_report(text, organ), ParseFailure)
 
 
-def verifier_claim_rate(model: Any, processor: CTQwen3VLProcessor, rows: Sequence[Mapping[str, Any]],
-                        max_new_tokens: int = 48) -> float | None:  # fmt: skip
+def verifier_claim_rate(
+    model: Any, processor: CTQwen3VLProcessor, rows: Sequence[Mapping[str, Any]], max_new_tokens: int = 48
+) -> float | None:
     """Return the fraction of positive rows' key frames on which the greedy verifier answer claims a lesion (None
     without a positive row: no rate, rather than a NaN that strict JSON refuses)."""
     pos = [r for r in rows if r["has_lesion"] and r.get("key_slice_frame")]
@@ -143,8 +151,10 @@ def verifier_accuracy(
     """
     asked = _eval_frames(rows, lesion_span, max_frames)
     shown = [_blind_partner(rows, i) if blind else i for i, _ in asked]
-    msgs = [verifier_messages(frames_to_array(rows[j]["frames"])[t.frame], VERIFIER_PROMPT)
-            for j, (_, t) in zip(shown, asked, strict=True)]  # fmt: skip
+    msgs = [
+        verifier_messages(frames_to_array(rows[j]["frames"])[t.frame], VERIFIER_PROMPT)
+        for j, (_, t) in zip(shown, asked, strict=True)
+    ]
     return score_verifier(
         [(rows[i]["organ"], t) for i, t in asked], generate_texts(model, processor, msgs, max_new_tokens)
     )
@@ -175,8 +185,14 @@ def score_verifier(asked: Sequence[tuple[str, FrameTarget]], texts: Sequence[str
 def _size_matches(parsed: Any, organ: str, target: FrameTarget) -> bool:
     """Whether a parsed answer's long axis is within the scorer's size tolerance of the slice's (`target`)."""
     assert target.long_axis_mm is not None and target.distance is not None
-    truth = sc.Truth(Organ(organ), True, round(target.long_axis_mm / 10, 1), tuple(sorted(target.location or ())),
-                     target.attenuation, 1)  # fmt: skip
+    truth = sc.Truth(
+        Organ(organ),
+        True,
+        round(target.long_axis_mm / 10, 1),
+        tuple(sorted(target.location or ())),
+        target.attenuation,
+        1,
+    )
     return sc.size_score(parsed, truth) == 1.0
 
 
@@ -197,13 +213,18 @@ def format_verifier(accuracy: Mapping[str, Any]) -> str:
     """Return one line: `sens 95%, spec 90%, location 88%, attenuation 92%, size 80% (20 + 20 frames)` (size where
     measured)."""
     keys = [k for k in VERIFIER_RATES if k in VERIFIER_GATES or k in accuracy]
-    cells = [f"{k[:4] if k in VERIFIER_GATES[:2] else k} "
-             f"{'n/a' if accuracy.get(k) is None else f'{accuracy[k]:.0%}'}" for k in keys]  # fmt: skip
+    cells = [
+        f"{k[:4] if k in VERIFIER_GATES[:2] else k} {'n/a' if accuracy.get(k) is None else f'{accuracy[k]:.0%}'}"
+        for k in keys
+    ]
     return f"{', '.join(cells)} ({accuracy['n_lesion_frames']} + {accuracy['n_clear_frames']} frames)"
 
 
 def reports_claim_both_classes(rows: Sequence[Mapping[str, Any]], reports: Sequence[str]) -> bool:
     """Whether the reports claim a lesion on some positive row and none on some negative row (unreadable: neither)."""
     claims = [parse_report(t, r["organ"]) for r, t in zip(rows, reports, strict=True)]
-    said = [(bool(r["has_lesion"]), None if isinstance(c, ParseFailure) else c.has_lesion) for r, c in zip(rows, claims, strict=True)]  # fmt: skip
+    said = [
+        (bool(r["has_lesion"]), None if isinstance(c, ParseFailure) else c.has_lesion)
+        for r, c in zip(rows, claims, strict=True)
+    ]
     return (True, True) in said and (False, False) in said

@@ -159,8 +159,14 @@ def _sft_step(model: Any, processor: Any, dataset: Any, work: Path, common: dict
     set_stage_trainable(model, "sft")
     _cast_frozen(model, frozen)
     before = _snapshot(model)
-    args = make_sft_config(output_dir=str(work / "sft"), max_steps=1, per_device_train_batch_size=1,
-                           learning_rate=1e-4, gradient_checkpointing=True, **common)  # fmt: skip
+    args = make_sft_config(
+        output_dir=str(work / "sft"),
+        max_steps=1,
+        per_device_train_batch_size=1,
+        learning_rate=1e-4,
+        gradient_checkpointing=True,
+        **common,
+    )
     trainer = build_sft_trainer(model, processor, dataset, args)
     stats = _StepStats(model)
     trainer.add_callback(stats)
@@ -169,9 +175,16 @@ def _sft_step(model: Any, processor: Any, dataset: Any, work: Path, common: dict
     seq = int(trainer.data_collator([dataset[0]])["input_ids"].shape[1])
     loss = [h["loss"] for h in trainer.state.log_history if "loss" in h][-1]
     changed, same = _changed_groups(before, model)
-    out = {"step_s": round(stats.times[-1], 3), "seq_len": seq, "tokens_per_s": round(seq / stats.times[-1], 1),
-           "loss": loss, "grad_norm": stats.grad_norms[-1], "peak_mem_gib": round(_peak_gib(), 2),
-           "changed": sorted(changed), "unchanged": sorted(same)}  # fmt: skip
+    out = {
+        "step_s": round(stats.times[-1], 3),
+        "seq_len": seq,
+        "tokens_per_s": round(seq / stats.times[-1], 1),
+        "loss": loss,
+        "grad_norm": stats.grad_norms[-1],
+        "peak_mem_gib": round(_peak_gib(), 2),
+        "changed": sorted(changed),
+        "unchanged": sorted(same),
+    }
     trainer.callback_handler.callbacks.clear()
     del trainer, stats
     gc.collect()  # the SFT trainer (and its optimizer state) is gone before GRPO allocates
@@ -186,18 +199,31 @@ def _grpo_steps(model: Any, processor: Any, dataset: Any, work: Path, common: di
     vocab_extra = list(range(len(processor.tokenizer), model.config.text_config.vocab_size))
     positive = next(r for r in dataset if r["has_lesion"])  # the rollouts are pushed towards its report (r_c in loop)
     args = make_grpo_config(
-        processor, [*REWARD_NAMES, "r_overlap"], reward_weights=[*reward_weights_for(REWARD_NAMES), 0.1],
-        output_dir=str(work / "grpo"), max_steps=1, num_generations=shape["group"], beta=0.01,
-        per_device_train_batch_size=shape["group"], gradient_accumulation_steps=2, steps_per_generation=1,
-        max_completion_length=shape["completion"], gradient_checkpointing=True, learning_rate=1e-4,
-        generation_kwargs={"suppress_tokens": vocab_extra, "sequence_bias": report_bias(processor, positive["report"])},
+        processor,
+        [*REWARD_NAMES, "r_overlap"],
+        reward_weights=[*reward_weights_for(REWARD_NAMES), 0.1],
+        output_dir=str(work / "grpo"),
+        max_steps=1,
+        num_generations=shape["group"],
+        beta=0.01,
+        per_device_train_batch_size=shape["group"],
+        gradient_accumulation_steps=2,
+        steps_per_generation=1,
+        max_completion_length=shape["completion"],
+        gradient_checkpointing=True,
+        learning_rate=1e-4,
+        generation_kwargs={
+            "suppress_tokens": vocab_extra,
+            "sequence_bias": report_bias(processor, positive["report"]),
+        },
         **common,
-    )  # fmt: skip
+    )
     verifier = Verifier(max_new_tokens=shape["verifier"])
     funcs = [*make_reward_funcs(REWARD_NAMES, verifier=verifier), r_overlap]
     rows = _grpo_rows(dataset.select(range(2)))  # a positive and a negative row: one group each per micro-step
-    trainer = VideoGRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=rows,
-                               processing_class=processor)  # fmt: skip
+    trainer = VideoGRPOTrainer(
+        model=model, reward_funcs=funcs, args=args, train_dataset=rows, processing_class=processor
+    )
     stats = _StepStats(trainer.model)
     trainer.add_callback(stats)
     _reset_peak()
@@ -213,14 +239,23 @@ def _grpo_steps(model: Any, processor: Any, dataset: Any, work: Path, common: di
     _sync()
     verifier_s = time.perf_counter() - t0
     n_tok = shape["group"] * (shape["prompt_len"] + shape["completion"])
-    return {"step_s": [round(t, 3) for t in stats.times], "tokens_per_s": round(n_tok / min(stats.times), 1),
-            "loss": [h["loss"] for h in logs], "grad_norm": stats.grad_norms, "peak_mem_gib": round(_peak_gib(), 2),
-            "verifier_queries": in_loop_queries, "verifier_batch_s": round(verifier_s, 3),
-            "verifier_answers": len(answers), "reward": [h.get("reward") for h in logs],
-            "r_c": [h.get("rewards/r_c/mean") for h in logs], "kl": [h.get("kl") for h in logs],
-            "gradient_accumulation_steps": args.gradient_accumulation_steps,
-            "frac_reward_zero_std": [h.get("frac_reward_zero_std") for h in logs],
-            "changed": sorted(changed), "unchanged": sorted(same)}  # fmt: skip
+    return {
+        "step_s": [round(t, 3) for t in stats.times],
+        "tokens_per_s": round(n_tok / min(stats.times), 1),
+        "loss": [h["loss"] for h in logs],
+        "grad_norm": stats.grad_norms,
+        "peak_mem_gib": round(_peak_gib(), 2),
+        "verifier_queries": in_loop_queries,
+        "verifier_batch_s": round(verifier_s, 3),
+        "verifier_answers": len(answers),
+        "reward": [h.get("reward") for h in logs],
+        "r_c": [h.get("rewards/r_c/mean") for h in logs],
+        "kl": [h.get("kl") for h in logs],
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "frac_reward_zero_std": [h.get("frac_reward_zero_std") for h in logs],
+        "changed": sorted(changed),
+        "unchanged": sorted(same),
+    }
 
 
 def auto_processor_check(processor: Any, config: Any, work: Path, frames: Any) -> dict[str, Any]:
@@ -244,22 +279,29 @@ def auto_processor_check(processor: Any, config: Any, work: Path, frames: Any) -
     assert names == ("Qwen3VLProcessor", "Qwen3VLVideoProcessor"), f"AutoProcessor loaded {names}"
     n = len(frames)
     meta = [{"total_num_frames": n, "fps": 1.0, "frames_indices": list(range(n))}]
-    out = stock.video_processor(videos=[np.repeat(frames[..., None], 3, axis=-1)], video_metadata=meta,
-                                return_tensors="pt")  # fmt: skip
+    out = stock.video_processor(
+        videos=[np.repeat(frames[..., None], 3, axis=-1)], video_metadata=meta, return_tensors="pt"
+    )
     pixels, grid, _ = encode_ct_video(frames)
     assert out["video_grid_thw"].tolist() == grid.tolist(), (out["video_grid_thw"].tolist(), grid.tolist())
     diff = float((out["pixel_values_videos"].float() - pixels).abs().max())
     assert diff <= 1e-6, f"stock video processor differs from encode_ct_video by {diff}"
-    return {"processor": names[0], "video_processor": names[1], "video_grid_thw": grid.tolist()[0],
-            "video_pixels_max_abs_diff": diff}  # fmt: skip
+    return {
+        "processor": names[0],
+        "video_processor": names[1],
+        "video_grid_thw": grid.tolist()[0],
+        "video_pixels_max_abs_diff": diff,
+    }
 
 
 def _auto_processor_step(processor: Any, config: Any, work: Path, frames: Any, tiny: bool) -> dict[str, Any]:
     """Run `auto_processor_check` on the GPU machine; on CPU (`--tiny`) skip it with a printed reason."""
     reason = None
     if tiny:
-        reason = "--tiny (CPU): torchvision cannot be imported next to the CPU torch; tests/train/" \
-                 "test_standard_checkpoint.py runs this check in a torchvision subprocess"  # fmt: skip
+        reason = (
+            "--tiny (CPU): torchvision cannot be imported next to the CPU torch; tests/train/"
+            "test_standard_checkpoint.py runs this check in a torchvision subprocess"
+        )
     elif importlib.util.find_spec("torchvision") is None:
         reason = "torchvision is not installed here, and Qwen3VLVideoProcessor requires it"
     if reason is not None:
@@ -285,8 +327,11 @@ def plan_8b(lora_r: int = 64) -> dict[str, Any]:
     assert groups.get("lora") == counts["lora"], (groups, counts["lora"])  # the plan counts what LoRA trains
     assert groups.get("projector") == counts["projector"], (groups, counts["projector"])
     assert "vit" not in groups, groups
-    return {"trainable_m": {k: round(v / 1e6, 1) for k, v in sorted(groups.items())},
-            "planned_gib": round(float(row["total"]), 1), "path": row["path"]}  # type: ignore[arg-type]  # fmt: skip
+    return {
+        "trainable_m": {k: round(v / 1e6, 1) for k, v in sorted(groups.items())},
+        "planned_gib": round(float(row["total"]), 1),  # type: ignore[arg-type]
+        "path": row["path"],
+    }
 
 
 def _grpo_rows(dataset: Any) -> Any:
@@ -308,22 +353,42 @@ def _assert_results(res: dict) -> None:
 def run_check(*, tiny: bool, work_dir: Path) -> dict[str, Any]:
     """Run the SFT step and the GRPO steps, assert, and return the measurements."""
     on_gpu = torch.cuda.is_available() and not tiny
-    shape: dict[str, Any] = {"frames": 8, "px": 64, "group": 4, "completion": 120, "verifier": 6, "lora_r": 4,
-                             "frozen": torch.float32}  # fmt: skip
+    shape: dict[str, Any] = {
+        "frames": 8,
+        "px": 64,
+        "group": 4,
+        "completion": 120,
+        "verifier": 6,
+        "lora_r": 4,
+        "frozen": torch.float32,
+    }
     if not tiny:
-        shape = {"frames": 32, "px": 448, "group": 8, "completion": 512, "verifier": 64, "lora_r": 64,
-                 "frozen": torch.bfloat16 if on_gpu else torch.float32}  # fmt: skip
+        shape = {
+            "frames": 32,
+            "px": 448,
+            "group": 8,
+            "completion": 512,
+            "verifier": 64,
+            "lora_r": 64,
+            "frozen": torch.bfloat16 if on_gpu else torch.float32,
+        }
     t0 = time.perf_counter()
     processor = build_processor(min_image_pixels=32 * 32 if tiny else 65536)
     with torch.device("cuda" if on_gpu else "cpu"):
         model = build_model(processor.tokenizer, "tiny" if tiny else "8b")
     capacity = torch.cuda.get_device_properties(0).total_memory / 2**30 if on_gpu else 0.0
-    res: dict[str, Any] = {"shape": "tiny" if tiny else "8b", "torch": torch.__version__,
-                           "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
-                           "n_parameters": model.num_parameters(), "capacity_gib": round(capacity, 1),
-                           "frames": shape["frames"], "frame_px": shape["px"]}  # fmt: skip
-    table = write_sft_table(work_dir / "table", n_train=shape["group"], n_test=0, n_frames=shape["frames"],
-                            size_px=shape["px"])  # fmt: skip
+    res: dict[str, Any] = {
+        "shape": "tiny" if tiny else "8b",
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
+        "n_parameters": model.num_parameters(),
+        "capacity_gib": round(capacity, 1),
+        "frames": shape["frames"],
+        "frame_px": shape["px"],
+    }
+    table = write_sft_table(
+        work_dir / "table", n_train=shape["group"], n_test=0, n_frames=shape["frames"], size_px=shape["px"]
+    )
     dataset = load_split(table, "train")
     res["build_s"] = round(time.perf_counter() - t0, 1)
     frames = frames_to_array(dataset[0]["frames"])

@@ -18,8 +18,11 @@ from model_io.checkpoint import NotACheckpointError, upgrade_checkpoint
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry; returns the exit status (0, or 2 on a directory that is not a checkpoint)."""
-    parser = argparse.ArgumentParser(prog="python -m train.tools.upgrade_checkpoint", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m train.tools.upgrade_checkpoint",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("dirs", nargs="+", metavar="DIR", help="checkpoint directory (rewritten in place)")
     args = parser.parse_args(argv)
     for d in args.dirs:
