@@ -21,10 +21,10 @@ from emrl_data.synthetic.pack_release import write_release
 from flows.build_sft_set import build_sft_set_flow
 from tests.fakehub import FakeHub, client_on_fake_hub
 from tests.fakehub_xet import CHUNK_HEADER_BYTES, XetStore
+from tests.flows.test_build_sft_set_hub import ROOT, _build, _shards
 
 
 REPO = "AbdomenAtlas/AbdomenAtlas3.0Mini"
-ROOT = f"hf://datasets/{REPO}"
 N_CASES, PART_CASES = 6, 3
 FRAMES = {"frames": {"frame_size_px": 64, "max_frames": 8}}
 CHUNK, PER_XORB = 1 << 14, 4  # 64 KiB xorbs: a part of a few hundred KiB spans several
@@ -52,18 +52,6 @@ def hub(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_pat
     xet = XetStore(chunk_bytes=CHUNK, chunks_per_xorb=PER_XORB) if request.param == "xet" else False
     with client_on_fake_hub(monkeypatch, tmp_path / "hf", xet=xet) as fake:
         yield fake
-
-
-def _shards(out: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(out)): p.read_bytes()
-        for table in ("findings", "sft", "rejections")
-        for p in sorted((out / table / "data").glob("*.parquet"))
-    }
-
-
-def _build(out: Path, **kwargs) -> dict:
-    return build_sft_set_flow(atlas_root=ROOT, output_dir=str(out), config=FRAMES, max_workers=2, **kwargs)
 
 
 @pytest.mark.slow
