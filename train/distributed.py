@@ -16,6 +16,8 @@
 * `prompt_seeded_rng(...)`: rollouts drawn from a generator seeded by (seed, optimizer step, the prompts' token ids),
   so a run samples the same completions for the same prompts whatever the number of processes (`rollout_seed:
   prompt` in a GRPO config). The default (`global`) keeps the process-global generator.
+* `end_process_group()`: the last step of `train.sft` / `train.grpo` on every rank: a barrier, then the process group
+  torn down, so no rank leaves the interpreter with gloo's threads alive (that aborted a rank at exit by chance).
 * Collective timeout: `ddp_timeout` (seconds, TrainingArguments) is the process-group timeout for DDP and DeepSpeed
   (gloo and NCCL); a rank that waits longer on a collective (its peer died or skipped it) raises instead of hanging,
   and `accelerate launch` (torchrun) then stops the other ranks.
