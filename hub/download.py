@@ -33,7 +33,7 @@ from urllib.parse import urlparse
 from huggingface_hub import constants
 from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.file_download import HfFileMetadata, get_hf_file_metadata, http_get, is_xet_available
-from huggingface_hub.utils import build_hf_headers
+from huggingface_hub.utils import build_hf_headers, is_package_available
 from huggingface_hub.utils._xet import get_xet_session, refresh_xet_connection_info, xet_headers_without_auth
 from huggingface_hub.utils.sha import sha_fileobj
 
@@ -44,6 +44,9 @@ from hub.retry import call_with_retry, is_refused_by_storage, is_transient
 
 
 _CHUNK_BYTES = 1 << 20
+# huggingface_hub 1.33 caches whether hf_xet is installed on first use, writing "N/A" before it looks: a second thread
+# asking at that moment is told no, and would read a Xet file's bridge URL over HTTP (404). Asked once here, at import.
+is_package_available("hf_xet")
 logger = logging.getLogger(__name__)
 
 

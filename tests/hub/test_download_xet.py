@@ -130,3 +130,13 @@ def test_the_retry_statuses_are_the_librarys() -> None:
     from hub.retry import RETRY_STATUSES
 
     assert RETRY_STATUSES == _DEFAULT_RETRY_ON_STATUS_CODES
+
+
+def test_whether_hf_xet_is_installed_is_known_before_two_parts_ask_at_once() -> None:
+    """huggingface_hub caches the answer on first use and writes "N/A" before it looks, so a thread asking meanwhile
+    is told no; `hub.download` asks once at import, so no part pair meets that moment."""
+    from huggingface_hub.utils import _runtime
+
+    import hub.download  # noqa: F401
+
+    assert _runtime._package_versions["hf_xet"] not in ("", "N/A")
