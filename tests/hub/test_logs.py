@@ -60,6 +60,8 @@ def test_a_busy_hub_run_says_each_retry_once_and_no_credential_anywhere(prefect_
     import hashlib
 
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import FlowRunSort
     from prefect.settings import PREFECT_API_URL
 
     from emrl_data.reading.release import part_name
@@ -91,8 +93,12 @@ def test_a_busy_hub_run_says_each_retry_once_and_no_credential_anywhere(prefect_
     assert "thrown while requesting" not in said and "Rate limited." not in said
     assert said.count("download: HTTP 503; waiting 1 s, try 2 of 6") == 1  # our retry of the 503, once
     assert not [s for s in SECRETS if s in said], said[-3000:]
-    with get_client(sync_client=True) as client:
-        logs = "\n".join(log.message for log in client.read_logs())
+    with get_client(sync_client=True) as client:  # this run's logs (the harness holds every test's runs)
+        runs = client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=20)
+        run_id = next(r.id for r in runs if r.parameters.get("output_dir") == str(out))
+        this_run = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id]))
+        pages = [client.read_logs(this_run, limit=200, offset=i) for i in range(0, 2000, 200)]
+        logs = "\n".join(log.message for page in pages for log in page)
     size = r"[\d.]+ (?:B|KiB|MiB)"
     progress = rf"BDMAP_00000004_BDMAP_00000006: {size} of {size} \(\d+ %\), [\d.]+ MB/s, (?:ETA \d+ s|done)"
     assert len(re.findall(progress, logs)) >= 5  # the run's own lines: its byte progress, every 10 %
