@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 MAX_README_WORDS = 2000
-# Reference pages that link their details (contract.md, scaling.md, serving.md, operations.md, miniature.md) rather
+# Reference pages that link their details (decisions.md, training.md, scaling.md, serving.md, miniature.md) rather
 # than repeat them: capped at this many words each (and kept ROOM_PERCENT % under the cap).
 MAX_DOC_WORDS = {
     "decisions.md": 4000,
