@@ -148,9 +148,10 @@ def _run(backend, requests, store, batch_size, bar, progress, retry_errors, retr
 
 
 # The flow's settings the prediction tasks build their backend from (handed to them as one dict).
-BACKEND_SETTINGS = ("backend", "model_path", "endpoint_url", "dialect", "endpoint_model", "rows_per_call",
-                    "max_new_tokens", "max_concurrency", "device", "max_tokens_field", "connect_timeout_s",
-                    "first_byte_timeout_s", "answer_timeout_s")  # fmt: skip
+BACKEND_SETTINGS = tuple(
+    "backend model_path endpoint_url dialect endpoint_model rows_per_call max_new_tokens max_concurrency device "
+    "max_tokens_field connect_timeout_s first_byte_timeout_s answer_timeout_s".split()
+)
 
 
 @flow(name="build-rl-hardset")

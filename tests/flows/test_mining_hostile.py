@@ -30,9 +30,10 @@ def test_dead_server_then_rerun_predicts_every_row_once_and_never_writes_the_key
     n_rows = len(_rows(out / "sft" / "data"))
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
 
+    options = "--endpoint-model tiny --dialect openai --max-new-tokens 32 --bootstrap 20".split()
+
     def argv(url: str) -> list[str]:
-        return ["build-rl-hardset", str(out / "sft"), str(out), "--endpoint", url, "--endpoint-model", "tiny",
-                "--dialect", "openai", "--max-new-tokens", "32", "--bootstrap", "20"]  # fmt: skip
+        return ["build-rl-hardset", str(out / "sft"), str(out), "--endpoint", url, *options]
 
     with HostileServer(dies_after=3) as dying:  # the probe's 2 answers, then 1 row, then it dies
         dying.faults.extend(["echo:503", "echo:500"])  # the key in error bodies, headers and reason phrases
