@@ -9,7 +9,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 
 .PHONY: venv demo test test-fast lint schemas bench train-smoke miniature miniature-seeds miniature-study \
-	miniature-study-micro clean
+	miniature-study-micro miniature-pilot clean
 
 venv: $(VENV)/.installed
 
@@ -173,8 +173,15 @@ miniature-study: venv
 miniature-study-micro: venv
 	$(BIN)/python -m train.miniature.suite --config train/configs/miniature_micro.yaml --output_dir miniature-study-micro --min_seeds 2
 
+# The pilot with a positive control (docs/miniature.md): SFT names a random frame of the lesion, then (b), (f), (h) on
+# clean gold; its results are the first 3 seeds to finish, its decision in miniature-pilot/study.md. Stages and resume
+# as miniature-study (SEEDS="0 1"); the shipped records: cp docs/records/miniature_pilot/* miniature-pilot/records/.
+miniature-pilot: venv
+	$(BIN)/python -m train.miniature.suite --config train/configs/miniature_pilot.yaml --output_dir miniature-pilot \
+		--min_seeds 3 --jobs $(JOBS) --threads $(THREADS) $(if $(SEEDS),--seeds $(SEEDS))
+
 clean:
-	rm -rf miniature-output miniature-seeds miniature-study miniature-study-micro demo-output .prefect-home .pytest_cache .cache
+	rm -rf miniature-output miniature-seeds miniature-study miniature-study-micro miniature-pilot demo-output .prefect-home .pytest_cache .cache
 
 # A local Prefect server + work pool + deployments + worker (state, logs and DB in .prefect-home/server/). Prints each
 # step as it happens, then the UI address and the `prefect deployment run FLOW/DEPLOYMENT --watch` lines in pipeline

@@ -17,6 +17,7 @@ from train.checks import TrainConfigError
 
 
 # The runs a config's `models` may name (train.miniature.runs.MODELS has their labels, in this order).
+SFT_KEY_FRAMES = ("gold", "random_visible")
 MODEL_NAMES = ("sft", "grpo_a", "grpo_b", "grpo_c", "grpo_f", "grpo_g", "grpo_h", "more_sft", "more_sft_llm")
 
 
@@ -47,14 +48,18 @@ class MiniatureConfig:
         default_factory=lambda: ["sensitivity", "specificity", "location", "attenuation"]
     )
     verifier_eval_frames: int = 48  # held-out frames per verifier check (half with the lesion, half without)
+    warmup_gate_checks: int = 1  # the verifier's gates hold on the mean of this many last checks (1: the last one)
     verifier_distance_rows: int = 0  # eval: positive test rows whose frames at d = 0..span+1 from the key are asked
     gold_noise: float = 0.0  # fraction of TRAINING rows whose gold is corrupted (train/miniature/noise.py); in [0, 1)
     key_frame_noise: float = 0.0  # fraction of positive TRAINING rows whose gold key frame moves 2-4 frames; in [0, 1)
     warmup_pool_rows: int = 0  # rows of a pool of their own the warm-up reads (0: the clean training rows themselves)
+    # SFT's key frame: "gold" (the largest cross-section), or "random_visible": a seeded draw among the frames that
+    # show the lesion (train/miniature/noise.py `random_visible_keys`); GRPO and the eval keep the gold key frame
+    sft_key_frame: str = "gold"
     negative_rows: str = "skip"  # GRPO's r_c on negative rows (train/rewards.py): skip | query_named_slice
     models: list[str] = field(
         default_factory=lambda: ["sft", "grpo_a", "grpo_b", "grpo_c", "more_sft", "more_sft_llm"]
-    )  # the runs (train.miniature.runs.MODELS keys); sft and grpo_a always
+    )  # the runs (train.miniature.runs.MODELS keys); sft always
     sft_steps: int = 100
     sft_learning_rate: float = 1.0e-3
     sft_batch_size: int = 4
@@ -108,6 +113,14 @@ def config_from_dict(data: dict[str, Any], source: str | Path | None = None) -> 
         raise TrainConfigError(
             f"{path}: gold_noise={cfg.gold_noise} and key_frame_noise={cfg.key_frame_noise}: one kind of noise a run"
         )
+    if cfg.sft_key_frame not in SFT_KEY_FRAMES:
+        raise TrainConfigError(
+            f"{path}: sft_key_frame={cfg.sft_key_frame!r} must be one of {' | '.join(SFT_KEY_FRAMES)}"
+        )
+    if cfg.sft_key_frame != "gold" and (cfg.gold_noise > 0 or cfg.key_frame_noise > 0):
+        raise TrainConfigError(f"{path}: sft_key_frame={cfg.sft_key_frame!r} runs on clean gold only (no gold noise)")
+    if cfg.warmup_gate_checks < 1:
+        raise TrainConfigError(f"{path}: warmup_gate_checks={cfg.warmup_gate_checks} must be at least 1")
     if cfg.warmup_pool_rows < 0:
         raise TrainConfigError(f"{path}: warmup_pool_rows={cfg.warmup_pool_rows} must be >= 0")
     from emrl_data.text.scoring import NEGATIVE_ROWS
@@ -117,6 +130,6 @@ def config_from_dict(data: dict[str, Any], source: str | Path | None = None) -> 
             f"{path}: negative_rows={cfg.negative_rows!r} must be one of {' | '.join(NEGATIVE_ROWS)}"
         )
     unknown_models = [m for m in cfg.models if m not in MODEL_NAMES]
-    if unknown_models or not {"sft", "grpo_a"} <= set(cfg.models):
-        raise TrainConfigError(f"{path}: models={cfg.models}: each of {list(MODEL_NAMES)}, sft and grpo_a included")
+    if unknown_models or "sft" not in cfg.models:
+        raise TrainConfigError(f"{path}: models={cfg.models}: each of {list(MODEL_NAMES)}, sft included")
     return cfg

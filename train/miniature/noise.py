@@ -16,6 +16,12 @@ Each change is listed in the returned log: `{"row", "case_id", "field", "from", 
 `move_key_frames(rows, fraction, seed)` is key-frame-only noise: `round(fraction * positives)` positive rows (seeded,
 without replacement) get their key frame moved by 2 to 4 frames, as above; existence, size, side and attenuation stay
 clean. It asks what the verifier's reading adds when the gold's key frame, and so r_c's distance term, is wrong.
+
+`random_visible_keys(rows, key_boxes_px, ...)` is SFT's key frame without a preference inside the lesion: every
+positive row's key frame is a seeded uniform draw among the frames that show its lesion (the key frame included), its
+box the lesion's disc on that frame (`visible_lesion_radii_px` around the key frame's centre, in the gold's
+convention); size, side and attenuation stay the lesion's. A policy trained on them finds the lesion and picks a
+frame of it at chance, so a reward on the named frame has room to move the choice inside the lesion.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from emrl_data.organs import side_locations
 from emrl_data.text.report import render_evidence
 from emrl_data.types import Organ
 from train.checks import TrainConfigError
-from train.tiny.synthetic import VISIBLE_INTENSITY, row_report
+from train.tiny.synthetic import VISIBLE_INTENSITY, row_report, visible_lesion_radii_px
 
 
 FIELDS = ("long_axis_mm", "location", "attenuation", "key_slice_frame")
@@ -185,3 +191,40 @@ def corrupt_gold(
     for i in {entry["row"] for entry in log}:
         _rerender(out[i])
     return out, sorted(log, key=lambda e: e["row"])
+
+
+def random_visible_keys(
+    rows: Sequence[dict[str, Any]],
+    key_boxes_px: Sequence[list[int] | None],
+    *,
+    size_px: int,
+    span: int,
+    seed: int,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Return (a copy of `rows` whose positive rows name a random frame of their lesion, the log of changes).
+
+    `key_boxes_px` are `make_visible_rows`'s `boxes_out` for the same rows (the key frame's disc box in pixels, before
+    clipping). A row whose draw is its gold key frame is unchanged and not logged. See the module doc.
+    """
+    if len(key_boxes_px) != len(rows):
+        raise TrainConfigError(f"miniature: {len(rows)} rows but {len(key_boxes_px)} lesion boxes")
+    rng = np.random.default_rng([seed, 1])  # a stream of its own: the gold noise draws from default_rng(seed)
+    out = [copy.deepcopy(dict(r)) for r in rows]
+    log = []
+    for i, (row, box) in enumerate(zip(out, key_boxes_px, strict=True)):
+        if not row["has_lesion"]:
+            continue
+        if box is None:
+            raise TrainConfigError(f"miniature: positive row {row['case_id']} has no lesion box")
+        key, n = int(row["key_slice_frame"]), int(row["n_frames"])
+        radii = visible_lesion_radii_px(n, size_px, key, float(row["long_axis_mm"]), span)
+        frame = int(rng.choice([f for f in range(1, n + 1) if radii[f - 1] > 0]))
+        if frame == key:
+            continue
+        cx, cy, rad = (box[0] + box[2]) // 2, (box[1] + box[3]) // 2, radii[frame - 1]
+        px = [cx - rad, cy - rad, cx + rad, cy + rad]
+        row["key_slice_frame"] = frame
+        row["bbox_qwen"] = [int(round(min(max(v, 0), size_px) * 1000 / size_px)) for v in px]
+        _rerender(row)
+        log.append({"row": i, "case_id": row["case_id"], "field": "key_slice_frame", "from": key, "to": frame})
+    return out, log

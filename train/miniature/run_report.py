@@ -30,8 +30,11 @@ PAIRED = {
 
 
 def paired_against_a(records: dict[str, list[dict[str, Any]]], n_bootstrap: int, seed: int) -> dict[str, Any]:
-    """Return the paired bootstrap interval of (a) minus each other finished model, per metric (train.miniature.power)."""
+    """Return the paired bootstrap interval of (a) minus each other finished model, per metric (train.miniature.power);
+    {} where (a) did not run."""
     out: dict[str, Any] = {}
+    if "grpo_a" not in records:
+        return out
     for name, key in PAIRED.items():
         if name not in records:
             continue
@@ -52,9 +55,11 @@ def claim_check(results: dict[str, Any]) -> dict[str, Any]:
     """Does (a) beat SFT and (c) on average B-Acc or K-Hit by more than the intervals' half-width? And (a) vs (b)?
 
     The margin compared against is the larger half-width of the two models' 95 % intervals. `beats_more_sft`: does
-    (a) also beat (d) and (e), SFT continued on as many rows (None when neither ran)?
+    (a) also beat (d) and (e), SFT continued on as many rows (None when neither ran)? Without (a), both are None.
     """
     out: dict[str, Any] = {}
+    if "grpo_a" not in results:
+        return {"claim_holds": None, "beats_more_sft": None}
     a = results["grpo_a"]
     for metric in ("average_bacc", "k_hit"):
         for other in [m for m in ("sft", "grpo_c", "grpo_b", *MORE_SFT_RUNS) if m in results]:  # any may be missing
@@ -116,11 +121,14 @@ def results_markdown(results: dict[str, Any], claim: dict[str, Any], paired: dic
                 f"- {key}: {100 * value['gap']:+.1f} points (half-width {100 * value['half_width']:.1f}): "
                 f"{_verdict(value)}"
             )
-    lines.append(f"- claim ((a) beats SFT and (c) beyond the intervals on B-Acc or K-Hit): {claim['claim_holds']}")
-    lines.append(
-        f"- verdict: the claim held in {int(claim['claim_holds'])} of 1 seeds (this run; across seeds: "
-        "`--seeds`, `make miniature-seeds`, `make miniature-study`)"
-    )
+    if claim["claim_holds"] is None:
+        lines.append("- claim ((a) beats SFT and (c)): not checked, (a) did not run")
+    else:
+        lines.append(f"- claim ((a) beats SFT and (c) beyond the intervals on B-Acc or K-Hit): {claim['claim_holds']}")
+        lines.append(
+            f"- verdict: the claim held in {int(claim['claim_holds'])} of 1 seeds (this run; across seeds: "
+            "`--seeds`, `make miniature-seeds`, `make miniature-study`)"
+        )
     if claim.get("beats_more_sft") is not None:
         lines.append(
             "- beyond the claim ((a) beats more SFT on the same rows, (d) and (e), beyond the intervals on "

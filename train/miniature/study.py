@@ -40,7 +40,7 @@ from emrl_data.text.scoring import ScoringConfig
 from train.checks import TrainConfigError, bar_only
 from train.miniature.config import MiniatureConfig, load_config
 from train.miniature.diagnose import diagnose_checkpoint, record_rewards, spread_per_step, verifier_by_distance
-from train.miniature.noise import corrupt_gold, move_key_frames
+from train.miniature.noise import corrupt_gold, move_key_frames, random_visible_keys
 from train.miniature.power import check_power
 from train.miniature.run_report import claim_check, paired_against_a, pct, results_markdown, save_curves_png
 from train.miniature.runs import CROSS_VIEW, GRPO_RUNS, MODELS, MORE_SFT_RUNS
@@ -73,6 +73,7 @@ MINIATURE_WARMUP_KEYS = {
     "learning_rate": "warmup_learning_rate",
 }
 SHARED_STAGES = ("data", "warmup", "sft")  # what `--reuse_from` copies: the stages before GRPO
+SFT_ROWS = "sft_rows"  # under data/: SFT's own rows where its key frame is not the gold's
 GRPO_ONLY_KEYS = frozenset(
     {
         "models",
@@ -237,7 +238,8 @@ class Miniature:
             "sizes_mm": tuple(float(v) for v in cfg.sizes_mm),
             "span": cfg.lesion_span,
         }
-        clean = make_visible_rows(cfg.n_train, split="train", seed=cfg.seed, **kw)
+        key_boxes: list[list[int] | None] = []
+        clean = make_visible_rows(cfg.n_train, split="train", seed=cfg.seed, boxes_out=key_boxes, **kw)
         test = make_visible_rows(cfg.n_test, split="test", seed=cfg.seed + 1000, **kw)
         check_split(test, cfg)
         train, noise_log = corrupt_gold(clean, cfg.gold_noise, cfg.seed, cfg.sizes_mm)
@@ -250,6 +252,7 @@ class Miniature:
         else:  # the warm-up's rows are the clean training rows (its verifier reads the pixels)
             write_rows(self.out / stage / "clean", {"train": clean})
         (self.out / stage / "noise.json").write_text(json.dumps(noise_log, indent=2) + "\n")
+        moved = self._write_sft_rows(stage, train, key_boxes)
         pos = {s: sum(r["has_lesion"] for r in rows) for s, rows in (("train", train), ("test", test))}
         self.log(
             f"   {len(train)} train rows ({pos['train']} positive), {len(test)} test rows ({pos['test']} positive)"
@@ -260,7 +263,21 @@ class Miniature:
             "positives": pos,
             "gold_noise": cfg.gold_noise,
             "corrupted": {f: sum(e["field"] == f for e in noise_log) for f in sorted({e["field"] for e in noise_log})},
+            "sft_key_frame": cfg.sft_key_frame,
+            "sft_keys_moved": moved,
         }
+
+    def _write_sft_rows(self, stage: str, train: list[dict[str, Any]], key_boxes: list[list[int] | None]) -> int:
+        """With `sft_key_frame: random_visible`, write SFT's rows (`data/sft_rows`: the key frame drawn among the
+        lesion's frames, `sft_keys.json` its log); return how many rows name another frame than the gold's."""
+        cfg = self.cfg
+        if cfg.sft_key_frame == "gold":
+            return 0
+        rows, log = random_visible_keys(train, key_boxes, size_px=cfg.size_px, span=cfg.lesion_span, seed=cfg.seed)
+        write_rows(self.out / stage / SFT_ROWS, {"train": rows})
+        (self.out / stage / "sft_keys.json").write_text(json.dumps(log, indent=2) + "\n")
+        self.log(f"   SFT's key frame drawn among the lesion's frames: {len(log)} rows name another frame")
+        return len(log)
 
     def _rows(self, split: str, clean: bool = False) -> list[dict[str, Any]]:
         """Return a split's rows (`clean`: the warm-up's rows, its pool or the training rows before any noise)."""
@@ -301,6 +318,7 @@ class Miniature:
             lesion_span=cfg.lesion_span,
             target_verifier_accuracy=cfg.warmup_target_verifier_accuracy,
             verifier_gates=tuple(cfg.warmup_verifier_gates),
+            gate_checks=cfg.warmup_gate_checks,
             verifier_eval_frames=cfg.verifier_eval_frames,
             verifier_max_new_tokens=cfg.verifier_max_new_tokens,
             keys=MINIATURE_WARMUP_KEYS,
@@ -374,13 +392,18 @@ class Miniature:
             disable_tqdm=True,
         )
         trainer = bar_only(
-            build_sft_trainer(model, processor, load_split(self.out / "data", "train"), args, stage=freezing)
+            build_sft_trainer(model, processor, load_split(self._sft_rows_dir(), "train"), args, stage=freezing)
         )
         trainer.train()
         trainer.save_model(str(self.out / stage))
         processor.save_pretrained(str(self.out / stage))
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
         return {"steps": trainer.state.global_step, "losses": losses, "start": start, "freezing": freezing}
+
+    def _sft_rows_dir(self) -> Path:
+        """The table SFT reads: the training rows, or with `sft_key_frame: random_visible` their copy whose key frame
+        is drawn among the lesion's frames (GRPO reads the training rows, gold key frames)."""
+        return self.out / "data" / (SFT_ROWS if self.cfg.sft_key_frame != "gold" else "")
 
     def _grpo(self, stage: str) -> dict[str, Any]:
         # torch, and the modules that load it, wait until a stage runs
@@ -461,7 +484,7 @@ class Miniature:
     def _stage_eval(self, stage: str) -> dict[str, Any]:
         cfg = self.cfg
         names = self.finished_models()
-        missing = [n for n in ("sft", "grpo_a") if n not in names]
+        missing = [n for n in ("sft",) if n not in names]
         if missing:
             raise TrainConfigError(f"miniature: eval needs the stages {missing} in {self.out}; run them first")
         if "grpo_c" not in names:  # lr 0 leaves the weights unchanged: (c)'s greedy reports are SFT's

@@ -72,6 +72,8 @@ EDGE_MC_ERRORS, EDGE_DRAWS = 3.0, 10
 TRENDS = {("grpo_a", "grpo_f"): "(a) - (f)", ("grpo_g", "grpo_f"): "(g) - (f)"}
 MIN_SEEDS = 5
 MIN_FINISHED_SEEDS = 8  # the rule decides a difference only over at least this many finished seeds
+# The rates of K-Hit taken apart that a comparison may draw (`power.lesion_metrics`).
+IN_LESION = ("lesion_frame", "k_hit_in_lesion", "exact_in_lesion", "exact_of_hits")
 KEY_NOISE = "key-noise-"  # a key-frame-noise level's name: key-noise-<rate> (a float level is gold noise)
 Level = float | str
 
@@ -87,6 +89,10 @@ class Report:
         p-values are adjusted by Holm and by Benjamini-Hochberg.
     lesion_frames: K-Hit taken apart per model against SFT (`power.lesion_metrics`).
     gain_gap: the comparisons whose exact-key difference minus their K-Hit difference is reported.
+    in_lesion: rates of `power.lesion_metrics` (e.g. `exact_in_lesion`) compared beside K-Hit in every comparison.
+    finished_seeds: the study's results are the first this many seeds, in list order, to finish every setting.
+    decision: a pilot's rule, `{comparison, metric, margin}`: passed where that pooled difference exceeds `margin`
+        points with its seeds-and-rows interval above 0 (`pilot_decision`), over `finished_seeds` seeds.
     """
 
     n_bootstrap: int | None = None
@@ -94,6 +100,9 @@ class Report:
     family: tuple[str, ...] = ()
     lesion_frames: bool = False
     gain_gap: tuple[str, ...] = ()
+    in_lesion: tuple[str, ...] = ()
+    finished_seeds: int = MIN_FINISHED_SEEDS
+    decision: dict[str, Any] | None = None
 
 
 def load_report(path: str | Path) -> Report:
@@ -109,10 +118,31 @@ def load_report(path: str | Path) -> Report:
         raise TrainConfigError(f"{path}: study.report names unknown comparisons {unknown}; known: {sorted(names)}")
     if not set(report.family) <= {"average_bacc", "k_hit", "exact_key"}:
         raise TrainConfigError(f"{path}: study.report.family takes metrics of average_bacc, k_hit, exact_key")
-    needs_draws = report.family or report.lesion_frames or report.gain_gap
+    needs_draws = report.family or report.lesion_frames or report.gain_gap or report.in_lesion or report.decision
     if needs_draws and (report.n_bootstrap is None or report.n_bootstrap < 1000):
-        raise TrainConfigError(f"{path}: study.report's family, lesion_frames and gain_gap need n_bootstrap >= 1000")
+        raise TrainConfigError(
+            f"{path}: study.report's family, lesion_frames, gain_gap, in_lesion and decision need n_bootstrap >= 1000"
+        )
+    if not set(report.in_lesion) <= set(IN_LESION):
+        raise TrainConfigError(f"{path}: study.report.in_lesion takes rates of {list(IN_LESION)}")
+    if report.finished_seeds < 1:
+        raise TrainConfigError(f"{path}: study.report.finished_seeds={report.finished_seeds} must be at least 1")
+    if report.decision is not None:
+        check_decision(report, path)
     return report
+
+
+def check_decision(report: Report, path: str | Path) -> None:
+    """Refuse, in one line, a `decision` whose comparison or metric the report does not draw, or without a margin."""
+    decision = report.decision or {}
+    drawn = {"average_bacc", "k_hit", "exact_key", *report.in_lesion}
+    if set(decision) != {"comparison", "metric", "margin"}:
+        raise TrainConfigError(f"{path}: study.report.decision takes the keys comparison, metric and margin (points)")
+    if decision["comparison"] not in report.comparisons or decision["metric"] not in drawn:
+        raise TrainConfigError(
+            f"{path}: study.report.decision: {decision['metric']}: {decision['comparison']} is not drawn (comparisons "
+            f"{list(report.comparisons)}, metrics {sorted(drawn)})"
+        )
 
 
 def load_study(path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[MiniatureConfig, list[int], dict]:
@@ -214,8 +244,10 @@ def run_study(
                 tasks.append((level, seed))
     summary = None
 
+    needed = (report or Report()).finished_seeds
+
     def in_study(seed: int) -> bool:  # False once the study has its seeds and `seed` comes after them
-        return seed in study_seeds(output_dir, seeds, levels)
+        return seed in study_seeds(output_dir, seeds, levels, needed)
 
     if jobs == 1:
         for level, seed in tasks:
@@ -372,7 +404,7 @@ def _run_in_processes(
             if finished and in_study is not None and pending:  # the caller has recorded what finished
                 dropped = sorted({t[1] for t in pending if not in_study(t[1])})
                 if dropped:
-                    log(f"=== the study has its {MIN_FINISHED_SEEDS} finished seeds: seeds {dropped} do not start")
+                    log(f"=== the study has its finished seeds: seeds {dropped} do not start")
                     pending = [t for t in pending if t[1] not in dropped]
     if failure is not None:
         raise failure
@@ -567,11 +599,12 @@ def _near_zero(interval: dict[str, Any]) -> bool:
     return error is not None and any(b is not None and 0 < abs(b) <= EDGE_MC_ERRORS * error for b in bounds)
 
 
-def _signed(metric: str) -> list[tuple[float, Any]]:
-    """Return a metric as signed organ-averaged rates: `exact_minus_k_hit` is exact key minus K-Hit."""
+def _signed(metric: str, drawn: dict[str, Any] | None = None) -> list[tuple[float, Any]]:
+    """Return a metric as signed organ-averaged rates (of `drawn`, beside K-Hit's and exact key's):
+    `exact_minus_k_hit` is exact key minus K-Hit."""
     from train.miniature.power import KEY_METRICS, METRICS
 
-    rates = dict(METRICS) | dict(KEY_METRICS)
+    rates = dict(METRICS) | dict(KEY_METRICS) | dict(drawn or {})
     return (
         [(1.0, rates["exact_key"]), (-1.0, rates["k_hit"])]
         if metric == "exact_minus_k_hit"
@@ -588,12 +621,12 @@ def summarize_study(
 ) -> dict[str, Any]:
     """Return per level: each seed's results, and each comparison's paired differences per seed and pooled; with the
     `report` options, the family's adjusted p-values and K-Hit taken apart."""
-    from train.miniature.power import KEY_METRICS, METRICS, exact_key
+    from train.miniature.power import KEY_METRICS, METRICS, exact_key, lesion_metrics
     from train.miniature.seeds import summarize_seeds
 
     report = report or Report()
 
-    listed, seeds = seeds, study_seeds(output_dir, seeds, levels)
+    listed, seeds = seeds, study_seeds(output_dir, seeds, levels, report.finished_seeds)
     summary: dict[str, Any] = {"seeds": seeds, "excluded": read_exclusions(output_dir, seeds), "levels": {}}
     beyond = [
         s
@@ -616,6 +649,9 @@ def summarize_study(
         records = {s: runs[s]["scores"] for s in done}
         comparisons: dict[str, Any] = {}
         metrics = dict(METRICS) | (dict(KEY_METRICS) if _has_key_truth(records) else {})
+        if report.in_lesion and _has_key_truth(records):
+            span = int(next(iter(runs.values()))["results"]["config"]["lesion_span"])
+            metrics |= {m: rate for m, rate in lesion_metrics(span).items() if m in report.in_lesion}
         for (first, name), key in COMPARISONS.items():
             if first not in models or name not in models or key not in report.comparisons:
                 continue
@@ -626,8 +662,8 @@ def summarize_study(
                     groups = {s: (records[s][first], records[s][name], metrics[metric]) for s in done}
                 else:
                     groups = {
-                        s: [(sign, rate, records[s][first]) for sign, rate in _signed(metric)]
-                        + [(-sign, rate, records[s][name]) for sign, rate in _signed(metric)]
+                        s: [(sign, rate, records[s][first]) for sign, rate in _signed(metric, metrics)]
+                        + [(-sign, rate, records[s][name]) for sign, rate in _signed(metric, metrics)]
                         for s in done
                     }
                 per_seed, pooled, seeds_rows = _intervals(groups, n_bootstrap, report)
@@ -651,8 +687,29 @@ def summarize_study(
         summary["trends"] = trends
     if report.family:
         summary["family"] = family(summary, report)
+    if report.decision is not None:
+        summary["decision"] = pilot_decision(summary, report)
     summary["conclusions"] = conclusions(summary)
     return summary
+
+
+def pilot_decision(summary: dict[str, Any], report: Report) -> dict[str, Any]:
+    """Return the pilot's rule on clean gold: `report.decision`'s pooled difference, its seeds-and-rows interval, and
+    `passed` (the difference exceeds the margin, in points, and the interval lies above 0), or `passed` None until
+    `report.finished_seeds` seeds have finished."""
+    decision = dict(report.decision or {})
+    out: dict[str, Any] = decision | {"passed": None, "n_seeds": 0}
+    entry = summary["levels"].get(level_key(0.0))
+    comp = None if entry is None else entry["comparisons"].get(f"{decision['metric']}: {decision['comparison']}")
+    if comp is None:
+        return out
+    seeds_rows = comp["pooled_seeds"]
+    out |= {"n_seeds": len(entry["finished"]), "diff": seeds_rows["diff"]}
+    out |= {"ci_low": seeds_rows["ci_low"], "ci_high": seeds_rows["ci_high"]}
+    if out["n_seeds"] >= report.finished_seeds:
+        diff, low = seeds_rows["diff"], seeds_rows["ci_low"]
+        out["passed"] = diff is not None and low is not None and 100.0 * diff > float(decision["margin"]) and low > 0
+    return out
 
 
 def lesion_frames(runs: dict[int, dict[str, Any]], models: list[str], report: Report) -> dict[str, Any]:
@@ -1060,6 +1117,7 @@ def study_markdown(summary: dict[str, Any]) -> str:
             f"{MIN_FINISHED_SEEDS} of them finished), not pooled: seed {', '.join(map(str, summary['beyond']))}.",
             "",
         ]
+    lines += decision_markdown(summary.get("decision"))
     if summary.get("conclusions"):
         lines += ["## Conclusions", "", CONCLUSION_RULE, ""]
         lines += [f"- {c['text']}" for c in summary["conclusions"]] + [""]
@@ -1102,6 +1160,22 @@ def study_markdown(summary: dict[str, Any]) -> str:
             )
         lines.append("")
     return "\n".join(lines)
+
+
+def decision_markdown(decision: dict[str, Any] | None) -> list[str]:
+    """Return the pilot's decision lines (none without a `decision`)."""
+    if decision is None:
+        return []
+    rule = (
+        f"{decision['metric']}: {decision['comparison']} on clean gold, pooled over the seeds, above "
+        f"{float(decision['margin']):+.1f} points with its seeds-and-rows interval above 0"
+    )
+    if decision["passed"] is None:
+        verdict = f"not decided yet: {decision['n_seeds']} seeds finished"
+    else:
+        verdict = "**passed**" if decision["passed"] else "**not passed**"
+        verdict += f": {_interval(decision)} over {decision['n_seeds']} seeds"
+    return ["## Decision", "", f"Rule: {rule}. Outcome: {verdict}.", ""]
 
 
 def exact_key_markdown(entry: dict[str, Any]) -> list[str]:

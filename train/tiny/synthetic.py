@@ -236,6 +236,7 @@ def make_visible_rows(
     span: int = 1,
     masks_out: list[NDArray[np.bool_]] | None = None,
     organ_outline: bool = True,
+    boxes_out: list[list[int] | None] | None = None,
 ) -> list[dict]:
     """Return `n_rows` sft rows whose findings are visible only in the frames (`make_visible_frames`).
 
@@ -243,7 +244,8 @@ def make_visible_rows(
     independently per row; the organ cycles over `organs` (None: every registered organ). The prompt
     (`render_prompt`) names the organ and the frame count only, so a report that gets the findings right has read the
     pixels. `masks_out`, when given, receives each row's lesion mask `(n_frames, size_px, size_px)`
-    (`make_visible_volume`). `organ_outline` False draws every organ as the same disc.
+    (`make_visible_volume`); `boxes_out` the key frame's lesion box `[x1, y1, x2, y2)` in pixels before clipping
+    (None for a negative row). `organ_outline` False draws every organ as the same disc.
     """
     if n_frames < 3:
         raise ValueError(f"n_frames={n_frames}: a key frame needs a neighbour on each side; use at least 3 frames.")
@@ -289,6 +291,8 @@ def make_visible_rows(
             frames, _, mask = make_visible_volume(n_frames, size_px, rng, organ=organ if organ_outline else None)
         if masks_out is not None:
             masks_out.append(mask)
+        if boxes_out is not None:
+            boxes_out.append(list(box) if positive and box is not None else None)
         row["frames"] = [{"bytes": _png(f), "path": None} for f in frames]
         row["report"] = row_report(row, o, evidence)
         rows.append(row)

@@ -15,7 +15,8 @@ neither. The warm-up trains every part of it on two tasks at once, each step one
 It stops on a criterion, not a step count: every `eval_every` steps the greedy reports of held-out rows (never trained
 on) are parsed, and, with a span, the verifier is asked about held-out frames (`verifier_accuracy`: presence
 sensitivity and specificity, location and attenuation on lesion frames). The warm-up ends once the parse rates reach
-their targets and every verifier accuracy reaches `target_verifier_accuracy`. Reaching the step cap first is a
+their targets and every verifier accuracy reaches `target_verifier_accuracy` (with `gate_checks` k > 1, its mean over the
+last k checks: a study's gate does not pass on a first lucky check). Reaching the step cap first is a
 `TrainConfigError` (one line: what was reached, the cap, the fix).
 
 The verifier task's data: `train.tiny.verifier_data`; the held-out checks: `train.tiny.warmup_checks`.
@@ -117,6 +118,7 @@ class WarmupPlan:
     lesion_span: int | None = None
     target_verifier_accuracy: float = 0.0
     verifier_gates: tuple[str, ...] = VERIFIER_GATES
+    gate_checks: int = 1  # the gates hold on each rate's mean over this many last checks
     verifier_eval_frames: int = 48
     verifier_max_new_tokens: int = 48
     require_both_classes: bool = False
@@ -199,8 +201,10 @@ def _check(
                 max_new_tokens=plan.verifier_max_new_tokens,
             )
             result.verifier_accuracy.append((step, acc))
-            verifier_ok = not verifier_gaps(acc, plan.target_verifier_accuracy, plan.verifier_gates)
+            verifier_ok = not _verifier_gaps(result, plan)
             line += f", verifier {format_verifier(acc)}"
+            if plan.gate_checks > 1:
+                line += f" (gated on the mean of the last {plan.gate_checks} checks: {_window_line(result, plan)})"
         else:
             vrate = verifier_claim_rate(model, processor, val_rows)
             if vrate is not None:
@@ -232,6 +236,30 @@ def _check(
     return others_ok and classes_ok, f"{line}, {len(val_rows)} rows"
 
 
+def gate_window(result: WarmupResult, checks: int, gates: Sequence[str]) -> dict[str, float | None] | None:
+    """Return each gated rate's mean over the last `checks` verifier checks (None where one of them has no value), or
+    None before `checks` checks: one lucky check does not pass the gates."""
+    if len(result.verifier_accuracy) < checks:
+        return None
+    last = [acc for _, acc in result.verifier_accuracy[-checks:]]
+    return {g: None if any(a.get(g) is None for a in last) else float(np.mean([a[g] for a in last])) for g in gates}
+
+
+def _verifier_gaps(result: WarmupResult, plan: WarmupPlan) -> list[str]:
+    """The gates the last `plan.gate_checks` checks miss on average (`verifier_gaps` of `gate_window`)."""
+    window = gate_window(result, plan.gate_checks, plan.verifier_gates)
+    if window is None:
+        return [] if plan.target_verifier_accuracy <= 0 else [f"fewer than {plan.gate_checks} checks"]
+    return verifier_gaps(window, plan.target_verifier_accuracy, plan.verifier_gates)
+
+
+def _window_line(result: WarmupResult, plan: WarmupPlan) -> str:
+    window = gate_window(result, plan.gate_checks, plan.verifier_gates)
+    if window is None:
+        return f"{len(result.verifier_accuracy)} so far"
+    return ", ".join(f"{g} {'n/a' if v is None else f'{v:.0%}'}" for g, v in window.items())
+
+
 def _raise_if_missed(result: WarmupResult, plan: WarmupPlan) -> None:
     """Raise the one-line `WarmupMissed` when the last check missed a target."""
     cap = plan.keys["max_steps"]
@@ -247,11 +275,7 @@ def _raise_if_missed(result: WarmupResult, plan: WarmupPlan) -> None:
             "LM warm-up: the greedy reports (held-out or class rows) never claimed a lesion on a positive row and "
             f"none on a negative one by the step cap {cap}={plan.max_steps}; raise {cap}"
         )
-    gaps = (
-        verifier_gaps(result.verifier_accuracy[-1][1], plan.target_verifier_accuracy, plan.verifier_gates)
-        if (result.verifier_accuracy)
-        else []
-    )
+    gaps = _verifier_gaps(result, plan) if result.verifier_accuracy else []
     if gaps:
         raise WarmupMissed(
             f"LM warm-up: held-out verifier accuracy below its gates ({'; '.join(gaps)}) after the step cap "
@@ -288,7 +312,8 @@ def lm_warmup(
             verifier too; lesion_span: the rows' span (`make_visible_rows`): every frame becomes a verifier example
             (`frame_targets`), and the check measures `verifier_accuracy`; target_verifier_accuracy: its gates
             (0 = reported, not required) on the rates `verifier_gates` names (default `VERIFIER_GATES`: sensitivity,
-            specificity, location, attenuation; `VERIFIER_RATES` adds size); verifier_eval_frames,
+            specificity, location, attenuation; `VERIFIER_RATES` adds size), each rate's mean over the last
+            `gate_checks` checks (default 1: the last check alone); verifier_eval_frames,
             verifier_max_new_tokens: that measurement's frames and answer budget; keys: the caller's configuration
             keys of max_steps, eval_every and learning_rate, which the error lines name (default: the demo's).
 

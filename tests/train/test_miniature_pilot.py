@@ -1,0 +1,179 @@
+"""The pilot with a positive control: SFT's key frame drawn among the lesion's frames, the warm-up gated on the mean of
+its last checks, the endpoint compared, and the decision rule (train/configs/miniature_pilot.yaml)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from train.checks import TrainConfigError
+from train.miniature.config import config_from_dict
+from train.miniature.noise import random_visible_keys
+from train.miniature.suite import Report, load_report, load_study, pilot_decision, run_study, study_markdown
+from train.tiny.synthetic import make_visible_rows, visible_lesion_radii_px
+from train.tiny.warmup import WarmupResult, gate_window
+
+
+PILOT = "train/configs/miniature_pilot.yaml"
+MICRO = "train/configs/miniature_micro.yaml"
+
+
+def _rows(boxes):
+    return make_visible_rows(60, n_frames=12, size_px=64, seed=3, organs=("kidney", "liver"), span=3, boxes_out=boxes)
+
+
+def test_sft_rows_name_a_frame_of_the_lesion_with_that_frames_box():
+    boxes: list = []
+    rows = _rows(boxes)
+    assert make_visible_rows(60, n_frames=12, size_px=64, seed=3, organs=("kidney", "liver"), span=3) == rows
+    masks: list = []
+    make_visible_rows(60, n_frames=12, size_px=64, seed=3, organs=("kidney", "liver"), span=3, masks_out=masks)
+    out, log = random_visible_keys(rows, boxes, size_px=64, span=3, seed=0)
+    assert rows == _rows([])  # the input is left as it was
+    moved = {e["row"]: e for e in log}
+    positives = [i for i, r in enumerate(rows) if r["has_lesion"]]
+    assert len(positives) == 30 and len(log) == 27  # 3 draws fell on the gold key frame
+    for i, (before, after) in enumerate(zip(rows, out, strict=True)):
+        if i not in moved:
+            assert after == before
+            continue
+        key, frame = before["key_slice_frame"], after["key_slice_frame"]
+        assert moved[i] == {
+            "row": i,
+            "case_id": before["case_id"],
+            "field": "key_slice_frame",
+            "from": key,
+            "to": frame,
+        }
+        assert 1 <= abs(frame - key) <= 3 and masks[i][frame - 1].any()  # a frame that shows the lesion
+        ys, xs = np.nonzero(masks[i][frame - 1])
+        rad = visible_lesion_radii_px(12, 64, key, before["long_axis_mm"], 3)[frame - 1]
+        # the disc of radius r around (cx, cy) covers cx - r + 1 .. cx + r - 1: the gold's box is [cx - r, cx + r)
+        px = [xs.min() - 1, ys.min() - 1, xs.max() + 1, ys.max() + 1]
+        if min(px) >= 0 and max(px) <= 64:  # an unclipped disc
+            assert px[2] - px[0] == 2 * rad
+            assert after["bbox_qwen"] == [int(round(v * 1000 / 64)) for v in px]
+        x1, y1, x2, y2 = after["bbox_qwen"]
+        assert after["report"].endswith(f"<key_slice>{frame}</key_slice>, <bbox>[{x1}, {y1}, {x2}, {y2}]</bbox>")
+        same = ("long_axis_mm", "location", "attenuation", "has_lesion", "frames", "prompt")
+        assert all(after[k] == before[k] for k in same)
+    frames = [e["to"] - e["from"] for e in log]
+    assert sorted(set(frames)) == [-3, -2, -1, 1, 2, 3]
+    again, log_again = random_visible_keys(rows, boxes, size_px=64, span=3, seed=0)
+    assert again == out and log_again == log  # seeded
+    with pytest.raises(TrainConfigError, match="60 rows but 59 lesion boxes"):
+        random_visible_keys(rows, boxes[:-1], size_px=64, span=3, seed=0)
+
+
+def test_the_sft_key_frame_setting_is_checked_in_one_line():
+    assert config_from_dict({"sft_key_frame": "random_visible"}).sft_key_frame == "random_visible"
+    with pytest.raises(TrainConfigError, match="sft_key_frame='widest' must be one of gold | random_visible"):
+        config_from_dict({"sft_key_frame": "widest"})
+    with pytest.raises(TrainConfigError, match="runs on clean gold only"):
+        config_from_dict({"sft_key_frame": "random_visible", "key_frame_noise": 0.25})
+    with pytest.raises(TrainConfigError, match="warmup_gate_checks=0 must be at least 1"):
+        config_from_dict({"warmup_gate_checks": 0})
+
+
+def _result(*rates: float) -> WarmupResult:
+    result = WarmupResult(steps=0)
+    for i, rate in enumerate(rates):
+        result.verifier_accuracy.append((100 * (i + 1), {"size": rate, "location": 1.0}))
+    return result
+
+
+def test_the_gates_hold_on_the_mean_of_the_last_checks_not_a_first_lucky_one():
+    gates = ("size", "location")
+    assert gate_window(_result(0.5, 0.95), 3, gates) is None  # two checks: not yet
+    window = gate_window(_result(0.5, 0.95, 0.85, 0.92), 3, gates)
+    assert window == pytest.approx({"size": (0.95 + 0.85 + 0.92) / 3, "location": 1.0})
+    assert gate_window(_result(0.5, 0.95, 0.80, 0.92), 3, gates)["size"] == pytest.approx(0.89)  # one lucky 0.92
+    assert gate_window(_result(0.5, 0.95, 0.80, 0.92), 1, gates) == {"size": 0.92, "location": 1.0}
+    result = _result(0.95, 0.95, 0.95)
+    result.verifier_accuracy[1][1]["size"] = None  # a check that could not measure it
+    assert gate_window(result, 3, gates) == {"size": None, "location": 1.0}
+
+
+def _summary(diff, low, high, finished):
+    comp = {"pooled_seeds": {"diff": diff, "ci_low": low, "ci_high": high}}
+    return {"levels": {"0.00": {"finished": finished, "comparisons": {"exact_in_lesion: (f) - (b)": comp}}}}
+
+
+def test_the_pilot_decides_on_its_margin_and_its_interval_over_its_seeds():
+    report = Report(
+        n_bootstrap=1000,
+        comparisons=("(f) - (b)",),
+        in_lesion=("exact_in_lesion",),
+        finished_seeds=3,
+        decision={"comparison": "(f) - (b)", "metric": "exact_in_lesion", "margin": 10},
+    )
+    passed = pilot_decision(_summary(0.12, 0.02, 0.22, [0, 4, 7]), report)
+    assert passed == {
+        "comparison": "(f) - (b)",
+        "metric": "exact_in_lesion",
+        "margin": 10,
+        "passed": True,
+        "n_seeds": 3,
+        "diff": 0.12,
+        "ci_low": 0.02,
+        "ci_high": 0.22,
+    }
+    assert pilot_decision(_summary(0.09, 0.02, 0.16, [0, 4, 7]), report)["passed"] is False  # under the margin
+    assert pilot_decision(_summary(0.12, -0.01, 0.25, [0, 4, 7]), report)["passed"] is False  # interval holds 0
+    assert pilot_decision(_summary(0.12, 0.02, 0.22, [0, 4]), report)["passed"] is None  # 2 of its 3 seeds
+    assert pilot_decision({"levels": {}}, report) == report.decision | {"passed": None, "n_seeds": 0}
+    text = study_markdown({"levels": {}, "seeds": [0], "decision": passed})
+    assert "Outcome: **passed**: +12.0 [+2.0, +22.0] over 3 seeds." in text
+
+
+def test_the_pilot_config_is_what_its_docs_say(tmp_path):
+    cfg, seeds, levels = load_study(PILOT)
+    assert (cfg.sft_key_frame, cfg.warmup_gate_checks, cfg.warmup_max_steps) == ("random_visible", 3, 6000)
+    assert (cfg.n_frames, cfg.lesion_span) == (20, 3)
+    assert levels == {0.0: ["sft", "grpo_b", "grpo_f", "grpo_h"]} and seeds == list(range(36))
+    report = load_report(PILOT)
+    assert report.decision == {"comparison": "(f) - (b)", "metric": "exact_in_lesion", "margin": 10}
+    assert (report.finished_seeds, report.n_bootstrap) == (3, 10000)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "study:\n  seeds: [0]\n  noise: {0.0: [sft]}\n  report:\n    n_bootstrap: 1000\n"
+        "    comparisons: ['(f) - (b)']\n    decision: {comparison: '(h) - (b)', metric: exact_key, margin: 5}\n"
+    )
+    with pytest.raises(TrainConfigError, match=r"exact_key: \(h\) - \(b\) is not drawn"):
+        load_report(bad)
+
+
+@pytest.mark.slow  # a micro pilot: about 30 s
+def test_a_micro_pilot_trains_sft_on_its_own_rows_and_reports_the_decision(tmp_path):
+    import torch
+
+    cfg, _, _ = load_study(MICRO)
+    cfg = config_from_dict(
+        {k: v for k, v in cfg.__dict__.items()} | {"sft_key_frame": "random_visible", "warmup_gate_checks": 2}
+    )
+    levels = {0.0: ["sft", "grpo_b", "grpo_f"]}
+    report = Report(
+        n_bootstrap=1000,
+        comparisons=("(f) - (b)",),
+        in_lesion=("lesion_frame", "exact_in_lesion"),
+        finished_seeds=1,
+        decision={"comparison": "(f) - (b)", "metric": "exact_in_lesion", "margin": 10},
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        summary = run_study(cfg, [0], levels, tmp_path, log=lambda line: None, report=report)
+    finally:
+        torch.set_num_threads(threads)
+    run = next(tmp_path.glob("runs/*/"), None) or tmp_path
+    data = next(run.rglob("data/done.json"))
+    keys = json.loads((data.parent / "sft_keys.json").read_text())
+    assert json.loads(data.read_text())["sft_keys_moved"] == len(keys)
+    assert (data.parent / "sft_rows" / "data").is_dir()
+    comparisons = summary["levels"]["0.00"]["comparisons"]
+    assert {"lesion_frame: (f) - (b)", "exact_in_lesion: (f) - (b)"} <= set(comparisons)
+    decision = summary["decision"]
+    assert decision["n_seeds"] == 1 and decision["passed"] in (True, False)
+    assert decision["diff"] == comparisons["exact_in_lesion: (f) - (b)"]["pooled_seeds"]["diff"]
