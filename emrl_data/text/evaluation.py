@@ -25,6 +25,7 @@ detection; when it is missing, `pred_has_lesion == has_lesion` does.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib.figure import Figure  # no pyplot: no global backend state; Figure renders with Agg
 
 from emrl_data.atomic_write import write_bytes_atomic
 from emrl_data.text.scoring import DEFAULT_CONFIG, ScoringConfig, score_report, truth_from_row
@@ -509,8 +511,6 @@ def _draw_bars(ax: Any, x: np.ndarray, width: float, cells: Sequence[Metric], la
 
 def _figure(result: EvaluationResult) -> Any:
     """Return the matplotlib `Figure` of `_plot` (two panels: Table 1 and Table 2)."""
-    from matplotlib.figure import Figure  # no pyplot: no global backend state; Figure renders with Agg
-
     figure = Figure(figsize=(12, 4.8), dpi=100, layout="constrained")
     axes = figure.subplots(1, 2)
     panels = (
@@ -546,8 +546,6 @@ def _plot(result: EvaluationResult) -> bytes:
     Every cell is visible: a value of 0 is a short stub labelled "0" (an all-zero model is not an empty chart), and an
     undefined cell (NaN: no rows of its kind) is written "n/a" in its slot, never left as a silent gap.
     """
-    import io
-
     buffer = io.BytesIO()
     _figure(result).savefig(buffer, format="png")
     return buffer.getvalue()

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from rouge_score.rouge_scorer import RougeScorer
+from sacrebleu.metrics import BLEU
 
 from emrl_data.text.bootstrap import interval, resampled_sums
 from emrl_data.text.comparison import pair_rows
@@ -126,9 +128,6 @@ def cider_d(candidates: Sequence[str], references: Sequence[str]) -> np.ndarray:
 
 def _row_statistics(candidates: Sequence[str], references: Sequence[str]) -> np.ndarray:
     """Return `(rows, _COLUMNS)` per-row statistics of one section: BLEU's counts, ROUGE-L F, CIDEr-D."""
-    from rouge_score.rouge_scorer import RougeScorer
-    from sacrebleu.metrics import BLEU
-
     bleu = np.asarray(BLEU(lowercase=True)._extract_corpus_statistics(list(candidates), [list(references)]), float)
     scorer = RougeScorer(["rougeL"], use_stemmer=False)
     rouge = [scorer.score(r, c)["rougeL"].fmeasure for c, r in zip(candidates, references, strict=True)]
