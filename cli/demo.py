@@ -13,16 +13,15 @@ import sys
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
 from cli.settings import BUILD_RL_HARDSET, BUILD_SFT_SET, DEMO_FRAMES, demo_kwargs
 from emrl_data import PROJECT_ROOT
+from emrl_data.synthetic import demo_specs, write_atlas
 
 
 def synth_atlas(out: Path, cases: int, seed: int, layout: str) -> Path:
     """Write a synthetic atlas of `cases` cases to `out` (what `emrl synth` does), printing where it went."""
-    from tqdm import tqdm
-
-    from emrl_data.synthetic import demo_specs, write_atlas
-
     specs = demo_specs(n_cases=cases, seed=seed)
     out = Path(out)
     started = time.perf_counter()
@@ -46,8 +45,9 @@ def run_demo(out: Path, cases: int, skip_training: bool = False) -> None:
     # warm-up 7x slower: 13.7 vs 1.8 min); set before torch loads here or in the training subprocesses. An explicit
     # setting wins.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # lazy: Prefect and the flows add 0.9 s to `emrl synth`, which shares this module (measured)
     from flows.build_rl_hardset import build_rl_hardset_flow
-    from flows.build_sft_set import build_sft_set_flow
+    from flows.build_sft_set import build_sft_set_flow  # lazy: see the line above
 
     out = Path(out).resolve()
     atlas = out / "atlas"

@@ -11,7 +11,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 from cli.errors import UsageError
+from emrl_data.tables.shards import split_shards
+from emrl_data.text.comparison import paired_differences
+from emrl_data.text.evaluation import evaluate, score_predictions, write_evaluation, write_report
+from emrl_data.text.results_card import CardMismatch, check_comparable, dataset_source, headline, make_card, read_card
 
 
 def prediction_files(path: Path) -> list[Path]:
@@ -35,8 +41,6 @@ def read_predictions(predictions: Sequence[Path], split: str = "all") -> Any:
     With several inputs, a file without a `model` column is named by its path, so that it gets its own tables, and a
     model name found in more than one input is suffixed with its input's path (two runs of one checkpoint stay two).
     """
-    import polars as pl
-
     frames: list[Any] = []
     seen: dict[str, Path] = {}
     for given in predictions:
@@ -78,8 +82,6 @@ def read_predictions(predictions: Sequence[Path], split: str = "all") -> Any:
 
 def by_model(frame: Any) -> list[tuple[str | None, Any]]:
     """Split the rows by their `model` column, in order of first appearance; one unnamed group without it."""
-    import polars as pl
-
     if "model" not in frame.columns:
         return [(None, frame)]
     frame = frame.with_columns(pl.col("model").fill_null("(unnamed)"))
@@ -93,8 +95,6 @@ def with_gold_reports(frame: Any, gold: Path | None, sources: Sequence[dict[str,
     Rows that carry them (or a `report` column) already are returned as they are; otherwise they come from the `sft`
     table `gold` names, or else the one the predictions' manifest names (`sft_dir`, as `build-rl-hardset` writes it).
     """
-    import polars as pl
-
     if {"findings", "impression"} <= set(frame.columns) or "report" in frame.columns:
         return frame
     named = [Path(s["sft_dir"]) for s in sources if s.get("sft_dir")]
@@ -104,7 +104,6 @@ def with_gold_reports(frame: Any, gold: Path | None, sources: Sequence[dict[str,
         raise UsageError(
             "--text-metrics needs the gold reports: the predictions carry none and name no sft table", fix
         )
-    from emrl_data.tables.shards import split_shards
 
     shards = split_shards(folder / "data")
     if not shards:
@@ -138,9 +137,6 @@ def evaluate_predictions(
     (the results card). `text_metrics` adds BLEU-1..4, ROUGE-L and CIDEr-D against the gold reports. `against`, an
     earlier evaluation's card, is refused unless made on the same rows, else its headline numbers are printed beside.
     """
-    from emrl_data.text.evaluation import evaluate, score_predictions, write_evaluation
-    from emrl_data.text.results_card import CardMismatch, dataset_source, make_card
-
     frame = read_predictions(predictions, split)
     sources = [dataset_source(Path(p)) for p in predictions]
     if text_metrics:
@@ -190,9 +186,6 @@ def _compare(
 ) -> None:
     """Print and write (`out/metrics.md`, `out/metrics.json`) the models side by side and each one's paired
     differences against the first (text metrics too when they were computed)."""
-    from emrl_data.text.comparison import paired_differences
-    from emrl_data.text.evaluation import write_report
-
     try:
         paired = [
             paired_differences(scored[0], rows, names=(names[0], name), n_bootstrap=n_bootstrap, seed=seed)
@@ -213,6 +206,7 @@ def _compare(
     markdown += "\n".join(c.to_markdown() for c in paired)
     text_paired = []
     if texts:
+        # lazy: rouge_score and sacrebleu add 0.8 s to `emrl eval` (measured); only --text-metrics needs them
         from emrl_data.text.text_metrics import paired_text_differences
 
         reference_rows = _answered(groups[0][1].to_dicts())
@@ -244,7 +238,7 @@ def _compare(
 
 
 def _text_metrics(rows: list[dict[str, Any]], text_column: str, n_bootstrap: int, seed: int) -> Any:
-    from emrl_data.text.text_metrics import text_metrics
+    from emrl_data.text.text_metrics import text_metrics  # lazy: 0.8 s, --text-metrics only (see _compare)
 
     return text_metrics(_answered(rows), text_column=text_column, n_bootstrap=n_bootstrap, seed=seed)
 
@@ -256,8 +250,6 @@ def _answered(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _check_against(card: dict[str, Any], against: Path) -> None:
     """Refuse an earlier card made on other rows (`check_comparable`); else print its headline numbers beside ours."""
-    from emrl_data.text.results_card import CardMismatch, check_comparable, headline, read_card
-
     try:
         earlier = read_card(Path(against))
         check_comparable(card, earlier)

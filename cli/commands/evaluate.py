@@ -36,6 +36,7 @@ def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> None:
     """Evaluate."""
+    # lazy: polars and matplotlib add 0.33 s to `emrl --help` (see cli/preflight.py)
     from cli.evaluate import evaluate_predictions
 
     evaluate_predictions(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from emrl_data.reading.layout import LAYOUTS
+
 
 def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     """Declare `emrl layouts`."""
@@ -20,8 +22,6 @@ def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
 
 def describe() -> str:
     """The layouts as text, one block each, in detection order."""
-    from emrl_data.reading.layout import LAYOUTS
-
     blocks = []
     for layout in LAYOUTS:
         blocks.append(
