@@ -217,7 +217,8 @@ def check_cluster(
     """
     if kind != "dask" or address is None:
         return 0
-    from distributed import Client  # the dask extra is installed: make_task_runner checked it first
+    # lazy: distributed is the optional `dask` extra (make_task_runner checked it is installed)
+    from distributed import Client
 
     try:
         client = Client(address, timeout=timeout_s, set_as_default=False)
@@ -250,10 +251,10 @@ def _worker_probe() -> Any:
     import this module (the very problem it reports)."""
 
     def probe(output_dir: str, read_dirs: list[str]) -> list[str]:
-        import importlib
-        import os
-        import socket
-        import uuid
+        import importlib  # lazy: the probe is pickled by value: it must not depend on this module
+        import os  # lazy: see importlib
+        import socket  # lazy: see importlib
+        import uuid  # lazy: see importlib
 
         for module in ("emrl_data", "flows.build_sft_set"):
             try:

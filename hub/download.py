@@ -213,7 +213,7 @@ def _xet_stream(
     file_hash: str, size: int, offset: int, info: Any, refresh_route: str, headers: dict[str, str], out: BinaryIO
 ) -> None:
     """hf_xet's ordered stream of the file from `offset` to its end, written to `out` as the bytes arrive."""
-    from hf_xet import XetFileInfo  # installed with huggingface_hub; imported where a Xet file is met
+    from hf_xet import XetFileInfo  # lazy: hf_xet is a huggingface_hub dependency on x86_64 and arm64 machines only
 
     group = get_xet_session().new_download_stream_group(
         endpoint=info.endpoint,

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from PIL import Image
+
 from emrl_data.types import row_id
 
 
@@ -68,7 +70,6 @@ def _frame_png(frame: Any) -> bytes:
         if frame.get("bytes") is None:
             raise ValueError(f"image struct without bytes (path={frame.get('path')!r}).")
         return bytes(frame["bytes"])
-    from PIL import Image  # only rows decoded by `datasets` need it
 
     if isinstance(frame, Image.Image):
         buf = io.BytesIO()

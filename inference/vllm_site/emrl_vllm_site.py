@@ -45,7 +45,7 @@ def _answer_vllm_version() -> None:
 
 def _define_torchvision_schemas() -> None:
     try:
-        import torch
+        import torch  # lazy: this site hook runs at the start of every process, most of which never need torch
     except ImportError:  # not the side environment: nothing to do
         return
     library = torch.library.Library("torchvision", "DEF")
