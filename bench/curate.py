@@ -30,14 +30,34 @@ Targets: ours <= 1.2x the fair floor, naive >= 30x ours, peak RSS <= 600 MB per 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import resource
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for `python bench/curate.py`
+
+import cv2
+import deflate
+import nibabel as nib
+import numpy as np
+from isal import isal_zlib
+from scipy import ndimage
+
+from emrl_data.config import CurateConfig
+from emrl_data.labeling.curate import curate_case
+from emrl_data.labeling.frames import encode_png_gray8
+from emrl_data.reading.atlas import ORGAN_STRUCTURES, discover_cases
+from emrl_data.reading.case_images import _PART_ONLY_MASKS
+from emrl_data.synthetic import bench_spec, write_atlas
+from flows.runners import reuse_heap
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,10 +67,6 @@ TARGETS = {"ours/fair_floor": 1.2, "naive/ours": 30.0, "peak_rss_mb": 600.0}
 
 def write_cases(atlas: Path) -> None:
     """Write the two bench cases (about 80 MB of gzip) unless they are there."""
-    from dataclasses import replace
-
-    from emrl_data.synthetic import bench_spec, write_atlas
-
     if (atlas / "synthetic_truth.json").is_file():
         return
     print(f"writing the two 512x512x300 bench cases to {atlas} ...", flush=True)
@@ -63,8 +79,6 @@ def write_cases(atlas: Path) -> None:
 
 
 def _refs(atlas: Path) -> dict[str, Any]:
-    from emrl_data.reading.atlas import discover_cases
-
     by_id = {ref.case_id: ref for ref in discover_cases(atlas).refs}
     return {name: by_id[case_id] for name, case_id in CASES.items()}
 
@@ -73,15 +87,10 @@ class Ours:
     """`curate_case`, as a warm worker runs it."""
 
     def __init__(self, atlas: Path, reuse: bool) -> None:
-        from emrl_data.config import CurateConfig
-        from flows.runners import reuse_heap
-
         self.heap_reused = reuse_heap() if reuse else False
         self.refs, self.cfg = _refs(atlas), CurateConfig()
 
     def run(self, case: str) -> dict[str, Any]:
-        from emrl_data.labeling.curate import curate_case
-
         result = curate_case(self.refs[case], split="train", cfg=self.cfg)
         if result.rejections or len(result.rows) != 3:
             raise RuntimeError(f"{case}: expected 3 rows and no rejection, got {result.rejections}")
@@ -98,10 +107,6 @@ class FairFloor:
     """
 
     def __init__(self, atlas: Path) -> None:
-        from emrl_data.config import CurateConfig
-        from emrl_data.labeling.curate import curate_case
-        from flows.runners import reuse_heap
-
         self.heap_reused = reuse_heap()
         self.atlas, self.refs, self.cfg = atlas, _refs(atlas), CurateConfig()
         results = {case: curate_case(self.refs[case], split="train", cfg=self.cfg) for case in CASES}
@@ -120,9 +125,6 @@ class FairFloor:
         return files
 
     def run(self, case: str) -> dict[str, Any]:
-        import deflate
-        from isal import isal_zlib
-
         seconds, cpu, out_bytes, read_bytes = {}, {}, 0, 0
         beside = {"sha256_cpu_s": 0.0, "scan_cpu_s": 0.0, "beside_wall_s": 0.0}  # timed apart, in the libdeflate pass
         for codec in ("isal", "libdeflate"):
@@ -162,12 +164,6 @@ class FairFloor:
     def _beside(path: Path, raw: bytes, data: bytes, into: dict[str, float]) -> None:
         """Time, apart from the floor, two more things a row needs: the sha256 of the file (the manifest's promise)
         and, for an organ or lesion mask, one read of its voxels (its box cannot be found without one)."""
-        import hashlib
-
-        import numpy as np
-
-        from emrl_data.reading.case_images import _PART_ONLY_MASKS
-
         wall, started = time.perf_counter(), time.process_time()
         hashlib.sha256(raw).digest()
         into["sha256_cpu_s"] += time.process_time() - started
@@ -182,8 +178,6 @@ class FairFloor:
 
     def _encode_frames(self, case: str) -> tuple[float, float]:
         """Wall and CPU seconds to PNG-encode the case's frames (ours' pixels, ours' level)."""
-        from emrl_data.labeling.frames import encode_png_gray8
-
         level = self.cfg.frames.png_compress_level
         started, started_cpu = time.perf_counter(), time.process_time()
         for image in self.frames[case]:
@@ -193,9 +187,6 @@ class FairFloor:
 
 def _decoded_frames(rows: list[dict[str, Any]]) -> list[Any]:
     """The uint8 pixels of every frame of the rows, decoded from their PNGs (`{"bytes": png, "path": ...}`)."""
-    import cv2
-    import numpy as np
-
     return [
         cv2.imdecode(np.frombuffer(frame["bytes"], np.uint8), cv2.IMREAD_UNCHANGED)
         for row in rows
@@ -207,18 +198,9 @@ class Naive:
     """The baseline a straightforward script would be (nibabel `get_fdata` float64, full-volume scipy labels, boolean gathers: docs/scaling.md#what-curation-costs-measured-on-this-machine)."""
 
     def __init__(self, atlas: Path) -> None:
-        import nibabel  # noqa: F401  (imports are not part of a case's cost)
-        import scipy.ndimage  # noqa: F401
-
         self.refs = _refs(atlas)
 
     def run(self, case: str) -> dict[str, Any]:
-        import nibabel as nib
-        import numpy as np
-        from scipy import ndimage
-
-        from emrl_data.reading.atlas import ORGAN_STRUCTURES
-
         ref = self.refs[case]
         ct = nib.load(ref.ct_path).get_fdata()
         for structures in ORGAN_STRUCTURES.values():
@@ -238,7 +220,6 @@ class Naive:
 
 def _serve(kind: str, atlas: Path) -> None:
     """Worker loop: one JSON command per stdin line (`{"case": ...}`), one JSON answer per stdout line."""
-    sys.path.insert(0, str(ROOT))
     variant: Any = {
         "ours": lambda: Ours(atlas, reuse=True),
         "ours_default_heap": lambda: Ours(atlas, reuse=False),
@@ -442,7 +423,6 @@ def main() -> None:
     if args.serve:
         _serve(args.serve, atlas)
         return
-    sys.path.insert(0, str(ROOT))
     write_cases(atlas)
     run = measure(atlas, args.rounds, args.compare_heap)
     summary = summarise(run["samples"], "cpu_s" if args.clock == "cpu" else "seconds")

@@ -28,20 +28,26 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+import yaml
+from trl import GRPOConfig
+
+from train.data import frames_to_array, load_split
+from train.grpo import build_grpo_trainer
+from train.rewards import Verifier
+from train.tiny.model import save_tiny
+from train.tiny.synthetic import write_sft_table
+from train.vllm_rollout import prompt_token_counts
+
 
 def _trainer(tiny: Path, ds: Any, out: Path, use_vllm: bool, args: argparse.Namespace, verifier_tokens: int):
-    from trl import GRPOConfig
-
-    from train.data import frames_to_array
-    from train.grpo import build_grpo_trainer
-    from train.rewards import Verifier
-
     verifier = Verifier(max_new_tokens=verifier_tokens)
 
     def r_verify(completions: Any, frames: Any, key_slice_frame: Any, **kw: Any) -> list[float]:
@@ -115,10 +121,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _relaunch(args: argparse.Namespace, argv: list[str] | None) -> int:
     """Run this script under `accelerate launch` with `--ranks` processes (train/launch/ddp.yaml on CPU, gloo)."""
-    import subprocess
-
-    import yaml
-
     root = Path(__file__).resolve().parents[1]
     acc = yaml.safe_load((root / "train" / "launch" / "ddp.yaml").read_text())
     acc.update(num_processes=args.ranks, use_cpu=True, mixed_precision="no")
@@ -137,9 +139,6 @@ SHARED_DIR = "EMRL_BENCH_SHARED_DIR"  # the ranks' common folder: one checkpoint
 
 def _inputs(tmp: Path, args: argparse.Namespace, rank: int, world: int) -> tuple[Path, Path]:
     """Rank 0 writes the tiny checkpoint and the rows into the shared folder; the other ranks wait for them."""
-    from train.tiny.model import save_tiny
-    from train.tiny.synthetic import write_sft_table
-
     tiny, table, done = tmp / "tiny", tmp / "sft", tmp / "inputs.done"
     if rank == 0:
         save_tiny(tiny, seed=0)
@@ -155,8 +154,6 @@ def _inputs(tmp: Path, args: argparse.Namespace, rank: int, world: int) -> tuple
 
 def _step_seconds(seconds: float) -> float:
     """The step's rollout time: the slowest rank's (every rank waits for it at the next collective)."""
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()):
         return seconds
     out: list[Any] = [None] * dist.get_world_size()
@@ -165,8 +162,6 @@ def _step_seconds(seconds: float) -> float:
 
 
 def _barrier() -> None:
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # the other path idle on every rank while this one is timed
 
@@ -193,6 +188,7 @@ def _rounds(hf: Any, vl: Any, rows: list[dict], rounds: int, say: Any) -> list[d
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     try:
+        # lazy: the ImportError below names the side environment to run this in
         import vllm  # noqa: F401
     except ImportError:
         print(
@@ -202,8 +198,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.ranks > 1 and "LOCAL_RANK" not in os.environ:
         return _relaunch(args, argv)
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    from train.data import load_split
-    from train.vllm_rollout import prompt_token_counts
 
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 

@@ -28,10 +28,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from huggingface_hub import constants  # noqa: E402
+from prefect.testing.utilities import prefect_test_harness
 
 from emrl_data.reading.release import scratch_need  # noqa: E402
 from emrl_data.synthetic import demo_specs, write_atlas  # noqa: E402
 from emrl_data.synthetic.pack_release import write_release  # noqa: E402
+from flows.build_sft_set import build_sft_set_flow
+from hub.download import download_file
+from hub.listing import resolve_release
 from tests.fakehub import serve_fake_hub  # noqa: E402
 
 
@@ -69,8 +73,6 @@ class DiskPeak:
 
 def download_alone(release: Any, work: Path) -> float:
     """(a): every file of the release, one after the other, verified."""
-    from hub.download import download_file
-
     started = time.perf_counter()
     for path, expected in sorted(release.files.items()):
         download_file(release.commit, path, work / "download" / path, expected)
@@ -79,8 +81,6 @@ def download_alone(release: Any, work: Path) -> float:
 
 def hub_path(work: Path, budget: int) -> tuple[float, int, dict[str, Any]]:
     """(b): `build-sft-set hf://…` within a scratch budget of one part pair; seconds, sampled peak scratch, summary."""
-    from flows.build_sft_set import build_sft_set_flow
-
     scratch = work / "scratch"
     scratch.mkdir(parents=True)
     with DiskPeak(scratch) as disk:
@@ -103,7 +103,6 @@ def one_kind(root: Path, files: dict[str, bytes], kind: str, bandwidth_mbps: flo
         hub.state.put_dataset(REPO, files)
         os.environ["HF_ENDPOINT"] = hub.url
         constants.ENDPOINT = hub.url
-        from hub.listing import resolve_release
 
         release = resolve_release(REPO)
         one_pair = max(scratch_need(p) for p in release.pairs)
@@ -131,7 +130,6 @@ def main() -> None:
     parser.add_argument("--bandwidth-mbps", type=float, default=0.05, help="the link, in MB/s (10**6 bytes)")
     parser.add_argument("--storage", nargs="+", choices=("http", "xet"), default=["http", "xet"])
     args = parser.parse_args()
-    from prefect.testing.utilities import prefect_test_harness
 
     # One Prefect API server for every run, started before any clock starts.
     with tempfile.TemporaryDirectory() as tmp, prefect_test_harness(server_startup_timeout=120):

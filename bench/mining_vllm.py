@@ -31,6 +31,7 @@ from inference.openai_client import OpenAIBackend  # noqa: E402
 from inference.transformers_backend import TransformersBackend  # noqa: E402
 from inference.vllm_server import VLLMServer  # noqa: E402
 from tests.inference.helpers import make_requests  # noqa: E402
+from train.tiny.model import save_tiny
 
 
 def _timed(fn) -> tuple[float, list]:
@@ -76,8 +77,6 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
         ckpt = Path(args.checkpoint) if args.checkpoint else None
         if ckpt is None:
-            from train.tiny.model import save_tiny
-
             ckpt = save_tiny(Path(tmp) / "tiny")
         server = VLLMServer(ckpt, Path(tmp) / "serve", name="bench")
         try:

@@ -18,13 +18,21 @@ import sys
 import time
 from pathlib import Path
 
+import deflate
+from isal import isal_zlib
+
+from emrl_data.reading import inflate
+from emrl_data.reading.atlas import discover_cases
+from emrl_data.reading.case_images import open_case
+from emrl_data.reading.nifti import read_nifti
+from emrl_data.reading.placement import BodyEvidence, mini_body_box, verify_organ_mask
+from emrl_data.synthetic import bench_spec, write_atlas
+
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _case(workdir: Path):  # type: ignore[no-untyped-def]
-    from emrl_data.reading.atlas import discover_cases
-    from emrl_data.synthetic import bench_spec, write_atlas
 
     atlas = workdir / "atlas"
     if not atlas.exists():
@@ -39,8 +47,6 @@ def _files(ref) -> list[Path]:  # type: ignore[no-untyped-def]
 
 def ours(ref) -> None:  # type: ignore[no-untyped-def]
     """open_case + every mask (placement and, for organ masks, evidence checks included)."""
-    from emrl_data.reading.case_images import open_case
-
     case = open_case(ref)
     for path in _files(ref)[1:]:
         case.mask(path.name.removesuffix(".nii.gz"))
@@ -48,8 +54,6 @@ def ours(ref) -> None:  # type: ignore[no-untyped-def]
 
 def ours_read_only(ref) -> None:  # type: ignore[no-untyped-def]
     """read_nifti of every file (decode path only, no placement/evidence)."""
-    from emrl_data.reading.nifti import read_nifti
-
     files = _files(ref)
     read_nifti(files[0], role="ct")
     for path in files[1:]:
@@ -57,7 +61,6 @@ def ours_read_only(ref) -> None:  # type: ignore[no-untyped-def]
 
 
 def ours_no_pool(ref) -> None:  # type: ignore[no-untyped-def]
-    from emrl_data.reading import inflate
 
     inflate.configure_buffer_pool(0)
     try:
@@ -68,8 +71,6 @@ def ours_no_pool(ref) -> None:  # type: ignore[no-untyped-def]
 
 def isal_fresh(ref) -> None:  # type: ignore[no-untyped-def]
     """The previous loader's inflate: ISA-L one-shot into a fresh buffer of ISIZE bytes."""
-    from isal import isal_zlib
-
     for path in _files(ref):
         raw = path.read_bytes()
         isal_zlib.decompress(raw, wbits=31, bufsize=max(1, int.from_bytes(raw[-4:], "little")))
@@ -77,8 +78,6 @@ def isal_fresh(ref) -> None:  # type: ignore[no-untyped-def]
 
 def libdeflate_fresh(ref) -> None:  # type: ignore[no-untyped-def]
     """libdeflate one-shot (`deflate.gzip_decompress`, CRC/ISIZE checked) into a fresh buffer."""
-    import deflate
-
     for path in _files(ref):
         deflate.gzip_decompress(path.read_bytes())
 
@@ -89,8 +88,6 @@ _ORGAN_FILES = (("liver", "liver"), ("pancreas", "pancreas"), ("kidney", "kidney
 
 def _loaded(ref):  # type: ignore[no-untyped-def]
     """The CT and the four organ masks, read once (so that the evidence methods time the evidence only)."""
-    from emrl_data.reading.nifti import read_nifti
-
     if not _LOADED:
         _LOADED["ct"] = read_nifti(ref.ct_path, role="ct")
         for _, name in _ORGAN_FILES:
@@ -100,8 +97,6 @@ def _loaded(ref):  # type: ignore[no-untyped-def]
 
 def evidence(ref) -> None:  # type: ignore[no-untyped-def]
     """The placement evidence alone (files already read): subsampled hole-filled body + four organ-mask checks."""
-    from emrl_data.reading.placement import BodyEvidence, verify_organ_mask
-
     data = _loaded(ref)
     ev = BodyEvidence(data["ct"].data, data["ct"].affine)
     for organ, name in _ORGAN_FILES:
@@ -110,8 +105,6 @@ def evidence(ref) -> None:  # type: ignore[no-untyped-def]
 
 def mini_crop(ref) -> None:  # type: ignore[no-untyped-def]
     """Reproducing OncoKit Mini's body crop on the full CT (paid only for identical-affine smaller masks)."""
-    from emrl_data.reading.placement import mini_body_box
-
     mini_body_box(_loaded(ref)["ct"].data)
 
 
