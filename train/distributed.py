@@ -148,7 +148,7 @@ def prepare_deepspeed_cpu(env: Mapping[str, str] | None = None) -> bool:
         return False
     if torch.cuda.is_available():
         return False
-    import deepspeed.ops  # the optional `deepspeed` extra
+    import deepspeed.ops  # lazy: deepspeed is the optional `deepspeed` extra
 
     ops = dict(deepspeed.ops.__compatible_ops__)  # probed lazily by the module's __getattr__
     ops["deepspeed_shm_comm"] = False
@@ -184,7 +184,7 @@ def trainable_checksum(model: Any) -> tuple[str, int]:
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     gather: Any = contextlib.nullcontext()
     if any(hasattr(p, "ds_id") for _, p in named):
-        import deepspeed  # the optional `deepspeed` extra (a ZeRO-3 model means it is installed)
+        import deepspeed  # lazy: the optional `deepspeed` extra (a ZeRO-3 model means it is installed)
 
         gather = deepspeed.zero.GatheredParameters([p for _, p in named], modifier_rank=None)
     digest, count = hashlib.sha256(), 0

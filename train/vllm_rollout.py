@@ -241,7 +241,7 @@ def sampling_params(
         TrainConfigError: on a setting vLLM would apply differently (beam search, a repetition penalty other than 1 is
             fine, no_repeat_ngram_size, ...).
     """
-    from vllm import SamplingParams  # optional: vLLM is not in .venv (its side environment, or a GPU install)
+    from vllm import SamplingParams  # lazy: vllm is not in .venv (its side environment, or a GPU install)
 
     gen = generation_config
     for key, neutral in (("num_beams", 1), ("no_repeat_ngram_size", 0), ("length_penalty", 1.0)):
@@ -393,7 +393,7 @@ def gathered_weight_groups(model: Any) -> Iterator[dict[str, Any]]:
     (`deepspeed.zero.GatheredParameters`, a collective: every rank iterates the same groups in the same order) and
     LoRA merged while gathered; the yielded tensors are valid until the next group is asked for. One group at a time
     bounds the extra memory to one decoder layer, and keeps each vLLM layer whole within one push."""
-    import deepspeed  # the optional `deepspeed` extra
+    import deepspeed  # lazy: deepspeed is the optional `deepspeed` extra
 
     base, _ = _peft_parts(model)
     groups: dict[str, list[Any]] = {}
@@ -551,7 +551,7 @@ class VLLMRollout:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core and worker in this process
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from vllm import LLM  # after the environment above, which vLLM reads at import
+        from vllm import LLM  # lazy: vllm reads the environment set above when imported
 
         extra: dict[str, Any] = {}
         if distributed:
@@ -584,9 +584,7 @@ class VLLMRollout:
             return
         del llm
         if self.distributed:
-            from vllm.distributed import (
-                parallel_state,
-            )  # optional: vLLM is not in .venv (its side environment, or a GPU install)
+            from vllm.distributed import parallel_state  # lazy: vllm is not in .venv (see sampling_params)
 
             parallel_state.destroy_model_parallel()
             if parallel_state._WORLD is not None:  # vLLM's world group; not torch's default group

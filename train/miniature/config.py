@@ -13,7 +13,9 @@ from typing import Any
 import yaml
 
 from emrl_data.organs import ORGANS
+from emrl_data.text.scoring import NEGATIVE_ROWS
 from train.checks import TrainConfigError
+from train.miniature.noise import check_fraction
 
 
 # The runs a config's `models` may name (train.miniature.runs.MODELS has their labels, in this order).
@@ -105,7 +107,6 @@ def config_from_dict(data: dict[str, Any], source: str | Path | None = None) -> 
         except ValueError:
             raise TrainConfigError(f"{path}: {key}={value!r}: expected a number ({types[key]})") from None
     cfg = MiniatureConfig(**data)
-    from train.miniature.noise import check_fraction
 
     check_fraction(cfg.gold_noise)
     check_fraction(cfg.key_frame_noise, "key_frame_noise")
@@ -123,7 +124,6 @@ def config_from_dict(data: dict[str, Any], source: str | Path | None = None) -> 
         raise TrainConfigError(f"{path}: warmup_gate_checks={cfg.warmup_gate_checks} must be at least 1")
     if cfg.warmup_pool_rows < 0:
         raise TrainConfigError(f"{path}: warmup_pool_rows={cfg.warmup_pool_rows} must be >= 0")
-    from emrl_data.text.scoring import NEGATIVE_ROWS
 
     if cfg.negative_rows not in NEGATIVE_ROWS:
         raise TrainConfigError(

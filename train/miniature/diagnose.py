@@ -34,13 +34,18 @@ import argparse
 import json
 import math
 import statistics
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from emrl_data.text import scoring as sc
 from emrl_data.text.parser import ParsedReport, parse_free_text, parse_report
+from emrl_data.text.report import VERIFIER_PROMPT
 from emrl_data.types import Organ
+from train.checks import TrainConfigError
+from train.miniature.config import load_config
+from train.tiny.synthetic import visible_lesion_radii_px, visible_slice_long_mm
 
 
 SPREAD_TOL = 1e-6
@@ -286,12 +291,11 @@ def sample_groups(
     greedy report are greedy. Returns `group_summary`'s dict plus `verifier` (`verifier_summary`), `greedy_rate`
     (per finding, the greedy report's rate on the same rows) and `examples` (a few sampled reports per row).
     """
-    import torch
+    import torch  # lazy: +2-3 s to every process importing this module (measured); only model stages need it
 
-    from emrl_data.text.report import VERIFIER_PROMPT
-    from model_io.processor import user_messages, verifier_messages
-    from model_io.video import frames_to_array
-    from train.tiny.warmup_checks import generate_texts  # loads torch: waits until a model runs
+    from model_io.processor import user_messages, verifier_messages  # lazy: transformers: +5.7 s (measured)
+    from model_io.video import frames_to_array  # lazy: model_io.video loads torch: +2 s (measured)
+    from train.tiny.warmup_checks import generate_texts  # lazy: train.tiny.warmup_checks loads torch: +5 s (measured)
 
     model.eval()
     groups, verifier_records, greedy, examples = [], [], [], []
@@ -414,13 +418,11 @@ def trainer_rollout_groups(
     GRPO step's batch: TRL's left-padded, batched `generate` with the trainer's sampling settings), at learning rate 0.
     Returns the groups (`completion_record`s, r_c left out) and the completion texts in row order.
     """
-    import tempfile
+    import torch  # lazy: torch (see sample_groups)
+    from datasets import Dataset  # lazy: datasets adds 0.8 s (measured); only this stage builds a Dataset
+    from trl import GRPOConfig  # lazy: trl: the torch stack (see sample_groups)
 
-    import torch
-    from datasets import Dataset
-    from trl import GRPOConfig
-
-    from train.grpo import build_grpo_trainer
+    from train.grpo import build_grpo_trainer  # lazy: the torch stack (see sample_groups)
 
     torch.manual_seed(seed)
     with tempfile.TemporaryDirectory() as tmp:
@@ -476,9 +478,9 @@ def compare_rollouts(
     (`trainer_rollout_groups`) and of per-prompt sampling (`sample_groups`), r_c aside (the verifier is not queried
     in the first). Returns that dict.
     """
-    import torch
+    import torch  # lazy: torch (see sample_groups)
 
-    from model_io.processor import load_model_and_processor
+    from model_io.processor import load_model_and_processor  # lazy: transformers (see sample_groups)
 
     trainer_groups, _ = trainer_rollout_groups(
         model_dir,
@@ -530,9 +532,9 @@ def diagnose_checkpoint(
 ) -> list[dict[str, Any]]:
     """Run `sample_groups` at each of `cfg.diagnose_temperatures` (a `MiniatureConfig`) on the checkpoint in
     `model_dir`; write `diagnose.json` (with example reports) and `diagnose.md` to `out_dir`; return the summaries."""
-    import torch
+    import torch  # lazy: torch (see sample_groups)
 
-    from model_io.processor import load_model_and_processor
+    from model_io.processor import load_model_and_processor  # lazy: transformers (see sample_groups)
 
     model, processor = load_model_and_processor(model_dir, dtype=torch.float32)
     summaries = [
@@ -562,9 +564,8 @@ def diagnose_checkpoint(
 
 def main(argv: list[str] | None = None) -> None:
     """CLI: diagnose any finished stage's model of a miniature run (written to `<run_dir>/diagnose_<model>_<split>`)."""
-    from train.checks import TrainConfigError
+    # lazy: train.data loads transformers: +6.7 s (measured), only once rows are read
     from train.data import load_split
-    from train.miniature.config import load_config
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run_dir", required=True, help="a miniature output folder (its config.json is read)")
@@ -625,8 +626,7 @@ def distance_frames(row: Mapping[str, Any], span: int) -> list[tuple[int, int, f
     The frame at distance d is key + d where it exists, else key - d; a d with neither is left out. The slice's long
     axis is what the frame shows (`visible_slice_long_mm`), None beyond the lesion (d > span: the frame shows none).
     """
-    from model_io.video import frames_to_array
-    from train.tiny.synthetic import visible_lesion_radii_px, visible_slice_long_mm
+    from model_io.video import frames_to_array  # lazy: torch (see sample_groups)
 
     key, n = int(row["key_slice_frame"]), int(row["n_frames"])
     size_px = frames_to_array(row["frames"][:1]).shape[-1]
@@ -682,10 +682,9 @@ def verifier_by_distance(
 ) -> dict[str, dict[str, float | int | None]]:
     """Ask the greedy verifier about the frames at each distance from the key frame of the first `max_rows` positive
     `rows`; return `score_by_distance`'s rates."""
-    from emrl_data.text.report import VERIFIER_PROMPT
-    from model_io.processor import verifier_messages
-    from model_io.video import frames_to_array
-    from train.tiny.warmup_checks import generate_texts  # loads torch: waits until a model runs
+    from model_io.processor import verifier_messages  # lazy: transformers (see sample_groups)
+    from model_io.video import frames_to_array  # lazy: torch (see sample_groups)
+    from train.tiny.warmup_checks import generate_texts  # lazy: torch (see sample_groups)
 
     asked, msgs = [], []
     for row in [r for r in rows if r["has_lesion"] and r.get("key_slice_frame")][:max_rows]:

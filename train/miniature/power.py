@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from emrl_data.text.bootstrap import hierarchical_paired_bootstrap, paired_bootstrap
+from emrl_data.text.bootstrap import hierarchical_paired_bootstrap, interval, paired_bootstrap
+from train.checks import TrainConfigError
 
 
 __all__ = [
@@ -341,8 +342,6 @@ def contrast_bootstrap(
     draws' standard deviation), `mdd` (the smallest true contrast found with 80 % power at a two-sided 5 % level
     under a normal approximation, (1.96 + 0.84) x se) and `mc_error` (`bound_mc_error`); nan draws left out, None where
     no draw is left."""
-    from emrl_data.text.bootstrap import interval
-
     if n_bootstrap * (1 - level) / 2 < 1:
         raise ValueError(f"contrast_bootstrap: n_bootstrap={n_bootstrap} is too few for a {level:.0%} interval")
     point, draws = contrast_draws(groups, n_bootstrap=n_bootstrap, seed=seed, hierarchical=hierarchical)
@@ -411,8 +410,6 @@ def check_power(n_test: int, n_organs: int, min_rows_per_class: int, n_bootstrap
     Each organ needs `min_rows_per_class` positive and negative rows on average (n_test >= 2 x organs x that), and the
     percentile interval needs at least one resample in each tail.
     """
-    from train.checks import TrainConfigError
-
     need = 2 * n_organs * min_rows_per_class
     if n_test < need:
         raise TrainConfigError(

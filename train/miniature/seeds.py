@@ -88,10 +88,10 @@ def seeds_markdown(summary: dict[str, Any], claims: bool = True) -> str:
 
 def save_seeds_png(results: dict[int, dict[str, Any]], path: Path) -> Path:
     """Plot each model's B-Acc and K-Hit per seed with its 95 % interval (one colour per seed)."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib.use("Agg") below sets the process's backend: only where a plot is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after matplotlib.use("Agg")
 
     seeds = sorted(results)
     names = list(dict.fromkeys(n for s in seeds for n in results[s]["models"]))

@@ -36,9 +36,13 @@ import argparse
 import gzip
 import json
 import math
+import multiprocessing
 import os
 import statistics
+import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -46,9 +50,26 @@ from typing import Any
 import yaml
 
 from emrl_data.atomic_write import write_bytes_atomic, write_text_atomic
+from emrl_data.text.evaluation import score_predictions
 from train.checks import TrainConfigError, run_cli
 from train.miniature.config import MiniatureConfig, config_from_dict
+from train.miniature.diagnose import BY_DISTANCE
+from train.miniature.power import (
+    KEY_METRICS,
+    METRICS,
+    benjamini_hochberg,
+    contrast_bootstrap,
+    exact_key,
+    hierarchical_paired_bootstrap,
+    holm,
+    k_hit,
+    lesion_metrics,
+    paired_bootstrap,
+    random_lesion_frame,
+)
+from train.miniature.seeds import seeds_markdown, summarize_seeds
 from train.miniature.study import Miniature
+from train.tiny.synthetic import make_visible_rows
 
 
 # The paired differences a study may report: (first run, second run) -> its name; each where a level has both runs.
@@ -228,6 +249,7 @@ def run_study(
             "would show each noisy run the clean labels of its own rows"
         )
     if jobs == 1 and threads is not None:
+        # lazy: torch adds 2-3 s to every process that imports this module (measured); only the model stages need it
         import torch
 
         torch.set_num_threads(threads)
@@ -290,9 +312,9 @@ def _run_one(
     """Run (or resume) one run of the study, or with `warmup_only` the data and warm-up of its seed's clean run;
     return the torch threads it ran with, or None when the seed's warm-up missed its targets by its step cap: the seed
     is then excluded (`write_exclusion`)."""
-    import torch
+    import torch  # lazy: torch (see run_study)
 
-    from train.tiny.warmup import WarmupMissed  # loads torch: waits until a seed runs
+    from train.tiny.warmup import WarmupMissed  # lazy: torch (see run_study)
 
     clean = run_dir(output_dir, 0.0, seed)
     clean_cfg = replace(cfg, seed=seed, models=levels[0.0], **overrides_of(0.0))
@@ -339,7 +361,7 @@ def _worker(
     seed: int,
     warmup_only: bool,
 ) -> int | None:
-    import torch
+    import torch  # lazy: torch (see run_study)
 
     torch.set_num_threads(threads)
     prefix = f"[{describe(level)}, seed {seed}] "
@@ -366,8 +388,6 @@ def _run_in_processes(
     finish, and the failure is raised. A worker exits when the study's process is gone (stopped by a signal to it
     alone, or killed), so no run outlives its study.
     """
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     def warmed_up(seed: int) -> bool:
         return (run_dir(output_dir, 0.0, seed) / "warmup" / "done.json").exists()
@@ -412,8 +432,6 @@ def _run_in_processes(
 
 def exit_with_parent(parent_pid: int, interval_s: float = 2.0) -> None:
     """Start a daemon thread that ends this process once its parent `parent_pid` is gone (its parent changes)."""
-    import threading
-    import time
 
     def watch() -> None:
         while os.getppid() == parent_pid:
@@ -450,8 +468,6 @@ def write_record(output_dir: str | Path, level: Level, seed: int, models: list[s
     `torch_threads`: the threads the run trained with (the numbers depend on it). The bytes depend on the run only
     (gzip without a timestamp), so a rerun that changes nothing rewrites them equal.
     """
-    from emrl_data.text.evaluation import score_predictions
-
     folder = run_dir(output_dir, level, seed)
     scores = {}
     for name in models:
@@ -566,8 +582,6 @@ def _intervals(groups: dict[int, Any], n_bootstrap: int, report: Report) -> tupl
     """Return (per seed, pooled rows only, pooled seeds and rows) of a contrast: `groups` {seed: its terms}
     (`power.contrast_bootstrap`, `report.n_bootstrap` draws) or, without `report.n_bootstrap`, {seed: (a rows, b rows,
     statistic)} through `emrl_data.text.bootstrap` (`n_bootstrap` draws)."""
-    from train.miniature.power import contrast_bootstrap, hierarchical_paired_bootstrap, paired_bootstrap
-
     if report.n_bootstrap is None:
         statistic = next(iter(groups.values()))[2]
         pairs = {s: (a, b) for s, (a, b, _) in groups.items()}
@@ -602,8 +616,6 @@ def _near_zero(interval: dict[str, Any]) -> bool:
 def _signed(metric: str, drawn: dict[str, Any] | None = None) -> list[tuple[float, Any]]:
     """Return a metric as signed organ-averaged rates (of `drawn`, beside K-Hit's and exact key's):
     `exact_minus_k_hit` is exact key minus K-Hit."""
-    from train.miniature.power import KEY_METRICS, METRICS
-
     rates = dict(METRICS) | dict(KEY_METRICS) | dict(drawn or {})
     return (
         [(1.0, rates["exact_key"]), (-1.0, rates["k_hit"])]
@@ -621,9 +633,6 @@ def summarize_study(
 ) -> dict[str, Any]:
     """Return per level: each seed's results, and each comparison's paired differences per seed and pooled; with the
     `report` options, the family's adjusted p-values and K-Hit taken apart."""
-    from train.miniature.power import KEY_METRICS, METRICS, exact_key, lesion_metrics
-    from train.miniature.seeds import summarize_seeds
-
     report = report or Report()
 
     listed, seeds = seeds, study_seeds(output_dir, seeds, levels, report.finished_seeds)
@@ -715,8 +724,6 @@ def pilot_decision(summary: dict[str, Any], report: Report) -> dict[str, Any]:
 def lesion_frames(runs: dict[int, dict[str, Any]], models: list[str], report: Report) -> dict[str, Any]:
     """Return K-Hit taken apart per model (`power.lesion_metrics`), each rate the mean over the seeds, with each model
     minus SFT pooled over seeds and rows (`report.n_bootstrap` draws), and what a random lesion frame scores."""
-    from train.miniature.power import contrast_bootstrap, exact_key, k_hit, lesion_metrics, random_lesion_frame
-
     first = next(iter(runs.values()))["results"]["config"]
     span, n_frames = int(first["lesion_span"]), int(first["n_frames"])
     rates = {"k_hit": k_hit, "exact_key": exact_key} | lesion_metrics(span)
@@ -753,8 +760,6 @@ def family(summary: dict[str, Any], report: Report) -> dict[str, Any]:
     """Return the family: every pooled difference of `report.family`'s metrics (each level's comparisons, then the
     key-noise trends) with its seeds-and-rows p-value, Holm's and Benjamini-Hochberg's adjusted ones, and how many
     fall below `FAMILY_ALPHA` under each."""
-    from train.miniature.power import benjamini_hochberg, holm
-
     members = []
     entries = [
         (level, key, comp) for level, entry in summary["levels"].items() for key, comp in entry["comparisons"].items()
@@ -798,7 +803,6 @@ def with_key_truth(record: dict[str, Any]) -> dict[str, Any]:
     scores = record["scores"]
     if all("key_slice_frame" in row for rows in scores.values() for row in rows):
         return record
-    from train.tiny.synthetic import make_visible_rows
 
     cfg = record["results"]["config"]
     test = make_visible_rows(
@@ -864,13 +868,6 @@ def key_noise_trends(
     """Return, per key-frame-noise level and `TRENDS` pair, the paired difference at that rate minus the same
     difference on clean gold, over the seeds finished at both (the same test rows: the test split depends on the seed
     alone), with both intervals and the verdict."""
-    from train.miniature.power import (
-        KEY_METRICS,
-        METRICS,
-        hierarchical_paired_bootstrap,
-        paired_bootstrap,
-    )
-
     report = report or Report()
     out: dict[str, Any] = {}
     for level in sorted((lv for lv in levels if isinstance(lv, str)), key=level_order):
@@ -1046,8 +1043,7 @@ def conclusions(summary: dict[str, Any]) -> list[dict[str, Any]]:
 def verifier_over_seeds(results: dict[int, dict[str, Any]], models: list[str]) -> dict[str, Any]:
     """Return, per model of `models` that has a verifier (SFT and the GRPO runs), in that order, its accuracy on the
     test split's frames, seen and blind, each rate the mean over the seeds that measured it (None where none did)."""
-    from train.miniature.diagnose import BY_DISTANCE
-    from train.tiny.warmup_checks import VERIFIER_GATES  # loads torch: waits until a verifier table is made
+    from train.tiny.warmup_checks import VERIFIER_GATES  # lazy: train.tiny.warmup_checks loads torch: +5 s (measured)
 
     out: dict[str, Any] = {}
     for name in models:
@@ -1100,8 +1096,6 @@ CONCLUSION_RULE = (
 
 def study_markdown(summary: dict[str, Any]) -> str:
     """Return the study's tables (points): per level the seeds table and the paired differences, and the verdict."""
-    from train.miniature.seeds import seeds_markdown
-
     lines = []
     for seed, reason in summary.get("excluded", {}).items():
         lines += [
@@ -1268,7 +1262,7 @@ def spread_markdown(spread: dict[str, Any]) -> list[str]:
 
 def verifier_markdown(verifier: dict[str, Any]) -> list[str]:
     """Return the lines of the verifier table of one level (none when no model has a verifier)."""
-    from train.tiny.warmup_checks import VERIFIER_GATES  # loads torch: waits until a verifier table is made
+    from train.tiny.warmup_checks import VERIFIER_GATES  # lazy: torch (see verifier_over_seeds)
 
     if not verifier:
         return []
@@ -1310,10 +1304,10 @@ def verifier_markdown(verifier: dict[str, Any]) -> list[str]:
 def save_study_png(summary: dict[str, Any], path: Path) -> Path:
     """Plot each pooled paired difference with its two 95 % intervals, one colour per gold-noise level: a filled
     marker and thick bar for seeds and rows (what the verdict reads), an open marker and thin bar for rows only."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib.use("Agg") below sets the process's backend: only where a plot is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after matplotlib.use("Agg")
 
     keys = list(dict.fromkeys(k for e in summary["levels"].values() for k in e["comparisons"]))
     fig, ax = plt.subplots(figsize=(11, 4.5))
