@@ -225,3 +225,57 @@ def test_every_module_of_flows_imports_prefect() -> None:
     in `publishing/`)."""
     misplaced = prefect_free_modules(ROOT, "flows")
     assert not misplaced, f"modules of flows/ that import no Prefect (move them out of flows/): {misplaced}"
+
+
+# Imports sit at module top; one inside a function says why on its line or the line above (docs/dependencies.md).
+LAZY_IMPORT_PACKAGES = (*PACKAGES, "schemas", "bench")
+LAZY_REASON = re.compile(r"#\s*lazy:\s*\S")
+
+
+def unexplained_lazy_imports(source: str, name: str) -> list[str]:
+    """Every import statement inside a function of `source` with no `# lazy: <reason>` comment on its first line or
+    on the line above, as `name:line`."""
+    lines = source.splitlines()
+    found = set()
+    for function in ast.walk(ast.parse(source, filename=name)):
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(function):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    line, above = lines[node.lineno - 1], lines[node.lineno - 2] if node.lineno > 1 else ""
+                    if not (LAZY_REASON.search(line) or LAZY_REASON.match(above.strip())):
+                        found.add((node.lineno, f"{name}:{node.lineno}"))
+    return [where for _, where in sorted(found)]
+
+
+def test_unexplained_lazy_imports_finds_constructed_imports() -> None:
+    source = (
+        "import os\n\n\n"
+        "def f():\n"
+        "    import json\n"
+        "    import torch  # lazy: torch adds 2 s to start-up (measured)\n"
+        "    # lazy: vllm is only in its side environment\n"
+        "    from vllm import LLM\n"
+        "    from trl import (  # lazy: the torch stack (see above)\n"
+        "        GRPOConfig,\n"
+        "    )\n"
+        "    import yaml  # lazy:\n\n"
+        "    class C:\n"
+        "        async def g(self):\n"
+        "            from x import y  # lazy\n"
+        "            # a comment that is not a reason\n"
+        "            import z\n"
+    )
+    assert unexplained_lazy_imports(source, "m.py") == ["m.py:5", "m.py:12", "m.py:16", "m.py:18"]
+
+
+def test_every_import_inside_a_function_says_why_it_is_lazy() -> None:
+    found = [
+        where
+        for package in LAZY_IMPORT_PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for where in unexplained_lazy_imports(path.read_text(encoding="utf-8"), path.relative_to(ROOT).as_posix())
+    ]
+    assert not found, (
+        "imports inside functions with no `# lazy: <measured or factual reason>` on their line or the line above "
+        f"(move them to the module top): {found}"
+    )
