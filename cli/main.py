@@ -2,6 +2,7 @@
 
     emrl synth OUT [--cases 32] [--layout split|combined]
     emrl layouts
+    emrl overlaps OUT_A OUT_B [--out FILE]
     emrl build-sft-set ATLAS OUT [--cases-per-task 8] [--workers 2] [--limit N] [--frame-size 448] [--max-frames 32]
     emrl build-rl-hardset OUT/sft OUT (--model SFT_DIR | --endpoint URL --endpoint-model NAME [--dialect openai])
     emrl publish OUT/sft ORG/NAME X.Y.Z [--local-root DIR]
@@ -34,6 +35,7 @@ from cli.commands import (
     evaluate,
     fetch_atlas,
     layouts,
+    overlaps,
     publish,
     server,
     synth,
@@ -49,6 +51,7 @@ COMMANDS = (
     synth,
     build_sft_set,
     layouts,
+    overlaps,
     fetch_atlas,
     build_rl_hardset,
     publish,

@@ -138,6 +138,9 @@ BUILD_SFT_SET = (
             "(default: OUT/.work/scratch)", metavar="DIR"),
     Setting("scratch_budget", "--scratch-budget", "64G", "bytes", "hf:// atlas only: the most the scratch folder "
             "holds at once (K, M, G, T); sets how many part pairs run at once", metavar="SIZE"),
+    Setting("exclude_overlaps_with", "--exclude-overlaps-with", None, "", "another output folder: a test case that is "
+            "the same CT as one of its training cases becomes an overlaps_training_ct rejection (docs/data.md)",
+            metavar="OUT_OTHER"),
 )
 
 # `emrl build-rl-hardset` = the build-rl-hardset flow ----------------------------------------------------------------

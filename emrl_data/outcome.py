@@ -39,6 +39,7 @@ class RejectReason(StrEnum):
     UNSAFE_ARCHIVE_MEMBER = "unsafe_archive_member"  # a link, device, climbing path, twice, or too big for scratch
     CORRUPT_ARCHIVE = "corrupt_archive"  # the part's tar/gzip stream broke before the case was read
     DUPLICATE_CT = "duplicate_ct"  # a released case with two CT files (ct.nii beside ct.nii.gz): which one is unknown
+    OVERLAPS_TRAINING_CT = "overlaps_training_ct"  # a test case that is a training CT of another output folder
     UNEXPECTED_ERROR = "unexpected_error"  # a bug, not a data defect: fails the flow at the end
 
 
@@ -61,7 +62,8 @@ class Rejection:
 
     case_id: str
     organ: str | None  # None when the whole case is rejected
-    step: str  # "discover", "metadata", "load", "labels", "frames"; "curate" for a case_timeout; "archive", "fetch"
+    # "discover", "metadata", "load", "labels", "frames"; "curate" for a case_timeout; "archive", "fetch"; "overlaps"
+    step: str
     reason: RejectReason
     detail: str
     path: str | None = None  # the offending file, relative to the atlas root when possible

@@ -33,12 +33,14 @@ from emrl_data.atomic_write import write_json_atomic, write_text_atomic
 from emrl_data.config import CurateConfig, SftConfig
 from emrl_data.labeling.case_store import CaseStore
 from emrl_data.labeling.checksums import case_cache_key
-from emrl_data.labeling.curate import PLAUSIBLE_ORGAN_VOLUME_CM3, CaseResult, curate_case
+from emrl_data.labeling.curate import PLAUSIBLE_ORGAN_VOLUME_CM3, CaseResult, curate_case, fingerprint_case
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.reading.atlas import AtlasOrganMeta, AtlasPlan, CaseRef, plan_atlas
 from emrl_data.reading.release import parse_size
+from emrl_data.tables import overlaps
 from emrl_data.tables.qa import build_qa_report, qa_markdown
 from emrl_data.tables.sft_set import (
+    GatheredCases,
     build_summary,
     check_every_case_accounted,
     gather_case_results,
@@ -121,7 +123,10 @@ def _curate_one(
     ref: CaseRef, split: str, meta: Mapping[Organ, AtlasOrganMeta] | None, cfg: CurateConfig, store: CaseStore
 ) -> tuple[str, str, bool]:
     key = case_cache_key(ref, cfg, split, _meta_key(meta))
-    if store.has(key):
+    cached = store.load_rows(key)
+    if cached is not None:
+        if cached.fingerprint is None and cached.rows and (found := fingerprint_case(ref, cfg=cfg)) is not None:
+            store.add_fingerprint(key, found)  # an entry stored before fingerprints existed
         return ref.case_id, key, True
     started = time.perf_counter()
     result = curate_case(ref, split=split, cfg=cfg, metadata=meta)
@@ -152,6 +157,7 @@ def build_sft_set_flow(
     revision: str | None = None,
     scratch_dir: str | None = None,
     scratch_budget: str = DEFAULT_SCRATCH_BUDGET,
+    exclude_overlaps_with: str | None = None,
 ) -> dict[str, Any]:
     """Build the `findings`, `sft` and `rejections` tables from an AbdomenAtlas-layout folder or the Hub release.
 
@@ -175,6 +181,8 @@ def build_sft_set_flow(
         revision: Hub only: the branch, tag or commit to read (default `main`); pinned to its commit sha.
         scratch_dir: Hub only: where parts are downloaded and unpacked (default `OUTPUT_DIR/.work/scratch`).
         scratch_budget: Hub only: the most the scratch folder may hold at once, e.g. `64G`.
+        exclude_overlaps_with: another output folder: a test case of this run that is the same CT as one of its
+            training cases becomes an `overlaps_training_ct` rejection (`emrl_data.tables.overlaps`).
 
     Returns:
         The run summary (also written to `summary.json`).
@@ -182,6 +190,7 @@ def build_sft_set_flow(
     if case_timeout_s is not None and not case_timeout_s > 0:
         raise ValueError(f"case_timeout_s={case_timeout_s!r} must be a number of seconds > 0 (or None).")
     started = time.perf_counter()
+    other = _other_fingerprints(exclude_overlaps_with)  # before any case is read: a wrong folder fails at once
     cfg = CurateConfig.from_dict(config or {})
     sft_cfg = SftConfig(negatives_per_positive=negatives_per_positive, seed=seed, test_fraction=test_fraction)
     out = Path(output_dir).resolve()
@@ -191,7 +200,8 @@ def build_sft_set_flow(
     hub = HubOptions(revision, Path(scratch_dir or out / ".work" / "scratch").resolve(), parse_size(scratch_budget))
     read = _read_atlas(atlas_root, out, cfg, store, sft_cfg, limit, runner, hub, cases_per_task, case_timeout_s)
     gathered = gather_case_results(read.case_ids, store, read.keys)
-    rows, rejections = gathered.rows, [*read.plan.rejections, *gathered.rejections]
+    rows, refused = _fingerprints(out, read, gathered, other)
+    rejections = [*read.plan.rejections, *gathered.rejections, *refused]
     warnings = (*read.plan.warnings, *gathered.warnings)  # atlas warnings, then special files no row needed
     sft_rows = select_sft_rows(rows, sft_cfg)
 
@@ -203,12 +213,32 @@ def build_sft_set_flow(
         rows, rejections, plausible_volume_cm3=PLAUSIBLE_ORGAN_VOLUME_CM3, warnings=warnings, file_digests=digests
     )
     summary = _summary(provenance, read, out, rows, sft_rows, rejections, qa, warnings, digests, started)
+    summary |= {} if other is None else {"cases_refused_as_overlaps": len(refused)}
     write_json_atomic(summary, out / "manifest.json")
     sheet = write_contact_sheet(sft_rows, store, read.keys, out / "contact_sheet.png")
     _reports(out, summary, qa_markdown(qa), rejections, sheet)
     get_run_logger().info("build-sft-set done in %.1f s: %s", summary["seconds"], out)
     _fail_on_unexpected_errors(rejections, max_unexpected_errors, out)
     return summary
+
+
+def _other_fingerprints(other_out: str | None) -> tuple[str, list[overlaps.FingerprintRow]] | None:
+    """(the folder, its fingerprint table) of `--exclude-overlaps-with`, or None without it."""
+    if other_out is None:
+        return None
+    folder = Path(other_out).resolve()
+    return str(folder), overlaps.read_fingerprints(folder)
+
+
+def _fingerprints(
+    out: Path, read: AtlasRead, gathered: GatheredCases, other: tuple[str, list[overlaps.FingerprintRow]] | None
+) -> tuple[list[dict[str, Any]], list[Rejection]]:
+    """Write the run's fingerprint table; (the organ rows kept, the test cases refused as training CTs of `other`)."""
+    prints = overlaps.fingerprint_rows(read.case_ids, gathered.fingerprints, read.plan.splits, gathered.rows)
+    overlaps.write_fingerprints(out, prints)
+    if other is None:
+        return gathered.rows, []
+    return overlaps.exclude_overlapping_tests(gathered.rows, prints, other[1], other[0])
 
 
 def _summary(
@@ -323,6 +353,10 @@ def _reports(
     retried = f"- batches retried after a lost worker: {summary['batches_retried']}"
     timed_out = f"- cases abandoned past the per-case time bound (case_timeout): {summary['cases_timed_out']}"
     hub = hub_summary_lines(summary["hub"]) if "hub" in summary else []
+    if "cases_refused_as_overlaps" in summary:
+        hub.append(
+            f"- test cases refused as training CTs of --exclude-overlaps-with: {summary['cases_refused_as_overlaps']}"
+        )
     summary_md = "\n".join([*lines[:3], retried, timed_out, *hub, *lines[3:]])  # under the cases line
     write_text_atomic(summary_md, out / "summary.md")
     write_text_atomic(qa_md, out / "qa.md")

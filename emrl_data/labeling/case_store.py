@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from emrl_data.atomic_write import write_bytes_atomic
 from emrl_data.labeling.curate import CaseResult
+from emrl_data.labeling.fingerprint import CtFingerprint
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.reading.fileio import NotRegularFileError, read_regular_bytes
 
@@ -78,6 +79,8 @@ class CaseStore:
         }
         if result.warnings:  # only then: entries of cases without special files stay as they were
             payload["warnings"] = list(result.warnings)
+        if result.fingerprint is not None:
+            payload["fingerprint"] = result.fingerprint.to_dict()
         body = json.dumps(payload, sort_keys=True, allow_nan=True, default=_json_scalar)
         document = json.dumps({"sha256": hashlib.sha256(body.encode()).hexdigest(), "payload": body})
         _write_atomic(arrow_bytes, self._arrow(key))
@@ -99,7 +102,19 @@ class CaseStore:
             rejections,
             dict(payload["file_digests"]),
             list(payload.get("warnings", [])),
+            CtFingerprint.from_dict(payload["fingerprint"]) if "fingerprint" in payload else None,
         )
+
+    def add_fingerprint(self, key: str, fingerprint: CtFingerprint) -> bool:
+        """Add the CT's fingerprint to an entry stored without one (rows and frames unchanged); False: no entry."""
+        found = self._payload(key)
+        if found is None:
+            return False
+        payload = {**found[0], "fingerprint": fingerprint.to_dict()}
+        body = json.dumps(payload, sort_keys=True, allow_nan=True, default=_json_scalar)
+        document = json.dumps({"sha256": hashlib.sha256(body.encode()).hexdigest(), "payload": body})
+        _write_atomic(document.encode(), self._json(key))
+        return True
 
     def _payload(self, key: str) -> tuple[dict[str, Any], bytes] | None:
         path = self._json(key)

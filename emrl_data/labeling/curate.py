@@ -21,6 +21,7 @@ import numpy as np
 
 from emrl_data import __version__
 from emrl_data.config import CurateConfig
+from emrl_data.labeling.fingerprint import CtFingerprint, ct_fingerprint
 from emrl_data.labeling.frames import build_frames
 from emrl_data.labeling.labels import OrganLabels, label_organ
 from emrl_data.organs import PLAUSIBLE_ORGAN_VOLUME_CM3  # noqa: F401 - re-exported (flows, qa)
@@ -59,6 +60,7 @@ class CaseResult:
     rejections: list[Rejection] = field(default_factory=list)
     file_digests: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # case-level notes for the run's warnings (special files)
+    fingerprint: CtFingerprint | None = None  # the CT's slice hashes (None: the CT could not be read)
 
 
 # Reasons that condemn the whole case when raised without an organ: the grid or geometry itself is wrong, so every
@@ -119,6 +121,10 @@ def _curate(
     except Exception as err:  # a bug: recorded per case, fails the flow at the end
         result.rejections.append(_unexpected(ref, None, "load", err))
         return result
+    try:
+        result.fingerprint = ct_fingerprint(images.ct_hu)
+    except Exception as err:  # a bug: recorded per case, fails the flow at the end
+        result.rejections.append(_unexpected(ref, None, "fingerprint", err))
     for organ in [o for o in Organ if ref.annotates(o)]:  # an organ the dataset does not annotate is unknown: no row
         step, files = "labels", tuple[str, ...]()
         try:
@@ -141,6 +147,15 @@ def _curate(
             result.rejections.append(_unexpected(ref, organ, step, err))
     result.file_digests = dict(images.file_digests)
     return result
+
+
+def fingerprint_case(ref: CaseRef, *, cfg: CurateConfig) -> CtFingerprint | None:
+    """The fingerprint of a case's CT alone (a case store entry written without one), or None when it cannot be read."""
+    try:
+        return ct_fingerprint(open_case(ref, cfg=cfg.load).ct_hu)
+    except (CaseDataError, OSError) as err:
+        logger.warning("%s: no fingerprint, the CT cannot be read (%s)", ref.case_id, err)
+        return None
 
 
 class _OrganSource:

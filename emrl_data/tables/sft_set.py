@@ -22,6 +22,7 @@ from emrl_data import __version__
 from emrl_data.atomic_write import write_bytes_atomic
 from emrl_data.config import CurateConfig, SftConfig
 from emrl_data.labeling.case_store import CaseStore
+from emrl_data.labeling.fingerprint import CtFingerprint
 from emrl_data.labeling.frames import draw_contact_sheet
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.reading.atlas import AtlasPlan
@@ -52,12 +53,14 @@ class GatheredCases:
         rejections: the cases' rejections, in case order (the plan's own rejections are not included).
         file_digests: sha256 of every input file read, keyed `row_id(case_id, file name)`.
         warnings: the cases' own warnings for the run (special files no row needed), in case order.
+        fingerprints: case id -> its CT's fingerprint, for every case whose CT was read.
     """
 
     rows: list[dict[str, Any]]
     rejections: list[Rejection]
     file_digests: dict[str, str]
     warnings: list[str] = field(default_factory=list)
+    fingerprints: dict[str, CtFingerprint] = field(default_factory=dict)
 
 
 def _sample_key(seed: int, row: Mapping[str, Any]) -> str:
@@ -121,6 +124,7 @@ def gather_case_results(case_ids: Sequence[str], store: CaseStore, keys: Mapping
     rejections: list[Rejection] = []
     digests: dict[str, str] = {}
     warnings: list[str] = []
+    fingerprints: dict[str, CtFingerprint] = {}
     for case_id in case_ids:
         result = store.load_rows(keys[case_id])
         if result is None:
@@ -129,8 +133,10 @@ def gather_case_results(case_ids: Sequence[str], store: CaseStore, keys: Mapping
         rejections += result.rejections
         warnings += result.warnings
         digests.update({row_id(case_id, name): digest for name, digest in result.file_digests.items()})
+        if result.fingerprint is not None:
+            fingerprints[case_id] = result.fingerprint
     rows.sort(key=row_order)
-    return GatheredCases(rows, rejections, digests, warnings)
+    return GatheredCases(rows, rejections, digests, warnings, fingerprints)
 
 
 def rejection_rows(rejections: Iterable[Rejection]) -> list[dict[str, Any]]:
