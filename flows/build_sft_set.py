@@ -126,7 +126,7 @@ def _curate_one(
     cached = store.load_rows(key)
     if cached is not None:
         if cached.fingerprint is None and cached.rows and (found := fingerprint_case(ref, cfg=cfg)) is not None:
-            store.add_fingerprint(key, found)  # an entry stored before fingerprints existed
+            store.add_fingerprint(key, found)  # an entry stored without one
         return ref.case_id, key, True
     started = time.perf_counter()
     result = curate_case(ref, split=split, cfg=cfg, metadata=meta)

@@ -15,7 +15,14 @@ import pytest
 from emrl_data.config import CurateConfig
 from emrl_data.labeling.case_store import CaseStore
 from emrl_data.labeling.curate import CaseResult, curate_case
-from emrl_data.labeling.fingerprint import FINGERPRINT_VERSION, NO_HASH, CtFingerprint, ct_fingerprint, slice_hash
+from emrl_data.labeling.fingerprint import (
+    FINGERPRINT_VERSION,
+    NO_HASH,
+    CtFingerprint,
+    ct_fingerprint,
+    hashed_slices,
+    slice_hash,
+)
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.reading.atlas import discover_cases
 from emrl_data.reading.case_images import open_case
@@ -119,11 +126,11 @@ def test_different_cts_share_no_slice_even_from_one_generator(tmp_path: Path) ->
     ]
 
 
-def test_a_slice_hash_is_its_window_shape_and_values_and_a_thin_slice_has_none() -> None:
+def test_a_slice_hash_is_its_body_window_and_a_thin_or_unhashed_slice_has_none() -> None:
     ct = np.full((40, 40, 3), -1000, dtype=np.int16)
     ct[10:30, 5:25, :] = 40  # a 20 x 20 body on every slice
+    ct[0:40, 35:37, 0] = 50  # a table under it on slice 0: a smaller region, not in the window
     ct[12, 7, 1] = 41
-    ct[0:3, 0:3, 2] = 0  # a second component outside the body: not in any window
     ct[10:30, 5:25, 2] = -1000
     ct[10:14, 5:9, 2] = 40  # slice 2: a 4 x 4 body, under MIN_WINDOW_VOXELS
     print_ = ct_fingerprint(ct)
@@ -132,6 +139,9 @@ def test_a_slice_hash_is_its_window_shape_and_values_and_a_thin_slice_has_none()
     assert print_.slice_hashes[2] == NO_HASH
     assert ct_fingerprint(np.full((8, 8, 2), -1000, np.int16)).slice_hashes == (NO_HASH, NO_HASH)
     assert slice_hash(np.zeros((2, 3), np.int16)) != slice_hash(np.zeros((3, 2), np.int16))
+    assert (hashed_slices(300), hashed_slices(33), hashed_slices(10)) == (range(134, 166), range(0, 32), range(10))
+    tall = np.repeat(ct[:, :, :1], 40, axis=2)
+    assert [z for z, h in enumerate(ct_fingerprint(tall).slice_hashes) if h != NO_HASH] == list(range(4, 36))
 
 
 def test_overlaps_need_a_run_of_consecutive_slices_at_one_offset() -> None:
