@@ -13,6 +13,7 @@ from pathlib import Path
 from cli.errors import UsageError
 from cli.settings import SHELL, by_name
 from emrl_data.reading.atlas import AtlasError, discover_cases
+from emrl_data.tables.overlaps import FINGERPRINT_FILE
 from emrl_data.tables.shards import split_shards
 
 
@@ -33,10 +34,22 @@ def check_synth(args: argparse.Namespace) -> None:
     check_output(args.out)
 
 
+def check_fingerprint_table(out: Path) -> None:
+    """An output folder of `emrl build-sft-set` with its fingerprint table (`--exclude-overlaps-with`)."""
+    if not (out / FINGERPRINT_FILE).is_file():
+        raise UsageError(
+            f"--exclude-overlaps-with {out}: no {FINGERPRINT_FILE} there",
+            "give an output folder of `emrl build-sft-set` (every run writes one; rerun it there to add it)",
+        )
+
+
 def check_build_sft_set(args: argparse.Namespace) -> None:
-    """`emrl build-sft-set`: the atlas folder holds cases; the output path is usable."""
+    """`emrl build-sft-set`: the atlas folder holds cases; the output path is usable; an `--exclude-overlaps-with`
+    folder holds a fingerprint table."""
     from hub.listing import hub_repo, is_parts_folder  # lazy: hub.listing adds 0.16 s to `emrl --help` (measured)
 
+    if getattr(args, "exclude_overlaps_with", None) is not None:
+        check_fingerprint_table(Path(args.exclude_overlaps_with))
     try:
         if hub_repo(str(args.atlas)) is not None:  # the Hub release: listed when the flow starts
             check_output(args.out)

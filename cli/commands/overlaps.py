@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.errors import UsageError
+from emrl_data.tables.overlaps import find_overlaps, read_fingerprints, write_overlaps_csv
 
 
 def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
@@ -29,8 +30,6 @@ def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Find the pairs, print them, write the CSV; 0 whether or not any is found."""
-    from emrl_data.tables.overlaps import find_overlaps, read_fingerprints, write_overlaps_csv
-
     tables = []
     for folder in (args.out_a, args.out_b):
         try:

@@ -82,3 +82,16 @@ def test_overlaps_without_a_fingerprint_table_is_a_usage_error(
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / 'a' / 'fingerprints.parquet'}: no fingerprint table" in err
+
+
+def test_build_sft_set_refuses_an_exclusion_folder_without_a_fingerprint_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(
+            ["build-sft-set", str(tmp_path / "atlas"), str(tmp_path / "out"), "--exclude-overlaps-with", str(tmp_path)]
+        )
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--exclude-overlaps-with {tmp_path}: no fingerprints.parquet there" in err
+    assert not (tmp_path / "out").exists()  # refused before anything ran
