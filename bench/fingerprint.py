@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for `python bench/...`
 
 from emrl_data.config import CurateConfig
 from emrl_data.labeling.curate import curate_case
