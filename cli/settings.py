@@ -139,9 +139,8 @@ BUILD_SFT_SET = (
     Setting("scratch_budget", "--scratch-budget", "64G", "bytes", "hf:// atlas only: the most the scratch folder "
             "holds at once (K, M, G, T); sets how many part pairs run at once", metavar="SIZE"),
     Setting("exclude_overlaps_with", "--exclude-overlaps-with", None, "", "another output folder: a test case that is "
-            "the same CT as one of its training cases becomes an overlaps_training_ct rejection (default: none, no case is "
-            "refused; docs/data.md)",
-            metavar="OUT_OTHER"),
+            "the same CT as one of its training cases becomes an overlaps_training_ct rejection (default: none, no "
+            "case is refused; docs/data.md)", metavar="OUT_OTHER"),
 )
 
 # `emrl build-rl-hardset` = the build-rl-hardset flow ----------------------------------------------------------------
