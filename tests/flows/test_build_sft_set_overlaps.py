@@ -4,6 +4,8 @@ refuses the atlas' test case that is an MSD training CT, as one rejection row.""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -95,3 +97,34 @@ def test_build_sft_set_refuses_an_exclusion_folder_without_a_fingerprint_table(
     err = capsys.readouterr().err
     assert f"--exclude-overlaps-with {tmp_path}: no fingerprints.parquet there" in err
     assert not (tmp_path / "out").exists()  # refused before anything ran
+
+
+def _strip_fingerprints(store: Path) -> int:
+    """Rewrite every case-store entry without its fingerprint, as an entry written before fingerprints were kept."""
+    stripped = 0
+    for path in sorted(store.glob("*.case.json")):
+        payload = json.loads(json.loads(path.read_text())["payload"])
+        if payload.pop("fingerprint", None) is not None:
+            stripped += 1
+        body = json.dumps(payload, sort_keys=True, allow_nan=True)
+        path.write_text(json.dumps({"sha256": hashlib.sha256(body.encode()).hexdigest(), "payload": body}))
+    return stripped
+
+
+def test_a_rerun_gives_stored_cases_their_fingerprints_and_the_same_shards(prefect_harness, tmp_path: Path) -> None:
+    one = CaseSpec("BDMAP_00000001", shape=SHAPE, lesions=LIVER_LESION, seed=1, split=Split.TEST)
+    two = CaseSpec("BDMAP_00000002", shape=SHAPE, seed=2, split=Split.TRAIN)
+    mini_cropped_atlas(tmp_path / "atlas", [one, two])
+    out = tmp_path / "out"
+    build_sft_set_flow(atlas_root=str(tmp_path / "atlas"), output_dir=str(out), max_workers=1)
+    shards = {p.relative_to(out): p.read_bytes() for p in sorted(out.glob("*/data/*.parquet"))}
+    table = (out / "fingerprints.parquet").read_bytes()
+    assert _strip_fingerprints(out / ".work" / "cases") == 2
+    (out / "fingerprints.parquet").unlink()
+
+    summary = build_sft_set_flow(atlas_root=str(tmp_path / "atlas"), output_dir=str(out), max_workers=1)
+
+    assert summary["cases_resumed_from_store"] == 2
+    assert (out / "fingerprints.parquet").read_bytes() == table
+    assert {p.relative_to(out): p.read_bytes() for p in sorted(out.glob("*/data/*.parquet"))} == shards
+    assert len(shards) == 5 and "cases_refused_as_overlaps" not in summary  # findings, sft: 2 splits; rejections
