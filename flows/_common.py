@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 from uuid import UUID
 
@@ -14,6 +14,8 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.exceptions import MissingContextError
 
 from emrl_data import PROJECT_ROOT
+from emrl_data.labeling.case_store import CaseStore
+from emrl_data.live_view import PROGRESS_RECORD, duration
 
 
 T = TypeVar("T")
@@ -119,14 +121,21 @@ class Progress:
             logger = get_run_logger()
         except MissingContextError:
             logger = logging.getLogger("emrl.progress")
-        logger.info(self.line(pct))
+        logger.info(self.line(pct), extra={PROGRESS_RECORD: True})  # the live view shows it on the terminal
 
 
-def duration(seconds: float) -> str:
-    """`42 s`, `3 min 05 s`, `2 h 10 min`."""
-    seconds = round(seconds)
-    if seconds < 120:
-        return f"{seconds} s"
-    if seconds < 7200:
-        return f"{seconds // 60} min {seconds % 60:02d} s"
-    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+def view_artifact(description: str) -> Callable[[str, float], None]:
+    """A progress artifact that follows a `LiveView`: its `on_mark`, which sets the artifact's percentage and puts the
+    view's line (bytes, MB/s, parts, cases, cases/s, rejections, ETA) in its description."""
+    artifact_id = new_progress_artifact(description)
+
+    def on_mark(line: str, pct: float) -> None:
+        update_progress_artifact(artifact_id=artifact_id, progress=pct, description=line)
+
+    return on_mark
+
+
+def count_rejections(store: CaseStore, keys: Sequence[str]) -> int:
+    """The rejection rows of these finished cases (their store entries; a missing one counts none)."""
+    results = (store.load_rows(k) for k in keys)
+    return sum(len(r.rejections) for r in results if r is not None)

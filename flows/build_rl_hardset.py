@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -21,11 +20,11 @@ import pyarrow.parquet as pq
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
-from tqdm import tqdm
 
 from emrl_data import __version__
 from emrl_data.atomic_write import write_json_atomic, write_text_atomic
 from emrl_data.config import HARD_SET_SIZE
+from emrl_data.live_view import Counts, LiveView
 from emrl_data.tables.records import PREDICTION_TRUTH_COLUMNS
 from emrl_data.tables.rl_hardset import (
     SPLITS,
@@ -109,7 +108,7 @@ def predict_task(
     retried = [0]
     with (
         ResultStore(Path(store_path)) as store,
-        tqdm(total=total, desc="SFT model predictions", unit="row", file=sys.stderr, disable=None) as bar,
+        LiveView("SFT model predictions", Counts(cases_total=total, unit="rows")) as view,
     ):
         for split in splits:
             chunk: list = []
@@ -120,12 +119,12 @@ def predict_task(
                 chunk.append(request_from_row(row))
                 if len(chunk) == 32:
                     results |= _run(
-                        backend, chunk, store, backend_kwargs["rows_per_call"], bar, progress, retry_errors, retried
+                        backend, chunk, store, backend_kwargs["rows_per_call"], view, progress, retry_errors, retried
                     )
                     chunk = []
             if chunk:
                 results |= _run(
-                    backend, chunk, store, backend_kwargs["rows_per_call"], bar, progress, retry_errors, retried
+                    backend, chunk, store, backend_kwargs["rows_per_call"], view, progress, retry_errors, retried
                 )
     failed = sum(r["error"] is not None for r in results.values())
     logger.info(
@@ -134,9 +133,9 @@ def predict_task(
     return {"results": results, "retried_errors": retried[0]}
 
 
-def _run(backend, requests, store, batch_size, bar, progress, retry_errors, retried) -> dict[str, dict[str, Any]]:
+def _run(backend, requests, store, batch_size, view, progress, retry_errors, retried) -> dict[str, dict[str, Any]]:
     def tick(n: int, resumed: int = 0) -> None:
-        bar.update(n)
+        view.add_cases(n, resumed=resumed)
         progress.advance(n, resumed=resumed)
 
     todo = len(store.pending(requests, retry_errors=retry_errors))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -27,13 +26,13 @@ from prefect.client.orchestration import get_client
 from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.futures import as_completed
 from prefect.states import Completed, Crashed, State
-from tqdm import tqdm
 
 from emrl_data.atomic_write import write_json_atomic, write_text_atomic
 from emrl_data.config import CurateConfig, SftConfig
 from emrl_data.labeling.case_store import CaseStore
 from emrl_data.labeling.checksums import case_cache_key
 from emrl_data.labeling.curate import PLAUSIBLE_ORGAN_VOLUME_CM3, CaseResult, curate_case, fingerprint_case
+from emrl_data.live_view import Counts, LiveView
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.reading.atlas import AtlasOrganMeta, AtlasPlan, CaseRef, plan_atlas
 from emrl_data.reading.release import parse_size
@@ -53,7 +52,7 @@ from emrl_data.tables.sft_set import (
 )
 from emrl_data.time_bound import CASE_TIMES, CaseOverrunError, CaseThread
 from emrl_data.types import Organ
-from flows._common import Progress, batched, git_sha, rejection_table
+from flows._common import Progress, batched, count_rejections, git_sha, rejection_table
 from flows.hub_parts import HubOptions, curate_release, hub_summary_lines
 from flows.runners import check_cluster, is_lost_worker_error, make_task_runner, settle_future
 from hub.listing import hub_repo, is_parts_folder
@@ -404,7 +403,7 @@ def _curate_cases(
     consumed: list[Any] = []  # task run ids of the batches whose results are in hand
     with (
         make_task_runner(task_runner, max_workers, address=task_runner_address) as runner,
-        tqdm(total=len(refs), desc="curating cases", unit="case", file=sys.stderr, disable=None) as bar,
+        LiveView("curating cases", Counts(cases_total=len(refs), rejections=0)) as view,
     ):
 
         def submit(batch: list[CaseRef]) -> Any:
@@ -441,8 +440,9 @@ def _curate_cases(
                 for case_id, key, cached in done:
                     keys[case_id] = key
                     n_cached += cached
-                bar.update(len(done))
-                progress.advance(len(done), resumed=sum(cached for _, _, cached in done))
+                resumed = sum(cached for _, _, cached in done)
+                view.add_cases(len(done), resumed=resumed, rejections=count_rejections(store, [k for _, k, _ in done]))
+                progress.advance(len(done), resumed=resumed)
             pending = again
     if lost_runs:  # Dask also recomputes finished batches whose results were on the lost worker: same task run ids
         done_runs: dict[Any, Any] = {

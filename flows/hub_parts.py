@@ -20,6 +20,7 @@ from prefect.futures import as_completed
 
 from emrl_data.config import CurateConfig
 from emrl_data.labeling.case_store import CaseStore
+from emrl_data.live_view import PROGRESS_RECORD, Counts, LiveView, current_view
 from emrl_data.outcome import Rejection
 from emrl_data.reading.atlas import AtlasOrganMeta, AtlasPlan, plan_metadata, read_split_files
 from emrl_data.reading.release import (
@@ -31,7 +32,7 @@ from emrl_data.reading.release import (
     side_files,
 )
 from emrl_data.types import Organ, is_valid_case_id
-from flows._common import Progress, duration, new_progress_artifact
+from flows._common import Progress, count_rejections, duration, new_progress_artifact, view_artifact
 from flows.runners import check_cluster, make_task_runner
 from hub.download import download_verified
 from hub.listing import HubAccessError, HubRelease, local_release, resolve_release
@@ -53,7 +54,8 @@ class PartsFailedError(RuntimeError):
 
 class PartProgress:
     """Two progress artifacts of one part pair, bytes downloaded and cases curated (updated every 10 %), and a log
-    line at every 10 % of the bytes with the rate and an ETA from bytes: a 14 GB pair moves every 1.4 GB, not once."""
+    line at every 10 % of the bytes with the rate and an ETA from bytes: a 14 GB pair moves every 1.4 GB, not once.
+    Bytes and cases also go to the run's live view when the task runs in the flow's process (the thread runner)."""
 
     def __init__(self, job: PartJob) -> None:
         self.name = job.pair.name
@@ -71,8 +73,10 @@ class PartProgress:
     def add_bytes(self, n: int) -> None:
         """Count `n` bytes downloaded."""
         self.bytes += n
+        if (view := current_view()) is not None:
+            view.add_bytes(n, part=self.name)
         if self._update(0, 100.0 * self.bytes / self.total_bytes):
-            self._logger.info(self.bytes_line())
+            self._logger.info(self.bytes_line(), extra={PROGRESS_RECORD: True})
 
     def bytes_line(self) -> str:
         """`BDMAP_…: 4.2 GiB of 14.0 GiB (30 %), 97.1 MB/s, ETA 1 min 41 s`."""
@@ -89,6 +93,8 @@ class PartProgress:
     def add_case(self) -> None:
         """Count one case curated."""
         self.cases += 1
+        if (view := current_view()) is not None:
+            view.add_case(part=self.name)
         self._update(1, 100.0 * self.cases / self.total_cases)
 
     def finish(self) -> None:
@@ -217,8 +223,10 @@ def curate_release(
         )
         for p in pairs
     ]
+    started = time.perf_counter()
     outcomes = _run_parts(jobs, concurrency, runner[0], runner[1], store, curate_one)
-    return _gather(release, listing is not None, metadata, meta_rejections, warnings, outcomes, options, concurrency)
+    summary = {"parts_seconds": round(time.perf_counter() - started, 2), "parts_at_once": concurrency}
+    return _gather(release, listing is not None, metadata, meta_rejections, warnings, outcomes, options, summary)
 
 
 def _limited(pairs: tuple[PartPair, ...], limit: int | None) -> tuple[list[PartPair], int | None]:
@@ -237,16 +245,16 @@ def _limited(pairs: tuple[PartPair, ...], limit: int | None) -> tuple[list[PartP
 def _run_parts(
     jobs: list[PartJob], concurrency: int, kind: str, address: str | None, store: CaseStore, curate_one: CurateOne
 ) -> list[PartOutcome]:
-    """Run the part tasks, at most `concurrency` at once (a window, whatever the runner's own size). A pair that fails
-    after its retries ends itself, not the run: the others finish, then `PartsFailedError` names the failed ones
-    (a refused token ends the run at once: every pair would meet it)."""
+    """Run the part tasks, at most `concurrency` at once (a window, whatever the runner's own size), under the run's
+    live view (`parts_view`). A pair that fails after its retries ends itself, not the run: the others finish, then
+    `PartsFailedError` names the failed ones (a refused token ends the run at once: every pair would meet it)."""
     check_cluster(kind, address, store.root)
     logger = get_run_logger()
     progress = Progress(len(jobs), "curating part pairs", unit="parts")
     outcomes: list[PartOutcome] = []
     failed: dict[str, str] = {}
     queue = list(jobs)
-    with make_task_runner(kind, concurrency, address=address) as runner:
+    with make_task_runner(kind, concurrency, address=address) as runner, parts_view(jobs) as view:
         pending: dict[Any, PartJob] = {}
         while queue or pending:
             while queue and len(pending) < concurrency:
@@ -261,13 +269,40 @@ def _run_parts(
             except Exception as err:  # noqa: BLE001 (named in the run's error, the other pairs go on)
                 failed[done_job.pair.name] = one_line(err)
                 logger.error("%s failed after its retries: %s", done_job.pair.name, one_line(err))
+                view.settle_part(done_job.pair.name, bytes_read=0, cases=0, resumed=0, rejections=0)
                 progress.advance(1)
                 continue
             outcomes.append(outcome)
+            _settle(view, outcome, done_job, store)
             progress.advance(1, resumed=int(outcome.from_ledger))
     if failed:
         raise PartsFailedError(failed, len(outcomes))
     return sorted(outcomes, key=lambda o: o.part)
+
+
+def parts_view(jobs: list[PartJob]) -> LiveView:
+    """The run's live view over its part pairs (bytes of both parts, the wanted cases), followed by the progress
+    artifact `curating part pairs: bytes downloaded`."""
+    counts = Counts(
+        bytes_total=sum(j.pair.bytes for j in jobs),
+        parts_total=len(jobs),
+        cases_total=sum(j.wanted(c) for j in jobs for c in j.pair.case_ids()),
+        rejections=0,
+    )
+    return LiveView("build-sft-set", counts, on_mark=view_artifact("curating part pairs: bytes downloaded"))
+
+
+def _settle(view: LiveView, outcome: PartOutcome, job: PartJob, store: CaseStore) -> None:
+    """Count a finished pair in the view: its bytes and cases not counted live, its rejections (from the store)."""
+    if outcome.from_ledger:
+        view.drop_bytes(job.pair.bytes)
+    view.settle_part(
+        outcome.part,
+        bytes_read=outcome.bytes_read,
+        cases=len(outcome.done),
+        resumed=sum(cached for _, _, cached in outcome.done),
+        rejections=count_rejections(store, [k for _, k, _ in outcome.done]),
+    )
 
 
 def _gather(
@@ -278,7 +313,7 @@ def _gather(
     warnings: list[str],
     outcomes: list[PartOutcome],
     options: HubOptions,
-    concurrency: int,
+    timing: dict[str, Any],
 ) -> HubCuration:
     keys = {c: k for o in outcomes for c, k, _ in o.done}
     case_ids = sorted(keys)
@@ -307,7 +342,7 @@ def _gather(
         "parts_failed_verification": sum(not o.verified for o in outcomes),
         "bytes_read": sum(o.bytes_read for o in outcomes),
         "scratch_budget_bytes": options.scratch_budget_bytes,
-        "parts_at_once": concurrency,
+        **timing,
         "peak_scratch_bytes_per_part": max((o.peak_scratch_bytes for o in outcomes), default=0),
         "per_part": rows,
     }
@@ -329,7 +364,11 @@ def hub_summary_lines(hub: Mapping[str, Any]) -> list[str]:
     per_part: Callable[[dict[str, Any]], str] = lambda r: (  # noqa: E731
         f"{r['part']} {format_size(r['bytes_read'])} {r['seconds']} s{_rate(r['bytes_read'], r['seconds'])}"
     )
-    return lines + ["- per part: " + "; ".join(per_part(r) for r in hub["per_part"])]
+    cases, run_s = sum(r["cases"] for r in hub["per_part"]), hub.get("parts_seconds", 0)
+    overall = f"- over the run: {format_size(hub['bytes_read'])} and {cases} cases in {run_s} s"
+    if run_s:
+        overall += f"{_rate(hub['bytes_read'], run_s)}, {cases / run_s:.2f} cases/s"
+    return [*lines, overall, "- per part: " + "; ".join(per_part(r) for r in hub["per_part"])]
 
 
 def _rate(n_bytes: int, seconds: float, what: str = "") -> str:

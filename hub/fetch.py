@@ -16,10 +16,12 @@ import logging
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from emrl_data.reading.archive import ScratchMeter, read_part
+from emrl_data.live_view import Counts, LiveView
+from emrl_data.reading.archive import IMAGE_KIND, ScratchMeter, read_part
 from emrl_data.reading.release import HubFile, parse_part_name, side_files
 from hub.download import download_verified
 from hub.listing import HubRelease, resolve_release
@@ -43,8 +45,9 @@ def fetch_atlas(dest: Path, *, repo_id: str, revision: str | None = None, worker
         if done is None:
             raise RuntimeError(f"{side.path} of {release.source}: {mismatch}; fetched twice")
     parts = [p for pair in release.pairs for p in (pair.mask, pair.image) if p is not None]
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        results = list(pool.map(lambda part: _fetch_part(release, part, dest), parts))
+    counts = Counts(bytes_total=sum(p.size for p in parts), parts_total=len(parts), rejections=0, parts_unit="parts")
+    with LiveView("fetch-atlas", counts) as view, ThreadPoolExecutor(max_workers=workers) as pool:
+        results = list(pool.map(lambda part: _fetch_part(release, part, dest, view), parts))
     report: dict[str, Any] = {"source": release.source, "sha": release.sha, "fetched": [], "skipped": [], "failed": []}
     report["warnings"], report["rejected"] = list(release.warnings), []
     for part, (status, warnings, rejected) in zip(parts, results, strict=True):
@@ -54,16 +57,23 @@ def fetch_atlas(dest: Path, *, repo_id: str, revision: str | None = None, worker
     return report
 
 
-def _fetch_part(release: HubRelease, part: HubFile, dest: Path) -> tuple[str, list[str], list[str]]:
+def _fetch_part(release: HubRelease, part: HubFile, dest: Path, view: LiveView) -> tuple[str, list[str], list[str]]:
+    """Fetch and unpack one part, counted in `view` (bytes as they come; the part and its cases once unpacked)."""
     work = dest / FETCH_DIR
     marker = work / (part.path.replace("/", "__") + ".done")
     if marker.is_file() and marker.read_text().strip() == content_name(part):
+        view.drop_bytes(part.size)
+        view.settle_part(part.path, bytes_read=0, cases=0, resumed=0, rejections=0)
         return "skipped", [], []
     archive = work / f"{content_name(part)}.tar.gz"
     if not (archive.is_file() and archive.stat().st_size == part.size):  # renamed there only once verified
-        done, _, mismatch = download_verified(release.commit, part.path, archive, part)
+        on_bytes = partial(view.add_bytes, part=part.path)
+        done, _, mismatch = download_verified(release.commit, part.path, archive, part, on_bytes=on_bytes)
         if done is None:
+            view.settle_part(part.path, bytes_read=0, cases=0, resumed=0, rejections=0)
             return "failed", [f"{part.path}: {mismatch}; fetched twice, not unpacked"], []
+    else:
+        view.drop_bytes(part.size)  # verified on disk by an earlier run: nothing to download
     kind, start, end = parse_part_name(part.path) or ("", 0, 0)
     unpack = work / f"unpack-{content_name(part)}"
     shutil.rmtree(unpack, ignore_errors=True)  # what an interrupted unpack left
@@ -82,4 +92,6 @@ def _fetch_part(release: HubRelease, part: HubFile, dest: Path) -> tuple[str, li
     marker.write_text(content_name(part))
     archive.unlink()
     rejected = [f"{r.case_id}: {r.reason}: {r.detail}" for r in reading.rejected.values()]
+    unpacked = len(reading.cases) - len(reading.rejected) if kind == IMAGE_KIND else 0  # a case: its CT
+    view.settle_part(part.path, bytes_read=0, cases=unpacked, resumed=0, rejections=len(rejected))
     return "fetched", reading.warnings(), rejected
