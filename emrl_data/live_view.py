@@ -9,7 +9,7 @@ open, log records marked as progress (`PROGRESS_RECORD`: the flows' per-10 % lin
 stream handler, so the terminal shows the progress once; they still reach other handlers (Prefect's API: the UI).
 
 Anything that counts (a download thread, a task in the same process) finds the open view with `current_view()`.
-`on_mark(line, pct)` is called at every mark, in either mode, outside the view's lock (the flows update a Prefect
+`on_mark(status, pct)` is called at every mark, in either mode, outside the view's lock (the flows update a Prefect
 progress artifact there).
 """
 
@@ -189,9 +189,6 @@ class LiveView:
             emit(record)
             self._bar.refresh()
 
-    def _line(self) -> str:
-        return f"{self.title}: {status_line(self.counts)}"
-
     def _change(self, **deltas: int) -> None:
         with self._lock:
             c = self.counts
@@ -232,6 +229,12 @@ class LiveView:
             rejections=rejections,
         )
 
+    def fail_part(self, part: str, size_bytes: int) -> None:
+        """A part pair failed: it counts as done, and the bytes it did not read leave the total."""
+        with self._lock:
+            live_bytes, _ = self._settled.pop(part, (0, 0))
+        self._change(parts_done=1, bytes_total=-max(size_bytes - live_bytes, 0))
+
     def drop_bytes(self, n: int) -> None:
         """`n` bytes that will not be downloaded (a part found finished) leave the total."""
         self._change(bytes_total=-n)
@@ -240,10 +243,11 @@ class LiveView:
         with self._lock:
             now, pct = time.monotonic(), self.counts.pct()
             due = force or pct + 1e-9 >= self._next_pct or now - self._last_mark >= self.every_s
-            line = self._line()
+            status = status_line(self.counts)
+            line = f"{self.title}: {status}"
             if self._bar is not None:
                 self._bar.n = round(10 * pct)
-                self._bar.set_description_str(status_line(self.counts), refresh=False)  # no title: fits 110 columns
+                self._bar.set_description_str(status, refresh=False)  # no title: the bar fits 110 columns
                 self._bar.update(0)  # redrawn at most every `mininterval`
             if due:
                 self._last_mark = now
@@ -254,4 +258,4 @@ class LiveView:
                     self.stream.flush()
                     self._printed = line
         if due and self.on_mark is not None:
-            self.on_mark(line, pct)
+            self.on_mark(status, pct)

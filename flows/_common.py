@@ -126,11 +126,11 @@ class Progress:
 
 def view_artifact(description: str) -> Callable[[str, float], None]:
     """A progress artifact that follows a `LiveView`: its `on_mark`, which sets the artifact's percentage and puts the
-    view's line (bytes, MB/s, parts, cases, cases/s, rejections, ETA) in its description."""
+    view's status (bytes, MB/s, parts, cases, cases/s, rejections, ETA) after `description` in its description."""
     artifact_id = new_progress_artifact(description)
 
-    def on_mark(line: str, pct: float) -> None:
-        update_progress_artifact(artifact_id=artifact_id, progress=pct, description=line)
+    def on_mark(status: str, pct: float) -> None:
+        update_progress_artifact(artifact_id=artifact_id, progress=pct, description=f"{description}: {status}")
 
     return on_mark
 

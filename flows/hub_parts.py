@@ -52,6 +52,11 @@ class PartsFailedError(RuntimeError):
         )
 
 
+class PartFailedError(RuntimeError):
+    """A part pair's failure in one line, every URL cut before its query string (`hub.retry.one_line`): the
+    library's error names the signed URL it was refused on, and Prefect logs a failed task's error and traceback."""
+
+
 class PartProgress:
     """Two progress artifacts of one part pair, bytes downloaded and cases curated (updated every 10 %), and a log
     line at every 10 % of the bytes with the rate and an ETA from bytes: a 14 GB pair moves every 1.4 GB, not once.
@@ -119,9 +124,14 @@ def curate_part_task(job: PartJob, curate_one: CurateOne) -> PartOutcome:
     by the flow: the flow module imports this one).
     """
     progress = PartProgress(job)
-    outcome = read_pair(
-        job, curate_one, on_bytes=progress.add_bytes, on_case=progress.add_case, log=get_run_logger().info
-    )
+    try:
+        outcome = read_pair(
+            job, curate_one, on_bytes=progress.add_bytes, on_case=progress.add_case, log=get_run_logger().info
+        )
+    except HubAccessError:  # its own line, no URL: the run stops on it
+        raise
+    except Exception as err:  # noqa: BLE001 (said again in one line, without the signed URL and its traceback)
+        raise PartFailedError(one_line(err)) from None
     progress.finish()
     return outcome
 
@@ -267,9 +277,9 @@ def _run_parts(
             except HubAccessError:
                 raise
             except Exception as err:  # noqa: BLE001 (named in the run's error, the other pairs go on)
-                failed[done_job.pair.name] = one_line(err)
-                logger.error("%s failed after its retries: %s", done_job.pair.name, one_line(err))
-                view.settle_part(done_job.pair.name, bytes_read=0, cases=0, resumed=0, rejections=0)
+                failed[done_job.pair.name] = str(err) if isinstance(err, PartFailedError) else one_line(err)
+                logger.error("%s failed after its retries: %s", done_job.pair.name, failed[done_job.pair.name])
+                view.fail_part(done_job.pair.name, done_job.pair.bytes)
                 progress.advance(1)
                 continue
             outcomes.append(outcome)
@@ -282,14 +292,14 @@ def _run_parts(
 
 def parts_view(jobs: list[PartJob]) -> LiveView:
     """The run's live view over its part pairs (bytes of both parts, the wanted cases), followed by the progress
-    artifact `curating part pairs: bytes downloaded`."""
+    artifact `bytes downloaded, all part pairs`."""
     counts = Counts(
         bytes_total=sum(j.pair.bytes for j in jobs),
         parts_total=len(jobs),
         cases_total=sum(j.wanted(c) for j in jobs for c in j.pair.case_ids()),
         rejections=0,
     )
-    return LiveView("build-sft-set", counts, on_mark=view_artifact("curating part pairs: bytes downloaded"))
+    return LiveView("build-sft-set", counts, on_mark=view_artifact("bytes downloaded, all part pairs"))
 
 
 def _settle(view: LiveView, outcome: PartOutcome, job: PartJob, store: CaseStore) -> None:
