@@ -124,13 +124,14 @@ class Progress:
         logger.info(self.line(pct), extra={PROGRESS_RECORD: True})  # the live view shows it on the terminal
 
 
-def view_artifact(description: str) -> Callable[[str, float], None]:
-    """A progress artifact that follows a `LiveView`: its `on_mark`, which sets the artifact's percentage and puts the
-    view's status (bytes, MB/s, parts, cases, cases/s, rejections, ETA) after `description` in its description."""
-    artifact_id = new_progress_artifact(description)
+def view_artifact(key: str, description: str) -> Callable[[str, float], None]:
+    """A progress artifact (`key`) that follows a `LiveView`: its `on_mark`, which sets the artifact's percentage and
+    starts its description with the view's status (bytes, MB/s, ETA, parts, cases, cases/s, rejections): the run's
+    Artifacts tab shows a card's first line only."""
+    artifact_id = cast(UUID, create_progress_artifact(progress=0.0, key=key, description=description))
 
     def on_mark(status: str, pct: float) -> None:
-        update_progress_artifact(artifact_id=artifact_id, progress=pct, description=f"{description}: {status}")
+        update_progress_artifact(artifact_id=artifact_id, progress=pct, description=f"{status} ({description})")
 
     return on_mark
 

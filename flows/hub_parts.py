@@ -52,6 +52,9 @@ class PartsFailedError(RuntimeError):
         )
 
 
+BYTES_ARTIFACT = "build-sft-set-bytes"  # the run's progress artifact: percent of the bytes, the view's status
+
+
 class PartFailedError(RuntimeError):
     """A part pair's failure in one line, every URL cut before its query string (`hub.retry.one_line`): the
     library's error names the signed URL it was refused on, and Prefect logs a failed task's error and traceback."""
@@ -84,7 +87,7 @@ class PartProgress:
             self._logger.info(self.bytes_line(), extra={PROGRESS_RECORD: True})
 
     def bytes_line(self) -> str:
-        """`BDMAP_…: 4.2 GiB of 14.0 GiB (30 %), 97.1 MB/s, ETA 1 min 41 s`."""
+        """`BDMAP_…: 4.2 GiB of 14.0 GiB (30 %), 97.12 MB/s, ETA 1 min 41 s`."""
         seconds = time.perf_counter() - self._started
         rate = self.bytes / seconds if seconds > 0 else 0.0
         left = max(self.total_bytes - self.bytes, 0)
@@ -92,7 +95,7 @@ class PartProgress:
         pct = min(100.0, 100.0 * self.bytes / self.total_bytes)
         return (
             f"{self.name}: {format_size(self.bytes)} of {format_size(self.total_bytes)} ({pct:.0f} %), "
-            f"{rate / 1e6:.1f} MB/s, {eta}"
+            f"{rate / 1e6:.2f} MB/s, {eta}"
         )
 
     def add_case(self) -> None:
@@ -292,14 +295,15 @@ def _run_parts(
 
 def parts_view(jobs: list[PartJob]) -> LiveView:
     """The run's live view over its part pairs (bytes of both parts, the wanted cases), followed by the progress
-    artifact `bytes downloaded, all part pairs`."""
+    artifact `build-sft-set-bytes`."""
     counts = Counts(
         bytes_total=sum(j.pair.bytes for j in jobs),
         parts_total=len(jobs),
         cases_total=sum(j.wanted(c) for j in jobs for c in j.pair.case_ids()),
         rejections=0,
     )
-    return LiveView("build-sft-set", counts, on_mark=view_artifact("bytes downloaded, all part pairs"))
+    on_mark = view_artifact(BYTES_ARTIFACT, "bytes downloaded, all part pairs")
+    return LiveView("build-sft-set", counts, on_mark=on_mark)
 
 
 def _settle(view: LiveView, outcome: PartOutcome, job: PartJob, store: CaseStore) -> None:

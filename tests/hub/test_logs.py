@@ -101,7 +101,9 @@ def test_a_busy_hub_run_says_each_retry_once_and_no_credential_anywhere(prefect_
         line for line in logs.splitlines() if any(s in line for s in SECRETS)
     ]
     assert len(artifacts) >= 7 and not [a for a in artifacts if any(s in a for s in SECRETS)]
-    assert any("bytes downloaded, all part pairs: " in a for a in artifacts)
+    assert [
+        a for a in artifacts if a.startswith("build-sft-set-bytes ") and "(bytes downloaded, all part pairs) 100" in a
+    ]
     written = [p for p in out.rglob("*") if p.is_file() and p.suffix in (".json", ".md", ".jsonl", ".csv", ".txt")]
     assert (out / ".work" / "parts").is_dir() and written  # the two finished pairs' ledger entries and cases
     assert not [p for p in written if any(s in p.read_text(errors="replace") for s in SECRETS)]
