@@ -138,7 +138,7 @@ class LiveView:
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.every_pct, self.every_s = every_pct, every_s
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a log line said while the view holds it is printed, not a deadlock
         self._started = self._last_mark = time.monotonic()
         self._next_pct = every_pct
         self._bar: Any = None

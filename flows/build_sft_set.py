@@ -403,7 +403,7 @@ def _curate_cases(
     consumed: list[Any] = []  # task run ids of the batches whose results are in hand
     with (
         make_task_runner(task_runner, max_workers, address=task_runner_address) as runner,
-        LiveView("curating cases", Counts(cases_total=len(refs), rejections=0)) as view,
+        LiveView("build-sft-set", Counts(cases_total=len(refs), rejections=0)) as view,
     ):
 
         def submit(batch: list[CaseRef]) -> Any:

@@ -252,14 +252,15 @@ def test_the_summary_states_each_parts_bytes_time_and_rate() -> None:
 
     hub = {"source": "hf://datasets/o/n@1", "revision": "main", "part_pairs": 2, "parts_read": 1}
     hub.update(parts_from_ledger=1, parts_failed_verification=0, bytes_read=2_000_000, parts_at_once=2)
-    hub["scratch_budget_bytes"] = 1 << 30
+    hub["scratch_budget_bytes"], hub["parts_seconds"] = 1 << 30, 5.0
     hub["per_part"] = [
-        {"part": "A", "bytes_read": 2_000_000, "seconds": 4.0, "from_ledger": False},
-        {"part": "B", "bytes_read": 0, "seconds": 0.01, "from_ledger": True},
+        {"part": "A", "cases": 3, "bytes_read": 2_000_000, "seconds": 4.0, "from_ledger": False},
+        {"part": "B", "cases": 3, "bytes_read": 0, "seconds": 0.01, "from_ledger": True},
     ]
     assert hub_summary_lines(hub) == [
         "- atlas: `hf://datasets/o/n@1` (revision `main`)",
         "- part pairs: 2 (1 read, 1 already curated, 0 failed verification); 1.9 MiB read at 0.5 MB/s a pair on "
         "average; 2 at once within a scratch budget of 1.0 GiB",
+        "- over the run: 1.9 MiB and 6 cases in 5.0 s at 0.4 MB/s, 1.20 cases/s",  # the run's wall time
         "- per part: A 1.9 MiB 4.0 s at 0.5 MB/s; B 0 B 0.01 s",
     ]
