@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prefect.settings import PREFECT_API_URL
 
 from emrl_data.reading.release import format_size
 from emrl_data.synthetic import demo_specs, write_atlas
@@ -43,8 +44,6 @@ def hub(release: dict[str, bytes]) -> Iterator[FakeHub]:
 
 
 def _argv_env(hub: FakeHub, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
-    from prefect.settings import PREFECT_API_URL
-
     env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONPATH": str(ROOT)}
     env.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"), COLUMNS="160", LINES="40")
     env.pop("HF_TOKEN", None)
