@@ -66,8 +66,11 @@ def check_build_sft_set(args: argparse.Namespace) -> None:
             f"the atlas folder {atlas} {what}",
             "pass the AbdomenAtlas root (image_only/ + mask_only/, or BDMAP_* folders); `emrl synth DIR` writes one",
         )
+    labels = None if args.labels_dir is None else Path(args.labels_dir)
     try:
-        found = discover_cases(atlas)
+        found = discover_cases(atlas, layout=args.layout, labels=labels)
+    except (ValueError, FileNotFoundError) as exc:  # a layout no one has, --labels for a layout that takes none
+        raise UsageError(str(exc), "pass a name `emrl layouts` lists, or leave --layout out to detect it") from None
     except AtlasError as exc:  # NoCasesError included: the message names what was found instead
         raise UsageError(
             str(exc), "point at the atlas root that holds image_only/ and mask_only/ (or BDMAP_* folders)"

@@ -141,6 +141,10 @@ BUILD_SFT_SET = (
     Setting("exclude_overlaps_with", "--exclude-overlaps-with", None, "", "another output folder: a test case that is "
             "the same CT as one of its training cases becomes an overlaps_training_ct rejection (default: none, no "
             "case is refused; docs/data.md)", metavar="OUT_OTHER"),
+    Setting("layout", "--layout", None, "", "read the folder as this dataset layout (`emrl layouts` lists them; "
+            "default: detected)", metavar="NAME"),
+    Setting("labels_dir", "--labels", None, "", "the label maps' folder of a dataset whose labels are released "
+            "apart (panorama: panorama_labels/manual_labels; default: beside the images)", metavar="DIR"),
 )
 
 # `emrl build-rl-hardset` = the build-rl-hardset flow ----------------------------------------------------------------

@@ -47,6 +47,7 @@ from emrl_data.tables.sft_set import (
     sft_set_provenance,
     summary_markdown,
     unexpected_errors,
+    with_source,
     write_contact_sheet,
     write_sft_set_tables,
 )
@@ -157,6 +158,8 @@ def build_sft_set_flow(
     scratch_dir: str | None = None,
     scratch_budget: str = DEFAULT_SCRATCH_BUDGET,
     exclude_overlaps_with: str | None = None,
+    layout: str | None = None,
+    labels_dir: str | None = None,
 ) -> dict[str, Any]:
     """Build the `findings`, `sft` and `rejections` tables from an AbdomenAtlas-layout folder or the Hub release.
 
@@ -182,6 +185,8 @@ def build_sft_set_flow(
         scratch_budget: Hub only: the most the scratch folder may hold at once, e.g. `64G`.
         exclude_overlaps_with: another output folder: a test case of this run that is the same CT as one of its
             training cases becomes an `overlaps_training_ct` rejection (`emrl_data.tables.overlaps`).
+        layout: a folder only: read it as this dataset layout (`emrl layouts`); None: detected.
+        labels_dir: a folder only: the label maps of a layout whose labels are released apart (PANORAMA).
 
     Returns:
         The run summary (also written to `summary.json`).
@@ -197,15 +202,17 @@ def build_sft_set_flow(
     store = CaseStore(out / ".work" / "cases")
     runner = (task_runner, task_runner_address, max_workers)
     hub = HubOptions(revision, Path(scratch_dir or out / ".work" / "scratch").resolve(), parse_size(scratch_budget))
-    read = _read_atlas(atlas_root, out, cfg, store, sft_cfg, limit, runner, hub, cases_per_task, case_timeout_s)
+    read = _read_atlas(
+        atlas_root, out, cfg, store, sft_cfg, limit, runner, hub, cases_per_task, case_timeout_s, (layout, labels_dir)
+    )
     gathered = gather_case_results(read.case_ids, store, read.keys)
     rows, refused = _fingerprints(out, read, gathered, other)
-    rejections = [*read.plan.rejections, *gathered.rejections, *refused]
+    rows, rejections = with_source(rows, read.plan.source), [*read.plan.rejections, *gathered.rejections, *refused]
     warnings = (*read.plan.warnings, *gathered.warnings)  # atlas warnings, then special files no row needed
     sft_rows = select_sft_rows(rows, sft_cfg)
 
     provenance = sft_set_provenance(cfg, sft_cfg, read.plan, git_sha=git_sha()) | read.provenance
-    write_sft_set_tables(out, rows, sft_rows, rejections, store, read.keys, provenance)
+    write_sft_set_tables(out, rows, sft_rows, rejections, store, read.keys, provenance, read.plan.source)
     check_every_case_accounted(read.case_ids, rows, rejections)
     digests = gathered.file_digests
     qa = build_qa_report(
@@ -299,11 +306,16 @@ def _read_atlas(
     hub: HubOptions,
     cases_per_task: int,
     case_timeout_s: float | None,
+    reading: tuple[str | None, str | None] = (None, None),
 ) -> AtlasRead:
-    """Plan and curate the atlas: a folder in batches of cases, or the Hub release part pair by part pair."""
+    """Plan and curate the atlas: a folder in batches of cases, or the Hub release part pair by part pair.
+
+    `reading`: the layout named and the labels folder given, for a folder (`plan_atlas`)."""
     repo_id = hub_repo(atlas_root)
     parts_folder = repo_id is None and is_parts_folder(Path(atlas_root))
     if repo_id is not None or parts_folder:
+        if reading[0] not in (None, "abdomenatlas") or reading[1] is not None:
+            raise ValueError(f"{atlas_root} is the AbdomenAtlas release: --layout and --labels are for a folder")
         if parts_folder:
             hub = replace(hub, local_root=Path(atlas_root).resolve())
         done = curate_release(
@@ -323,14 +335,17 @@ def _read_atlas(
             done.release.source, done.plan, done.case_ids, done.keys, done.n_cached, 0, source, done.summary
         )
     root = Path(atlas_root).resolve()
-    plan = _plan(root, limit, sft_cfg.test_fraction)
+    labels = None if reading[1] is None else Path(reading[1]).resolve()
+    plan = _plan(root, limit, sft_cfg.test_fraction, reading[0], labels)
     keys, n_cached, n_retried = _curate_cases(plan, cfg, store, cases_per_task, runner[2], *runner[:2], case_timeout_s)
     return AtlasRead(str(root), plan, [r.case_id for r in plan.refs], keys, n_cached, n_retried)
 
 
-def _plan(root: Path, limit: int | None, test_fraction: float) -> AtlasPlan:
+def _plan(
+    root: Path, limit: int | None, test_fraction: float, layout: str | None = None, labels: Path | None = None
+) -> AtlasPlan:
     """Plan the atlas (cases, splits, metadata) and log it; ValueError when it holds no case."""
-    plan = plan_atlas(root, limit=limit, test_fraction=test_fraction)
+    plan = plan_atlas(root, limit=limit, test_fraction=test_fraction, layout=layout, labels=labels)
     if not plan.refs:
         raise ValueError(f"No cases in {root}: expected BDMAP_######## folders (in image_only/ and mask_only/).")
     get_run_logger().info(

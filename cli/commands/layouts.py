@@ -14,8 +14,9 @@ def add(sub: Any, common: list[argparse.ArgumentParser]) -> None:
         "layouts",
         parents=common,
         help="list the dataset layouts build-sft-set reads",
-        description="List the dataset layouts `emrl build-sft-set` detects from a folder: what each annotates (an "
-        "organ it does not annotate gets no row), its label table, licence, citation and a one-line command.",
+        description="List the dataset layouts `emrl build-sft-set` detects from a folder (or reads by --layout NAME): "
+        "what each annotates (an organ it does not annotate gets no row), its label table (ignored labels said so), "
+        "licence (SPDX id), citation and a one-line command.",
     )
     p.set_defaults(func=run)
 
@@ -28,7 +29,7 @@ def describe() -> str:
             f"{layout.name}: {layout.title}\n"
             f"  annotates: {', '.join(layout.organs)}\n"
             f"  labels:    {layout.labels}\n"
-            f"  licence:   {layout.licence}\n"
+            f"  licence:   {layout.licence} ({layout.terms})\n"
             f"  cite:      {layout.citation}\n"
             f"  run:       {layout.command}"
         )

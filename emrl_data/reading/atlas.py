@@ -55,16 +55,19 @@ from emrl_data.reading.atlas_splits import (  # noqa: F401 - re-exported
     read_split_files,
 )
 from emrl_data.reading.layout import discover
+from emrl_data.reading.layouts import abdomenatlas
+from emrl_data.sources import Source
 from emrl_data.types import Organ
 
 
-def discover_cases(root: Path, *, layout: str | None = None) -> Discovery:
-    """The cases under a dataset root, by its detected layout or the one named (`emrl_data.reading.layout.discover`).
+def discover_cases(root: Path, *, layout: str | None = None, labels: Path | None = None) -> Discovery:
+    """The cases under a dataset root, by its detected layout or the one named (`emrl_data.reading.layout.discover`);
+    `labels`: the label maps' folder of a layout whose labels are released apart (PANORAMA).
 
     An AbdomenAtlas folder (and any folder no other layout recognises) is read by
     `emrl_data.reading.atlas_cases.discover_cases`, whose rules and messages are unchanged.
     """
-    return discover(root, layout)
+    return discover(root, layout, labels)
 
 
 # Organ knowledge lives in the registry; these names stay as lookups into it (organ -> structures / location names /
@@ -83,14 +86,21 @@ class AtlasPlan:
     metadata: dict[str, dict[Organ, AtlasOrganMeta]]
     rejections: tuple[Rejection, ...]  # invalid case ids, entries that are not cases, split conflicts, metadata rows
     warnings: tuple[str, ...] = ()  # discovery and CSV notes for the run summary
+    source: Source = abdomenatlas.LAYOUT.source  # the dataset, licence and citation every row names
 
 
 def plan_atlas(
-    root: Path, *, limit: int | None = None, test_fraction: float = 0.10, layout: str | None = None
+    root: Path,
+    *,
+    limit: int | None = None,
+    test_fraction: float = 0.10,
+    layout: str | None = None,
+    labels: Path | None = None,
 ) -> AtlasPlan:
     """Discover the cases, assign splits (IID files, else the hash split) and read the metadata CSV if present.
 
-    The layout is detected (`emrl_data.reading.layout`) unless `layout` names one; `AtlasPlan.layout` is the layout
+    The layout is detected (`emrl_data.reading.layout`) unless `layout` names one (`labels`: the label maps' folder of
+    a layout that takes one); `AtlasPlan.layout` is the layout
     found: "split" or "combined" for AbdomenAtlas, else the layout's name ("kits23"). A case missing from existing
     split files gets the hash split; a case listed in more than one split file is
     rejected (`split_conflict`, step "discover") and not curated. A metadata row that cannot be parsed becomes a
@@ -101,7 +111,7 @@ def plan_atlas(
         AtlasError: a layout folder, the metadata CSV or a split file cannot be read; NoCasesError: no case.
     """
     root = Path(root).resolve()
-    discovery = discover_cases(root, layout=layout)
+    discovery = discover_cases(root, layout=layout, labels=labels)
     refs = list(discovery.refs[:limit] if limit is not None else discovery.refs)
     listing = read_split_files(root)
     rejections = list(discovery.rejections)
@@ -130,4 +140,5 @@ def plan_atlas(
         metadata,
         tuple(rejections + meta_rejections),
         tuple(warnings),
+        discovery.source or abdomenatlas.LAYOUT.source,
     )

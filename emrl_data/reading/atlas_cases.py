@@ -26,6 +26,7 @@ from emrl_data.organs import ORGAN_STRUCTURES
 from emrl_data.outcome import CaseDataError, Rejection, RejectReason
 from emrl_data.reading.fileio import describe_special
 from emrl_data.reading.label_maps import LabelMap
+from emrl_data.sources import Source
 from emrl_data.types import Organ, is_valid_case_id
 
 
@@ -249,6 +250,7 @@ class Discovery:
     refs: tuple[CaseRef, ...]
     rejections: tuple[Rejection, ...]
     warnings: tuple[str, ...] = ()
+    source: Source | None = None  # the dataset the cases come from (`emrl_data.reading.layout.discover` names it)
 
 
 SPLIT_LAYOUT_DIRS = ("image_only", "mask_only")

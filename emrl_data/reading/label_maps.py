@@ -13,7 +13,9 @@ organ here:
   runs on the CT grid with the CT's affine, so LPS, RAS and oblique headers all cut in the patient frame;
 * a lesion label has a role: "tumor" and "cyst" are the organ's `<prefix>_tumor` / `<prefix>_cyst` fallback files (the
   lesion-file rule unites them into the row's lesion: a cyst stays a cyst, never a tumour), "lesion" is the organ's
-  lesion file itself (a label that holds tumours and cysts together).
+  lesion file itself (a label that holds tumours and cysts together);
+* a label of role "ignored" (PANORAMA's veins, arteries and ducts) is a value a label map may hold that no structure
+  reads: its voxels are neither organ nor lesion.
 
 An organ no label names is not annotated: the case gives no row for it (`CaseRef.annotates`).
 """
@@ -39,6 +41,7 @@ from emrl_data.reading.nifti import NiftiVolume, parse_header
 
 LESION_ROLES = ("tumor", "cyst", "lesion")
 BACKGROUND = "background"
+IGNORED = "ignored"
 _RELEASED_LABELS = Path(__file__).with_name("layouts") / "released_labels.json"
 _MAX_LABEL_VALUE = 255
 
@@ -60,8 +63,13 @@ class LabelTable:
         """Every value a label map of this table may hold (background included)."""
         return frozenset({0, *(value for value, _, _ in self.labels)})
 
+    @property
+    def ignored(self) -> tuple[str, ...]:
+        """The labels no structure reads, as `value name` ("2 veins")."""
+        return tuple(f"{value} {name}" for value, name, role in self.labels if role == IGNORED)
+
     def describe(self) -> str:
-        """The table in words: `1 liver, 2 cancer (tumor)`."""
+        """The table in words: `1 liver, 2 cancer (tumor)`; an ignored label says so (`2 veins (ignored)`)."""
         return ", ".join(
             f"{value} {name}" + (f" ({role})" if role not in ("organ", name) else "")
             for value, name, role in self.labels
@@ -111,7 +119,7 @@ def label_table(labels: Mapping[str, str], roles: Mapping[str, str] | None = Non
     """Build a table from `value -> name` as released (an MSD `dataset.json`'s "labels").
 
     A name that is a registered organ is an organ label; "background" is the background; any other name takes its role
-    from `roles` (`{"cancer": "tumor"}`), or is itself a lesion role ("tumor", "cyst").
+    from `roles` (`{"cancer": "tumor"}`, `{"veins": "ignored"}`), or is itself a lesion role ("tumor", "cyst").
 
     Raises:
         ValueError: a value that is not an integer in 0..255, or a name with no role.
@@ -126,8 +134,10 @@ def label_table(labels: Mapping[str, str], roles: Mapping[str, str] | None = Non
             role = "organ"
         elif value == 0 or name == BACKGROUND:
             role = BACKGROUND
-        elif role not in LESION_ROLES:
-            raise ValueError(f"label {value} {name!r} names no registered organ and no lesion role {LESION_ROLES}")
+        elif role not in (*LESION_ROLES, IGNORED):
+            raise ValueError(
+                f"label {value} {name!r} names no registered organ, no lesion role {LESION_ROLES} and is not {IGNORED!r}"
+            )
         rows.append((value, name, role))
     return LabelTable(tuple(rows))
 
@@ -150,7 +160,8 @@ def released_table(key: str) -> LabelTable:
 
 def released_field(key: str, field: str) -> str:
     """A text field of a dataset's entry in `released_labels.json`: "title" ("MSD Task03 Liver"), "folder" (the
-    folder its release unpacks to, for the one-line command), "source" (where the table comes from)."""
+    folder its release unpacks to, for the one-line command), "source" (where the table comes from), "citation" (where
+    the citation names an organ)."""
     value: str = _released()[key][field]
     return value
 

@@ -1,5 +1,5 @@
-"""Synthetic datasets in the label-map layouts (MSD Task03/Task07, KiTS23, LiTS), written as each is released, with
-their ground truth.
+"""Synthetic datasets in the label-map layouts (MSD Task03/Task07, KiTS23, LiTS, PANORAMA), written as each is
+released, with their ground truth.
 
 The phantom of a `CaseSpec` (`phantom`: every registered organ drawn, lesions included) becomes one CT and one label
 map with the dataset's real label values (`emrl_data.reading.label_maps.released_table`): the organ label over the
@@ -8,7 +8,10 @@ the others at the tumour label). Organs the dataset does not annotate stay in th
 
 Real quirks: MSD's AppleDouble `._<name>.nii.gz` files beside images and labels, its `dataset.json` and unlabelled
 `imagesTs/`; KiTS's `dataset/case_XXXXX/` folders, `kits23.json` and arrays stored slice axis first (`z_first`);
-LiTS's uncompressed `.nii` files in a "Training Batch 1" folder. Storage orientations: "RAS", "LPS", "oblique" (the
+LiTS's uncompressed `.nii` files in a "Training Batch 1" folder; PANORAMA's images in Zenodo batch folders
+(`batch_1/<id>_0000.nii.gz`, two cases a batch) with the label maps in `panorama_labels/manual_labels/` (and an
+`automatic_labels/` copy the reader must not use), each ignored label (veins, ducts) drawn as a 2-voxel cube in the
+air at the volume's corner. Storage orientations: "RAS", "LPS", "oblique" (the
 affine rotated 10 degrees about the patient's long axis over the canonical voxels) and "z_first".
 
 The truth of each annotated organ is `truth.organ_truth` on the phantom; its location is () where the dataset has no
@@ -27,7 +30,7 @@ import numpy as np
 
 from emrl_data.labeling.labels import OrganLabels
 from emrl_data.organs import organ_spec
-from emrl_data.reading.label_maps import LabelTable, lesion_structure, released_table
+from emrl_data.reading.label_maps import IGNORED, LabelTable, lesion_structure, released_table
 from emrl_data.synthetic.nifti_writer import canonical_affine, nifti_header_block, write_nifti_gz
 from emrl_data.synthetic.phantom import Phantom, build_phantom
 from emrl_data.synthetic.specs import CaseSpec, header_spacing_mm
@@ -35,7 +38,7 @@ from emrl_data.synthetic.truth import organ_truth
 from emrl_data.types import Organ
 
 
-KIT_LAYOUTS = ("msd-task03", "msd-task07", "kits23", "lits")
+KIT_LAYOUTS = ("msd-task03", "msd-task07", "kits23", "lits", "panorama")
 KIT_STORAGES = ("RAS", "LPS", "oblique", "z_first")
 OBLIQUE_DEGREES = 10.0
 # The first bytes of an AppleDouble file (magic 0x00051607, version 2): what macOS's tar leaves beside each file.
@@ -124,6 +127,9 @@ def label_volume(
             name = lesion_structure(organ, role)
             masks.setdefault(name, np.zeros(labels.shape, dtype=bool, order="F"))
             masks[name][lesion.mask.slices()] |= lesion.mask.data
+    ignored = [value for value, _, role in table.labels if role == IGNORED]
+    for i, value in enumerate(ignored):  # in the air at the corner: no structure may read them
+        labels[2 * i : 2 * i + 2, :2, :2] = value
     return labels, masks
 
 
@@ -143,6 +149,9 @@ def _paths(root: Path, layout: str, organ: Organ, n: int) -> tuple[str, str, str
         return case_id, f"dataset/{case_id}/imaging.nii.gz", f"dataset/{case_id}/segmentation.nii.gz"
     if layout == "lits":
         return f"volume-{n}", f"Training Batch 1/volume-{n}.nii", f"Training Batch 1/segmentation-{n}.nii"
+    if layout == "panorama":
+        case_id = f"{100000 + n}_{n + 1:05d}"
+        return case_id, f"batch_{n // 2 + 1}/{case_id}_0000.nii.gz", f"panorama_labels/manual_labels/{case_id}.nii.gz"
     raise ValueError(f"layout={layout!r} must be one of {KIT_LAYOUTS}.")
 
 
@@ -201,3 +210,8 @@ def _write_extras(root: Path, layout: str, table: LabelTable, truths: Sequence[K
     elif layout == "kits23":
         clinical = [{"case_id": t.case_id} for t in truths]
         (root / "dataset" / "kits23.json").write_text(json.dumps(clinical, indent=2))
+    elif layout == "panorama":
+        automatic = root / "panorama_labels" / "automatic_labels"
+        automatic.mkdir(parents=True, exist_ok=True)
+        (automatic / Path(truths[0].label_path).name).write_bytes(b"not a label map: the reader must not open it")
+        (root / "panorama_labels" / "README.md").write_text("# panorama_labels\n")

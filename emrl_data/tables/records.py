@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from emrl_data.labeling.frames import FrameSet
 from emrl_data.labeling.labels import OrganLabels
+from emrl_data.sources import SOURCE_COLUMNS
 from emrl_data.text.scoring import TRUTH_COLUMNS, ReportScore
 from emrl_data.types import Organ
 
@@ -57,6 +58,14 @@ def columns_of(record_type: type, *, nullable: bool | None = None) -> list[Colum
         out.append(Column(f.name, f.metadata["arrow"], optional if nullable is None else nullable, f.metadata["doc"]))
     return out
 
+
+# Where a row comes from (`emrl_data.sources.Source.columns`): on organ rows and rejection rows.
+_SOURCE_DOCS = {
+    "source_dataset": "the dataset layout the case was read from (`emrl layouts`)",
+    "source_case_id": "the case's id in that dataset",
+    "source_license": "SPDX id of that dataset's licence (LicenseRef-*: its own terms)",
+}
+SOURCE_COLUMN_LIST: list[Column] = [Column(name, pa.string(), False, _SOURCE_DOCS[name]) for name in SOURCE_COLUMNS]
 
 # The columns of an organ row, in table order. A column is declared once: on the dataclass that computes it
 # (`OrganLabels`, `FrameSet`) or here; its value in a row comes from the same place (`emrl_data.labeling.curate._organ_row`).
@@ -94,6 +103,7 @@ ORGAN_ROW_COLUMNS: list[Column] = [
     ),
     Column("pipeline_version", pa.string(), False, "emrl_data version that produced the row"),
     Column("config_fingerprint", pa.string(), False, "fingerprint of the curation config"),
+    *SOURCE_COLUMN_LIST,
 ]
 
 FRAMES_COLUMN = Column("frames", pa.list_(IMAGE_STRUCT), False, "frames as Hub Image structs (8-bit grayscale PNG)")
@@ -110,6 +120,7 @@ REJECTION_COLUMNS: list[Column] = [
     Column("reason", pa.string(), False, "reason code (emrl_data.outcome.RejectReason)"),
     Column("detail", pa.string(), False, "message naming the file and the problem"),
     Column("path", pa.string(), True, "offending file, relative to the atlas root"),
+    *SOURCE_COLUMN_LIST,
 ]
 
 

@@ -26,6 +26,7 @@ from emrl_data.labeling.fingerprint import CtFingerprint
 from emrl_data.labeling.frames import draw_contact_sheet
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.reading.atlas import AtlasPlan
+from emrl_data.sources import Source
 from emrl_data.tables.records import check_required
 from emrl_data.tables.table_folder import (
     count_rejections,
@@ -106,7 +107,13 @@ def sft_set_provenance(
         },
         "atlas_layout": plan.layout,
         "split_source": plan.split_source,
+        "sources": [plan.source.to_dict()],
     }
+
+
+def with_source(rows: Iterable[Mapping[str, Any]], source: Source) -> list[dict[str, Any]]:
+    """The rows with their source columns (`source_dataset`, `source_case_id`, `source_license`)."""
+    return [{**row, **source.columns(row["case_id"])} for row in rows]
 
 
 def gather_case_results(case_ids: Sequence[str], store: CaseStore, keys: Mapping[str, str]) -> GatheredCases:
@@ -139,11 +146,11 @@ def gather_case_results(case_ids: Sequence[str], store: CaseStore, keys: Mapping
     return GatheredCases(rows, rejections, digests, warnings, fingerprints)
 
 
-def rejection_rows(rejections: Iterable[Rejection]) -> list[dict[str, Any]]:
-    """Return the `rejections` table rows, sorted by case id, organ (none first), step and reason."""
-    return sorted(
-        (r.to_row() for r in rejections), key=lambda r: (r["case_id"], r["organ"] or "", r["step"], r["reason"])
-    )
+def rejection_rows(rejections: Iterable[Rejection], source: Source | None = None) -> list[dict[str, Any]]:
+    """Return the `rejections` table rows, sorted by case id, organ (none first), step and reason; with `source`,
+    each names it (`Source.columns`)."""
+    rows: list[dict[str, Any]] = [{**r.to_row(), **(source.columns(r.case_id) if source else {})} for r in rejections]
+    return sorted(rows, key=lambda r: (r["case_id"], r["organ"] or "", r["step"], r["reason"]))
 
 
 def unexpected_errors(rejections: Iterable[Rejection]) -> list[Rejection]:
@@ -207,6 +214,7 @@ def write_sft_set_tables(
     store: CaseStore,
     keys: Mapping[str, str],
     provenance: Mapping[str, Any],
+    source: Source,
 ) -> None:
     """Write the `findings`, `sft` (frames streamed from the store) and `rejections` tables under `out`.
 
@@ -218,13 +226,14 @@ def write_sft_set_tables(
         store: the case store holding the frames.
         keys: the store key of each case id.
         provenance: written into each table's manifest and card.
+        source: the dataset the cases come from, named by every rejection row (`with_source` names it on the rows).
     """
     by_split = {split: [r for r in rows if r["split"] == split] for split in _SPLITS}
     counts = {split: count_rows(part).get(split, {"total": 0}) for split, part in by_split.items()}
     write_table("findings", by_split, out, provenance=provenance, counts=counts)
     _write_sft(sft_rows, out, store, keys, provenance)
     # One split; "train" is the Hub convention for a table without splits (load_dataset maps it by name).
-    write_table("rejections", {"train": rejection_rows(rejections)}, out, provenance=provenance)
+    write_table("rejections", {"train": rejection_rows(rejections, source)}, out, provenance=provenance)
 
 
 def build_summary(

@@ -63,6 +63,15 @@ def test_every_layout_declares_what_it_annotates_its_licence_and_a_command() -> 
         "msd-task07": ("pancreas",),
         "kits23": ("kidney",),
         "lits": ("liver",),
+        "panorama": ("pancreas",),
+    }
+    assert {layout.name: layout.licence for layout in LAYOUTS} == {
+        "msd-task03": "CC-BY-SA-4.0",
+        "msd-task07": "CC-BY-SA-4.0",
+        "kits23": "CC-BY-NC-SA-4.0",
+        "lits": "LicenseRef-LiTS",
+        "panorama": "CC-BY-NC-4.0",
+        "abdomenatlas": "CC-BY-NC-SA-4.0",
     }
     with pytest.raises(ValueError, match="no layout 'nope'; the layouts are msd-task03"):
         layout_named("nope")
@@ -210,8 +219,65 @@ def test_label_tables_resolve_roles_through_the_registry() -> None:
     }
     assert released_table("msd-task07").structures() == {"pancreas": ((1, 2), None), "pancreatic_lesion": ((2,), None)}
     assert released_table("msd-task03").describe() == "1 liver, 2 cancer (tumor)"
-    with pytest.raises(ValueError, match="names no registered organ and no lesion role"):
+    with pytest.raises(ValueError, match="names no registered organ, no lesion role"):
         label_table({"0": "background", "1": "vessel"})
+
+
+def test_panorama_reads_pancreas_and_pdac_only_and_says_which_labels_it_ignores(tmp_path: Path) -> None:
+    truths = _kit(tmp_path, "panorama")
+    assert [t.ct_path for t in truths] == ["batch_1/100000_00001_0000.nii.gz", "batch_1/100001_00002_0000.nii.gz"]
+    found = discover_cases(tmp_path)
+    assert (found.layout, found.source.dataset, found.source.licence) == ("panorama", "panorama", "CC-BY-NC-4.0")
+    assert found.warnings == (
+        "labels 2 veins, 3 arteries, 5 pancreatic duct, 6 common bile duct: not read (only 1 PDAC, 4 pancreas)",
+    )
+    ref = found.refs[0]
+    assert ref.labels is not None and ref.labels.path == tmp_path / "panorama_labels/manual_labels/100000_00001.nii.gz"
+    assert ref.mask_stems() == ("pancreas", "pancreatic_tumor") and ref.organs == ("pancreas",)
+    assert released_table("panorama").structures() == {"pancreas": ((4, 1), None), "pancreatic_tumor": ((1,), None)}
+    # The kit draws every ignored value (2, 3, 5, 6) in the corner: read without a rejection, in no structure.
+    assert set(np.unique(np.asarray(nib.load(ref.labels.path).dataobj))) == {0, 1, 2, 3, 4, 5, 6}
+    rows, rejections = _rows(tmp_path)
+    assert rejections == []
+    assert sorted((r["case_id"], r["organ"], r["has_lesion"], r["lesion_count"]) for r in rows) == [
+        ("100000_00001", "pancreas", True, 1),
+        ("100001_00002", "pancreas", False, 0),
+    ]
+
+
+def test_panorama_labels_named_apart_and_an_image_without_labels_rejected(tmp_path: Path) -> None:
+    images, labels = tmp_path / "PANORAMA", tmp_path / "labels-checkout" / "manual_labels"
+    _kit(images, "panorama")
+    labels.parent.mkdir()
+    (images / "panorama_labels" / "manual_labels").rename(labels)
+    (labels / "100001_00002.nii.gz").unlink()
+
+    found = discover_cases(images, labels=labels)
+
+    assert [r.case_id for r in found.refs] == ["100000_00001"]
+    (rejection,) = found.rejections
+    assert (rejection.case_id, rejection.reason, rejection.path) == (
+        "100001_00002",
+        RejectReason.MISSING_ORGAN_MASK,
+        str(labels / "100001_00002.nii.gz"),
+    )
+    with pytest.raises(NoCasesError, match="no panorama case under"):  # the labels are not beside the images
+        discover_cases(images)
+    with pytest.raises(ValueError, match="the lits layout reads its labels in place .only panorama takes a folder"):
+        discover_cases(images, layout="lits", labels=labels)
+    with pytest.raises(
+        ValueError, match="no layout 'nope'; the layouts are msd-task03, msd-task07, kits23, lits, pan"
+    ):
+        discover_cases(images, layout="nope")
+
+
+def test_a_layout_named_is_read_instead_of_the_one_detected(tmp_path: Path) -> None:
+    _kit(tmp_path, "lits")
+    assert discover_cases(tmp_path, layout="lits").source.licence == "LicenseRef-LiTS"
+    with pytest.raises(NoCasesError, match="BDMAP_XXXXXXXX"):
+        discover_cases(tmp_path, layout="abdomenatlas")
+    with pytest.raises(AtlasError, match="dataset.json does not state the labels of MSD Task03"):
+        discover_cases(tmp_path, layout="msd-task03")
 
 
 def test_abdomenatlas_folders_still_read_as_before(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from emrl_data.labeling.case_store import CaseStore
 from emrl_data.labeling.curate import CaseResult
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.reading.atlas import AtlasPlan
+from emrl_data.sources import Source
 from emrl_data.tables.sft_set import (
     build_summary,
     check_every_case_accounted,
@@ -134,6 +135,14 @@ def test_rejection_rows_sort_by_case_organ_step_reason() -> None:
         (B, "liver", "empty_organ_mask", None),
     ]
     assert unexpected_errors(rejections) == [rejections[2]]
+    source = Source("kits23", "CC-BY-NC-SA-4.0", "Heller et al.")
+    assert [
+        (r["source_dataset"], r["source_case_id"], r["source_license"]) for r in rejection_rows(rejections, source)
+    ] == [
+        ("kits23", A, "CC-BY-NC-SA-4.0"),
+        ("kits23", B, "CC-BY-NC-SA-4.0"),
+        ("kits23", B, "CC-BY-NC-SA-4.0"),
+    ]
 
 
 def test_check_every_case_accounted_names_the_cases_with_neither() -> None:
@@ -232,4 +241,11 @@ def test_sft_set_provenance_records_versions_both_configs_and_the_plan() -> None
         "sft_config": {"negatives_per_positive": 2.0, "seed": 3, "test_fraction": 0.10},
         "atlas_layout": "split",
         "split_source": "case-id hash",
+        "sources": [
+            {
+                "dataset": "abdomenatlas",
+                "licence": "CC-BY-NC-SA-4.0",
+                "citation": "Bassi et al., RadGPT: constructing 3D image-text tumor datasets, arXiv 2501.04678",
+            }
+        ],
     }

@@ -214,6 +214,7 @@ _PROVENANCE = {"pipeline_version": "0.1.0", "git_sha": None, "config_fingerprint
 def _rejections(n: int) -> list[dict]:
     return [
         {"case_id": f"BDMAP_{i:08d}", "organ": None, "step": "load", "reason": "corrupt_gzip", "detail": str(i)}
+        | {"source_dataset": "abdomenatlas", "source_case_id": f"BDMAP_{i:08d}", "source_license": "CC-BY-NC-SA-4.0"}
         for i in range(n)
     ]
 
@@ -233,7 +234,10 @@ def test_rows_in_memory_are_written_by_the_streamed_path_byte_for_byte(tmp_path:
     assert (in_memory / "data" / empty_streamed.name).read_bytes() == empty_streamed.read_bytes()
     empty = pq.ParquetFile(empty_streamed)
     assert (empty.metadata.num_rows, empty.metadata.num_row_groups) == (0, 1)  # one row group of no rows
-    assert pq.read_table(streamed[0]).column_names == ["case_id", "organ", "step", "reason", "detail", "path"]
+    assert pq.read_table(streamed[0]).column_names == [
+        *("case_id", "organ", "step", "reason", "detail", "path"),
+        *("source_dataset", "source_case_id", "source_license"),
+    ]
 
 
 def test_rows_in_memory_past_the_shard_size_split_into_balanced_shards(

@@ -3,11 +3,13 @@ constructed masks, one organ per dataset, and no row for an organ the dataset do
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
+from emrl_data.reading.layout import layout_named
 from emrl_data.synthetic import CaseSpec, LesionSpec
 from emrl_data.synthetic.label_map_kits import KitCase, write_kit
 from emrl_data.types import Organ
@@ -37,7 +39,9 @@ def _cases(storage: str) -> list[KitCase]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("layout", "storage"), [("msd-task03", "LPS"), ("kits23", "z_first"), ("lits", "RAS")])
+@pytest.mark.parametrize(
+    ("layout", "storage"), [("msd-task03", "LPS"), ("kits23", "z_first"), ("lits", "RAS"), ("panorama", "oblique")]
+)
 def test_flow_reads_the_dataset_as_released(prefect_harness, tmp_path: Path, layout: str, storage: str) -> None:
     root, out = tmp_path / "dataset", tmp_path / "out"
     truths = write_kit(root, layout, _cases(storage))
@@ -63,3 +67,45 @@ def test_flow_reads_the_dataset_as_released(prefect_harness, tmp_path: Path, lay
             assert f"<key_slice>{row['key_slice_frame']}</key_slice>" in row["report"], key
     assert _table(out / "rejections") == []
     assert summary["cases"] == len(truths)
+    licence = layout_named(layout).licence
+    assert {(r["source_dataset"], r["source_case_id"], r["source_license"]) for r in _table(out / "findings")} == {
+        (layout, t.case_id, licence) for t in truths
+    }
+    sft = _table(out / "sft")
+    assert sft and all(
+        (r["source_dataset"], r["source_case_id"], r["source_license"]) == (layout, r["case_id"], licence) for r in sft
+    )
+    assert json.loads((out / "sft" / "manifest.json").read_text())["sources"] == [
+        layout_named(layout).source.to_dict()
+    ]
+
+
+@pytest.mark.slow
+def test_flow_reads_panorama_images_with_labels_named_apart(prefect_harness, tmp_path: Path) -> None:
+    images, labels, out = tmp_path / "PANORAMA", tmp_path / "panorama_labels" / "manual_labels", tmp_path / "out"
+    truths = write_kit(images, "panorama", _cases("RAS"))
+    labels.parent.mkdir()
+    (images / "panorama_labels" / "manual_labels").rename(labels)
+    (labels / f"{truths[1].case_id}.nii.gz").unlink()
+
+    build_sft_set_flow(
+        atlas_root=str(images), output_dir=str(out), layout="panorama", labels_dir=str(labels), max_workers=1
+    )
+
+    assert sorted((r["case_id"], r["organ"], r["has_lesion"]) for r in _table(out / "findings")) == [
+        ("100000_00001", "pancreas", True),
+        ("100002_00003", "pancreas", False),
+    ]
+    (rejection,) = _table(out / "rejections")
+    assert {k: rejection[k] for k in ("case_id", "organ", "step", "reason", "path")} == {
+        "case_id": "100001_00002",
+        "organ": None,
+        "step": "discover",
+        "reason": "missing_organ_mask",
+        "path": str(labels / "100001_00002.nii.gz"),
+    }
+    assert (rejection["source_dataset"], rejection["source_case_id"], rejection["source_license"]) == (
+        "panorama",
+        "100001_00002",
+        "CC-BY-NC-4.0",
+    )

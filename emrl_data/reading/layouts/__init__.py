@@ -3,7 +3,7 @@ label-map layout shares.
 
 A layout module (one per dataset, in this package) builds one `Layout`: its name, how to detect it from a folder, how
 to find its cases (a `Discovery` of `CaseRef`s: the CT and the mask folder or label map of each), what it annotates
-(its organs and its label table in words), its licence and citation, and a one-line command. `emrl_data.reading.layout`
+(its organs and its label table in words), its licence (an SPDX id) and citation, and a one-line command. `emrl_data.reading.layout`
 holds the list of layouts and dispatches between them.
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 from emrl_data.outcome import Rejection, RejectReason
 from emrl_data.reading.atlas_cases import CaseRef, Discovery, NoCasesError, printable
 from emrl_data.reading.label_maps import LabelMap, LabelTable
+from emrl_data.sources import Source
 
 
 # A case id outside AbdomenAtlas is the dataset's own case name: letters, digits, `_`, `-` (also a path component).
@@ -33,11 +34,15 @@ class Layout:
         title: the dataset ("KiTS23 (kidney tumours)").
         organs: the registered organs it annotates; every other organ is unknown for its cases (no row).
         labels: its label table in words ("1 kidney, 2 tumor, 3 cyst"), or how its masks are stored.
-        licence: the licence of the data as its own release states it.
+        licence: the SPDX id of the data's licence as its own release states it (`LicenseRef-...` for a challenge's
+            own terms; `emrl_data.sources`).
+        terms: where the licence is stated, and what else it covers, in words.
         citation: what to cite.
         command: one line that builds the SFT set from it.
         detect: whether a folder holds this layout (cheap: names and small files only).
         discover: the cases of a folder of this layout, in case-id order.
+        discover_labels: for a dataset whose labels are released apart from its images (PANORAMA): the cases of an
+            image folder with the labels of another folder (`--labels DIR`); None where labels sit in the folder.
     """
 
     name: str
@@ -45,10 +50,17 @@ class Layout:
     organs: tuple[str, ...]
     labels: str
     licence: str
+    terms: str
     citation: str
     command: str
     detect: Callable[[Path], bool]
     discover: Callable[[Path], Discovery]
+    discover_labels: Callable[[Path, Path], Discovery] | None = None
+
+    @property
+    def source(self) -> Source:
+        """What the rows of this layout's cases name as their source."""
+        return Source(self.name, self.licence, self.citation)
 
 
 def hidden_warning(prefix: str, hidden: Sequence[str]) -> list[str]:

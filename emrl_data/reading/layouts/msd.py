@@ -20,7 +20,7 @@ from emrl_data.reading.layouts import Layout, hidden_warning, label_map_discover
 
 
 _IMAGE = re.compile(r"([A-Za-z]+_[0-9]+)\.nii(?:\.gz)?")
-_LICENCE = "CC BY-SA 4.0"
+_LICENCE = "CC-BY-SA-4.0"
 _CITATION = "Antonelli et al., The Medical Segmentation Decathlon, Nature Communications 13, 4128 (2022)"
 
 
@@ -75,6 +75,7 @@ def msd_layout(name: str) -> Layout:
         organs=tuple(str(o) for o in table.organs),
         labels=f"dataset.json: {table.describe()}; imagesTr/<name>_<n>.nii.gz + labelsTr/ (same name)",
         licence=_LICENCE,
+        terms='dataset.json "licence" of each task (the Decathlon\'s terms)',
         citation=_CITATION,
         command=f"emrl build-sft-set {released_field(name, 'folder')} out/",
         detect=partial(_detect, name),
