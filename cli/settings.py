@@ -141,10 +141,10 @@ BUILD_SFT_SET = (
     Setting("exclude_overlaps_with", "--exclude-overlaps-with", None, "", "another output folder: a test case that is "
             "the same CT as one of its training cases becomes an overlaps_training_ct rejection (default: none, no "
             "case is refused; docs/data.md)", metavar="OUT_OTHER"),
-    Setting("layout", "--layout", None, "", "read the folder as this dataset layout (`emrl layouts` lists them; "
-            "default: detected)", metavar="NAME"),
+    Setting("layout", "--layout", None, "", "read the folder as this dataset layout, one `emrl layouts` lists "
+            "(default: detected from the folder)", metavar="NAME"),
     Setting("labels_dir", "--labels", None, "", "the label maps' folder of a dataset whose labels are released "
-            "apart (panorama: panorama_labels/manual_labels; default: beside the images)", metavar="DIR"),
+            "apart, e.g. panorama_labels/manual_labels (default: beside the images)", metavar="DIR"),
 )
 
 # `emrl build-rl-hardset` = the build-rl-hardset flow ----------------------------------------------------------------
@@ -197,6 +197,10 @@ PUBLISH = (
     Setting("public", "--public", False, "", "create the Hub repo public (default: private)", flow=False),
     Setting("dry_run", "--dry-run", False, "", "check token, table and tag; list what would be uploaded; write "
             "nothing"),
+    Setting("commercial", "--commercial", False, "", "declare the set for commercial use: a source under a "
+            "non-commercial licence is refused (docs/decisions.md)"),
+    Setting("config_per_source", "--config-per-source", False, "", "one config per source dataset instead of one "
+            "`default` config: sources whose licences cannot be one work (two share-alike licences) go out apart"),
 )
 
 EVAL = (

@@ -51,6 +51,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
 from emrl_data.tables.card import release_card
 from emrl_data.tables.shards import digest_bytes
+from emrl_data.tables.source_configs import check_licences, release_per_source
 from emrl_data.tables.table_folder import (  # noqa: F401 - the publish API is importable from here
     CARD,
     MANIFEST,
@@ -165,6 +166,8 @@ def publish_dataset_flow(
     private: bool = True,
     commit_message: str | None = None,
     dry_run: bool = False,
+    commercial: bool = False,
+    config_per_source: bool = False,
 ) -> dict:
     """Publish a built table folder as the immutable release `v{version}` of a dataset repo, then verify it.
 
@@ -177,6 +180,9 @@ def publish_dataset_flow(
         private: visibility of a repo created by this publish (an existing repo keeps its visibility).
         commit_message: the commit title; default names the tag, pipeline version and config fingerprint.
         dry_run: check the token, the table and the tag, then list what would be uploaded; write nothing.
+        commercial: the set is declared for commercial use: a non-commercial source is refused.
+        config_per_source: one config per source dataset (`emrl_data.tables.source_configs`) instead of `default`;
+            one config's sources must have licences that combine (`emrl_data.sources.licence_conflict`).
 
     Returns:
         `{"target", "repo_id", "tag", "status", "message", "commit", "uploaded", "url", "files": {path: bytes},
@@ -188,7 +194,8 @@ def publish_dataset_flow(
         ValueError: on a bad version, target or repo id, or `target="local"` without `local_root`.
         HubAuthError, HubUnreachableError: the token check or a Hub request failed (one-line messages).
         TagExistsError: when the tag exists on the target with different content.
-        PublishError: when the folder does not match its manifest; VerificationError when the release does not.
+        PublishError: when the folder does not match its manifest, or its sources' licences cannot be published as
+            asked; VerificationError when the release does not match.
     """
     logger = get_run_logger()
     tag = version_tag(version)
@@ -198,12 +205,14 @@ def publish_dataset_flow(
         raise ValueError("target='local' needs local_root (the folder that holds <repo_id>/).")
     validate_repo_id(repo_id)
     table = release_table(read_table(Path(table_dir)), repo_id, version)
+    sources = check_licences(table, commercial=commercial, config_per_source=config_per_source)
+    table = release_per_source(table) if config_per_source else table
     manifest = table.manifest
     provenance = (
         f"pipeline {manifest.get('pipeline_version', '?')}, config {manifest.get('config_fingerprint', '?')}, "
         f"git {manifest.get('git_sha') or 'unknown'}"
     )
-    logger.info("Publishing %s (%s rows per split) as %s %s to %s", table_dir, table.rows, repo_id, tag, target)
+    logger.info("Publishing %s (%s rows per split; sources %s) as %s %s", table_dir, table.rows, sources, repo_id, tag)
     if target == "hub":
         message = commit_message or f"Publish {tag} ({provenance})"
         outcome = publish_hub(table, repo_id, version, private, message, dry_run)

@@ -39,6 +39,8 @@ def run(args: argparse.Namespace) -> dict:
         local_root=None if args.local_root is None else str(args.local_root),
         private=not args.public,
         dry_run=args.dry_run,
+        commercial=args.commercial,
+        config_per_source=args.config_per_source,
     )
     for entry in result["plan"] if args.dry_run else []:
         print(f"{entry['action']:>9}  {entry['bytes']:>12}  {entry['path']}")

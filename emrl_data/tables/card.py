@@ -429,6 +429,28 @@ def table_description(table: str) -> str:
     return text.replace("{organs}", organ_names_prose())
 
 
+def _licence_sections(sources: Sequence[Mapping[str, str]] | None) -> list[str]:
+    """The License and Citation sections: AbdomenAtlas 3.0's terms, or a table of each source's licence and citation."""
+    emrl = f'E-MRL (Li et al., "{EMRL_TITLE}", MICCAI 2026, arXiv 2606.23888)'
+    if not sources:
+        return [
+            "## License",
+            "Derived from AbdomenAtlas 3.0: the images and labels are under the AbdomenAtlas 3.0 terms "
+            f"([dataset card]({LICENSE_LINK})). Check them before any use or redistribution.",
+            "## Citation",
+            f"If you use this data, cite AbdomenAtlas 3.0 / RadGPT (Bassi et al. 2025, arXiv 2501.04678) and {emrl}.",
+        ]
+    rows = [md_row(["source", "licence (SPDX)", "cite"]), "| --- | --- | --- |"]
+    rows += [md_row([f"`{md_cell(s['dataset'])}`", md_cell(s["licence"]), md_cell(s["citation"])]) for s in sources]
+    return [
+        "## License",
+        "Each row's images and labels are under its source's licence (columns `source_dataset`, `source_license`): "
+        "check it before any use or redistribution.\n\n" + "\n".join(rows),
+        "## Citation",
+        f"If you use this data, cite each source above and {emrl}.",
+    ]
+
+
 def render_dataset_card(
     *,
     table: str,
@@ -445,6 +467,7 @@ def render_dataset_card(
     descriptions: Mapping[str, str] | None = None,
     split_bytes: Mapping[str, int] | None = None,
     atlas_source: str | None = None,
+    sources: Sequence[Mapping[str, str]] | None = None,
 ) -> str:
     """Return the `README.md` text of a table folder: Hub YAML front matter, then the card body.
 
@@ -471,6 +494,8 @@ def render_dataset_card(
         descriptions: column name -> meaning (plain text; escaped here).
         split_bytes: uncompressed bytes per split (`parquet_split_bytes`); None leaves `num_bytes` out.
         atlas_source: `hf://datasets/OWNER/NAME@SHA` when the atlas was read from the Hub; None for a folder.
+        sources: the source datasets (`emrl_data.sources.Source.to_dict`: dataset, licence, citation); the License
+            and Citation sections name each; None: AbdomenAtlas 3.0 alone.
 
     Returns:
         The card text, starting with `---` and ending with a newline.
@@ -499,13 +524,5 @@ def render_dataset_card(
     ]
     if metrics_markdown is not None:
         body += ["## Results", metrics_markdown.strip()]
-    body += [
-        "## License",
-        "Derived from AbdomenAtlas 3.0: the images and labels are under the AbdomenAtlas 3.0 terms "
-        f"([dataset card]({LICENSE_LINK})). Check them before any use or redistribution.",
-        "## Citation",
-        "If you use this data, cite AbdomenAtlas 3.0 / RadGPT (Bassi et al. 2025, arXiv 2501.04678) and E-MRL "
-        f'(Li et al., "{EMRL_TITLE}", MICCAI 2026, arXiv 2606.23888).',
-        CITATIONS,
-    ]
+    body += [*_licence_sections(sources), CITATIONS]
     return f"---\n{_front_matter(table, features, row_counts, splits, split_bytes)}---\n\n" + "\n\n".join(body) + "\n"

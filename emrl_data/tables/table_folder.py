@@ -124,6 +124,7 @@ def finish_table(
         descriptions=column_descriptions(name),
         split_bytes=parquet_split_bytes(table_dir / DATA_DIR, tuple(counts)),
         atlas_source=provenance.get("atlas_source"),
+        sources=provenance.get("sources"),
     )
     write_text_atomic(card, table_dir / CARD)
     manifest = table_manifest(table_dir, {**provenance, "row_counts": {s: dict(c) for s, c in counts.items()}})
@@ -183,6 +184,8 @@ class TableFolder:
         manifest: the parsed `manifest.json`.
         overrides: files published with other content than the folder's (path -> bytes): the release card and
             manifest made by `release_table`; `files` holds their digests.
+        configs: rows per split of each config when released as one config per source
+            (`emrl_data.tables.source_configs`); {} for the one `default` config.
     """
 
     root: Path
@@ -190,6 +193,7 @@ class TableFolder:
     rows: dict[str, int]
     manifest: dict[str, Any]
     overrides: dict[str, bytes] = field(default_factory=dict)
+    configs: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def version_tag(version: str) -> str:

@@ -510,3 +510,10 @@ def test_a_hub_that_refuses_the_repository_is_one_problem_line_and_its_fix() -> 
         "hf://datasets/o/n is gated and no Hugging Face token is set: set HF_TOKEN",
         "give HF_TOKEN the access the line above names, then rerun (nothing was downloaded)",
     )
+
+
+def test_an_unknown_layout_is_one_line_naming_the_layouts(atlas: Path, tmp_path: Path, capsys) -> None:
+    err = _fails(["build-sft-set", str(atlas), str(tmp_path / "out"), "--layout", "nope"], capsys)
+    assert "no layout 'nope'; the layouts are msd-task03, msd-task07, kits23, lits, panorama, abdomenatlas" in err
+    err = _fails(["build-sft-set", str(atlas), str(tmp_path / "out"), "--labels", str(tmp_path)], capsys)
+    assert "the abdomenatlas layout reads its labels in place (only panorama takes a folder)" in err

@@ -22,7 +22,7 @@ import huggingface_hub.constants
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from huggingface_hub import HfApi
+from huggingface_hub import DatasetCard, HfApi
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError
 from PIL import Image
 from prefect.client.orchestration import get_client
@@ -36,7 +36,9 @@ from prefect.client.schemas.filters import (
 )
 from prefect.logging.handlers import APILogHandler
 
+from emrl_data.sources import Source
 from emrl_data.tables.card import render_dataset_card
+from emrl_data.tables.table_folder import write_table as write_library_table
 from flows import publish, publish_hub
 from flows.publish import (
     FileDigest,
@@ -708,3 +710,97 @@ def test_publish_hub_card_rejected_by_the_hub_stops_before_any_write(hub: FakeHu
         )
     assert hub.state.repo("dataset", "emrl/sft-yaml") is None
     assert "POST /api/validate-yaml" in hub.state.requests
+
+
+# ------------------------------------------------------------------------------------------ sources and licences
+MSD = Source("msd-task03", "CC-BY-SA-4.0", "Antonelli et al. 2022")
+KITS = Source("kits23", "CC-BY-NC-SA-4.0", "Heller et al. 2023")
+PANORAMA = Source("panorama", "CC-BY-NC-4.0", "Alves et al. 2024")
+
+
+def write_mixture(root: Path, cases: dict[Source, list[str]]) -> Path:
+    """A `rejections` table whose rows come from several sources, written by the library's writer (card, manifest)."""
+    rows = [
+        {"case_id": case_id, "organ": None, "step": "load", "reason": "missing_ct", "detail": case_id}
+        | source.columns(case_id)
+        for source, ids in cases.items()
+        for case_id in ids
+    ]
+    provenance = {"pipeline_version": "0.1.0", "git_sha": None, "config_fingerprint": "f"}
+    provenance["sources"] = [s.to_dict() for s in cases]  # type: ignore[assignment]
+    return write_library_table("rejections", {"train": rows}, root, provenance=provenance)
+
+
+@pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.slow
+def test_publish_refuses_one_config_of_two_share_alike_licences_and_takes_one_config_each(
+    hub: FakeHub, tmp_path: Path
+) -> None:
+    table_dir = write_mixture(tmp_path, {MSD: ["liver_0", "liver_1"], KITS: ["case_00000"]})
+    repo = "emrl/mixture"
+    with pytest.raises(PublishError) as refused:
+        _run(table_dir=str(table_dir), repo_id=repo, version="1.0.0")
+    assert str(refused.value) == (
+        f"{table_dir}: CC-BY-NC-SA-4.0 and CC-BY-SA-4.0 are both share-alike with different terms: one config cannot "
+        "carry both; publish one config per source"
+    )
+    assert ("dataset", repo) not in hub.state.repos  # refused before anything was created
+
+    result, _ = _run(table_dir=str(table_dir), repo_id=repo, version="1.0.0", config_per_source=True)
+
+    assert result["status"] == "published"
+    assert result["rows"] == {"kits23/train": 1, "msd-task03/train": 2}
+    files = sorted(HfApi().list_repo_files(repo, repo_type="dataset", revision="v1.0.0"))
+    assert files == [
+        ".gitattributes",
+        "README.md",
+        "kits23/train-00000-of-00001.parquet",
+        "manifest.json",
+        "msd-task03/train-00000-of-00001.parquet",
+    ]
+    card = DatasetCard.load(repo, repo_type="dataset")
+    assert [c["config_name"] for c in card.data.to_dict()["configs"]] == ["kits23", "msd-task03"]
+    assert "| `msd-task03` | CC-BY-SA-4.0 | Antonelli et al. 2022 |" in card.text
+    assert "| `kits23` | CC-BY-NC-SA-4.0 | Heller et al. 2023 |" in card.text
+    loaded = datasets.load_dataset(repo, "msd-task03", revision="v1.0.0", split="train")
+    assert [(r["case_id"], r["source_dataset"], r["source_license"]) for r in loaded] == [
+        ("liver_0", "msd-task03", "CC-BY-SA-4.0"),
+        ("liver_1", "msd-task03", "CC-BY-SA-4.0"),
+    ]
+
+
+@pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.slow
+def test_publish_refuses_a_non_commercial_source_in_a_set_declared_commercial(tmp_path: Path) -> None:
+    table_dir = write_mixture(tmp_path, {MSD: ["pancreas_001"], PANORAMA: ["100000_00001"]})
+    local = tmp_path / "releases"
+    for per_source in (False, True):  # a separate config is still the same set's commercial use
+        with pytest.raises(PublishError) as refused:
+            _run(
+                table_dir=str(table_dir),
+                repo_id="emrl/mix",
+                version="1.0.0",
+                target="local",
+                local_root=str(local),
+                commercial=True,
+                config_per_source=per_source,
+            )
+        assert str(refused.value).endswith(
+            "CC-BY-SA-4.0 (share-alike, commercial use allowed) cannot take a CC-BY-NC-4.0 (non-commercial) source: "
+            "publish one config per source"
+            if not per_source
+            else "CC-BY-NC-4.0 is non-commercial and the set is declared for commercial use (--commercial)"
+        )
+    assert not local.exists()
+    only_msd = write_mixture(tmp_path / "msd", {MSD: ["pancreas_001"]})
+    result, _ = _run(
+        table_dir=str(only_msd),
+        repo_id="emrl/msd",
+        version="1.0.0",
+        target="local",
+        local_root=str(local),
+        commercial=True,
+    )
+    assert result["rows"] == {"train": 1}
+    card = (local / "emrl" / "msd" / "README.md").read_text()
+    assert "| `msd-task03` | CC-BY-SA-4.0 | Antonelli et al. 2022 |" in card
