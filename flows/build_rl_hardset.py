@@ -226,6 +226,7 @@ def build_rl_hardset_flow(
     chosen = select_hard_rows(collected.scored["train"], target_size=target_size)
     provenance: dict[str, Any] = {"pipeline_version": __version__, "git_sha": git_sha()}
     provenance.update(config_fingerprint=fingerprint, model=str(model), sft_dir=str(sft), target_size=target_size)
+    provenance.update(_sft_sources(sft))
     inference = {
         "retried_errors": predicted["retried_errors"],
         "kept_errors": not retry_errors,
@@ -234,6 +235,13 @@ def build_rl_hardset_flow(
     summary = _write_outputs(sft, out, collected, chosen, provenance, n_bootstrap, started, inference)
     _fail_on_failed_predictions(collected.failed, len(collected.predictions), max_failed_predictions, retry_errors)
     return summary
+
+
+def _sft_sources(sft: Path) -> dict[str, Any]:
+    """The SFT set's `sources` (its manifest's: dataset, licence, citation), for the hard set's card; {} without."""
+    manifest = sft / "manifest.json"
+    sources = json.loads(manifest.read_text(encoding="utf-8")).get("sources") if manifest.is_file() else None
+    return {"sources": sources} if sources else {}
 
 
 def _store(

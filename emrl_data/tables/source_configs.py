@@ -4,7 +4,9 @@ A table whose rows name their source (`source_dataset`, `source_license`, `emrl_
 one config (`default`: every row; its sources' licences must combine, `licence_conflict`) or as one config per source
 (`config_per_source`: each config is one source's rows, a separate work; only the commercial-use declaration is
 checked, per source). The per-source release writes one shard per config and split, `{dataset}/{split}-00000-of-00001
-.parquet`, in place of `data/`, and the card's YAML lists one config per source with its own `dataset_info`.
+.parquet`, in place of `data/`, and the card's YAML lists one config per source with its own `dataset_info`. It
+reads one split of the table into memory at a time and does not re-split shards by size: a mixture of tables the size
+of the demo's, not of the full atlas's `sft` (whose one source never needs it).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import yaml
 
 from emrl_data.sources import SOURCE_COLUMNS, licence_conflict
 from emrl_data.tables.shards import DATA_DIR, digest_bytes, split_shards
-from emrl_data.tables.table_folder import MANIFEST, PublishError, TableFolder
+from emrl_data.tables.table_folder import CARD, MANIFEST, PublishError, TableFolder
 
 
 def table_sources(table: TableFolder) -> dict[str, str]:
@@ -50,9 +52,13 @@ def check_licences(table: TableFolder, *, commercial: bool, config_per_source: b
 
     Raises:
         PublishError: one line naming the two licences that cannot be one config (or the non-commercial licence of a
-            set declared for commercial use), and the fix.
+            set declared for commercial use), and the fix; `commercial` or `config_per_source` for a table whose
+            rows name no source (a `predictions` table, or one built before the source columns).
     """
     sources = table_sources(table)
+    if not sources and (commercial or config_per_source):
+        option = "--commercial" if commercial else "--config-per-source"
+        raise PublishError(f"{table.root}: its rows name no source dataset or licence, so {option} cannot be checked")
     groups = [[lic] for lic in sources.values()] if config_per_source else [list(sources.values())]
     for licences in groups:
         conflict = licence_conflict(licences, commercial=commercial)
@@ -117,8 +123,8 @@ def release_per_source(table: TableFolder) -> TableFolder:
         for split, part in by_split.items()
     }
     configs = {dataset: {s: part.num_rows for s, part in by_split.items()} for dataset, by_split in by_source.items()}
-    card = per_source_card(table.overrides["README.md"].decode("utf-8"), configs)
-    overrides["README.md"] = card.encode("utf-8")
+    card = per_source_card(table.overrides[CARD].decode("utf-8"), configs)
+    overrides[CARD] = card.encode("utf-8")
     kept = {rel: d for rel, d in table.files.items() if not rel.startswith(f"{DATA_DIR}/") and rel != MANIFEST}
     digests = {rel: digest_bytes(data) for rel, data in overrides.items()}
     listed = {rel: {"sha256": d.sha256, "bytes": d.size} for rel, d in {**kept, **digests}.items()}

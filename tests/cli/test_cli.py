@@ -8,6 +8,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from cli.commands.layouts import describe as describe_layouts
 from cli.main import main
 from emrl_data.text.report import render_evidence, render_findings, render_impression, render_report
 from emrl_data.types import Organ
@@ -87,3 +88,26 @@ def test_publish_command_to_a_local_folder_and_refusal_to_move_a_tag(prefect_har
         main(["publish", str(changed), "emrl/rejections", "1.2.3", "--local-root", str(tmp_path / "pub")])
     err = capsys.readouterr().err
     assert exited.value.code == 1 and "v1.2.3" in err.splitlines()[-2] and "Traceback" not in err
+
+
+def test_layouts_names_each_licence_and_the_labels_a_layout_ignores() -> None:
+    text = describe_layouts()
+    panorama = text.split("\n\n")[4]
+    assert panorama.splitlines() == [
+        "panorama: PANORAMA (pancreatic ductal adenocarcinoma)",
+        "  annotates: pancreas",
+        "  labels:    manual_labels/<id>.nii.gz (panorama_labels, or --labels DIR): 1 PDAC (tumor), 2 veins (ignored), "
+        "3 arteries (ignored), 4 pancreas, 5 pancreatic duct (ignored), 6 common bile duct (ignored)",
+        "  licence:   CC-BY-NC-4.0 (the PANORAMA Zenodo batches and the panorama_labels repository)",
+        "  cite:      Alves et al., The PANORAMA study protocol: pancreatic cancer diagnosis, radiologists meet AI, "
+        "Zenodo 10.5281/zenodo.10599559 (2024)",
+        "  run:       emrl build-sft-set PANORAMA/ out/ --labels panorama_labels/manual_labels",
+    ]
+    assert [block.split(":")[0] for block in text.split("\n\n")] == [
+        "msd-task03",
+        "msd-task07",
+        "kits23",
+        "lits",
+        "panorama",
+        "abdomenatlas",
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import datasets
@@ -66,6 +67,15 @@ def test_rl_hardset_end_to_end_and_resume(sft_out: Path, tmp_path: Path, monkeyp
         assert row["split"] == "train" and row["hard_reasons"]
         assert row["sft_prediction"] == by_id[(row["case_id"], row["organ"])]["prediction"]
         assert len(row["frames"]) == row["n_frames"] and row["frames"][0].size == (64, 64)
+        assert (row["source_dataset"], row["source_case_id"], row["source_license"]) == (
+            "abdomenatlas",
+            row["case_id"],
+            "CC-BY-NC-SA-4.0",
+        )
+    assert [s["dataset"] for s in json.loads((sft_out / "rl_hardset/manifest.json").read_text())["sources"]] == [
+        "abdomenatlas"
+    ]
+    assert "| `abdomenatlas` | CC-BY-NC-SA-4.0 |" in (sft_out / "rl_hardset/README.md").read_text()
     assert (sft_out / "rl_hardset/metrics.md").read_text().count("### Table 1: lesion detection") == 2  # train, test
     assert (sft_out / "rl_hardset/README.md").is_file() and (sft_out / "rl_hardset/manifest.json").is_file()
 

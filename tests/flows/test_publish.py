@@ -804,3 +804,37 @@ def test_publish_refuses_a_non_commercial_source_in_a_set_declared_commercial(tm
     assert result["rows"] == {"train": 1}
     card = (local / "emrl" / "msd" / "README.md").read_text()
     assert "| `msd-task03` | CC-BY-SA-4.0 | Antonelli et al. 2022 |" in card
+
+
+@pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.slow
+def test_publish_local_one_config_per_source_and_a_table_without_sources(tmp_path: Path) -> None:
+    table_dir = write_mixture(tmp_path / "mix", {MSD: ["pancreas_001"], PANORAMA: ["100000_00001", "100001_00002"]})
+    local = tmp_path / "releases"
+    result, _ = _run(
+        table_dir=str(table_dir),
+        repo_id="emrl/mix",
+        version="1.0.0",
+        target="local",
+        local_root=str(local),
+        config_per_source=True,
+    )
+    assert result["rows"] == {"msd-task03/train": 1, "panorama/train": 2}
+    release = local / "emrl" / "mix"
+    assert sorted(p.relative_to(release).as_posix() for p in release.rglob("*.parquet") if ".tags" not in p.parts) == [
+        "msd-task03/train-00000-of-00001.parquet",
+        "panorama/train-00000-of-00001.parquet",
+    ]
+    manifest = json.loads((release / "manifest.json").read_text())
+    assert manifest["configs"] == {"msd-task03": {"train": 1}, "panorama": {"train": 2}}
+
+    plain = write_table(tmp_path / "sft", V1)  # rows without source columns
+    with pytest.raises(PublishError, match="its rows name no source dataset or licence, so --commercial cannot be"):
+        _run(
+            table_dir=str(plain),
+            repo_id="emrl/plain",
+            version="1.0.0",
+            target="local",
+            local_root=str(local),
+            commercial=True,
+        )
