@@ -224,9 +224,8 @@ def build_rl_hardset_flow(
     columns = [*PREDICTION_TRUTH_COLUMNS, "frames"]
     collected = collect_predictions({s: _iter_rows(sft, s, columns) for s in SPLITS}, results, str(model))
     chosen = select_hard_rows(collected.scored["train"], target_size=target_size)
-    provenance: dict[str, Any] = {"pipeline_version": __version__, "git_sha": git_sha()}
+    provenance: dict[str, Any] = {"pipeline_version": __version__, "git_sha": git_sha(), **_sft_sources(sft)}
     provenance.update(config_fingerprint=fingerprint, model=str(model), sft_dir=str(sft), target_size=target_size)
-    provenance.update(_sft_sources(sft))
     inference = {
         "retried_errors": predicted["retried_errors"],
         "kept_errors": not retry_errors,

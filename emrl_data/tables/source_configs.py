@@ -5,8 +5,8 @@ one config (`default`: every row; its sources' licences must combine, `licence_c
 (`config_per_source`: each config is one source's rows, a separate work; only the commercial-use declaration is
 checked, per source). The per-source release writes one shard per config and split, `{dataset}/{split}-00000-of-00001
 .parquet`, in place of `data/`, and the card's YAML lists one config per source with its own `dataset_info`. It
-reads one split of the table into memory at a time and does not re-split shards by size: a mixture of tables the size
-of the demo's, not of the full atlas's `sft` (whose one source never needs it).
+holds the released shards in memory and writes one shard per config and split whatever its size: it is for mixtures
+of small tables; a single-source table (a `build-sft-set` run) is published as `default`, shards as built.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def check_licences(table: TableFolder, *, commercial: bool, config_per_source: b
 
 def _shard_bytes(table: pa.Table) -> bytes:
     sink = io.BytesIO()
-    pq.write_table(table, sink)
+    pq.write_table(table, sink, compression="zstd")
     return sink.getvalue()
 
 

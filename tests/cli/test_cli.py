@@ -10,6 +10,7 @@ import pytest
 
 from cli.commands.layouts import describe as describe_layouts
 from cli.main import main
+from emrl_data.reading.layout import layout_named
 from emrl_data.text.report import render_evidence, render_findings, render_impression, render_report
 from emrl_data.types import Organ
 
@@ -70,6 +71,7 @@ def test_publish_command_to_a_local_folder_and_refusal_to_move_a_tag(prefect_har
     from emrl_data.tables.table_folder import write_table
 
     rows = [{"case_id": "BDMAP_00000001", "organ": None, "step": "load", "reason": "corrupt_gzip", "detail": "x"}]
+    rows = [row | layout_named("abdomenatlas").source.columns(row["case_id"]) for row in rows]
     provenance = {"pipeline_version": "0.1.0", "git_sha": None, "config_fingerprint": "f"}
     table = write_table("rejections", {"train": rows}, tmp_path / "out", provenance=provenance)
 
