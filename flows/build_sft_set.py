@@ -183,10 +183,8 @@ def build_sft_set_flow(
         revision: Hub only: the branch, tag or commit to read (default `main`); pinned to its commit sha.
         scratch_dir: Hub only: where parts are downloaded and unpacked (default `OUTPUT_DIR/.work/scratch`).
         scratch_budget: Hub only: the most the scratch folder may hold at once, e.g. `64G`.
-        exclude_overlaps_with: another output folder: a test case of this run that is the same CT as one of its
-            training cases becomes an `overlaps_training_ct` rejection (`emrl_data.tables.overlaps`).
-        layout: a folder only: read it as this dataset layout (`emrl layouts`); None: detected.
-        labels_dir: a folder only: the label maps of a layout whose labels are released apart (PANORAMA).
+        exclude_overlaps_with: another output folder: a test case that is one of its training CTs is rejected.
+        layout, labels_dir: a folder's layout (`emrl layouts`; None: detected) and labels folder (PANORAMA).
 
     Returns:
         The run summary (also written to `summary.json`).
@@ -197,20 +195,16 @@ def build_sft_set_flow(
     other = _other_fingerprints(exclude_overlaps_with)  # before any case is read: a wrong folder fails at once
     cfg = CurateConfig.from_dict(config or {})
     sft_cfg = SftConfig(negatives_per_positive=negatives_per_positive, seed=seed, test_fraction=test_fraction)
-    out = Path(output_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    (out := Path(output_dir).resolve()).mkdir(parents=True, exist_ok=True)
     store = CaseStore(out / ".work" / "cases")
-    runner = (task_runner, task_runner_address, max_workers)
     hub = HubOptions(revision, Path(scratch_dir or out / ".work" / "scratch").resolve(), parse_size(scratch_budget))
-    read = _read_atlas(
-        atlas_root, out, cfg, store, sft_cfg, limit, runner, hub, cases_per_task, case_timeout_s, (layout, labels_dir)
-    )
+    runner, given = (task_runner, task_runner_address, max_workers), (layout, labels_dir)  # given: a folder's reading
+    read = _read_atlas(atlas_root, out, cfg, store, sft_cfg, limit, runner, hub, cases_per_task, case_timeout_s, given)
     gathered = gather_case_results(read.case_ids, store, read.keys)
     rows, refused = _fingerprints(out, read, gathered, other)
     rows, rejections = with_source(rows, read.plan.source), [*read.plan.rejections, *gathered.rejections, *refused]
     warnings = (*read.plan.warnings, *gathered.warnings)  # atlas warnings, then special files no row needed
     sft_rows = select_sft_rows(rows, sft_cfg)
-
     provenance = sft_set_provenance(cfg, sft_cfg, read.plan, git_sha=git_sha()) | read.provenance
     write_sft_set_tables(out, rows, sft_rows, rejections, store, read.keys, provenance, read.plan.source)
     check_every_case_accounted(read.case_ids, rows, rejections)

@@ -50,6 +50,7 @@ def test_overlaps_are_listed_and_a_test_case_trained_on_elsewhere_is_refused(
     )
     assert [tuple(r.values()) for r in _table(out_atlas / "rejections")] == [
         ("BDMAP_00000001", None, "overlaps", "overlaps_training_ct", detail, None)
+        + ("abdomenatlas", "BDMAP_00000001", "CC-BY-NC-SA-4.0")  # the row's source
     ]
     findings = _table(out_atlas / "findings")
     assert sorted({(r["case_id"], r["split"]) for r in findings}) == [
