@@ -23,6 +23,10 @@ from emrl_data.tables.shards import split_pattern, split_shards
 
 LICENSE_NAME = "abdomenatlas-3.0"
 LICENSE_LINK = "https://huggingface.co/datasets/AbdomenAtlas/AbdomenAtlas3.0Mini"
+# SPDX ids the Hub's `license` field takes, lower-cased (https://huggingface.co/docs/hub/repositories-licenses).
+HUB_LICENCE_IDS = frozenset(
+    {"CC0-1.0", "CC-BY-4.0", "CC-BY-SA-4.0", "CC-BY-NC-4.0", "CC-BY-NC-SA-4.0", "MIT", "Apache-2.0"}
+)
 REPO_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 VERSION_PATTERN = re.compile(r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$")
 
@@ -250,18 +254,30 @@ def _total_rows(row_counts: Mapping[str, Mapping[str, int]]) -> int:
     return sum(_split_rows(counts) for counts in row_counts.values())
 
 
+def _licence_fields(sources: Sequence[Mapping[str, str]] | None) -> dict[str, Any]:
+    """The front matter's `license`: the Hub ids of the sources' SPDX licences (one, or a list), else `other` with
+    AbdomenAtlas 3.0's terms (no sources named) or the first licence the Hub has no id for (`LicenseRef-LiTS`)."""
+    licences = sorted({s["licence"] for s in sources or ()})
+    unknown = [lic for lic in licences if lic not in HUB_LICENCE_IDS]
+    if not licences or unknown:
+        name = LICENSE_NAME if not licences else unknown[0].removeprefix("LicenseRef-").lower()
+        link = LICENSE_LINK if not licences else None
+        return {"license": "other", "license_name": name} | ({"license_link": link} if link else {})
+    ids = [lic.lower() for lic in licences]
+    return {"license": ids[0] if len(ids) == 1 else ids}
+
+
 def _front_matter(
     table: str,
     features: dict[str, Any],
     row_counts: Mapping[str, Mapping[str, int]],
     splits: Sequence[str],
     split_bytes: Mapping[str, int] | None = None,
+    sources: Sequence[Mapping[str, str]] | None = None,
 ) -> str:
     """Return the YAML front matter: license, tasks, the `default` config and `dataset_info` (features, splits)."""
     front_matter = {
-        "license": "other",
-        "license_name": LICENSE_NAME,
-        "license_link": LICENSE_LINK,
+        **_licence_fields(sources),
         "pretty_name": f"E-MRL {table}",
         "language": ["en"],
         "task_categories": TABLE_TASKS.get(table, DEFAULT_TASKS),
@@ -525,4 +541,5 @@ def render_dataset_card(
     if metrics_markdown is not None:
         body += ["## Results", metrics_markdown.strip()]
     body += [*_licence_sections(sources), CITATIONS]
-    return f"---\n{_front_matter(table, features, row_counts, splits, split_bytes)}---\n\n" + "\n\n".join(body) + "\n"
+    front = _front_matter(table, features, row_counts, splits, split_bytes, sources)
+    return f"---\n{front}---\n\n" + "\n\n".join(body) + "\n"

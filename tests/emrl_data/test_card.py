@@ -347,3 +347,24 @@ def test_render_dataset_card_alone_makes_datasets_decode_images(tmp_path: Path) 
     loaded = datasets.load_dataset(str(tmp_path), split="train", cache_dir=str(tmp_path / "cache"))
     assert loaded.features["frames"] == List(Image())
     assert loaded[0]["frames"][0].getpixel((0, 0)) == 77
+
+
+@pytest.mark.parametrize(
+    ("licences", "fields"),
+    [
+        (["CC-BY-NC-4.0"], {"license": "cc-by-nc-4.0"}),
+        (["CC-BY-SA-4.0", "CC-BY-NC-SA-4.0"], {"license": ["cc-by-nc-sa-4.0", "cc-by-sa-4.0"]}),
+        (["CC-BY-SA-4.0", "LicenseRef-LiTS"], {"license": "other", "license_name": "lits"}),
+    ],
+)
+def test_the_card_names_each_source_licence_and_citation(licences: list[str], fields: dict[str, Any]) -> None:
+    sources = [
+        {"dataset": f"d{i}", "licence": lic, "citation": f"Author {i} (2024)"} for i, lic in enumerate(licences)
+    ]
+    card = _card(sources=sources)
+    front = _front_matter(card)
+    assert {k: front[k] for k in front if k.startswith("license")} == fields
+    assert DatasetCard(card).data.to_dict()["license"] == fields["license"]
+    for i, lic in enumerate(licences):
+        assert f"| `d{i}` | {lic} | Author {i} (2024) |" in card
+    assert "cite each source above and E-MRL" in card and "AbdomenAtlas 3.0 terms" not in card
