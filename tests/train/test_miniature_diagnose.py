@@ -174,13 +174,12 @@ def test_diagnose_cli_refuses_a_folder_without_a_run_or_an_unfinished_model(tmp_
         main(["--run_dir", str(tmp_path), "--model", "grpo_a"])
 
 
-def test_eval_needs_sft_and_a_and_the_claim_check_works_without_b_or_c(tmp_path):
+def test_eval_needs_sft_and_the_claim_check_works_without_a_b_or_c(tmp_path):
     mini = Miniature(MiniatureConfig(), tmp_path, log=lambda _: None)
-    for stage in ("sft", "grpo_c"):
-        (tmp_path / stage).mkdir(parents=True)
-        (tmp_path / stage / "done.json").write_text("{}")
-    assert mini.finished_models() == ["sft", "grpo_c"]
-    with pytest.raises(TrainConfigError, match=r"eval needs the stages \['grpo_a'\]"):
+    (tmp_path / "grpo_c").mkdir(parents=True)
+    (tmp_path / "grpo_c" / "done.json").write_text("{}")
+    assert mini.finished_models() == ["grpo_c"]
+    with pytest.raises(TrainConfigError, match=r"eval needs the stages \['sft'\]"):
         mini.run(("eval",))
 
     def model(bacc, khit):
@@ -199,6 +198,10 @@ def test_eval_needs_sft_and_a_and_the_claim_check_works_without_b_or_c(tmp_path)
     }
     assert no_control["beats_more_sft"] is None  # neither (d) nor (e) ran
     assert no_control["claim_holds"] is False  # +0.05 < 0.10
+    assert claim_check({"sft": model(0.6, 0.3), "grpo_b": model(0.6, 0.4)}) == {
+        "claim_holds": None,
+        "beats_more_sft": None,
+    }  # (a) did not run (the pilot): no claim to check
 
 
 def test_reward_spread_counts_equal_rewards_as_no_signal_where_trl_counts_float32_noise():
