@@ -16,8 +16,13 @@
 * `prompt_seeded_rng(...)`: rollouts drawn from a generator seeded by (seed, optimizer step, the prompts' token ids),
   so a run samples the same completions for the same prompts whatever the number of processes (`rollout_seed:
   prompt` in a GRPO config). The default (`global`) keeps the process-global generator.
-* `end_process_group()`: the last step of `train.sft` / `train.grpo` on every rank: a barrier, then the process group
-  torn down, so no rank leaves the interpreter with gloo's threads alive (that aborted a rank at exit by chance).
+* `end_process_group()` then `leave_launched_rank()`: the last steps of `train.sft` / `train.grpo` on every rank: a
+  barrier, the process groups torn down, then, in a process of a multi-process launch, `os._exit(0)` after flushing.
+  The interpreter's own exit finalizes objects in no set order, and torch.distributed's C++ side (gloo's worker
+  threads, asynchronous work that DeepSpeed's ZeRO-3 keeps holding tensors) can be destroyed there: a thread destroyed
+  while joinable, or one taking the GIL of a finalizing interpreter, aborts the rank (`terminate called without an
+  active exception`, SIGABRT) after its work is written. The barrier and teardown alone left 1 abort in a loaded
+  full test run; no rank of a launch goes through that finalization.
 * Collective timeout: `ddp_timeout` (seconds, TrainingArguments) is the process-group timeout for DDP and DeepSpeed
   (gloo and NCCL); a rank that waits longer on a collective (its peer died or skipped it) raises instead of hanging,
   and `accelerate launch` (torchrun) then stops the other ranks.
@@ -29,7 +34,9 @@ import contextlib
 import hashlib
 import importlib.util
 import json
+import logging
 import os
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -136,6 +143,21 @@ def end_process_group() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def leave_launched_rank(env: Mapping[str, str] | None = None) -> None:
+    """In a process of a multi-process launch (`WORLD_SIZE` > 1), flush the log handlers and standard streams, then
+    end the process with status 0 without the interpreter's finalization (see the module doc); otherwise return.
+
+    Call it last: nothing after it runs, atexit handlers included."""
+    env = os.environ if env is None else env
+    if int(env.get("WORLD_SIZE", "1")) <= 1:
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 def prepare_deepspeed_cpu(env: Mapping[str, str] | None = None) -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 
 from trl import TrlParser
 
-from train.distributed import check_launch, end_process_group, prepare_deepspeed_cpu
+from train.distributed import check_launch, end_process_group, leave_launched_rank, prepare_deepspeed_cpu
 
 
 def train_main(
@@ -34,4 +34,5 @@ def train_main(
     script_args, training_args = parser.parse_args_and_config(argv)
     check_launch(stage, script_args, training_args)  # before any weight loads
     run(script_args, training_args)
-    end_process_group()  # before the interpreter's exit tears down gloo's threads under a live group
+    end_process_group()  # every rank done and the groups torn down, then no interpreter finalization under a launch
+    leave_launched_rank()

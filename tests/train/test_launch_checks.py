@@ -214,3 +214,31 @@ def test_one_gpu_launchers_check_the_launch():
     for script in ("grpo_1gpu.sh", "sft_1gpu.sh"):
         text = Path(f"train/launch/{script}").read_text()
         assert text.index("-m train.checks none") < text.index(f"-m train.{script.split('_')[0]} ")
+
+
+LEAVE = """
+import atexit, logging, sys
+from train.distributed import leave_launched_rank
+atexit.register(lambda: print("atexit ran", flush=True))
+logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
+logging.getLogger("x").info("logged")
+print("written", end="")  # left in the buffer: the flush must write it
+leave_launched_rank({"WORLD_SIZE": sys.argv[1]})
+print(" after")
+"""
+
+
+@pytest.mark.parametrize("world_size", ["1", "2"])
+def test_a_launched_rank_leaves_without_the_interpreters_finalization_and_a_single_process_goes_on(world_size):
+    proc = subprocess.run(
+        [sys.executable, "-c", LEAVE, world_size],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert proc.returncode == 0 and proc.stderr.splitlines()[-1] == "logged"
+    if world_size == "2":  # flushed, then gone: neither the rest of the script nor the atexit handlers ran
+        assert proc.stdout == "written"
+    else:
+        assert proc.stdout == "written after\natexit ran\n"

@@ -116,7 +116,8 @@ def _command(setup: dict, stage: str, accel: str | None, out: Path, *extra: str)
 
 
 def _env(report_dir: Path) -> dict[str, str]:
-    return {**os.environ, "EMRL_RANK_REPORT_DIR": str(report_dir), "OMP_NUM_THREADS": "1"}
+    # PYTHONFAULTHANDLER: a rank that aborts prints every thread's Python stack
+    return {**os.environ, "EMRL_RANK_REPORT_DIR": str(report_dir), "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
 
 
 def _run(setup: dict, stage: str, accel: str | None) -> dict:
