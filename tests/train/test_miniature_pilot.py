@@ -73,6 +73,10 @@ def test_the_sft_key_frame_setting_is_checked_in_one_line():
         config_from_dict({"sft_key_frame": "widest"})
     with pytest.raises(TrainConfigError, match="runs on clean gold only"):
         config_from_dict({"sft_key_frame": "random_visible", "key_frame_noise": 0.25})
+    with pytest.raises(TrainConfigError, match="warmup_key_frame='random_visible' runs on clean gold only"):
+        config_from_dict({"warmup_key_frame": "random_visible", "gold_noise": 0.15})
+    with pytest.raises(TrainConfigError, match="warmup_key_frame='first' must be one of"):
+        config_from_dict({"warmup_key_frame": "first"})
     with pytest.raises(TrainConfigError, match="warmup_gate_checks=0 must be at least 1"):
         config_from_dict({"warmup_gate_checks": 0})
 
@@ -130,7 +134,8 @@ def test_the_pilot_decides_on_its_margin_and_its_interval_over_its_seeds():
 
 def test_the_pilot_config_is_what_its_docs_say(tmp_path):
     cfg, seeds, levels = load_study(PILOT)
-    assert (cfg.sft_key_frame, cfg.warmup_gate_checks, cfg.warmup_max_steps) == ("random_visible", 3, 6000)
+    assert (cfg.sft_key_frame, cfg.warmup_key_frame) == ("random_visible", "random_visible")
+    assert (cfg.warmup_gate_checks, cfg.warmup_max_steps) == (3, 6000)
     assert (cfg.n_frames, cfg.lesion_span) == (20, 3)
     assert levels == {0.0: ["sft", "grpo_b", "grpo_f", "grpo_h"]} and seeds == list(range(36))
     report = load_report(PILOT)
@@ -151,7 +156,8 @@ def test_a_micro_pilot_trains_sft_on_its_own_rows_and_reports_the_decision(tmp_p
 
     cfg, _, _ = load_study(MICRO)
     cfg = config_from_dict(
-        {k: v for k, v in cfg.__dict__.items()} | {"sft_key_frame": "random_visible", "warmup_gate_checks": 2}
+        {k: v for k, v in cfg.__dict__.items()}
+        | {"sft_key_frame": "random_visible", "warmup_key_frame": "random_visible", "warmup_gate_checks": 2}
     )
     levels = {0.0: ["sft", "grpo_b", "grpo_f"]}
     report = Report(
@@ -172,8 +178,43 @@ def test_a_micro_pilot_trains_sft_on_its_own_rows_and_reports_the_decision(tmp_p
     keys = json.loads((data.parent / "sft_keys.json").read_text())
     assert json.loads(data.read_text())["sft_keys_moved"] == len(keys)
     assert (data.parent / "sft_rows" / "data").is_dir()
+    # the warm-up's report rows name a frame of the lesion, its verifier rows (the pool) keep the gold
+    from train.data import load_split
+
+    warmup_keys = json.loads((data.parent / "warmup_keys.json").read_text())
+    assert json.loads(data.read_text())["warmup_report_keys_moved"] == len(warmup_keys) > 0
+    folder = "warmup_pool" if cfg.warmup_pool_rows > 0 else "clean"
+    gold = [r["key_slice_frame"] for r in load_split(data.parent / folder, "train")]
+    drawn = [r["key_slice_frame"] for r in load_split(data.parent / "warmup_reports", "train")]
+    moved = {e["row"]: (e["from"], e["to"]) for e in warmup_keys}
+    assert [(g, d) for i, (g, d) in enumerate(zip(gold, drawn, strict=True)) if g != d] == list(moved.values())
+    assert all(gold[i] == was for i, (was, _) in moved.items())
     comparisons = summary["levels"]["0.00"]["comparisons"]
     assert {"lesion_frame: (f) - (b)", "exact_in_lesion: (f) - (b)"} <= set(comparisons)
     decision = summary["decision"]
     assert decision["n_seeds"] == 1 and decision["passed"] in (True, False)
     assert decision["diff"] == comparisons["exact_in_lesion: (f) - (b)"]["pooled_seeds"]["diff"]
+
+
+def test_records_pool_on_their_settings_a_missing_setting_being_its_default():
+    from pathlib import Path
+
+    from train.miniature.suite import _check_poolable
+
+    def record(**config):
+        return {"results": {"config": config}}
+
+    older = record(seed=0, sft_key_frame="random_visible")  # written before warmup_key_frame existed
+    _check_poolable(
+        {Path("a"): older, Path("b"): record(seed=1, sft_key_frame="random_visible", warmup_key_frame="gold")}
+    )
+    with pytest.raises(TrainConfigError) as err:
+        _check_poolable(
+            {
+                Path("old.json"): older,
+                Path("new.json"): record(seed=1, sft_key_frame="random_visible", warmup_key_frame="random_visible"),
+            }
+        )
+    assert str(err.value) == (
+        "new.json and old.json: runs of different configurations (['warmup_key_frame']) cannot be pooled"
+    )

@@ -452,7 +452,7 @@ def test_the_config_knows_every_run_the_study_labels():
     [
         ("miniature_study", "miniature_study_8_frames.yaml", "miniature_study"),
         ("miniature_key_study", "miniature_study.yaml", "miniature_key_study"),
-        ("miniature_pilot", "miniature_pilot.yaml", "miniature_pilot"),
+        ("miniature_pilot_gold_warmup", "miniature_pilot.yaml", "miniature_pilot_gold_warmup"),
     ],
 )
 def test_the_shipped_records_give_the_shipped_study_summary(tmp_path, records, config, report):

@@ -548,3 +548,44 @@ def test_held_out_frames_go_round_robin_over_rows_and_the_blind_partner_shares_t
     assert [(i, t.frame) for i, t in asked] == [(0, 0), (1, 0), (2, 0), (0, 1)]
     rows = [{"organ": o} for o in ("liver", "kidney", "liver", "pancreas")]
     assert [_blind_partner(rows, i) for i in range(4)] == [2, 2, 0, 0]
+
+
+def test_warmup_trains_reports_on_its_report_rows_and_the_verifier_on_its_rows(monkeypatch):
+    import train.tiny.warmup as warmup
+
+    rows = make_visible_rows(8, n_frames=4, size_px=32, seed=0, organs=("kidney",))
+    reports = [dict(r, report=f"<findings>row {i}</findings>") for i, r in enumerate(rows[:6])]
+    collated: list[str] = []
+    paired: list[list[str]] = []
+
+    class Collator(warmup.SFTCollator):
+        def __call__(self, batch):
+            collated.extend(r["report"] for r in batch)
+            return super().__call__(batch)
+
+    class Pairs(warmup.BalancedPairs):
+        def __init__(self, rows_, *args):
+            paired.append([r["report"] for r in rows_])
+            super().__init__(rows_, *args)
+
+    monkeypatch.setattr(warmup, "SFTCollator", Collator)
+    monkeypatch.setattr(warmup, "BalancedPairs", Pairs)
+    processor = build_processor()
+    knobs = {"max_steps": 2, "learning_rate": 1e-3, "batch_size": 3, "verifier_batch_size": 2, "eval_every": 2}
+    result = lm_warmup(
+        build_model(processor.tokenizer, seed=0),
+        processor,
+        rows[:6],
+        rows[6:],
+        report_rows=reports,
+        target_parse_rate=0.0,
+        max_new_tokens=4,
+        lesion_span=1,
+        log=lambda _: None,
+        **knobs,
+    )
+    assert result.steps == 2 and len(collated) == 6
+    assert set(collated) <= {r["report"] for r in reports}  # every report target is a report row's
+    assert paired == [[r["report"] for r in rows[:6]]]  # the verifier pairs are the gold rows'
+    with pytest.raises(TrainConfigError, match="no report rows to train on"):
+        lm_warmup(build_model(processor.tokenizer, seed=0), processor, rows[:6], rows[6:], report_rows=[], **knobs)

@@ -58,6 +58,9 @@ class MiniatureConfig:
     # SFT's key frame: "gold" (the largest cross-section), or "random_visible": a seeded draw among the frames that
     # show the lesion (train/miniature/noise.py `random_visible_keys`); GRPO and the eval keep the gold key frame
     sft_key_frame: str = "gold"
+    # the warm-up's report targets' key frame, drawn as `sft_key_frame` draws SFT's (its verifier keeps each frame's
+    # own truth): a warm-up on gold report targets teaches the gold key frame before SFT starts
+    warmup_key_frame: str = "gold"
     negative_rows: str = "skip"  # GRPO's r_c on negative rows (train/rewards.py): skip | query_named_slice
     models: list[str] = field(
         default_factory=lambda: ["sft", "grpo_a", "grpo_b", "grpo_c", "more_sft", "more_sft_llm"]
@@ -114,12 +117,12 @@ def config_from_dict(data: dict[str, Any], source: str | Path | None = None) -> 
         raise TrainConfigError(
             f"{path}: gold_noise={cfg.gold_noise} and key_frame_noise={cfg.key_frame_noise}: one kind of noise a run"
         )
-    if cfg.sft_key_frame not in SFT_KEY_FRAMES:
-        raise TrainConfigError(
-            f"{path}: sft_key_frame={cfg.sft_key_frame!r} must be one of {' | '.join(SFT_KEY_FRAMES)}"
-        )
-    if cfg.sft_key_frame != "gold" and (cfg.gold_noise > 0 or cfg.key_frame_noise > 0):
-        raise TrainConfigError(f"{path}: sft_key_frame={cfg.sft_key_frame!r} runs on clean gold only (no gold noise)")
+    for key in ("sft_key_frame", "warmup_key_frame"):
+        value = getattr(cfg, key)
+        if value not in SFT_KEY_FRAMES:
+            raise TrainConfigError(f"{path}: {key}={value!r} must be one of {' | '.join(SFT_KEY_FRAMES)}")
+        if value != "gold" and (cfg.gold_noise > 0 or cfg.key_frame_noise > 0):
+            raise TrainConfigError(f"{path}: {key}={value!r} runs on clean gold only (no gold noise)")
     if cfg.warmup_gate_checks < 1:
         raise TrainConfigError(f"{path}: warmup_gate_checks={cfg.warmup_gate_checks} must be at least 1")
     if cfg.warmup_pool_rows < 0:

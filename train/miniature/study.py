@@ -74,6 +74,7 @@ MINIATURE_WARMUP_KEYS = {
 }
 SHARED_STAGES = ("data", "warmup", "sft")  # what `--reuse_from` copies: the stages before GRPO
 SFT_ROWS = "sft_rows"  # under data/: SFT's own rows where its key frame is not the gold's
+WARMUP_REPORTS = "warmup_reports"  # under data/: the warm-up's report rows where their key frame is not the gold's
 GRPO_ONLY_KEYS = frozenset(
     {
         "models",
@@ -247,10 +248,14 @@ class Miniature:
             train, noise_log = move_key_frames(clean, cfg.key_frame_noise, cfg.seed)
         write_rows(self.out / stage, {"train": train, "test": test})
         if cfg.warmup_pool_rows > 0:  # the warm-up's own rows: no row SFT or GRPO trains on, so no clean label of one
-            pool = make_visible_rows(cfg.warmup_pool_rows, split="train", seed=warmup_pool_seed(cfg.seed), **kw)
+            pool_boxes: list[list[int] | None] = []
+            pool_seed = warmup_pool_seed(cfg.seed)
+            pool = make_visible_rows(cfg.warmup_pool_rows, split="train", seed=pool_seed, boxes_out=pool_boxes, **kw)
             write_rows(self.out / stage / "warmup_pool", {"train": pool})
         else:  # the warm-up's rows are the clean training rows (its verifier reads the pixels)
+            pool, pool_boxes, pool_seed = clean, key_boxes, cfg.seed  # random keys: the same draws as SFT's
             write_rows(self.out / stage / "clean", {"train": clean})
+        warmup_moved = self._write_warmup_reports(stage, pool, pool_boxes, pool_seed)
         (self.out / stage / "noise.json").write_text(json.dumps(noise_log, indent=2) + "\n")
         moved = self._write_sft_rows(stage, train, key_boxes)
         pos = {s: sum(r["has_lesion"] for r in rows) for s, rows in (("train", train), ("test", test))}
@@ -265,7 +270,25 @@ class Miniature:
             "corrupted": {f: sum(e["field"] == f for e in noise_log) for f in sorted({e["field"] for e in noise_log})},
             "sft_key_frame": cfg.sft_key_frame,
             "sft_keys_moved": moved,
+            "warmup_key_frame": cfg.warmup_key_frame,
+            "warmup_report_keys_moved": warmup_moved,
         }
+
+    def _write_warmup_reports(
+        self, stage: str, pool: list[dict[str, Any]], boxes: list[list[int] | None], seed: int
+    ) -> int:
+        """With `warmup_key_frame: random_visible`, write the warm-up's report rows (`data/warmup_reports`: its rows
+        with the key frame drawn among the lesion's frames, `warmup_keys.json` the log); the verifier task keeps the
+        gold rows. Return how many rows name another frame than the gold's."""
+        if self.cfg.warmup_key_frame == "gold":
+            return 0
+        rows, log = random_visible_keys(pool, boxes, size_px=self.cfg.size_px, span=self.cfg.lesion_span, seed=seed)
+        write_rows(self.out / stage / WARMUP_REPORTS, {"train": rows})
+        (self.out / stage / "warmup_keys.json").write_text(json.dumps(log, indent=2) + "\n")
+        self.log(
+            f"   the warm-up's report targets drawn among the lesion's frames: {len(log)} rows name another frame"
+        )
+        return len(log)
 
     def _write_sft_rows(self, stage: str, train: list[dict[str, Any]], key_boxes: list[list[int] | None]) -> int:
         """With `sft_key_frame: random_visible`, write SFT's rows (`data/sft_rows`: the key frame drawn among the
@@ -279,12 +302,14 @@ class Miniature:
         self.log(f"   SFT's key frame drawn among the lesion's frames: {len(log)} rows name another frame")
         return len(log)
 
-    def _rows(self, split: str, clean: bool = False) -> list[dict[str, Any]]:
-        """Return a split's rows (`clean`: the warm-up's rows, its pool or the training rows before any noise)."""
+    def _rows(self, split: str, clean: bool = False, folder: str = "") -> list[dict[str, Any]]:
+        """Return a split's rows (`clean`: the warm-up's rows, its pool or the training rows before any noise; `folder`:
+        a table of its own under data/)."""
         # lazy: train.data loads transformers: +6.7 s (measured), only once rows are read
         from train.data import load_split
 
-        folder = ("warmup_pool" if self.cfg.warmup_pool_rows > 0 else "clean") if clean else ""
+        if clean:
+            folder = "warmup_pool" if self.cfg.warmup_pool_rows > 0 else "clean"
         return [dict(r) for r in load_split(self.out / "data" / folder, split)]
 
     def _stage_warmup(self, stage: str) -> dict[str, Any]:
@@ -302,6 +327,7 @@ class Miniature:
         torch.manual_seed(cfg.seed)
         rows = self._rows("train", clean=True)
         val = set(held_out_indices(len(rows), cfg.warmup_val_rows))
+        reports = rows if cfg.warmup_key_frame == "gold" else self._rows("train", folder=WARMUP_REPORTS)
         processor = build_processor()
         model = build_model(processor.tokenizer, seed=cfg.seed)
         result = lm_warmup(
@@ -309,6 +335,7 @@ class Miniature:
             processor,
             [r for i, r in enumerate(rows) if i not in val],
             [rows[i] for i in sorted(val)],
+            report_rows=[r for i, r in enumerate(reports) if i not in val],
             max_steps=cfg.warmup_max_steps,
             learning_rate=cfg.warmup_learning_rate,
             batch_size=cfg.warmup_batch_size,

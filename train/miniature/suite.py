@@ -564,11 +564,18 @@ POOLABLE_KEYS = {"seed", "gold_noise", "key_frame_noise", "models"}  # what may 
 
 
 def _check_poolable(records: dict[Path, dict[str, Any]]) -> None:
-    """Refuse, in one line naming both files, records of runs whose configurations differ outside POOLABLE_KEYS."""
+    """Refuse, in one line naming both files, records of runs whose configurations differ outside POOLABLE_KEYS. A
+    record written before a setting existed ran with that setting's default."""
+    defaults = asdict(MiniatureConfig())
+
+    def settings(path: Path) -> dict[str, Any]:
+        config = defaults | records[path]["results"]["config"]
+        return {k: v for k, v in config.items() if k not in POOLABLE_KEYS}
+
     first, *rest = records
-    ours = {k: v for k, v in records[first]["results"]["config"].items() if k not in POOLABLE_KEYS}
+    ours = settings(first)
     for path in rest:
-        theirs = {k: v for k, v in records[path]["results"]["config"].items() if k not in POOLABLE_KEYS}
+        theirs = settings(path)
         differ = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
         if differ:
             raise TrainConfigError(f"{path} and {first}: runs of different configurations ({differ}) cannot be pooled")

@@ -292,6 +292,7 @@ def lm_warmup(
     *,
     log: Any = None,
     class_rows: Sequence[Mapping[str, Any]] | None = None,
+    report_rows: Sequence[Mapping[str, Any]] | None = None,
     **knobs: Any,
 ) -> WarmupResult:
     """Train every part of `model` on the report and verifier tasks until the held-out criterion is met.
@@ -304,6 +305,8 @@ def lm_warmup(
         log: where the one progress line per check goes (default: print, flushed).
         class_rows: the rows whose greedy reports `require_both_classes` looks at (default: `val_rows`), generated
             only at a check where every other target is met.
+        report_rows: the report task's training rows (default: `rows`); the verifier task keeps reading `rows`, so
+            report targets can name another key frame than the one each frame's verifier truth is measured from.
         **knobs: `WarmupPlan`'s fields. max_steps: the step cap (one report batch + one verifier batch a step);
             learning_rate: constant AdamW rate; batch_size / verifier_batch_size: report rows / verifier pairs a step
             (half with a lesion, half without); eval_every: steps between checks; target_parse_rate: greedy reports'
@@ -322,6 +325,9 @@ def lm_warmup(
     """
     plan = WarmupPlan(**knobs)
     _check_plan(rows, val_rows, plan)
+    reports = rows if report_rows is None else report_rows
+    if not reports:
+        raise TrainConfigError("LM warm-up: no report rows to train on")
     log = log or (lambda line: print(line, flush=True))
     torch.manual_seed(plan.seed)
     rng = np.random.default_rng(plan.seed)
@@ -335,9 +341,9 @@ def lm_warmup(
     start = time.perf_counter()
     for step in range(1, plan.max_steps + 1):
         drawn = (
-            balanced_rows(rows, rng, plan.batch_size)
+            balanced_rows(reports, rng, plan.batch_size)
             if plan.balanced
-            else [rows[int(i)] for i in rng.integers(len(rows), size=plan.batch_size)]
+            else [reports[int(i)] for i in rng.integers(len(reports), size=plan.batch_size)]
         )
         batch = report_collate(drawn)
         vbatch = verifier_collate(pairs.draw(plan.verifier_batch_size)) if pairs is not None and len(pairs) else None
