@@ -38,6 +38,11 @@ class TrainConfigError(ValueError):
     """A user-facing configuration or input error; the CLIs print its message as one line and exit 2."""
 
 
+class SeedMissed(TrainConfigError):
+    """A seed's model missed a gate before its arms trained (the warm-up's targets, the SFT policy's check): a study
+    excludes the seed instead of training on."""
+
+
 def config_dict(value: dict[str, Any] | str | None, name: str) -> dict[str, Any]:
     """A copy of a config field that TRL types `dict | str | None`: a dict, or empty when unset.
 

@@ -157,7 +157,11 @@ def test_a_micro_pilot_trains_sft_on_its_own_rows_and_reports_the_decision(tmp_p
     cfg, _, _ = load_study(MICRO)
     cfg = config_from_dict(
         {k: v for k, v in cfg.__dict__.items()}
-        | {"sft_key_frame": "random_visible", "warmup_key_frame": "random_visible", "warmup_gate_checks": 2}
+        | {
+            "sft_key_frame": "random_visible",
+            "warmup_key_frame": "random_visible",
+            "warmup_gate_checks": 2,
+        }
     )
     levels = {0.0: ["sft", "grpo_b", "grpo_f"]}
     report = Report(
@@ -218,3 +222,80 @@ def test_records_pool_on_their_settings_a_missing_setting_being_its_default():
     assert str(err.value) == (
         "new.json and old.json: runs of different configurations (['warmup_key_frame']) cannot be pooled"
     )
+
+
+def test_the_policy_check_counts_positive_rows_naming_a_frame_of_the_lesion():
+    from train.miniature.study import policy_check
+
+    rows = [{"has_lesion": True, "key_slice_frame": 10}] * 4 + [{"has_lesion": False, "key_slice_frame": None}]
+    scored = [
+        {"has_lesion": True, "pred_has_lesion": True, "pred_key_slice": 13},  # 3 frames away: shows the lesion
+        {"has_lesion": True, "pred_has_lesion": True, "pred_key_slice": 14},  # 4 away: beyond the span
+        {"has_lesion": True, "pred_has_lesion": False, "pred_key_slice": None},  # no lesion claimed
+        {"has_lesion": True, "pred_has_lesion": True, "pred_key_slice": 10},
+        {"has_lesion": False, "pred_has_lesion": True, "pred_key_slice": 10},  # a negative row does not count
+    ]
+    assert policy_check(scored, rows, 3) == {"positive_rows": 4, "lesion_frame": 0.5}
+    assert policy_check(scored[-1:], rows[-1:], 3) == {"positive_rows": 0, "lesion_frame": 0.0}
+
+
+def test_a_policy_below_its_gate_excludes_the_seed_in_one_line(tmp_path):
+    from train.miniature.study import POLICY_MISSED, Miniature, PolicyMissed
+    from train.miniature.suite import study_markdown
+
+    def gate(value, share, **noise):
+        cfg = config_from_dict({"sft_policy_gate": value} | noise)
+        return Miniature(cfg, tmp_path / "run", log=lambda _: None)._gate_policy(
+            {"policy_check": {"positive_rows": 170, "lesion_frame": share}}
+        )
+
+    gate(0.9, 0.9)  # at the gate: passes
+    gate(0.9, 0.5, key_frame_noise=0.25)  # a noisy level's SFT is not gated
+    with pytest.raises(PolicyMissed) as err:
+        gate(0.9, 0.894)
+    assert str(err.value) == (
+        f"{POLICY_MISSED} the greedy reports name a frame showing the lesion on 89.4% of 170 positive test rows, below "
+        "sft_policy_gate=0.9; GRPO would start from a policy that has not found the lesion"
+    )
+    with pytest.raises(TrainConfigError, match="ran without sft_policy_gate; rerun its SFT stage"):
+        Miniature(config_from_dict({"sft_policy_gate": 0.9}), tmp_path / "run")._gate_policy({})
+    with pytest.raises(TrainConfigError, match=r"sft_policy_gate=1.5 must be in \[0, 1\]"):
+        config_from_dict({"sft_policy_gate": 1.5})
+    text = study_markdown({"levels": {}, "seeds": [4], "excluded": {"4": str(err.value)}})
+    assert text.startswith(
+        f"Seed 4 is excluded: its SFT policy missed its check, so no GRPO arm trained ({POLICY_MISSED}"
+    )
+
+
+@pytest.mark.slow  # a micro study: about 10 s
+def test_a_seed_whose_sft_policy_misses_its_gate_is_excluded_before_grpo(tmp_path):
+    import torch
+
+    from emrl_data.text.evaluation import score_predictions
+    from train.miniature.study import POLICY_MISSED, policy_check
+    from train.miniature.suite import exclusion_path
+
+    cfg, _, _ = load_study(MICRO)
+    cfg = config_from_dict({k: v for k, v in cfg.__dict__.items()} | {"sft_policy_gate": 0.5})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        summary = run_study(cfg, [0], {0.0: ["sft", "grpo_b"]}, tmp_path, log=lambda line: None)
+    finally:
+        torch.set_num_threads(threads)
+    folder = next(tmp_path.rglob("sft/done.json")).parent.parent
+    kept = [json.loads(line) for line in (folder / "eval" / "sft" / "predictions.jsonl").read_text().splitlines()]
+    check = json.loads((folder / "sft" / "done.json").read_text())["policy_check"]
+    # the fresh eval's reports give the recorded share; this seed's SFT names no lesion frame on its 2 positive rows
+    assert (
+        check
+        == policy_check(score_predictions(kept), kept, cfg.lesion_span)
+        == {
+            "positive_rows": 2,
+            "lesion_frame": 0.0,
+        }
+    )
+    reason = json.loads(exclusion_path(tmp_path, 0).read_text())["reason"]
+    assert reason.startswith(f"{POLICY_MISSED} the greedy reports name a frame showing the lesion on 0.0% of 2")
+    assert not (folder / "grpo_b").exists() and not (folder / "eval" / "done.json").exists()  # no arm trained
+    assert summary["excluded"] == {0: reason}

@@ -61,6 +61,9 @@ class MiniatureConfig:
     # the warm-up's report targets' key frame, drawn as `sft_key_frame` draws SFT's (its verifier keeps each frame's
     # own truth): a warm-up on gold report targets teaches the gold key frame before SFT starts
     warmup_key_frame: str = "gold"
+    # after SFT, the share of positive test rows whose greedy report names a frame that shows the lesion, measured on
+    # a fresh eval of the finished SFT model; below it the seed is excluded before any GRPO arm (0: not checked)
+    sft_policy_gate: float = 0.0
     negative_rows: str = "skip"  # GRPO's r_c on negative rows (train/rewards.py): skip | query_named_slice
     models: list[str] = field(
         default_factory=lambda: ["sft", "grpo_a", "grpo_b", "grpo_c", "more_sft", "more_sft_llm"]
@@ -123,6 +126,8 @@ def config_from_dict(data: dict[str, Any], source: str | Path | None = None) -> 
             raise TrainConfigError(f"{path}: {key}={value!r} must be one of {' | '.join(SFT_KEY_FRAMES)}")
         if value != "gold" and (cfg.gold_noise > 0 or cfg.key_frame_noise > 0):
             raise TrainConfigError(f"{path}: {key}={value!r} runs on clean gold only (no gold noise)")
+    if not 0 <= cfg.sft_policy_gate <= 1:
+        raise TrainConfigError(f"{path}: sft_policy_gate={cfg.sft_policy_gate} must be in [0, 1]")
     if cfg.warmup_gate_checks < 1:
         raise TrainConfigError(f"{path}: warmup_gate_checks={cfg.warmup_gate_checks} must be at least 1")
     if cfg.warmup_pool_rows < 0:

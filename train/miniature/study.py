@@ -37,11 +37,11 @@ import yaml
 from emrl_data.atomic_write import write_text_atomic
 from emrl_data.text.evaluation import evaluate, score_predictions, write_evaluation
 from emrl_data.text.scoring import ScoringConfig
-from train.checks import TrainConfigError, bar_only
+from train.checks import SeedMissed, TrainConfigError, bar_only
 from train.miniature.config import MiniatureConfig, load_config
 from train.miniature.diagnose import diagnose_checkpoint, record_rewards, spread_per_step, verifier_by_distance
 from train.miniature.noise import corrupt_gold, move_key_frames, random_visible_keys
-from train.miniature.power import check_power
+from train.miniature.power import check_power, names_lesion_frame
 from train.miniature.run_report import claim_check, paired_against_a, pct, results_markdown, save_curves_png
 from train.miniature.runs import CROSS_VIEW, GRPO_RUNS, MODELS, MORE_SFT_RUNS
 from train.miniature.seeds import seed_dir, write_seeds_summary
@@ -74,6 +74,22 @@ MINIATURE_WARMUP_KEYS = {
 }
 SHARED_STAGES = ("data", "warmup", "sft")  # what `--reuse_from` copies: the stages before GRPO
 SFT_ROWS = "sft_rows"  # under data/: SFT's own rows where its key frame is not the gold's
+POLICY_MISSED = "SFT policy check:"  # how an exclusion's reason names the SFT policy's gate
+
+
+class PolicyMissed(SeedMissed):
+    """SFT's fresh eval named a lesion frame on fewer positive test rows than `sft_policy_gate`."""
+
+
+def policy_check(scored: list[dict[str, Any]], rows: list[dict[str, Any]], span: int) -> dict[str, Any]:
+    """Return {positive_rows, lesion_frame}: the share of the positive rows (`rows`, their scored reports `scored`, in
+    the same order) whose report claims a lesion and names a frame within `span` frames of the key frame."""
+    truth = [s | {"key_slice_frame": r["key_slice_frame"]} for s, r in zip(scored, rows, strict=True)]
+    positives = [r for r in truth if r["has_lesion"]]
+    hits = sum(names_lesion_frame(r, span) for r in positives)
+    return {"positive_rows": len(positives), "lesion_frame": hits / len(positives) if positives else 0.0}
+
+
 WARMUP_REPORTS = "warmup_reports"  # under data/: the warm-up's report rows where their key frame is not the gold's
 GRPO_ONLY_KEYS = frozenset(
     {
@@ -208,6 +224,8 @@ class Miniature:
             if previous is not None:
                 self.log(f"== {stage}: done earlier ({previous.get('seconds', 0):.0f} s), skipped")
                 record = previous
+                if stage == "sft":  # a resumed run meets the same gate
+                    self._gate_policy(record)
                 continue
             self.log(f"== {stage}")
             start = time.perf_counter()
@@ -215,6 +233,8 @@ class Miniature:
             record["seconds"] = time.perf_counter() - start
             self._finish(stage, record)
             self.log(f"   {stage} finished in {record['seconds']:.0f} s")
+            if stage == "sft":
+                self._gate_policy(record)
         return record
 
     def _check_before_training(self, stages: tuple[str, ...]) -> None:
@@ -388,7 +408,32 @@ class Miniature:
         return record
 
     def _stage_sft(self, stage: str) -> dict[str, Any]:
-        return self._sft(stage, start="warmup", freezing="sft", steps=self.cfg.sft_steps)
+        record = self._sft(stage, start="warmup", freezing="sft", steps=self.cfg.sft_steps)
+        if self._policy_gated():  # a fresh eval of the finished model; the eval stage reuses its reports
+            rows = self._rows("test")
+            _, scored = self._eval_model("eval", "sft", rows)
+            record["policy_check"] = policy_check(scored, rows, self.cfg.lesion_span)
+        return record
+
+    def _policy_gated(self) -> bool:
+        """The gate holds on the clean run's SFT: a noisy level's SFT learns from its noise, the treatment it studies."""
+        return self.cfg.sft_policy_gate > 0 and self.cfg.gold_noise == 0 and self.cfg.key_frame_noise == 0
+
+    def _gate_policy(self, record: dict[str, Any]) -> None:
+        """Raise `PolicyMissed` when SFT's fresh eval names a lesion frame on fewer positive test rows than
+        `sft_policy_gate`."""
+        gate, check = self.cfg.sft_policy_gate, record.get("policy_check")
+        if not self._policy_gated():
+            return
+        if check is None:
+            raise TrainConfigError(f"miniature: {self.out / 'sft'} ran without sft_policy_gate; rerun its SFT stage")
+        line = f"{check['lesion_frame']:.1%} of {check['positive_rows']} positive test rows"
+        self.log(f"   SFT policy check: the named frame shows the lesion on {line} (gate {gate:.0%})")
+        if check["lesion_frame"] < gate:
+            raise PolicyMissed(
+                f"{POLICY_MISSED} the greedy reports name a frame showing the lesion on {line}, below "
+                f"sft_policy_gate={gate}; GRPO would start from a policy that has not found the lesion"
+            )
 
     def _more_sft(self, stage: str) -> dict[str, Any]:
         return self._sft(stage, start="sft", freezing=MORE_SFT_RUNS[stage], steps=more_sft_steps(self.cfg))

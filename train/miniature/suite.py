@@ -23,9 +23,10 @@ per-row scores of every model): the summary reads the records only, and a run wh
 even when its folder is gone. Records copied in from another machine's study of the same configuration are pooled
 with this one's (the summary refuses records whose configurations differ outside seed, noise and models).
 
-A seed whose warm-up reaches its step cap before its targets is excluded, not trained: its clean run leaves
-`OUTPUT_DIR/records/seed-<seed>-excluded.json` with the reason, its other runs do not start, and study.md names it. The
-exclusion is decided from the warm-up alone, so it cannot favour one model over another.
+A seed whose warm-up reaches its step cap before its targets, or whose clean SFT misses `sft_policy_gate`, is excluded,
+not trained further: its clean run leaves `OUTPUT_DIR/records/seed-<seed>-excluded.json` with the reason, its other runs
+do not start, and study.md names it. The exclusion is decided from the warm-up and the clean SFT, before any arm
+trains, so it cannot favour one model over another.
 
     python -m train.miniature.suite --config train/configs/miniature_study.yaml --output_dir miniature-study
 """
@@ -51,7 +52,7 @@ import yaml
 
 from emrl_data.atomic_write import write_bytes_atomic, write_text_atomic
 from emrl_data.text.evaluation import score_predictions
-from train.checks import TrainConfigError, run_cli
+from train.checks import SeedMissed, TrainConfigError, run_cli
 from train.miniature.config import MiniatureConfig, config_from_dict
 from train.miniature.diagnose import BY_DISTANCE
 from train.miniature.power import (
@@ -68,7 +69,7 @@ from train.miniature.power import (
     random_lesion_frame,
 )
 from train.miniature.seeds import seeds_markdown, summarize_seeds
-from train.miniature.study import Miniature
+from train.miniature.study import POLICY_MISSED, Miniature
 from train.tiny.synthetic import make_visible_rows
 
 
@@ -310,11 +311,9 @@ def _run_one(
     warmup_only: bool = False,
 ) -> int | None:
     """Run (or resume) one run of the study, or with `warmup_only` the data and warm-up of its seed's clean run;
-    return the torch threads it ran with, or None when the seed's warm-up missed its targets by its step cap: the seed
-    is then excluded (`write_exclusion`)."""
+    return the torch threads it ran with, or None when the seed missed a gate (`SeedMissed`: the warm-up's targets by
+    its step cap, or the clean SFT's policy check): the seed is then excluded (`write_exclusion`)."""
     import torch  # lazy: torch (see run_study)
-
-    from train.tiny.warmup import WarmupMissed  # lazy: torch (see run_study)
 
     clean = run_dir(output_dir, 0.0, seed)
     clean_cfg = replace(cfg, seed=seed, models=levels[0.0], **overrides_of(0.0))
@@ -331,7 +330,7 @@ def _run_one(
                 Miniature(clean_cfg, clean, log=log).run(stages=("data", "warmup"))
             miniature.reuse(clean, stages=("warmup",))
         miniature.run()
-    except WarmupMissed as exc:
+    except SeedMissed as exc:
         path = write_exclusion(output_dir, seed, str(exc), clean_cfg)
         log(f"=== seed {seed} excluded ({path}): {exc}")
         return None
@@ -383,14 +382,17 @@ def _run_in_processes(
     threads None where the seed's warm-up missed its targets (its other runs then do not start). `in_study(seed)`,
     asked after each finished run: False drops the seed's runs not yet started (the study has its seeds).
 
-    A noisy run starts once its seed's clean warm-up is there: made by the clean run, or, where only the clean run's
-    record is left, by a warm-up of its own that runs first. The first failure stops new starts; the runs in flight
+    A noisy run starts once its seed's clean warm-up is there (with `sft_policy_gate`, its clean SFT too, which decides
+    the gate): made by the clean run, or, where only the clean run's record is left, by a warm-up of its own that runs
+    first. The first failure stops new starts; the runs in flight
     finish, and the failure is raised. A worker exits when the study's process is gone (stopped by a signal to it
     alone, or killed), so no run outlives its study.
     """
 
     def warmed_up(seed: int) -> bool:
-        return (run_dir(output_dir, 0.0, seed) / "warmup" / "done.json").exists()
+        clean = run_dir(output_dir, 0.0, seed)
+        gated = cfg.sft_policy_gate > 0 and not record_path(output_dir, 0.0, seed).exists()
+        return (clean / "warmup" / "done.json").exists() and (not gated or (clean / "sft" / "done.json").exists())
 
     threads = threads or max(1, (os.cpu_count() or 1) // jobs)
     pending: list[tuple[Level, int, bool]] = []  # (level, seed, warmup_only), in the sequential order
@@ -1105,11 +1107,12 @@ def study_markdown(summary: dict[str, Any]) -> str:
     """Return the study's tables (points): per level the seeds table and the paired differences, and the verdict."""
     lines = []
     for seed, reason in summary.get("excluded", {}).items():
-        lines += [
-            f"Seed {seed} is excluded: its warm-up missed its targets by its step cap, so it trained nothing "
-            f"further ({reason}).",
-            "",
-        ]
+        missed = (
+            "its SFT policy missed its check, so no GRPO arm trained"
+            if reason.startswith(POLICY_MISSED)
+            else "its warm-up missed its targets by its step cap, so it trained nothing further"
+        )
+        lines += [f"Seed {seed} is excluded: {missed} ({reason}).", ""]
     if not summary["levels"]:
         lines += ["No run of the study has finished yet.", ""]
     if summary.get("beyond"):

@@ -35,7 +35,7 @@ import torch
 
 from emrl_data.text.parser import parse_report
 from model_io.processor import CTQwen3VLProcessor
-from train.checks import TrainConfigError
+from train.checks import SeedMissed, TrainConfigError
 from train.data import SFTCollator
 from train.freeze import set_stage_trainable
 from train.tiny.verifier_data import BalancedPairs, VerifierCollator
@@ -55,7 +55,7 @@ from train.tiny.warmup_checks import (
 logger = logging.getLogger(__name__)
 
 
-class WarmupMissed(TrainConfigError):
+class WarmupMissed(SeedMissed):
     """The warm-up reached its step cap before its targets (parse rates, both classes, the verifier's gates)."""
 
 
