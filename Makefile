@@ -115,6 +115,7 @@ bench: venv
 	$(BIN)/python bench/curate.py
 	$(BIN)/python bench/scoring.py
 	$(BIN)/python bench/fingerprint.py
+	$(BIN)/python bench/miniature_frames.py
 
 # From a Hub-protocol server (the tests' fake Hub on loopback, throttled; its LFS and its Xet storage in turn) to shards:
 # the download alone against `build-sft-set hf://...`; per storage kind, end-to-end time and peak scratch, both ratios in one run.
