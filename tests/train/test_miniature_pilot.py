@@ -139,7 +139,7 @@ def test_the_pilot_config_is_what_its_docs_say(tmp_path):
     assert (cfg.n_frames, cfg.lesion_span) == (20, 3)
     assert levels == {0.0: ["sft", "grpo_b", "grpo_f", "grpo_h"]} and seeds == list(range(36))
     report = load_report(PILOT)
-    assert report.decision == {"comparison": "(f) - (b)", "metric": "exact_in_lesion", "margin": 10}
+    assert report.decision == {"comparison": "(f) - (b)", "metric": "exact_in_lesion", "margin": 10, "min_effect": 5}
     assert (report.finished_seeds, report.n_bootstrap) == (3, 10000)
     bad = tmp_path / "bad.yaml"
     bad.write_text(
@@ -299,3 +299,40 @@ def test_a_seed_whose_sft_policy_misses_its_gate_is_excluded_before_grpo(tmp_pat
     assert reason.startswith(f"{POLICY_MISSED} the greedy reports name a frame showing the lesion on 0.0% of 2")
     assert not (folder / "grpo_b").exists() and not (folder / "eval" / "done.json").exists()  # no arm trained
     assert summary["excluded"] == {0: reason}
+
+
+def test_the_pilot_sizes_the_study_from_its_spread_for_a_stated_effect():
+    from train.miniature.suite import seeds_for_effect
+
+    assert seeds_for_effect(3, 0.093, 5.0) == 11  # 3 x (9.3 / 5)^2 = 10.4
+    assert seeds_for_effect(3, 0.093, 9.3) == 3  # the effect the pilot itself detects
+    assert seeds_for_effect(3, 0.02, 5.0) == 1
+    report = Report(
+        n_bootstrap=1000,
+        comparisons=("(f) - (b)",),
+        in_lesion=("exact_in_lesion",),
+        finished_seeds=3,
+        decision={"comparison": "(f) - (b)", "metric": "exact_in_lesion", "margin": 10, "min_effect": 4},
+    )
+    summary = _summary(0.12, 0.02, 0.22, [0, 4, 7])
+    summary["levels"]["0.00"]["comparisons"]["exact_in_lesion: (f) - (b)"]["pooled_seeds"]["mdd"] = 0.08
+    decision = pilot_decision(summary, report)
+    assert (decision["passed"], decision["mdd"], decision["seeds_needed"]) == (True, 0.08, 12)  # 3 x (8 / 4)^2
+    text = study_markdown({"levels": {}, "seeds": [0], "decision": decision})
+    assert (
+        "At the pilot's spread (detectable from 8.0 points over 3 seeds), a +4.0-point effect needs 12 finished"
+        in text
+    )
+    summary["levels"]["0.00"]["finished"] = [0, 4]
+    assert "seeds_needed" not in pilot_decision(summary, report)  # only once the pilot has its seeds
+
+
+def test_a_decision_takes_a_positive_min_effect_only(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    head = "study:\n  seeds: [0]\n  noise: {0.0: [sft]}\n  report:\n    n_bootstrap: 1000\n    comparisons: ['(f) - (b)']\n"
+    bad.write_text(head + "    decision: {comparison: '(f) - (b)', metric: exact_key, margin: 5, min_effect: 0}\n")
+    with pytest.raises(TrainConfigError, match=r"decision.min_effect=0: points above 0"):
+        load_report(bad)
+    bad.write_text(head + "    decision: {comparison: '(f) - (b)', metric: exact_key, margin: 5, seeds: 9}\n")
+    with pytest.raises(TrainConfigError, match="takes the keys comparison, metric and margin"):
+        load_report(bad)

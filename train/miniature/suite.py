@@ -114,7 +114,9 @@ class Report:
     in_lesion: rates of `power.lesion_metrics` (e.g. `exact_in_lesion`) compared beside K-Hit in every comparison.
     finished_seeds: the study's results are the first this many seeds, in list order, to finish every setting.
     decision: a pilot's rule, `{comparison, metric, margin}`: passed where that pooled difference exceeds `margin`
-        points with its seeds-and-rows interval above 0 (`pilot_decision`), over `finished_seeds` seeds.
+        points with its seeds-and-rows interval above 0 (`pilot_decision`), over `finished_seeds` seeds; with
+        `min_effect` (points), the finished seeds a study needs to detect that effect with 80 % power at the pilot's
+        spread.
     """
 
     n_bootstrap: int | None = None
@@ -155,11 +157,18 @@ def load_report(path: str | Path) -> Report:
 
 
 def check_decision(report: Report, path: str | Path) -> None:
-    """Refuse, in one line, a `decision` whose comparison or metric the report does not draw, or without a margin."""
+    """Refuse, in one line, a `decision` whose comparison or metric the report does not draw, without a margin, or with
+    a `min_effect` that is not a positive number of points."""
     decision = report.decision or {}
     drawn = {"average_bacc", "k_hit", "exact_key", *report.in_lesion}
-    if set(decision) != {"comparison", "metric", "margin"}:
-        raise TrainConfigError(f"{path}: study.report.decision takes the keys comparison, metric and margin (points)")
+    if not {"comparison", "metric", "margin"} <= set(decision) <= {"comparison", "metric", "margin", "min_effect"}:
+        raise TrainConfigError(
+            f"{path}: study.report.decision takes the keys comparison, metric and margin (points), and min_effect"
+        )
+    if "min_effect" in decision and not (
+        isinstance(decision["min_effect"], int | float) and decision["min_effect"] > 0
+    ):
+        raise TrainConfigError(f"{path}: study.report.decision.min_effect={decision['min_effect']!r}: points above 0")
     if decision["comparison"] not in report.comparisons or decision["metric"] not in drawn:
         raise TrainConfigError(
             f"{path}: study.report.decision: {decision['metric']}: {decision['comparison']} is not drawn (comparisons "
@@ -727,7 +736,17 @@ def pilot_decision(summary: dict[str, Any], report: Report) -> dict[str, Any]:
     if out["n_seeds"] >= report.finished_seeds:
         diff, low = seeds_rows["diff"], seeds_rows["ci_low"]
         out["passed"] = diff is not None and low is not None and 100.0 * diff > float(decision["margin"]) and low > 0
+        if decision.get("min_effect") and seeds_rows.get("mdd"):
+            out["mdd"] = seeds_rows["mdd"]
+            out["seeds_needed"] = seeds_for_effect(out["n_seeds"], seeds_rows["mdd"], float(decision["min_effect"]))
     return out
+
+
+def seeds_for_effect(n_seeds: int, mdd: float, min_effect_points: float) -> int:
+    """Return the finished seeds that detect `min_effect_points` with 80 % power, from a difference detectable from
+    `mdd` (a fraction) over `n_seeds`: the seeds-and-rows standard error falls as 1 / sqrt(seeds) at a fixed test set
+    per seed, so seeds = n_seeds x (mdd / effect)^2, rounded up."""
+    return max(1, math.ceil(n_seeds * (100.0 * mdd / min_effect_points) ** 2 - 1e-9))
 
 
 def lesion_frames(runs: dict[int, dict[str, Any]], models: list[str], report: Report) -> dict[str, Any]:
@@ -1179,7 +1198,15 @@ def decision_markdown(decision: dict[str, Any] | None) -> list[str]:
     else:
         verdict = "**passed**" if decision["passed"] else "**not passed**"
         verdict += f": {_interval(decision)} over {decision['n_seeds']} seeds"
-    return ["## Decision", "", f"Rule: {rule}. Outcome: {verdict}.", ""]
+    lines = ["## Decision", "", f"Rule: {rule}. Outcome: {verdict}.", ""]
+    if decision.get("seeds_needed") is not None:
+        lines += [
+            f"At the pilot's spread (detectable from {100 * decision['mdd']:.1f} points over {decision['n_seeds']} "
+            f"seeds), a {float(decision['min_effect']):+.1f}-point effect needs {decision['seeds_needed']} finished "
+            "seeds at 80 % power.",
+            "",
+        ]
+    return lines
 
 
 def exact_key_markdown(entry: dict[str, Any]) -> list[str]:
