@@ -71,10 +71,10 @@ def test_the_sft_key_frame_setting_is_checked_in_one_line():
     assert config_from_dict({"sft_key_frame": "random_visible"}).sft_key_frame == "random_visible"
     with pytest.raises(TrainConfigError, match="sft_key_frame='widest' must be one of gold | random_visible"):
         config_from_dict({"sft_key_frame": "widest"})
-    with pytest.raises(TrainConfigError, match="runs on clean gold only"):
-        config_from_dict({"sft_key_frame": "random_visible", "key_frame_noise": 0.25})
-    with pytest.raises(TrainConfigError, match="warmup_key_frame='random_visible' runs on clean gold only"):
-        config_from_dict({"warmup_key_frame": "random_visible", "gold_noise": 0.15})
+    with pytest.raises(TrainConfigError, match="sft_key_frame='random_visible' does not run with gold_noise > 0"):
+        config_from_dict({"sft_key_frame": "random_visible", "gold_noise": 0.15})
+    assert config_from_dict({"sft_key_frame": "random_visible", "key_frame_noise": 0.25}).key_frame_noise == 0.25
+    assert config_from_dict({"warmup_key_frame": "random_visible", "gold_noise": 0.15}).gold_noise == 0.15
     with pytest.raises(TrainConfigError, match="warmup_key_frame='first' must be one of"):
         config_from_dict({"warmup_key_frame": "first"})
     with pytest.raises(TrainConfigError, match="warmup_gate_checks=0 must be at least 1"):
@@ -336,3 +336,23 @@ def test_a_decision_takes_a_positive_min_effect_only(tmp_path):
     bad.write_text(head + "    decision: {comparison: '(f) - (b)', metric: exact_key, margin: 5, seeds: 9}\n")
     with pytest.raises(TrainConfigError, match="takes the keys comparison, metric and margin"):
         load_report(bad)
+
+
+def test_under_key_frame_noise_sft_draws_in_the_true_lesion_while_grpo_reads_the_moved_gold(tmp_path):
+    from train.data import load_split
+    from train.miniature.study import Miniature
+
+    cfg = config_from_dict(
+        {"n_train": 40, "n_test": 60, "n_frames": 20, "lesion_span": 3, "sizes_mm": [31.0, 56.0, 90.0]}
+        | {"min_test_rows_per_class": 5, "sft_key_frame": "random_visible", "key_frame_noise": 0.5}
+    )
+    Miniature(cfg, tmp_path, log=lambda _: None).run(stages=("data",))
+    data = tmp_path / "data"
+    grpo = {r["case_id"]: r["key_slice_frame"] for r in load_split(data, "train")}
+    sft = {r["case_id"]: r["key_slice_frame"] for r in load_split(data / "sft_rows", "train")}
+    moves = json.loads((data / "noise.json").read_text())
+    clean = {e["case_id"]: e["from"] for e in moves}
+    assert moves and all(grpo[c] == e["to"] != e["from"] for c, e in ((e["case_id"], e) for e in moves))
+    assert all(abs(sft[c] - clean[c]) <= 3 for c in clean)  # SFT's draw is a frame of the true lesion
+    drawn = {e["case_id"]: e for e in json.loads((data / "sft_keys.json").read_text())}
+    assert all(e["from"] == clean.get(c, grpo[c]) for c, e in drawn.items())  # drawn from the clean key frame

@@ -124,8 +124,10 @@ def config_from_dict(data: dict[str, Any], source: str | Path | None = None) -> 
         value = getattr(cfg, key)
         if value not in SFT_KEY_FRAMES:
             raise TrainConfigError(f"{path}: {key}={value!r} must be one of {' | '.join(SFT_KEY_FRAMES)}")
-        if value != "gold" and (cfg.gold_noise > 0 or cfg.key_frame_noise > 0):
-            raise TrainConfigError(f"{path}: {key}={value!r} runs on clean gold only (no gold noise)")
+    # a random key frame is drawn in the clean lesion: under key-frame noise GRPO's gold moves, SFT's draw does not;
+    # gold noise corrupts the other labels SFT learns, which a draw from the clean rows would drop
+    if cfg.sft_key_frame != "gold" and cfg.gold_noise > 0:
+        raise TrainConfigError(f"{path}: sft_key_frame={cfg.sft_key_frame!r} does not run with gold_noise > 0")
     if not 0 <= cfg.sft_policy_gate <= 1:
         raise TrainConfigError(f"{path}: sft_policy_gate={cfg.sft_policy_gate} must be in [0, 1]")
     if cfg.warmup_gate_checks < 1:

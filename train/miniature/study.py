@@ -277,7 +277,7 @@ class Miniature:
             write_rows(self.out / stage / "clean", {"train": clean})
         warmup_moved = self._write_warmup_reports(stage, pool, pool_boxes, pool_seed)
         (self.out / stage / "noise.json").write_text(json.dumps(noise_log, indent=2) + "\n")
-        moved = self._write_sft_rows(stage, train, key_boxes)
+        moved = self._write_sft_rows(stage, clean, key_boxes)  # drawn in the true lesion, whatever GRPO's gold
         pos = {s: sum(r["has_lesion"] for r in rows) for s, rows in (("train", train), ("test", test))}
         self.log(
             f"   {len(train)} train rows ({pos['train']} positive), {len(test)} test rows ({pos['test']} positive)"
@@ -312,7 +312,8 @@ class Miniature:
 
     def _write_sft_rows(self, stage: str, train: list[dict[str, Any]], key_boxes: list[list[int] | None]) -> int:
         """With `sft_key_frame: random_visible`, write SFT's rows (`data/sft_rows`: the key frame drawn among the
-        lesion's frames, `sft_keys.json` its log); return how many rows name another frame than the gold's."""
+        frames of the clean rows' lesion, so under key-frame noise too; `sft_keys.json` its log); return how many rows
+        name another frame than the gold's."""
         cfg = self.cfg
         if cfg.sft_key_frame == "gold":
             return 0
