@@ -10,8 +10,9 @@ and `manifest.json` (sha256 and size of every other file). Publishing it:
 3. when the tag `vX.Y.Z` already exists: identical content is a no-op that says so (`status="already_published"`),
    different content is a one-line `TagExistsError` (tags are never moved). `dry_run=True` stops here and returns the
    plan (files to add, replace, delete, keep) without writing anything;
-4. makes the target's `main` equal to the folder: `upload_folder(delete_patterns=["data/*.parquet"])` on the Hub (so
-   a shard set that shrank leaves no stale shards), a plain copy for `target="local"`. When `main` already holds
+4. makes the target's `main` equal to the folder: `upload_folder(delete_patterns=["*.parquet"])` on the Hub (so a
+   shard set that shrank, or a source's config dropped since the last version, leaves no stale shards), a plain copy
+   for `target="local"` that drops them too. When `main` already holds
    exactly these files (a run interrupted after the upload, before the tag) nothing is uploaded, so a rerun makes no
    duplicate commit;
 5. checks the file list, sizes and hashes at that commit against the manifest, then creates the tag;

@@ -31,7 +31,7 @@ from prefect.cache_policies import NO_CACHE
 
 from emrl_data.tables.table_folder import (
     CARD,
-    DATA_PATTERN,
+    RELEASE_SHARD_PATTERN,
     FileDigest,
     PublishError,
     TableFolder,
@@ -248,7 +248,7 @@ def upload_table_task(repo_id: str, table: TableFolder, commit_message: str) -> 
                 repo_type="dataset",
                 folder_path=stage,
                 allow_patterns=[glob.escape(rel) for rel in table.files],
-                delete_patterns=[DATA_PATTERN],
+                delete_patterns=[RELEASE_SHARD_PATTERN],
                 commit_message=commit_message,
                 parent_commit=head,
             )

@@ -17,7 +17,7 @@ from huggingface_hub.utils import validate_repo_id
 
 from emrl_data.atomic_write import temporary_path, writing
 from emrl_data.tables.table_folder import (
-    DATA_PATTERN,
+    RELEASE_SHARD_PATTERN,
     FileDigest,
     TableFolder,
     TagExistsError,
@@ -73,7 +73,7 @@ def sync_local_main(table: TableFolder, root: Path) -> bool:
             write_release_file(table, rel, tmp)
             os.replace(tmp, target)  # a new inode: tag snapshots hard-linked to the old file keep their content
     for rel in current:
-        if rel not in table.files and fnmatch(rel, DATA_PATTERN):
+        if rel not in table.files and fnmatch(rel, RELEASE_SHARD_PATTERN):
             (root / rel).unlink()
     return True
 

@@ -33,8 +33,11 @@ ROW_GROUP_BYTES = 100 * 1024**2
 HASH_CHUNK_BYTES = 8 * 1024**2
 
 DATA_DIR = "data"
-# Every Parquet file of a table folder, relative to the folder: what publishing lists, and deletes when stale.
+# Every Parquet file of a table folder, relative to the folder: what publishing lists.
 DATA_PATTERN = f"{DATA_DIR}/*.parquet"
+# Every Parquet file of a release, in `data/` or a config's folder (one config per source): on a target, one that the
+# table does not hold is a stale shard, deleted when publishing (a config dropped since the last version included).
+RELEASE_SHARD_PATTERN = "*.parquet"
 MAX_SHARDS = 99_999  # the most five digits count
 _SPLIT = re.compile(r"[A-Za-z0-9_]+")
 _SHARD_NAME = re.compile(

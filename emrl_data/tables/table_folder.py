@@ -33,6 +33,7 @@ from emrl_data.tables.records import SCHEMAS, check_required, column_description
 from emrl_data.tables.shards import (
     DATA_DIR,
     DATA_PATTERN,
+    RELEASE_SHARD_PATTERN,
     FileDigest,
     digest_file,
     parse_shard_name,
@@ -225,7 +226,8 @@ def write_release_file(table: TableFolder, rel: str, target: Path, *, link: bool
 def upload_plan(expected: Mapping[str, FileDigest], found: Mapping[str, FileDigest]) -> list[dict[str, Any]]:
     """Return what publishing changes on a target holding `found`: one `{path, action, bytes}` per file.
 
-    Actions: `add` (not on the target), `replace` (differs), `unchanged`, `delete` (a stale `data/*.parquet`).
+    Actions: `add` (not on the target), `replace` (differs), `unchanged`, `delete` (a stale shard: a Parquet file the
+    table does not hold, `RELEASE_SHARD_PATTERN`).
     """
     plan = []
     for rel, want in sorted(expected.items()):
@@ -233,7 +235,7 @@ def upload_plan(expected: Mapping[str, FileDigest], found: Mapping[str, FileDige
         action = "add" if have is None else ("replace" if compare_files({rel: want}, {rel: have}) else "unchanged")
         plan.append({"path": rel, "action": action, "bytes": want.size})
     for rel, have in sorted(found.items()):
-        if rel not in expected and fnmatch(rel, DATA_PATTERN):
+        if rel not in expected and fnmatch(rel, RELEASE_SHARD_PATTERN):
             plan.append({"path": rel, "action": "delete", "bytes": have.size})
     return plan
 

@@ -768,6 +768,20 @@ def test_publish_refuses_one_config_of_two_share_alike_licences_and_takes_one_co
         ("liver_1", "msd-task03", "CC-BY-SA-4.0"),
     ]
 
+    # a later version without KiTS: its config's shards go from main, not left behind as a stale config
+    msd_only = write_mixture(tmp_path / "msd", {MSD: ["liver_0", "liver_1"]})
+    plan, _ = _run(table_dir=str(msd_only), repo_id=repo, version="1.1.0", config_per_source=True, dry_run=True)
+    assert {(p["path"], p["action"]) for p in plan["plan"] if p["action"] == "delete"} == {
+        ("kits23/train-00000-of-00001.parquet", "delete")
+    }
+    result, _ = _run(table_dir=str(msd_only), repo_id=repo, version="1.1.0", config_per_source=True)
+    assert result["status"] == "published" and result["rows"] == {"msd-task03/train": 2}
+    files = sorted(HfApi().list_repo_files(repo, repo_type="dataset", revision="v1.1.0"))
+    assert files == [".gitattributes", "README.md", "manifest.json", "msd-task03/train-00000-of-00001.parquet"]
+    assert "kits23/train-00000-of-00001.parquet" in HfApi().list_repo_files(
+        repo, repo_type="dataset", revision="v1.0.0"
+    )
+
 
 @pytest.mark.usefixtures("prefect_harness")
 @pytest.mark.slow
@@ -827,6 +841,14 @@ def test_publish_local_one_config_per_source_and_a_table_without_sources(tmp_pat
     ]
     manifest = json.loads((release / "manifest.json").read_text())
     assert manifest["configs"] == {"msd-task03": {"train": 1}, "panorama": {"train": 2}}
+    # one source as one config: the per-source shards go from main, the v1.0.0 snapshot keeps them
+    msd = write_mixture(tmp_path / "msd", {MSD: ["pancreas_001"]})
+    result, _ = _run(table_dir=str(msd), repo_id="emrl/mix", version="1.1.0", target="local", local_root=str(local))
+    assert result["rows"] == {"train": 1}
+    assert sorted(p.relative_to(release).as_posix() for p in release.rglob("*.parquet") if ".tags" not in p.parts) == [
+        "data/train-00000-of-00001.parquet"
+    ]
+    assert (release / ".tags" / "v1.0.0" / "panorama" / "train-00000-of-00001.parquet").is_file()
 
     plain = write_table(tmp_path / "sft", V1)  # rows without source columns
     with pytest.raises(PublishError, match="its rows name no source dataset or licence, so --commercial cannot be"):
