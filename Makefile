@@ -178,12 +178,15 @@ miniature-study-micro: venv
 # The pilot with a positive control (docs/miniature.md): SFT names a random frame of the lesion, then (b), (f), (h) on
 # clean gold; its results are the first 3 seeds to finish, its decision in miniature-pilot/study.md. Stages and resume
 # as miniature-study (SEEDS="0 1"); the shipped records: cp docs/records/miniature_pilot/* miniature-pilot/records/.
+# SIZE_PX=128: the rule's next pilot at 128-px frames, in miniature-pilot-128px/.
+PILOT_DIR = miniature-pilot$(if $(SIZE_PX),-$(SIZE_PX)px)
 miniature-pilot: venv
-	$(BIN)/python -m train.miniature.suite --config train/configs/miniature_pilot.yaml --output_dir miniature-pilot \
-		--min_seeds 3 --jobs $(JOBS) --threads $(THREADS) $(if $(SEEDS),--seeds $(SEEDS))
+	$(BIN)/python -m train.miniature.suite --config train/configs/miniature_pilot.yaml --output_dir $(PILOT_DIR) \
+		--min_seeds 3 --jobs $(JOBS) --threads $(THREADS) $(if $(SEEDS),--seeds $(SEEDS)) \
+		$(if $(SIZE_PX),--set size_px=$(SIZE_PX))
 
 clean:
-	rm -rf miniature-output miniature-seeds miniature-study miniature-study-micro miniature-pilot demo-output .prefect-home .pytest_cache .cache
+	rm -rf miniature-output miniature-seeds miniature-study miniature-study-micro miniature-pilot miniature-pilot-*px demo-output .prefect-home .pytest_cache .cache
 
 # A local Prefect server + work pool + deployments + worker (state, logs and DB in .prefect-home/server/). Prints each
 # step as it happens, then the UI address and the `prefect deployment run FLOW/DEPLOYMENT --watch` lines in pipeline

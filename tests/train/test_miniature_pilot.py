@@ -150,8 +150,9 @@ def test_the_pilot_config_is_what_its_docs_say(tmp_path):
         load_report(bad)
 
 
-@pytest.mark.slow  # a micro pilot: about 30 s
-def test_a_micro_pilot_trains_sft_on_its_own_rows_and_reports_the_decision(tmp_path):
+@pytest.mark.slow  # a micro pilot: about 10 s at 32 px, 15 s at 128 px (the rule's next pilot)
+@pytest.mark.parametrize("size_px", [32, 128])
+def test_a_micro_pilot_trains_sft_on_its_own_rows_and_reports_the_decision(tmp_path, size_px):
     import torch
 
     cfg, _, _ = load_study(MICRO)
@@ -161,6 +162,7 @@ def test_a_micro_pilot_trains_sft_on_its_own_rows_and_reports_the_decision(tmp_p
             "sft_key_frame": "random_visible",
             "warmup_key_frame": "random_visible",
             "warmup_gate_checks": 2,
+            "size_px": size_px,
         }
     )
     levels = {0.0: ["sft", "grpo_b", "grpo_f"]}
