@@ -453,6 +453,7 @@ def test_the_config_knows_every_run_the_study_labels():
         ("miniature_study", "miniature_study_8_frames.yaml", "miniature_study"),
         ("miniature_key_study", "miniature_study.yaml", "miniature_key_study"),
         ("miniature_pilot_gold_warmup", "miniature_pilot.yaml", "miniature_pilot_gold_warmup"),
+        ("miniature_pilot", "miniature_pilot.yaml", "miniature_pilot"),
     ],
 )
 def test_the_shipped_records_give_the_shipped_study_summary(tmp_path, records, config, report):
@@ -468,6 +469,8 @@ def test_the_shipped_records_give_the_shipped_study_summary(tmp_path, records, c
     assert study_markdown(summary) == (root / "docs/img" / f"{report}.md").read_text()
     if records == "miniature_key_study":  # seeds 0-20 hold its 8 finished ones; seed 21 was excluded after them
         assert (summary["seeds"], summary["beyond"]) == (list(range(21)), [21])
+    if records == "miniature_pilot":  # seeds 0-5 hold its 3 finished ones (0, 3, 5); its rule is not passed
+        assert (summary["seeds"], summary["decision"]["passed"]) == (list(range(6)), False)
 
 
 def test_an_effect_is_claimed_only_where_the_seeds_and_rows_interval_excludes_zero():
