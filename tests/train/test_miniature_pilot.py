@@ -358,3 +358,19 @@ def test_under_key_frame_noise_sft_draws_in_the_true_lesion_while_grpo_reads_the
     assert all(abs(sft[c] - clean[c]) <= 3 for c in clean)  # SFT's draw is a frame of the true lesion
     drawn = {e["case_id"]: e for e in json.loads((data / "sft_keys.json").read_text())}
     assert all(e["from"] == clean.get(c, grpo[c]) for c, e in drawn.items())  # drawn from the clean key frame
+
+
+def test_noisy_runs_wait_for_a_clean_sft_that_met_the_gate(tmp_path):
+    from train.miniature.suite import clean_run_ready, run_dir
+
+    cfg = config_from_dict({"sft_policy_gate": 0.9})
+    clean = run_dir(tmp_path, 0.0, 3)
+    assert not clean_run_ready(cfg, tmp_path, 3)  # no warm-up yet
+    (clean / "warmup").mkdir(parents=True)
+    (clean / "warmup" / "done.json").write_text("{}")
+    assert clean_run_ready(config_from_dict({}), tmp_path, 3)  # ungated: the warm-up is enough
+    assert not clean_run_ready(cfg, tmp_path, 3)  # SFT not finished
+    (clean / "sft").mkdir()
+    for share, ready in ((0.5, False), (0.9, True)):  # below the gate: not even before the exclusion is recorded
+        (clean / "sft" / "done.json").write_text(json.dumps({"policy_check": {"lesion_frame": share}}))
+        assert clean_run_ready(cfg, tmp_path, 3) is ready

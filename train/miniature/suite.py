@@ -399,9 +399,7 @@ def _run_in_processes(
     """
 
     def warmed_up(seed: int) -> bool:
-        clean = run_dir(output_dir, 0.0, seed)
-        gated = cfg.sft_policy_gate > 0 and not record_path(output_dir, 0.0, seed).exists()
-        return (clean / "warmup" / "done.json").exists() and (not gated or (clean / "sft" / "done.json").exists())
+        return clean_run_ready(cfg, output_dir, seed)
 
     threads = threads or max(1, (os.cpu_count() or 1) // jobs)
     pending: list[tuple[Level, int, bool]] = []  # (level, seed, warmup_only), in the sequential order
@@ -439,6 +437,20 @@ def _run_in_processes(
                     pending = [t for t in pending if t[1] not in dropped]
     if failure is not None:
         raise failure
+
+
+def clean_run_ready(cfg: MiniatureConfig, output_dir: str | Path, seed: int) -> bool:
+    """Whether a seed's noisy runs may start: its clean warm-up is done and, with `sft_policy_gate`, its clean SFT has
+    met the gate (a clean run already recorded has met it). A clean SFT below the gate never lets them start, even in
+    the moment before its run records the exclusion."""
+    clean = run_dir(output_dir, 0.0, seed)
+    if not (clean / "warmup" / "done.json").exists():
+        return False
+    if cfg.sft_policy_gate <= 0 or record_path(output_dir, 0.0, seed).exists():
+        return True
+    sft = clean / "sft" / "done.json"
+    check = json.loads(sft.read_text()).get("policy_check") if sft.exists() else None
+    return check is not None and check["lesion_frame"] >= cfg.sft_policy_gate
 
 
 def exit_with_parent(parent_pid: int, interval_s: float = 2.0) -> None:
