@@ -157,7 +157,7 @@ miniature: venv
 miniature-seeds: venv
 	$(BIN)/python -m train.miniature --config train/configs/miniature.yaml --output_dir miniature-seeds --seeds 0 1 2
 
-# The key-frame study of r_c (docs/miniature.md): 20 frames, (a) r_e+r_f+r_c, (b), (f) distance term only, (g) random
+# The key-frame study of r_c (docs/miniature_studies.md): 20 frames, (a) r_e+r_f+r_c, (b), (f) distance term only, (g) random
 # frame, (h) attribute term only on clean gold; (a), (f), (g) with the key frame moved on 25 and 50 % of positives; 36
 # seeds listed, the first 8 to finish its results; seed-level intervals (miniature-study/study.md). JOBS runs at once,
 # THREADS torch threads each. Measured: about 75 core-minutes a seed that passes the warm-up's gates, 15 one that does
@@ -175,7 +175,7 @@ miniature-study: venv
 miniature-study-micro: venv
 	$(BIN)/python -m train.miniature.suite --config train/configs/miniature_micro.yaml --output_dir miniature-study-micro --min_seeds 2
 
-# The pilot with a positive control (docs/miniature.md): SFT names a random frame of the lesion, then (b), (f), (h) on
+# The pilot with a positive control (docs/miniature_studies.md): SFT names a random frame of the lesion, then (b), (f), (h) on
 # clean gold; its results are the first 3 seeds to finish, its decision in miniature-pilot/study.md. Stages and resume
 # as miniature-study (SEEDS="0 1"); the shipped records: cp docs/records/miniature_pilot/* miniature-pilot/records/.
 # SIZE_PX=128: the rule's next pilot at 128-px frames, in miniature-pilot-128px/ (its records so far:

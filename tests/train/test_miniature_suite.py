@@ -448,25 +448,26 @@ def test_the_config_knows_every_run_the_study_labels():
 
 @pytest.mark.slow  # the paired bootstrap over every shipped record: about 2 min
 @pytest.mark.parametrize(
-    ("records", "config", "report"),
+    ("records", "config", "overrides"),
     [
-        ("miniature_study", "miniature_study_8_frames.yaml", "miniature_study"),
-        ("miniature_key_study", "miniature_study.yaml", "miniature_key_study"),
-        ("miniature_pilot_gold_warmup", "miniature_pilot.yaml", "miniature_pilot_gold_warmup"),
-        ("miniature_pilot", "miniature_pilot.yaml", "miniature_pilot"),
+        ("miniature_study", "miniature_study_8_frames.yaml", {}),
+        ("miniature_key_study", "miniature_study.yaml", {}),
+        ("miniature_pilot_gold_warmup", "miniature_pilot.yaml", {}),
+        ("miniature_pilot", "miniature_pilot.yaml", {}),
+        ("miniature_pilot_128px", "miniature_pilot.yaml", {"size_px": 128}),
     ],
 )
-def test_the_shipped_records_give_the_shipped_study_summary(tmp_path, records, config, report):
+def test_the_shipped_records_give_the_shipped_study_summary(tmp_path, records, config, overrides):
     import shutil
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
     shutil.copytree(root / "docs/records" / records, tmp_path / "records")
-    cfg, seeds, levels = load_study(root / "train/configs" / config)
+    cfg, seeds, levels = load_study(root / "train/configs" / config, overrides)
     summary = summarize_study(tmp_path, seeds, levels, cfg.n_bootstrap, load_report(root / "train/configs" / config))
-    shipped = json.loads((root / "docs/img" / f"{report}.json").read_text())
+    shipped = json.loads((root / "docs/img" / f"{records}.json").read_text())
     assert json.loads(json.dumps(summary)) == shipped
-    assert study_markdown(summary) == (root / "docs/img" / f"{report}.md").read_text()
+    assert study_markdown(summary) == (root / "docs/img" / f"{records}.md").read_text()
     if records == "miniature_key_study":  # seeds 0-20 hold its 8 finished ones; seed 21 was excluded after them
         assert (summary["seeds"], summary["beyond"]) == (list(range(21)), [21])
     if records == "miniature_pilot":  # seeds 0-5 hold its 3 finished ones (0, 3, 5); its rule is not passed
