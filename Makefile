@@ -178,7 +178,7 @@ miniature-study-micro: venv
 # The pilot with a positive control (docs/miniature_studies.md): SFT names a random frame of the lesion, then (b), (f), (h) on
 # clean gold; its results are the first 3 seeds to finish, its decision in miniature-pilot/study.md. Stages and resume
 # as miniature-study (SEEDS="0 1"); the shipped records: cp docs/records/miniature_pilot/* miniature-pilot/records/.
-# SIZE_PX=128: the rule's next pilot at 128-px frames, in miniature-pilot-128px/ (its records so far:
+# SIZE_PX=128: the rule's second pilot, at 128-px frames, in miniature-pilot-128px/ (its shipped records:
 # cp docs/records/miniature_pilot_128px/* miniature-pilot-128px/records/).
 PILOT_DIR = miniature-pilot$(if $(SIZE_PX),-$(SIZE_PX)px)
 miniature-pilot: venv

@@ -472,6 +472,8 @@ def test_the_shipped_records_give_the_shipped_study_summary(tmp_path, records, c
         assert (summary["seeds"], summary["beyond"]) == (list(range(21)), [21])
     if records == "miniature_pilot":  # seeds 0-5 hold its 3 finished ones (0, 3, 5); its rule is not passed
         assert (summary["seeds"], summary["decision"]["passed"]) == (list(range(6)), False)
+    if records == "miniature_pilot_128px":  # seeds 0-6 hold its 3 finished ones (3, 5, 6); its rule is not passed
+        assert (summary["seeds"], summary["decision"]["passed"]) == (list(range(7)), False)
 
 
 def test_an_effect_is_claimed_only_where_the_seeds_and_rows_interval_excludes_zero():
